@@ -1,0 +1,173 @@
+// Package backend defines what a sandbox implementation must do and the
+// errors it reports. It owns no sandboxes itself: the lifecycle package
+// decides when to create and destroy them, and one subpackage per
+// implementation (bwrap, later sbx and gvisor) does the work.
+//
+// A backend never imports ipc or lifecycle. It may keep per-sandbox state on
+// disk under the directory it was given, but the lifecycle journal, not the
+// backend, is the record of which sandboxes should exist.
+package backend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"time"
+)
+
+// Backend is the whole story of a sandbox: make it, run things in it, move
+// files in and out, and remove it. Every method must honour ctx, must be safe
+// for concurrent use on different sandboxes, and must bound what it reads
+// from the guest.
+type Backend interface {
+	// Name is the short, stable name reported to clients ("bwrap", "sbx").
+	Name() string
+
+	// Create provisions sandbox id. The id is chosen by the caller (so it can
+	// be journaled before anything exists) and satisfies ValidID. A spec the
+	// backend cannot enforce returns an error wrapping ErrSpecUnenforceable
+	// and creates nothing. A failure part-way removes whatever was made.
+	Create(ctx context.Context, id string, spec Spec) (Info, error)
+
+	// Exec runs one command to completion (or timeout) and returns its
+	// bounded output. A sandbox that does not exist returns ErrNotFound.
+	Exec(ctx context.Context, id string, req ExecRequest) (ExecResult, error)
+
+	// ReadFile returns the file at path (see ResolvePath for what a path
+	// may be). A file larger than maxBytes returns *FileTooLargeError.
+	ReadFile(ctx context.Context, id, path string, maxBytes int64) ([]byte, error)
+
+	// WriteFile writes data to path, creating parent directories.
+	WriteFile(ctx context.Context, id, path string, data []byte, mode os.FileMode) error
+
+	// ListDirectory lists the entries of the directory at path, sorted by name.
+	ListDirectory(ctx context.Context, id, path string, maxEntries int) ([]DirEntry, error)
+
+	// Destroy removes every process and every byte of sandbox id. It is
+	// idempotent: destroying an unknown or already-removed sandbox succeeds.
+	Destroy(ctx context.Context, id string) error
+
+	// List returns the ids of every sandbox this backend instance can find
+	// that carries its marker, whether or not the caller knows about it.
+	// Recovery uses it to sweep orphans.
+	List(ctx context.Context) ([]string, error)
+
+	// Health reports whether the backend can create sandboxes right now.
+	// A nil error means healthy.
+	Health(ctx context.Context) error
+}
+
+// Spec is what a client requires of a new sandbox. The zero value means
+// "no requirements stated": the backend's defaults apply (no network).
+type Spec struct {
+	// Env is set in every command run in the sandbox.
+	Env map[string]string
+	// BlockNetwork asks for no network access at all. Nil means unstated.
+	BlockNetwork *bool
+	// AllowEgressTo lists hostnames the sandbox may reach.
+	AllowEgressTo []string
+	// AllowEgressToCIDRs lists IPv4 CIDRs the sandbox may reach.
+	AllowEgressToCIDRs []string
+}
+
+// Info describes a sandbox just created.
+type Info struct {
+	// Workdir is the sandbox's working directory as seen from inside.
+	Workdir string
+	// Network describes the network the sandbox got ("none", "host").
+	Network string
+}
+
+// ExecRequest is one command to run.
+type ExecRequest struct {
+	// Command is a shell string run with sh -c. Exactly one of Command and
+	// Argv is set.
+	Command string
+	Argv    []string
+	// Stdin is fed to the command; nil means an empty stdin.
+	Stdin []byte
+	// Env is added to (and overrides) the sandbox's Spec.Env.
+	Env map[string]string
+	// Cwd is the working directory inside the sandbox; empty means Workdir.
+	Cwd string
+	// Timeout is the command's budget; it is always > 0.
+	Timeout time.Duration
+	// MaxOutputBytes caps each of stdout and stderr; the tail is kept.
+	MaxOutputBytes int
+}
+
+// ExecResult is what a command did.
+type ExecResult struct {
+	ExitCode        int
+	Stdout          []byte
+	Stderr          []byte
+	StdoutTruncated bool
+	StderrTruncated bool
+	// TimedOut means the command outlived its budget and was stopped;
+	// ExitCode then carries no meaning.
+	TimedOut bool
+	// SandboxTerminated means the sandbox is gone (destroyed to stop the
+	// command, or it died); the caller must create a new one.
+	SandboxTerminated bool
+	// AppliedTimeout is the budget actually used.
+	AppliedTimeout time.Duration
+	Duration       time.Duration
+}
+
+// DirEntry is one entry of a directory listing.
+type DirEntry struct {
+	Name  string
+	IsDir bool
+}
+
+// Errors a backend reports; callers check them with errors.Is. Wrap them
+// with a sentence that says what to do next.
+var (
+	// ErrNotFound: the sandbox does not exist (or no longer does).
+	ErrNotFound = errors.New("sandbox not found")
+	// ErrSpecUnenforceable: the spec asks for something this backend cannot
+	// guarantee on this host.
+	ErrSpecUnenforceable = errors.New("spec cannot be enforced")
+	// ErrBadPath: the path is not allowed (escapes the sandbox, not absolute
+	// inside an allowed root, contains NUL, ...).
+	ErrBadPath = errors.New("path not allowed")
+	// ErrPathNotFound: nothing exists at the path.
+	ErrPathNotFound = errors.New("no such file or directory")
+	// ErrIsDirectory: a file was expected, a directory found.
+	ErrIsDirectory = errors.New("is a directory")
+	// ErrNotDirectory: a directory was expected, something else found.
+	ErrNotDirectory = errors.New("not a directory")
+	// ErrTooManyEntries: a listing exceeded the caller's bound.
+	ErrTooManyEntries = errors.New("too many directory entries")
+	// ErrInvalidArgument: a request field is malformed (bad env name, a
+	// relative cwd, ...); the caller can fix it.
+	ErrInvalidArgument = errors.New("invalid argument")
+	// ErrUnavailable: the backend cannot work right now (binary missing,
+	// kernel feature off); retrying later may help.
+	ErrUnavailable = errors.New("backend unavailable")
+	// ErrInvalidArgument: the request itself is malformed (an environment
+	// variable name containing '=', a relative working directory, a NUL
+	// byte, an empty command, ...). Retrying it unchanged cannot help; the
+	// caller must fix the request.
+	ErrInvalidArgument = errors.New("invalid argument")
+)
+
+// FileTooLargeError reports a file larger than the caller allowed.
+type FileTooLargeError struct {
+	Path     string
+	Size     int64
+	MaxBytes int64
+}
+
+func (e *FileTooLargeError) Error() string {
+	return fmt.Sprintf("%s is %d bytes, more than the %d allowed", e.Path, e.Size, e.MaxBytes)
+}
+
+// validID is what a sandbox id may look like: it becomes a path component
+// and a process name, so it is short and plain.
+var validID = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+
+// ValidID reports whether id may name a sandbox.
+func ValidID(id string) bool { return validID.MatchString(id) }

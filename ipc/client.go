@@ -1,0 +1,221 @@
+package ipc
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// Client is a connection to the daemon. It is safe for concurrent use:
+// calls are pipelined on one connection and matched to responses by id.
+type Client struct {
+	nc       net.Conn
+	maxFrame int
+
+	writeMu sync.Mutex
+
+	mu      sync.Mutex
+	nextID  uint64
+	pending map[uint64]chan response
+	err     error // set once the connection is dead
+	done    chan struct{}
+}
+
+type response struct {
+	ok     bool
+	result msgpack.RawMessage
+	err    *Error
+}
+
+// Dial connects to the daemon's socket.
+func Dial(ctx context.Context, path string) (*Client, error) {
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to %s: %w (is the daemon running? `sandbox-sidecar serve` starts it)", path, err)
+	}
+	c := &Client{nc: nc, maxFrame: DefaultMaxFrame, pending: map[uint64]chan response{}, done: make(chan struct{})}
+	go c.readLoop()
+	return c, nil
+}
+
+// Close closes the connection; pending calls fail.
+func (c *Client) Close() error {
+	c.fail(net.ErrClosed)
+	return c.nc.Close()
+}
+
+// Done is closed when the connection has died.
+func (c *Client) Done() <-chan struct{} { return c.done }
+
+func (c *Client) fail(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return
+	}
+	c.err = err
+	for id, ch := range c.pending {
+		delete(c.pending, id)
+		close(ch)
+	}
+	close(c.done)
+}
+
+// wireResponse mirrors Response for decoding; result stays raw so Call can
+// decode it into the caller's type.
+type wireResponse struct {
+	V      uint64             `msgpack:"v"`
+	ID     uint64             `msgpack:"id"`
+	OK     bool               `msgpack:"ok"`
+	Result msgpack.RawMessage `msgpack:"result"`
+	Error  map[string]any     `msgpack:"error"`
+	Event  string             `msgpack:"event"`
+}
+
+func (c *Client) readLoop() {
+	for {
+		body, err := ReadFrame(c.nc, c.maxFrame)
+		if err != nil {
+			c.fail(fmt.Errorf("connection to the daemon lost: %w", err))
+			c.nc.Close()
+			return
+		}
+		if err := checkShape(body); err != nil {
+			c.fail(fmt.Errorf("malformed frame from the daemon: %w", err))
+			c.nc.Close()
+			return
+		}
+		var w wireResponse
+		if err := msgpack.Unmarshal(body, &w); err != nil {
+			c.fail(fmt.Errorf("malformed response from the daemon: %w", err))
+			c.nc.Close()
+			return
+		}
+		if w.Event != "" {
+			continue // streamed events are reserved; this client ignores them
+		}
+		resp := response{ok: w.OK, result: w.Result}
+		if !w.OK {
+			resp.err = errorFromWire(w.Error)
+		}
+		if w.ID == 0 && !w.OK {
+			// A connection-level error (unauthorized, frame_too_large, ...):
+			// every pending call fails with it.
+			c.fail(resp.err)
+			c.nc.Close()
+			return
+		}
+		c.mu.Lock()
+		ch, ok := c.pending[w.ID]
+		delete(c.pending, w.ID)
+		c.mu.Unlock()
+		if ok {
+			ch <- resp
+		}
+	}
+}
+
+func errorFromWire(m map[string]any) *Error {
+	e := &Error{Code: CodeInternal, Message: "malformed error response"}
+	if m == nil {
+		return e
+	}
+	if s, ok := m["code"].(string); ok {
+		e.Code = s
+	}
+	if s, ok := m["message"].(string); ok {
+		e.Message = s
+	}
+	for k, v := range m {
+		if k != "code" && k != "message" {
+			if e.Details == nil {
+				e.Details = map[string]any{}
+			}
+			e.Details[k] = v
+		}
+	}
+	return e
+}
+
+// Call sends op with args and decodes the result into out (a pointer, or nil
+// to discard it). A daemon error is returned as *Error. ctx bounds the wait;
+// when it ends the call is abandoned (the daemon may still finish it).
+func (c *Client) Call(ctx context.Context, op string, args map[string]any, out any) error {
+	if args == nil {
+		args = map[string]any{}
+	}
+	ch := make(chan response, 1)
+	c.mu.Lock()
+	if c.err != nil {
+		err := c.err
+		c.mu.Unlock()
+		return err
+	}
+	c.nextID++
+	id := c.nextID
+	c.pending[id] = ch
+	c.mu.Unlock()
+
+	body, err := marshal(map[string]any{"v": ProtocolVersion, "id": id, "op": op, "args": args})
+	if err != nil {
+		c.forget(id)
+		return fmt.Errorf("encoding %s request: %w", op, err)
+	}
+	c.writeMu.Lock()
+	if dl, ok := ctx.Deadline(); ok {
+		c.nc.SetWriteDeadline(dl)
+	} else {
+		c.nc.SetWriteDeadline(time.Time{})
+	}
+	err = WriteFrame(c.nc, body, c.maxFrame)
+	c.writeMu.Unlock()
+	if err != nil {
+		c.forget(id)
+		c.fail(fmt.Errorf("connection to the daemon lost: %w", err))
+		return err
+	}
+
+	select {
+	case resp, ok := <-ch:
+		if !ok {
+			c.mu.Lock()
+			err := c.err
+			c.mu.Unlock()
+			return err
+		}
+		if resp.err != nil {
+			return resp.err
+		}
+		if out == nil || len(resp.result) == 0 {
+			return nil
+		}
+		dec := msgpack.NewDecoder(bytes.NewReader(resp.result))
+		dec.SetCustomStructTag("msgpack")
+		if err := dec.Decode(out); err != nil {
+			return fmt.Errorf("decoding %s result: %w", op, err)
+		}
+		return nil
+	case <-ctx.Done():
+		c.forget(id)
+		return ctx.Err()
+	}
+}
+
+func (c *Client) forget(id uint64) {
+	c.mu.Lock()
+	delete(c.pending, id)
+	c.mu.Unlock()
+}
+
+// IsCode reports whether err is a daemon error with the given code.
+func IsCode(err error, code string) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == code
+}

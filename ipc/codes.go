@@ -1,0 +1,85 @@
+package ipc
+
+import (
+	"errors"
+	"fmt"
+)
+
+// ProtocolVersion is the only envelope version this package speaks.
+const ProtocolVersion = 1
+
+// Op names. They follow Airflow's sandbox backend contract so the mapping
+// from a Python method to an op stays literal.
+const (
+	OpHello         = "hello"
+	OpHealth        = "health"
+	OpCreate        = "create"
+	OpRunCommand    = "run_command"
+	OpReadFile      = "read_file"
+	OpWriteFile     = "write_file"
+	OpListDirectory = "list_directory"
+	OpDestroy       = "destroy"
+	OpList          = "list"
+)
+
+// Error codes: stable strings a client may switch on. docs/protocol.md says
+// for each whether retrying can help.
+const (
+	CodeBadRequest        = "bad_request"
+	CodeFrameTooLarge     = "frame_too_large"
+	CodeUnsupported       = "unsupported_version"
+	CodeUnknownOp         = "unknown_op"
+	CodeUnauthorized      = "unauthorized"
+	CodeNotFound          = "not_found"
+	CodeBadPath           = "bad_path"
+	CodePathNotFound      = "path_not_found"
+	CodeIsDirectory       = "is_a_directory"
+	CodeNotDirectory      = "not_a_directory"
+	CodeFileTooLarge      = "file_too_large"
+	CodeTooManyEntries    = "too_many_entries"
+	CodeQuotaExceeded     = "quota_exceeded"
+	CodeBusy              = "busy"
+	CodeSpecUnenforceable = "spec_unenforceable"
+	CodeBackendError      = "backend_error"
+	CodeBackendUnavail    = "backend_unavailable"
+	CodeShuttingDown      = "shutting_down"
+	CodeTooManyRequests   = "too_many_requests"
+	CodeInternal          = "internal"
+)
+
+// Error is an error response: a stable code for machines, a sentence for
+// people, and optional details (for example size_bytes for file_too_large).
+type Error struct {
+	Code    string
+	Message string
+	Details map[string]any
+}
+
+func (e *Error) Error() string { return e.Code + ": " + e.Message }
+
+// Errorf makes an *Error with a formatted message.
+func Errorf(code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// With returns a copy of e carrying one more detail.
+func (e *Error) With(key string, value any) *Error {
+	c := *e
+	c.Details = make(map[string]any, len(e.Details)+1)
+	for k, v := range e.Details {
+		c.Details[k] = v
+	}
+	c.Details[key] = value
+	return &c
+}
+
+// AsError returns err as an *Error: itself if it is one (or wraps one), an
+// internal error otherwise. The internal message does not leak err's text to
+// the peer; the server logs it.
+func AsError(err error) *Error {
+	var e *Error
+	if errors.As(err, &e) {
+		return e
+	}
+	return &Error{Code: CodeInternal, Message: "internal error; the daemon's log has the details"}
+}

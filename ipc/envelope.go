@@ -1,0 +1,234 @@
+package ipc
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/vmihailenco/msgpack/v5"
+	"github.com/vmihailenco/msgpack/v5/msgpcode"
+)
+
+// MaxDepth bounds how deeply msgpack containers may nest in a frame. The
+// msgpack decoder recurses, so an unbounded depth would let a 16 MiB frame
+// of nested one-element arrays exhaust the stack.
+const MaxDepth = 32
+
+// Request is a decoded request envelope.
+type Request struct {
+	V    uint64
+	ID   uint64
+	Op   string
+	Args Args
+}
+
+// Response is what the server writes for one request.
+type Response struct {
+	V      int            `msgpack:"v"`
+	ID     uint64         `msgpack:"id"`
+	OK     bool           `msgpack:"ok"`
+	Result any            `msgpack:"result,omitempty"`
+	Error  map[string]any `msgpack:"error,omitempty"`
+}
+
+// Event is a frame sent before a request's final response (reserved for
+// streamed output; see docs/protocol.md).
+type Event struct {
+	V     int    `msgpack:"v"`
+	ID    uint64 `msgpack:"id"`
+	Event string `msgpack:"event"`
+	Data  []byte `msgpack:"data"`
+}
+
+// DecodeRequest decodes one frame body. On failure it returns the id it
+// managed to read (0 if none) and a bad_request *Error saying what is wrong.
+func DecodeRequest(body []byte) (Request, *Error) {
+	var req Request
+	if err := checkShape(body); err != nil {
+		return req, Errorf(CodeBadRequest, "malformed frame: %v", err)
+	}
+	d := msgpack.NewDecoder(bytes.NewReader(body))
+	n, err := d.DecodeMapLen()
+	if err != nil || n < 0 {
+		return req, Errorf(CodeBadRequest, "a frame must hold one msgpack map")
+	}
+	var haveV, haveID, haveOp bool
+	var badField *Error
+	for i := 0; i < n; i++ {
+		key, err := d.DecodeString()
+		if err != nil {
+			return req, Errorf(CodeBadRequest, "envelope keys must be strings")
+		}
+		switch key {
+		case "v":
+			req.V, err = decodeUint(d)
+			haveV = err == nil
+		case "id":
+			req.ID, err = decodeUint(d)
+			haveID = err == nil
+		case "op":
+			req.Op, err = d.DecodeString()
+			haveOp = err == nil
+		case "args":
+			var raw any
+			raw, err = d.DecodeInterface()
+			if err == nil {
+				switch m := raw.(type) {
+				case nil:
+				case map[string]any:
+					req.Args = Args{m: m}
+				default:
+					err = errors.New("not a map")
+				}
+			}
+		default:
+			// Unknown envelope keys are ignored so that later versions can
+			// add optional ones (docs/protocol.md, "Compatibility").
+			err = d.Skip()
+		}
+		if err != nil && badField == nil {
+			badField = Errorf(CodeBadRequest, "envelope field %q has the wrong type: %v", key, err)
+			// The decoder may be mid-value now; stop reading.
+			break
+		}
+	}
+	switch {
+	case badField != nil:
+		return req, badField
+	case !haveID:
+		return req, Errorf(CodeBadRequest, `envelope field "id" (an unsigned integer) is missing`)
+	case !haveV:
+		return req, Errorf(CodeBadRequest, `envelope field "v" is missing; send "v": %d`, ProtocolVersion)
+	case req.V != ProtocolVersion:
+		return req, Errorf(CodeUnsupported, "protocol version %d is not spoken here; send \"v\": %d", req.V, ProtocolVersion)
+	case !haveOp || req.Op == "":
+		return req, Errorf(CodeBadRequest, `envelope field "op" (a string) is missing`)
+	}
+	if req.Args.m == nil {
+		req.Args = Args{m: map[string]any{}}
+	}
+	return req, nil
+}
+
+// checkShape walks body without recursion and checks that it is exactly one
+// msgpack map, nested at most MaxDepth deep, with nothing after it.
+func checkShape(body []byte) error {
+	r := bytes.NewReader(body)
+	d := msgpack.NewDecoder(r)
+	c, err := d.PeekCode()
+	if err != nil {
+		return errors.New("empty body")
+	}
+	if !isMap(c) {
+		return fmt.Errorf("the body is not a msgpack map (first byte 0x%02x)", c)
+	}
+	remaining := []int{1} // items left to read at each open level
+	for len(remaining) > 0 {
+		top := len(remaining) - 1
+		if remaining[top] == 0 {
+			remaining = remaining[:top]
+			continue
+		}
+		remaining[top]--
+		c, err := d.PeekCode()
+		if err != nil {
+			return truncated(err)
+		}
+		var n int
+		switch {
+		case isMap(c):
+			n, err = d.DecodeMapLen()
+			n *= 2
+		case isArray(c):
+			n, err = d.DecodeArrayLen()
+		default:
+			err = d.Skip()
+			n = -1
+		}
+		if err != nil {
+			return truncated(err)
+		}
+		if n >= 0 {
+			if len(remaining) >= MaxDepth {
+				return fmt.Errorf("containers nested more than %d deep", MaxDepth)
+			}
+			remaining = append(remaining, n)
+		}
+	}
+	// The decoder reads a *bytes.Reader directly (it is an io.ByteScanner),
+	// so r.Len() is exactly what the walk left unread.
+	if r.Len() > 0 {
+		return errors.New("bytes after the map")
+	}
+	return nil
+}
+
+// decodeUint reads a non-negative integer, whichever msgpack integer
+// encoding the peer chose (many encoders use signed types for small
+// positive numbers).
+func decodeUint(d *msgpack.Decoder) (uint64, error) {
+	c, err := d.PeekCode()
+	if err != nil {
+		return 0, err
+	}
+	switch {
+	case msgpcode.IsFixedNum(c) && int8(c) >= 0,
+		c == msgpcode.Uint8, c == msgpcode.Uint16, c == msgpcode.Uint32, c == msgpcode.Uint64:
+		return d.DecodeUint64()
+	case msgpcode.IsFixedNum(c),
+		c == msgpcode.Int8, c == msgpcode.Int16, c == msgpcode.Int32, c == msgpcode.Int64:
+		n, err := d.DecodeInt64()
+		if err == nil && n < 0 {
+			err = fmt.Errorf("%d is negative", n)
+		}
+		return uint64(n), err
+	}
+	return 0, fmt.Errorf("not an integer (code 0x%02x)", c)
+}
+
+func truncated(err error) error {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return errors.New("truncated msgpack value")
+	}
+	return err
+}
+
+func isMap(c byte) bool {
+	return msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32
+}
+
+func isArray(c byte) bool {
+	return msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32
+}
+
+// EncodeResponse encodes a success (err == nil) or error response.
+func EncodeResponse(id uint64, result any, err *Error) ([]byte, error) {
+	resp := Response{V: ProtocolVersion, ID: id}
+	if err == nil {
+		resp.OK = true
+		if result == nil {
+			result = map[string]any{}
+		}
+		resp.Result = result
+	} else {
+		resp.Error = make(map[string]any, len(err.Details)+2)
+		for k, v := range err.Details {
+			resp.Error[k] = v
+		}
+		resp.Error["code"] = err.Code
+		resp.Error["message"] = err.Message
+	}
+	return marshal(resp)
+}
+
+func marshal(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := msgpack.NewEncoder(&buf)
+	enc.UseCompactInts(true)
+	enc.UseCompactFloats(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}

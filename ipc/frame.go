@@ -1,0 +1,75 @@
+package ipc
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// DefaultMaxFrame is the default largest frame body either side accepts.
+const DefaultMaxFrame = 16 << 20
+
+// headerSize is the length prefix: a big-endian uint32.
+const headerSize = 4
+
+var (
+	// ErrFrameTooLarge: the length prefix announced more than the maximum.
+	ErrFrameTooLarge = errors.New("frame too large")
+	// ErrEmptyFrame: the length prefix was zero.
+	ErrEmptyFrame = errors.New("zero-length frame")
+)
+
+// ReadHeader reads a frame's length prefix and checks it against max.
+func ReadHeader(r io.Reader, max int) (int, error) {
+	var hdr [headerSize]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return 0, err
+	}
+	n := binary.BigEndian.Uint32(hdr[:])
+	switch {
+	case n == 0:
+		return 0, ErrEmptyFrame
+	case uint64(n) > uint64(max):
+		return int(n), fmt.Errorf("%w: %d bytes announced, at most %d accepted", ErrFrameTooLarge, n, max)
+	}
+	return int(n), nil
+}
+
+// ReadBody reads exactly n bytes of frame body. A short read is
+// io.ErrUnexpectedEOF: the frame was truncated.
+func ReadBody(r io.Reader, n int) ([]byte, error) {
+	body := make([]byte, n)
+	if _, err := io.ReadFull(r, body); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, err
+	}
+	return body, nil
+}
+
+// ReadFrame reads one whole frame of at most max bytes.
+func ReadFrame(r io.Reader, max int) ([]byte, error) {
+	n, err := ReadHeader(r, max)
+	if err != nil {
+		return nil, err
+	}
+	return ReadBody(r, n)
+}
+
+// AppendFrame appends body with its length prefix to dst.
+func AppendFrame(dst, body []byte) []byte {
+	dst = binary.BigEndian.AppendUint32(dst, uint32(len(body)))
+	return append(dst, body...)
+}
+
+// WriteFrame writes body as one frame in a single Write call, so frames from
+// concurrent writers never interleave when the caller serializes writes.
+func WriteFrame(w io.Writer, body []byte, max int) error {
+	if len(body) > max {
+		return fmt.Errorf("%w: %d bytes to send, at most %d allowed", ErrFrameTooLarge, len(body), max)
+	}
+	_, err := w.Write(AppendFrame(make([]byte, 0, headerSize+len(body)), body))
+	return err
+}

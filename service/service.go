@@ -1,0 +1,502 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"slices"
+	"time"
+	"unicode/utf8"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
+	"github.com/sandbox-sidecar/sandbox-sidecar/lifecycle"
+)
+
+// Defaults for Limits' zero values.
+const (
+	DefaultMaxOutputBytes     = 4 << 20
+	DefaultOutputBytes        = 1 << 20
+	DefaultMaxFileBytes       = 8 << 20
+	DefaultMaxTimeout         = time.Hour
+	DefaultTimeout            = 2 * time.Minute
+	DefaultMaxListEntries     = 10000
+	DefaultHealthCheckTimeout = 5 * time.Second
+	maxEnv                    = 256
+	maxArgv                   = 4096
+	maxEgress                 = 256
+)
+
+// Limits bound what one request may ask for.
+type Limits struct {
+	// MaxOutputBytes caps max_output_bytes (per stream).
+	MaxOutputBytes int
+	// DefaultOutputBytes applies when a request gives no max_output_bytes.
+	DefaultOutputBytes int
+	// MaxFileBytes caps read_file's max_bytes and write_file's data.
+	MaxFileBytes int64
+	// MaxTimeout caps timeout_s; DefaultTimeout applies when none is given.
+	MaxTimeout     time.Duration
+	DefaultTimeout time.Duration
+	MaxListEntries int
+	// MaxFrame is the ipc frame limit, reported by hello.
+	MaxFrame int
+}
+
+func (l *Limits) setDefaults() {
+	if l.MaxOutputBytes <= 0 {
+		l.MaxOutputBytes = DefaultMaxOutputBytes
+	}
+	if l.DefaultOutputBytes <= 0 {
+		l.DefaultOutputBytes = DefaultOutputBytes
+	}
+	l.DefaultOutputBytes = min(l.DefaultOutputBytes, l.MaxOutputBytes)
+	if l.MaxFileBytes <= 0 {
+		l.MaxFileBytes = DefaultMaxFileBytes
+	}
+	if l.MaxTimeout <= 0 {
+		l.MaxTimeout = DefaultMaxTimeout
+	}
+	if l.DefaultTimeout <= 0 {
+		l.DefaultTimeout = DefaultTimeout
+	}
+	l.DefaultTimeout = min(l.DefaultTimeout, l.MaxTimeout)
+	if l.MaxListEntries <= 0 {
+		l.MaxListEntries = DefaultMaxListEntries
+	}
+	if l.MaxFrame <= 0 {
+		l.MaxFrame = ipc.DefaultMaxFrame
+	}
+}
+
+// Config configures a Service.
+type Config struct {
+	Manager *lifecycle.Manager
+	Policy  *Policy
+	Limits  Limits
+	// Logger receives the audit trail (one line per request) and errors.
+	Logger  hclog.Logger
+	Version string
+}
+
+// Service implements ipc.Handler and ipc.ConnObserver.
+type Service struct {
+	m       *lifecycle.Manager
+	policy  *Policy
+	lim     Limits
+	log     hclog.Logger
+	version string
+	started time.Time
+}
+
+// New returns a Service.
+func New(cfg Config) *Service {
+	cfg.Limits.setDefaults()
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+	if cfg.Policy == nil {
+		cfg.Policy = &Policy{}
+	}
+	return &Service{m: cfg.Manager, policy: cfg.Policy, lim: cfg.Limits, log: cfg.Logger, version: cfg.Version, started: time.Now()}
+}
+
+// Limits returns the effective limits.
+func (s *Service) Limits() Limits { return s.lim }
+
+// Disconnected implements ipc.ConnObserver.
+func (s *Service) Disconnected(peer *ipc.Peer) { s.m.Disconnected(peer.ConnID) }
+
+// audit carries what one request's audit line says.
+type audit struct {
+	kv []any
+}
+
+func (a *audit) add(kv ...any) { a.kv = append(a.kv, kv...) }
+
+// Handle implements ipc.Handler.
+func (s *Service) Handle(ctx context.Context, peer *ipc.Peer, req *ipc.Request) (any, error) {
+	start := time.Now()
+	c := lifecycle.Caller{UID: peer.UID, PID: peer.PID, ConnID: peer.ConnID, Admin: s.policy.IsAdmin(peer)}
+	a := &audit{}
+	result, err := s.dispatch(ctx, c, peer, req, a)
+	var e *ipc.Error
+	if err != nil {
+		e = s.toWire(err)
+	}
+	kv := append([]any{"op", req.Op, "id", req.ID, "peer_uid", peer.UID, "peer_pid", peer.PID, "conn", peer.ConnID,
+		"duration_ms", float64(time.Since(start).Microseconds()) / 1000}, a.kv...)
+	switch {
+	case e == nil:
+		if req.Op != ipc.OpHealth && req.Op != ipc.OpHello {
+			s.log.Info("audit", kv...)
+		}
+	case e.Code == ipc.CodeInternal:
+		s.log.Error("audit", append(kv, "code", e.Code, "error", err.Error())...)
+	default:
+		s.log.Info("audit", append(kv, "code", e.Code, "refused", e.Message)...)
+	}
+	if e != nil {
+		return nil, e
+	}
+	return result, nil
+}
+
+func (s *Service) dispatch(ctx context.Context, c lifecycle.Caller, peer *ipc.Peer, req *ipc.Request, a *audit) (any, error) {
+	args := &req.Args
+	switch req.Op {
+	case ipc.OpHello:
+		return s.hello(c, peer, args)
+	case ipc.OpHealth:
+		if err := args.Done("argument"); err != nil {
+			return nil, err
+		}
+		return s.Health(ctx), nil
+	case ipc.OpCreate:
+		return s.create(ctx, c, args, a)
+	case ipc.OpRunCommand:
+		return s.runCommand(ctx, c, args, a)
+	case ipc.OpReadFile:
+		return s.readFile(ctx, c, args, a)
+	case ipc.OpWriteFile:
+		return s.writeFile(ctx, c, args, a)
+	case ipc.OpListDirectory:
+		return s.listDirectory(ctx, c, args, a)
+	case ipc.OpDestroy:
+		id := args.String("sandbox", true)
+		if err := args.Done("argument"); err != nil {
+			return nil, err
+		}
+		a.add("sandbox", id)
+		return map[string]any{}, s.m.Destroy(ctx, c, id)
+	case ipc.OpList:
+		return s.list(c, args)
+	}
+	return nil, ipc.Errorf(ipc.CodeUnknownOp, "unknown op %q; see docs/protocol.md for the ops this daemon speaks", req.Op)
+}
+
+func (s *Service) hello(c lifecycle.Caller, peer *ipc.Peer, args *ipc.Args) (any, error) {
+	_ = args.String("client", false)
+	if args.Has("versions") {
+		versions := args.IntList("versions", 16)
+		if args.Err() == nil && !slices.Contains(versions, ipc.ProtocolVersion) {
+			return nil, ipc.Errorf(ipc.CodeUnsupported, "none of the offered protocol versions %v is spoken here; this daemon speaks version %d", versions, ipc.ProtocolVersion).
+				With("versions", []int{ipc.ProtocolVersion})
+		}
+	}
+	if err := args.Done("argument"); err != nil {
+		return nil, err
+	}
+	return map[string]any{
+		"version":        ipc.ProtocolVersion,
+		"server_version": s.version,
+		"backend":        s.m.Backend().Name(),
+		"admin":          c.Admin,
+		"peer":           map[string]any{"uid": peer.UID, "gid": peer.GID, "pid": peer.PID},
+		"limits": map[string]any{
+			"max_frame_bytes":      s.lim.MaxFrame,
+			"max_output_bytes":     s.lim.MaxOutputBytes,
+			"default_output_bytes": s.lim.DefaultOutputBytes,
+			"max_file_bytes":       s.lim.MaxFileBytes,
+			"max_timeout_s":        s.lim.MaxTimeout.Seconds(),
+			"default_timeout_s":    s.lim.DefaultTimeout.Seconds(),
+			"max_list_entries":     s.lim.MaxListEntries,
+		},
+	}, nil
+}
+
+// HealthReport is the health op's result.
+type HealthReport struct {
+	Status        string  `msgpack:"status"`
+	Version       string  `msgpack:"version"`
+	Backend       string  `msgpack:"backend"`
+	BackendError  string  `msgpack:"backend_error,omitempty"`
+	Sandboxes     int     `msgpack:"sandboxes"`
+	Commands      int     `msgpack:"commands"`
+	UptimeSeconds float64 `msgpack:"uptime_s"`
+}
+
+// Health checks the backend and reports live counts.
+func (s *Service) Health(ctx context.Context) HealthReport {
+	st := s.m.Stats()
+	r := HealthReport{Status: "ok", Version: s.version, Backend: s.m.Backend().Name(),
+		Sandboxes: st.Sandboxes, Commands: st.Commands, UptimeSeconds: time.Since(s.started).Seconds()}
+	hctx, cancel := context.WithTimeout(ctx, DefaultHealthCheckTimeout)
+	defer cancel()
+	if err := s.m.Backend().Health(hctx); err != nil {
+		r.Status = "degraded"
+		r.BackendError = err.Error()
+	}
+	return r
+}
+
+func (s *Service) create(ctx context.Context, c lifecycle.Caller, args *ipc.Args, a *audit) (any, error) {
+	var req lifecycle.CreateRequest
+	spec := args.Sub("spec")
+	req.Spec.Env = spec.StringMap("env", maxEnv)
+	req.Spec.BlockNetwork = spec.OptBool("block_network")
+	req.Spec.AllowEgressTo = spec.StringList("allow_egress_to", maxEgress)
+	req.Spec.AllowEgressToCIDRs = spec.StringList("allow_egress_to_cidrs", maxEgress)
+	req.Owner = spec.String("owner", false)
+	if err := spec.Done("spec field"); err != nil {
+		return nil, err
+	}
+	req.Labels = args.StringMap("labels", lifecycle.MaxLabels)
+	if args.Has("ttl_s") {
+		ttl := args.Float("ttl_s", 0)
+		if args.Err() == nil && ttl <= 0 {
+			args.Failf("argument \"ttl_s\" must be greater than 0, got %v", ttl)
+		}
+		req.TTL = seconds(ttl)
+	}
+	if err := args.Done("argument"); err != nil {
+		return nil, err
+	}
+	a.add("owner", req.Owner, "labels", req.Labels)
+	sb, err := s.m.Create(ctx, c, req)
+	if err != nil {
+		return nil, err
+	}
+	a.add("sandbox", sb.ID, "conn_bound", sb.ConnBound)
+	return map[string]any{
+		"sandbox":    sb.ID,
+		"workdir":    sb.Workdir,
+		"network":    sb.Network,
+		"expires_at": unixSeconds(sb.ExpiresAt),
+		"conn_bound": sb.ConnBound,
+	}, nil
+}
+
+// ExecResult is run_command's result on the wire.
+type ExecResult struct {
+	ExitCode          int     `msgpack:"exit_code"`
+	Stdout            []byte  `msgpack:"stdout"`
+	Stderr            []byte  `msgpack:"stderr"`
+	TimedOut          bool    `msgpack:"timed_out"`
+	StdoutTruncated   bool    `msgpack:"stdout_truncated"`
+	StderrTruncated   bool    `msgpack:"stderr_truncated"`
+	SandboxTerminated bool    `msgpack:"sandbox_terminated"`
+	AppliedTimeoutS   float64 `msgpack:"applied_timeout_s"`
+	DurationS         float64 `msgpack:"duration_s"`
+}
+
+func (s *Service) runCommand(ctx context.Context, c lifecycle.Caller, args *ipc.Args, a *audit) (any, error) {
+	id := args.String("sandbox", true)
+	var req backend.ExecRequest
+	hasCmd, hasArgv := args.Has("command"), args.Has("argv")
+	switch {
+	case hasCmd && hasArgv:
+		args.Failf(`give either "command" or "argv", not both`)
+	case hasCmd:
+		req.Command = args.String("command", true)
+	case hasArgv:
+		req.Argv = args.StringList("argv", maxArgv)
+		if args.Err() == nil && len(req.Argv) == 0 {
+			args.Failf(`argument "argv" must not be empty`)
+		}
+	default:
+		args.Failf(`argument "command" (a shell string) or "argv" (a list of strings) is required`)
+	}
+	req.Stdin, _ = args.Bytes("stdin", false)
+	req.Env = args.StringMap("env", maxEnv)
+	req.Cwd = args.String("cwd", false)
+	timeout := args.Float("timeout_s", s.lim.DefaultTimeout.Seconds())
+	if args.Err() == nil && timeout <= 0 {
+		args.Failf(`argument "timeout_s" must be greater than 0, got %v`, timeout)
+	}
+	maxOut := args.Int("max_output_bytes", int64(s.lim.DefaultOutputBytes), 0, math.MaxInt32)
+	if err := args.Done("argument"); err != nil {
+		return nil, err
+	}
+	req.Timeout = min(seconds(timeout), s.lim.MaxTimeout)
+	req.MaxOutputBytes = int(min(maxOut, int64(s.lim.MaxOutputBytes)))
+
+	cmdText := req.Command
+	if cmdText == "" {
+		cmdText = fmt.Sprintf("%q", req.Argv)
+	}
+	a.add("sandbox", id, "command", truncateRunes(cmdText, 200))
+	res, err := s.m.Exec(ctx, c, id, req)
+	if err != nil {
+		return nil, err
+	}
+	a.add("exit_code", res.ExitCode, "timed_out", res.TimedOut, "sandbox_terminated", res.SandboxTerminated,
+		"command_duration_ms", res.Duration.Milliseconds())
+	return ExecResult{
+		ExitCode:          res.ExitCode,
+		Stdout:            nonNil(res.Stdout),
+		Stderr:            nonNil(res.Stderr),
+		TimedOut:          res.TimedOut,
+		StdoutTruncated:   res.StdoutTruncated,
+		StderrTruncated:   res.StderrTruncated,
+		SandboxTerminated: res.SandboxTerminated,
+		AppliedTimeoutS:   res.AppliedTimeout.Seconds(),
+		DurationS:         res.Duration.Seconds(),
+	}, nil
+}
+
+func (s *Service) readFile(ctx context.Context, c lifecycle.Caller, args *ipc.Args, a *audit) (any, error) {
+	id := args.String("sandbox", true)
+	path := args.String("path", true)
+	maxBytes := args.Int("max_bytes", s.lim.MaxFileBytes, 0, math.MaxInt64)
+	if err := args.Done("argument"); err != nil {
+		return nil, err
+	}
+	maxBytes = min(maxBytes, s.lim.MaxFileBytes)
+	a.add("sandbox", id, "path", truncateRunes(path, 200))
+	data, err := s.m.ReadFile(ctx, c, id, path, maxBytes)
+	if err != nil {
+		return nil, err
+	}
+	a.add("bytes", len(data))
+	return map[string]any{"data": nonNil(data), "size_bytes": len(data)}, nil
+}
+
+func (s *Service) writeFile(ctx context.Context, c lifecycle.Caller, args *ipc.Args, a *audit) (any, error) {
+	id := args.String("sandbox", true)
+	path := args.String("path", true)
+	data, _ := args.Bytes("data", true)
+	mode := args.Int("mode", 0o644, 0, 0o777)
+	if err := args.Done("argument"); err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > s.lim.MaxFileBytes {
+		return nil, ipc.Errorf(ipc.CodeFileTooLarge, "%d bytes is more than the %d this daemon accepts in one write_file", len(data), s.lim.MaxFileBytes).
+			With("size_bytes", len(data)).With("max_bytes", s.lim.MaxFileBytes)
+	}
+	a.add("sandbox", id, "path", truncateRunes(path, 200), "bytes", len(data))
+	if err := s.m.WriteFile(ctx, c, id, path, data, os.FileMode(mode)); err != nil {
+		return nil, err
+	}
+	return map[string]any{"bytes_written": len(data)}, nil
+}
+
+func (s *Service) listDirectory(ctx context.Context, c lifecycle.Caller, args *ipc.Args, a *audit) (any, error) {
+	id := args.String("sandbox", true)
+	path := args.String("path", true)
+	if err := args.Done("argument"); err != nil {
+		return nil, err
+	}
+	a.add("sandbox", id, "path", truncateRunes(path, 200))
+	entries, err := s.m.ListDirectory(ctx, c, id, path, s.lim.MaxListEntries)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]map[string]any, len(entries))
+	for i, e := range entries {
+		// Names that are not UTF-8 travel as bytes so that a strict
+		// msgpack decoder does not choke on them.
+		var name any = e.Name
+		if !utf8.ValidString(e.Name) {
+			name = []byte(e.Name)
+		}
+		out[i] = map[string]any{"name": name, "is_dir": e.IsDir}
+	}
+	return map[string]any{"entries": out}, nil
+}
+
+func (s *Service) list(c lifecycle.Caller, args *ipc.Args) (any, error) {
+	owner := args.String("owner", false)
+	if err := args.Done("argument"); err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	boxes := s.m.List(c, owner)
+	out := make([]map[string]any, len(boxes))
+	for i, b := range boxes {
+		out[i] = map[string]any{
+			"sandbox":     b.ID,
+			"uid":         b.UID,
+			"owner":       b.Owner,
+			"holder":      b.Holder,
+			"labels":      nonNilMap(b.Labels),
+			"state":       string(b.State),
+			"workdir":     b.Workdir,
+			"network":     b.Network,
+			"conn_bound":  b.ConnBound,
+			"created_at":  unixSeconds(b.CreatedAt),
+			"expires_at":  unixSeconds(b.ExpiresAt),
+			"last_used":   unixSeconds(b.LastUsed),
+			"remaining_s": max(b.ExpiresAt.Sub(now).Seconds(), 0),
+		}
+	}
+	return map[string]any{"sandboxes": out}, nil
+}
+
+// toWire maps a domain error to its stable code.
+func (s *Service) toWire(err error) *ipc.Error {
+	var we *ipc.Error
+	if errors.As(err, &we) {
+		return we
+	}
+	var tooLarge *backend.FileTooLargeError
+	if errors.As(err, &tooLarge) {
+		return ipc.Errorf(ipc.CodeFileTooLarge, "%v; read less (max_bytes) or use run_command to look at part of it", err).
+			With("size_bytes", tooLarge.Size).With("max_bytes", tooLarge.MaxBytes)
+	}
+	var quota *lifecycle.QuotaError
+	if errors.As(err, &quota) {
+		return ipc.Errorf(ipc.CodeQuotaExceeded, "%v; destroy sandboxes you no longer need, or ask the operator to raise the limit", err).
+			With("limit", quota.Limit).With("scope", quota.Scope)
+	}
+	codes := []struct {
+		target error
+		code   string
+	}{
+		{backend.ErrNotFound, ipc.CodeNotFound},
+		{backend.ErrSpecUnenforceable, ipc.CodeSpecUnenforceable},
+		{backend.ErrBadPath, ipc.CodeBadPath},
+		{backend.ErrPathNotFound, ipc.CodePathNotFound},
+		{backend.ErrIsDirectory, ipc.CodeIsDirectory},
+		{backend.ErrNotDirectory, ipc.CodeNotDirectory},
+		{backend.ErrTooManyEntries, ipc.CodeTooManyEntries},
+		{backend.ErrInvalidArgument, ipc.CodeBadRequest},
+		{backend.ErrUnavailable, ipc.CodeBackendUnavail},
+		{lifecycle.ErrInvalid, ipc.CodeBadRequest},
+		{lifecycle.ErrShuttingDown, ipc.CodeShuttingDown},
+	}
+	for _, c := range codes {
+		if errors.Is(err, c.target) {
+			return &ipc.Error{Code: c.code, Message: err.Error()}
+		}
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return ipc.Errorf(ipc.CodeShuttingDown, "the request was cancelled (connection closed or daemon shutting down)")
+	}
+	return ipc.AsError(err)
+}
+
+func seconds(f float64) time.Duration {
+	if f >= math.MaxInt64/float64(time.Second) {
+		return time.Duration(math.MaxInt64)
+	}
+	return time.Duration(f * float64(time.Second))
+}
+
+func unixSeconds(t time.Time) float64 { return float64(t.UnixMilli()) / 1000 }
+
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
+}
+
+func nonNilMap(m map[string]string) map[string]string {
+	if m == nil {
+		return map[string]string{}
+	}
+	return m
+}
+
+func truncateRunes(s string, n int) string {
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	r := []rune(s)
+	return string(r[:n]) + "…"
+}
