@@ -141,17 +141,14 @@ var (
 	ErrNotDirectory = errors.New("not a directory")
 	// ErrTooManyEntries: a listing exceeded the caller's bound.
 	ErrTooManyEntries = errors.New("too many directory entries")
-	// ErrInvalidArgument: a request field is malformed (bad env name, a
-	// relative cwd, ...); the caller can fix it.
-	ErrInvalidArgument = errors.New("invalid argument")
-	// ErrUnavailable: the backend cannot work right now (binary missing,
-	// kernel feature off); retrying later may help.
-	ErrUnavailable = errors.New("backend unavailable")
 	// ErrInvalidArgument: the request itself is malformed (an environment
 	// variable name containing '=', a relative working directory, a NUL
 	// byte, an empty command, ...). Retrying it unchanged cannot help; the
 	// caller must fix the request.
 	ErrInvalidArgument = errors.New("invalid argument")
+	// ErrUnavailable: the backend cannot work right now (binary missing,
+	// kernel feature off); retrying later may help.
+	ErrUnavailable = errors.New("backend unavailable")
 )
 
 // FileTooLargeError reports a file larger than the caller allowed.

@@ -20,6 +20,13 @@ const (
 	OpListDirectory = "list_directory"
 	OpDestroy       = "destroy"
 	OpList          = "list"
+	OpRenew         = "renew"
+	OpAttach        = "attach"
+	OpRelease       = "release"
+	OpReadTags      = "read_tags"
+	OpWriteTags     = "write_tags"
+	OpDestroyRun    = "destroy_run"
+	OpGC            = "gc"
 )
 
 // Error codes: stable strings a client may switch on. docs/protocol.md says
@@ -38,6 +45,8 @@ const (
 	CodeFileTooLarge      = "file_too_large"
 	CodeTooManyEntries    = "too_many_entries"
 	CodeQuotaExceeded     = "quota_exceeded"
+	CodeOwnerMismatch     = "owner_mismatch"
+	CodeHeldByOther       = "held_by_other"
 	CodeBusy              = "busy"
 	CodeSpecUnenforceable = "spec_unenforceable"
 	CodeBackendError      = "backend_error"

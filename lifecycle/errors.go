@@ -10,6 +10,8 @@ var (
 	ErrShuttingDown = errors.New("the daemon is shutting down")
 	// ErrInvalid: the request is malformed (bad owner, labels, ttl ...).
 	ErrInvalid = errors.New("invalid request")
+	// ErrJournal: the journal could not be written, so nothing was done.
+	ErrJournal = errors.New("journal write failed")
 )
 
 // QuotaError says which limit a request would exceed.
@@ -20,5 +22,26 @@ type QuotaError struct {
 }
 
 func (e *QuotaError) Error() string {
+	if e.Scope == "commands_per_host" {
+		return fmt.Sprintf("quota exceeded: at most %d commands may run at once on this host", e.Limit)
+	}
 	return fmt.Sprintf("quota exceeded: at most %d sandboxes per %s", e.Limit, e.Scope)
+}
+
+// OwnerMismatchError: attach named an owner the sandbox does not have.
+type OwnerMismatchError struct {
+	Sandbox, Owner, Want string
+}
+
+func (e *OwnerMismatchError) Error() string {
+	return fmt.Sprintf("sandbox %s belongs to owner %q, not %q; a sandbox can only be attached by tasks of the run that provisioned it", e.Sandbox, e.Owner, e.Want)
+}
+
+// HeldByOtherError: attach found the sandbox held by another holder.
+type HeldByOtherError struct {
+	Sandbox, Holder string
+}
+
+func (e *HeldByOtherError) Error() string {
+	return fmt.Sprintf("sandbox %s is held by %q; wait until it is released, or provision another", e.Sandbox, e.Holder)
 }

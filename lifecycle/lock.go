@@ -20,7 +20,10 @@ type StateLock struct {
 // LockStateDir creates dir (0700) if needed and takes its lock without
 // waiting. If another process holds it, the error names that process.
 func LockStateDir(dir string) (*StateLock, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return nil, fmt.Errorf("creating %s: %w", filepath.Dir(dir), err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, fmt.Errorf("creating state directory %s: %w", dir, err)
 	}
 	if err := unix.Access(dir, unix.W_OK); err != nil {

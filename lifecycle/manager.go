@@ -4,9 +4,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -30,12 +30,19 @@ const (
 	DefaultMaxPerUID      = 32
 	DefaultMaxPerOwner    = 16
 	DefaultMaxCmdsPerHost = 32
+	// retryBase and retryMax bound the backoff between attempts to
+	// destroy a sandbox the backend failed to destroy.
+	retryBase = 2 * time.Second
+	retryMax  = 5 * time.Minute
 )
 
 // Config configures a Manager. Zero values take the defaults above; a
 // negative IdleTimeout disables it.
 type Config struct {
 	Backend backend.Backend
+	// Journal makes the manager crash-safe; nil keeps records in memory
+	// only (tests, and gc --dry-run).
+	Journal *Journal
 	Logger  hclog.Logger
 	// ConnGrace is how long a connection-bound sandbox outlives its
 	// connection, so a client that reconnects can claim it back by id.
@@ -45,7 +52,7 @@ type Config struct {
 	// DefaultTTL is the life of an owned sandbox created without ttl_s.
 	DefaultTTL time.Duration
 	// IdleTimeout destroys a sandbox that ran nothing for this long
-	// (0 = MaxLifetime, i.e. off).
+	// (negative: never).
 	IdleTimeout    time.Duration
 	ReapInterval   time.Duration
 	CreateTimeout  time.Duration
@@ -56,6 +63,25 @@ type Config struct {
 	MaxCmdsPerHost int
 	// Now is the clock (tests may replace it).
 	Now func() time.Time
+	// Failpoint, when set, is called at named points of create and destroy
+	// (see the failpoint constants) so crash tests can stop the daemon
+	// exactly there. Production leaves it nil.
+	Failpoint func(name string)
+}
+
+// Failpoints: the moments between durable steps where a crash leaves
+// distinct state behind.
+const (
+	FailCreateJournaled = "create-journaled"  // record written, backend not asked
+	FailCreateBackend   = "create-backend"    // backend made it, record still "creating"
+	FailDestroyJournal  = "destroy-journaled" // marked destroying, backend not asked
+	FailDestroyBackend  = "destroy-backend"   // backend destroyed it, record not deleted
+)
+
+func (m *Manager) failpoint(name string) {
+	if m.cfg.Failpoint != nil {
+		m.cfg.Failpoint(name)
+	}
 }
 
 // Caller is who asks, as the kernel says.
@@ -87,13 +113,17 @@ const (
 
 // Sandbox is a snapshot of one sandbox's record.
 type Sandbox struct {
-	ID        string
-	UID       uint32
-	Owner     string
-	Holder    string
-	Labels    map[string]string
-	Workdir   string
-	Network   string
+	ID      string
+	UID     uint32
+	Owner   string
+	Holder  string
+	Labels  map[string]string
+	Tags    map[string]string
+	Workdir string
+	Network string
+	// NetSpec is the airflow_network tag: the network part of the spec
+	// as compact JSON with sorted keys.
+	NetSpec   string
 	State     State
 	CreatedAt time.Time
 	ExpiresAt time.Time
@@ -103,19 +133,30 @@ type Sandbox struct {
 	ConnID    uint64
 }
 
-// record is a sandbox's live state; guarded by Manager.mu except where noted.
+// record is a sandbox's live state, guarded by Manager.mu; jmu orders its
+// journal writes.
 type record struct {
 	Sandbox
 	disconnectedAt time.Time     // zero while its connection lives
 	cmd            chan struct{} // one command at a time (a 1-slot semaphore)
 	running        int           // commands and file ops in progress
+	destroyFails   int           // failed destroy attempts
+	retryAt        time.Time     // when the reaper retries a failed destroy
+
+	jmu     sync.Mutex
+	deleted bool // the journal record is gone; never write it again
+}
+
+func newRecord(s Sandbox) *record {
+	return &record{Sandbox: s, cmd: make(chan struct{}, 1)}
 }
 
 // Manager owns every sandbox of one daemon.
 type Manager struct {
-	cfg Config
-	be  backend.Backend
-	log hclog.Logger
+	cfg     Config
+	be      backend.Backend
+	journal *Journal
+	log     hclog.Logger
 
 	mu      sync.Mutex
 	boxes   map[string]*record
@@ -126,9 +167,11 @@ type Manager struct {
 	stop     chan struct{}
 	reaperWG sync.WaitGroup
 	opsWG    sync.WaitGroup // creates and destroys in progress
+
+	recovery RecoveryReport
 }
 
-// New returns a manager; call Start to run its reaper.
+// New returns a manager; call Recover, then Start.
 func New(cfg Config) (*Manager, error) {
 	if cfg.Backend == nil {
 		return nil, errors.New("lifecycle: no backend")
@@ -153,9 +196,7 @@ func New(cfg Config) (*Manager, error) {
 	defInt(&cfg.MaxPerUID, DefaultMaxPerUID)
 	defInt(&cfg.MaxPerOwner, DefaultMaxPerOwner)
 	defInt(&cfg.MaxCmdsPerHost, DefaultMaxCmdsPerHost)
-	if cfg.DefaultTTL > cfg.MaxLifetime {
-		cfg.DefaultTTL = cfg.MaxLifetime
-	}
+	cfg.DefaultTTL = min(cfg.DefaultTTL, cfg.MaxLifetime)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -165,6 +206,7 @@ func New(cfg Config) (*Manager, error) {
 	return &Manager{
 		cfg:      cfg,
 		be:       cfg.Backend,
+		journal:  cfg.Journal,
 		log:      cfg.Logger,
 		boxes:    map[string]*record{},
 		hostCmds: make(chan struct{}, cfg.MaxCmdsPerHost),
@@ -190,7 +232,7 @@ func (m *Manager) Start() {
 			case <-m.stop:
 				return
 			case <-t.C:
-				m.Reap(context.Background())
+				m.Reap()
 			}
 		}
 	}()
@@ -199,82 +241,118 @@ func (m *Manager) Start() {
 // NewID returns a fresh sandbox id: "sc-" and 16 hex digits.
 func NewID() string {
 	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		panic(err) // crypto/rand never fails on Linux
-	}
+	rand.Read(b[:]) // never fails on Linux (crypto/rand panics otherwise)
 	return "sc-" + hex.EncodeToString(b[:])
 }
 
 // Bounds on what a client may attach to a sandbox.
 const (
 	MaxOwnerLen  = 512
+	MaxHolderLen = 512
 	MaxLabels    = 16
 	MaxLabelKey  = 64
 	MaxLabelVal  = 256
-	MaxHolderLen = 512
+	MaxTags      = 32
+	MaxTagKey    = 64
+	MaxTagVal    = 1024
 )
 
 func validText(s string, max int) bool {
 	return len(s) <= max && utf8.ValidString(s) && !strings.ContainsRune(s, 0)
 }
 
+func checkMap(what string, m map[string]string, maxN, maxKey, maxVal int) error {
+	if len(m) > maxN {
+		return fmt.Errorf("%w: at most %d %s", ErrInvalid, maxN, what)
+	}
+	for k, v := range m {
+		if k == "" || !validText(k, maxKey) || !validText(v, maxVal) {
+			return fmt.Errorf("%w: %s %q: keys of 1-%d bytes and values of at most %d bytes, UTF-8 without NUL", ErrInvalid, what, k, maxKey, maxVal)
+		}
+	}
+	return nil
+}
+
+// netSpecJSON renders the airflow_network tag: compact JSON, sorted keys.
+func netSpecJSON(s backend.Spec) string {
+	block := true
+	if s.BlockNetwork != nil {
+		block = *s.BlockNetwork
+	}
+	hosts, cidrs := s.AllowEgressTo, s.AllowEgressToCIDRs
+	if hosts == nil {
+		hosts = []string{}
+	}
+	if cidrs == nil {
+		cidrs = []string{}
+	}
+	// encoding/json writes map keys sorted.
+	b, _ := json.Marshal(map[string]any{"allow_egress_to": hosts, "allow_egress_to_cidrs": cidrs, "block_network": block})
+	return string(b)
+}
+
 // Create provisions a sandbox for caller. Quotas are checked and the
-// record reserved before the backend is asked, so a refused create leaves
-// nothing behind; a failed one is cleaned up before returning.
+// record reserved (in memory and in the journal) before the backend is
+// asked, so a refused create leaves nothing behind and a crash mid-create
+// leaves a record that recovery destroys; a failed create is cleaned up
+// before returning, whatever happened to ctx.
 func (m *Manager) Create(ctx context.Context, c Caller, req CreateRequest) (Sandbox, error) {
 	if !validText(req.Owner, MaxOwnerLen) {
 		return Sandbox{}, fmt.Errorf("%w: owner must be valid UTF-8 of at most %d bytes", ErrInvalid, MaxOwnerLen)
 	}
-	if len(req.Labels) > MaxLabels {
-		return Sandbox{}, fmt.Errorf("%w: at most %d labels", ErrInvalid, MaxLabels)
-	}
-	for k, v := range req.Labels {
-		if k == "" || !validText(k, MaxLabelKey) || !validText(v, MaxLabelVal) {
-			return Sandbox{}, fmt.Errorf("%w: label %q: keys of 1-%d bytes and values of at most %d bytes, UTF-8", ErrInvalid, k, MaxLabelKey, MaxLabelVal)
-		}
+	if err := checkMap("labels", req.Labels, MaxLabels, MaxLabelKey, MaxLabelVal); err != nil {
+		return Sandbox{}, err
 	}
 	if req.TTL < 0 {
 		return Sandbox{}, fmt.Errorf("%w: ttl must be positive", ErrInvalid)
 	}
 
 	now := m.cfg.Now()
-	rec := &record{cmd: make(chan struct{}, 1)}
-	rec.ID = NewID()
-	rec.UID = c.UID
-	rec.Owner = req.Owner
-	rec.Labels = cloneMap(req.Labels)
-	rec.State = StateCreating
-	rec.CreatedAt = now
-	rec.LastUsed = now
-	rec.ConnBound = req.Owner == "" && req.TTL == 0
-	rec.ConnID = c.ConnID
+	s := Sandbox{
+		ID:        NewID(),
+		UID:       c.UID,
+		Owner:     req.Owner,
+		Labels:    cloneMap(req.Labels),
+		NetSpec:   netSpecJSON(req.Spec),
+		State:     StateCreating,
+		CreatedAt: now,
+		LastUsed:  now,
+		ConnBound: req.Owner == "" && req.TTL == 0,
+		ConnID:    c.ConnID,
+	}
 	life := m.cfg.MaxLifetime
-	if !rec.ConnBound {
+	if !s.ConnBound {
 		life = req.TTL
 		if life == 0 {
 			life = m.cfg.DefaultTTL
 		}
 		life = min(life, m.cfg.MaxLifetime)
 	}
-	rec.ExpiresAt = now.Add(life)
+	s.ExpiresAt = now.Add(life)
+	rec := newRecord(s)
 
 	if err := m.reserve(rec); err != nil {
 		return Sandbox{}, err
 	}
-	log := m.log.With("sandbox", rec.ID, "uid", c.UID, "pid", c.PID, "owner", rec.Owner)
+	log := m.log.With("sandbox", rec.ID, "peer_uid", c.UID, "peer_pid", c.PID, "owner", rec.Owner)
 
-	// The backend work is detached from the request: a client that hangs
-	// up mid-create must not leave a half-made sandbox, and the cleanup
-	// below must run whatever happened to ctx.
 	m.opsWG.Add(1)
 	defer m.opsWG.Done()
+	if err := m.persist(rec); err != nil {
+		m.forget(rec)
+		log.Error("journal write failed; sandbox not created", "error", err)
+		return Sandbox{}, fmt.Errorf("%w: %v; check the state directory's disk", ErrJournal, err)
+	}
+	m.failpoint(FailCreateJournaled)
+	// The backend work is detached from the request: a client that hangs
+	// up mid-create must not leave a half-made sandbox behind.
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.CreateTimeout)
 	defer cancel()
 	info, err := m.be.Create(bctx, rec.ID, req.Spec)
+	m.failpoint(FailCreateBackend)
 	if err != nil {
 		log.Warn("create failed", "error", err)
-		m.destroyBackend(rec.ID, log)
-		m.forget(rec.ID)
+		m.destroyNow(rec, "create failed", log)
 		return Sandbox{}, err
 	}
 
@@ -283,20 +361,25 @@ func (m *Manager) Create(ctx context.Context, c Caller, req CreateRequest) (Sand
 	rec.Network = info.Network
 	rec.State = StateReady
 	closing := m.closing
-	snap := rec.snapshot()
 	m.mu.Unlock()
+	if err := m.persist(rec); err != nil {
+		log.Error("journal write failed; destroying the new sandbox", "error", err)
+		m.destroyNow(rec, "journal write failed", log)
+		return Sandbox{}, fmt.Errorf("%w: %v; check the state directory's disk", ErrJournal, err)
+	}
 	if closing || ctx.Err() != nil {
 		// Shutdown began, or the client left, while we were creating:
 		// nobody will ever use this sandbox.
-		log.Info("destroying sandbox created for a client that is gone")
-		m.destroyBackend(rec.ID, log)
-		m.forget(rec.ID)
+		m.destroyNow(rec, "client gone during create", log)
 		if closing {
 			return Sandbox{}, ErrShuttingDown
 		}
 		return Sandbox{}, ctx.Err()
 	}
-	log.Info("sandbox created", "conn_bound", snap.ConnBound, "expires_at", snap.ExpiresAt.Format(time.RFC3339))
+	m.mu.Lock()
+	snap := rec.snapshot()
+	m.mu.Unlock()
+	log.Info("sandbox created", "conn_bound", snap.ConnBound, "expires_at", snap.ExpiresAt.Format(time.RFC3339), "labels", snap.Labels)
 	return snap, nil
 }
 
@@ -328,16 +411,72 @@ func (m *Manager) reserve(rec *record) error {
 	return nil
 }
 
-func (m *Manager) forget(id string) {
+// persist writes rec's current state to the journal. Writes of one record
+// are ordered by rec.jmu and each takes its snapshot under that lock, so
+// the last write always carries the newest state; a deleted record is
+// never written again.
+func (m *Manager) persist(rec *record) error {
+	if m.journal == nil {
+		return nil
+	}
+	rec.jmu.Lock()
+	defer rec.jmu.Unlock()
+	if rec.deleted {
+		return nil
+	}
 	m.mu.Lock()
-	delete(m.boxes, id)
+	jr := rec.journalRecord()
 	m.mu.Unlock()
+	return m.journal.Put(jr)
+}
+
+// unjournal deletes rec's journal record.
+func (m *Manager) unjournal(rec *record) error {
+	rec.jmu.Lock()
+	defer rec.jmu.Unlock()
+	rec.deleted = true
+	if m.journal == nil {
+		return nil
+	}
+	return m.journal.Delete(rec.ID)
+}
+
+// forget drops rec from memory and from the journal.
+func (m *Manager) forget(rec *record) {
+	m.mu.Lock()
+	if m.boxes[rec.ID] == rec {
+		delete(m.boxes, rec.ID)
+	}
+	m.mu.Unlock()
+	if err := m.unjournal(rec); err != nil {
+		m.log.Error("journal delete failed; the next start will destroy the sandbox again (harmless)", "sandbox", rec.ID, "error", err)
+	}
 }
 
 func (r *record) snapshot() Sandbox {
 	s := r.Sandbox
 	s.Labels = cloneMap(r.Labels)
+	s.Tags = cloneMap(r.Tags)
 	return s
+}
+
+func (r *record) journalRecord() journalRecord {
+	return journalRecord{
+		ID: r.ID, UID: r.UID, Owner: r.Owner, Holder: r.Holder,
+		Labels: cloneMap(r.Labels), Tags: cloneMap(r.Tags),
+		Network: r.Network, NetSpec: r.NetSpec, Workdir: r.Workdir,
+		State: r.State, ConnBound: r.ConnBound,
+		CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt, LastUsed: r.LastUsed,
+	}
+}
+
+func fromJournal(jr journalRecord) *record {
+	return newRecord(Sandbox{
+		ID: jr.ID, UID: jr.UID, Owner: jr.Owner, Holder: jr.Holder,
+		Labels: jr.Labels, Tags: jr.Tags, Network: jr.Network, NetSpec: jr.NetSpec,
+		Workdir: jr.Workdir, State: jr.State, ConnBound: jr.ConnBound,
+		CreatedAt: jr.CreatedAt, ExpiresAt: jr.ExpiresAt, LastUsed: jr.LastUsed,
+	})
 }
 
 func cloneMap(m map[string]string) map[string]string {
@@ -351,13 +490,22 @@ func cloneMap(m map[string]string) map[string]string {
 	return c
 }
 
+// notFound is the one answer for "no such sandbox for you".
+func notFound(id string) error {
+	return fmt.Errorf("%w: no sandbox %q (destroyed, expired, or never created by this user); create a new one", backend.ErrNotFound, id)
+}
+
 // lookup finds a ready sandbox that c may use, and claims a
 // connection-bound sandbox back for c's connection if its own connection
-// is gone. Another uid's sandbox is ErrNotFound, as if it did not exist.
+// is gone. Another uid's sandbox is not found, as if it did not exist.
+// m.mu must be held.
 func (m *Manager) lookup(c Caller, id string) (*record, error) {
 	r, ok := m.boxes[id]
 	if !ok || r.State != StateReady || r.UID != c.UID {
-		return nil, fmt.Errorf("%w: no sandbox %q (destroyed, expired, or never created by this user); create a new one", backend.ErrNotFound, id)
+		return nil, notFound(id)
+	}
+	if !m.cfg.Now().Before(r.ExpiresAt) {
+		return nil, fmt.Errorf("%w: sandbox %q expired at %s; create a new one", backend.ErrNotFound, id, r.ExpiresAt.Format(time.RFC3339))
 	}
 	if r.ConnBound && !r.disconnectedAt.IsZero() && c.ConnID != 0 {
 		r.ConnID = c.ConnID
@@ -368,7 +516,7 @@ func (m *Manager) lookup(c Caller, id string) (*record, error) {
 }
 
 // use marks the start of an operation on a sandbox; the returned func
-// marks its end. It refuses expired sandboxes.
+// marks its end.
 func (m *Manager) use(c Caller, id string) (*record, func(), error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -379,12 +527,8 @@ func (m *Manager) use(c Caller, id string) (*record, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	now := m.cfg.Now()
-	if !now.Before(r.ExpiresAt) {
-		return nil, nil, fmt.Errorf("%w: sandbox %q expired at %s; create a new one", backend.ErrNotFound, id, r.ExpiresAt.Format(time.RFC3339))
-	}
 	r.running++
-	r.LastUsed = now
+	r.LastUsed = m.cfg.Now()
 	return r, func() {
 		m.mu.Lock()
 		r.running--
@@ -393,122 +537,74 @@ func (m *Manager) use(c Caller, id string) (*record, func(), error) {
 	}, nil
 }
 
-// Exec runs one command. Commands in one sandbox run one at a time (a
-// second waits for the first, bounded by ctx); the budget is cut to what
-// is left of the sandbox's life, and AppliedTimeout says so.
-func (m *Manager) Exec(ctx context.Context, c Caller, id string, req backend.ExecRequest) (backend.ExecResult, error) {
-	r, done, err := m.use(c, id)
-	if err != nil {
-		return backend.ExecResult{}, err
-	}
-	defer done()
-	select {
-	case r.cmd <- struct{}{}:
-	case <-ctx.Done():
-		return backend.ExecResult{}, ctx.Err()
-	}
-	defer func() { <-r.cmd }()
-	select {
-	case m.hostCmds <- struct{}{}:
-	default:
-		return backend.ExecResult{}, &QuotaError{Scope: "commands_per_host", Limit: m.cfg.MaxCmdsPerHost}
-	}
-	defer func() { <-m.hostCmds }()
-
+// Describe returns a sandbox's record without any access check, for the
+// audit trail.
+func (m *Manager) Describe(id string) (Sandbox, bool) {
 	m.mu.Lock()
-	left := r.ExpiresAt.Sub(m.cfg.Now())
-	m.mu.Unlock()
-	if left < req.Timeout {
-		req.Timeout = max(left, time.Millisecond)
+	defer m.mu.Unlock()
+	r, ok := m.boxes[id]
+	if !ok {
+		return Sandbox{}, false
 	}
-	res, err := m.be.Exec(ctx, id, req)
-	if err == nil && res.SandboxTerminated {
-		// The backend destroyed the sandbox to stop the command: drop it.
-		m.mu.Lock()
-		delete(m.boxes, id)
-		m.mu.Unlock()
-	}
-	m.mu.Lock()
-	_, still := m.boxes[id]
-	m.mu.Unlock()
-	if err == nil && !still {
-		// Destroyed (by the client, the reaper or shutdown) while the
-		// command ran.
-		res.SandboxTerminated = true
-	}
-	return res, err
-}
-
-// ReadFile reads a file from a sandbox.
-func (m *Manager) ReadFile(ctx context.Context, c Caller, id, path string, maxBytes int64) ([]byte, error) {
-	_, done, err := m.use(c, id)
-	if err != nil {
-		return nil, err
-	}
-	defer done()
-	return m.be.ReadFile(ctx, id, path, maxBytes)
-}
-
-// WriteFile writes a file into a sandbox.
-func (m *Manager) WriteFile(ctx context.Context, c Caller, id, path string, data []byte, mode os.FileMode) error {
-	_, done, err := m.use(c, id)
-	if err != nil {
-		return err
-	}
-	defer done()
-	return m.be.WriteFile(ctx, id, path, data, mode)
-}
-
-// ListDirectory lists a directory of a sandbox.
-func (m *Manager) ListDirectory(ctx context.Context, c Caller, id, path string, maxEntries int) ([]backend.DirEntry, error) {
-	_, done, err := m.use(c, id)
-	if err != nil {
-		return nil, err
-	}
-	defer done()
-	return m.be.ListDirectory(ctx, id, path, maxEntries)
+	return r.snapshot(), true
 }
 
 // Destroy destroys a sandbox. It is idempotent: a sandbox that does not
-// exist (or belongs to another uid, for a non-admin) is success, and
+// exist (or belongs to another uid, for a non-admin) is success and
 // reveals nothing. The backend work runs detached from ctx.
 func (m *Manager) Destroy(ctx context.Context, c Caller, id string) error {
 	m.mu.Lock()
 	r, ok := m.boxes[id]
-	if !ok || (!c.Admin && r.UID != c.UID) || r.State == StateCreating {
+	if !ok || (!c.Admin && r.UID != c.UID) || r.State != StateReady {
 		m.mu.Unlock()
-		return nil
-	}
-	if r.State == StateDestroying {
-		m.mu.Unlock()
+		// A sandbox still being created is destroyed by its creator's
+		// cleanup if needed; one already being destroyed needs nothing.
 		return nil
 	}
 	r.State = StateDestroying
 	m.mu.Unlock()
-	log := m.log.With("sandbox", id, "uid", c.UID, "pid", c.PID, "owner", r.Owner)
+	log := m.log.With("sandbox", id, "peer_uid", c.UID, "peer_pid", c.PID, "owner", r.Owner, "holder", r.Holder)
+	return m.destroyNow(r, "client request", log)
+}
+
+// destroyNow destroys rec: journal it as destroying, ask the backend
+// (detached, bounded), then forget it. On failure the record stays,
+// marked for the reaper to retry with backoff.
+func (m *Manager) destroyNow(rec *record, reason string, log hclog.Logger) error {
 	m.opsWG.Add(1)
 	defer m.opsWG.Done()
-	if err := m.destroyBackend(id, log); err != nil {
+	m.mu.Lock()
+	rec.State = StateDestroying
+	m.mu.Unlock()
+	if err := m.persist(rec); err != nil {
+		log.Error("journal write failed; destroying anyway", "error", err)
+	}
+	m.failpoint(FailDestroyJournal)
+	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.DestroyTimeout)
+	defer cancel()
+	err := m.be.Destroy(ctx, rec.ID)
+	m.failpoint(FailDestroyBackend)
+	if err != nil {
 		m.mu.Lock()
-		r.State = StateReady // the reaper retries an expired one; the client may retry
+		rec.destroyFails++
+		rec.retryAt = m.cfg.Now().Add(backoff(rec.destroyFails))
+		retry := rec.retryAt
 		m.mu.Unlock()
+		log.Error("backend failed to destroy sandbox; will retry", "reason", reason, "error", err, "attempt", rec.destroyFails, "retry_at", retry.Format(time.RFC3339))
 		return err
 	}
-	m.forget(id)
-	log.Info("sandbox destroyed", "reason", "client request")
+	m.forget(rec)
+	log.Info("sandbox destroyed", "reason", reason)
 	return nil
 }
 
-// destroyBackend asks the backend to destroy id, detached from any request
-// and bounded by DestroyTimeout.
-func (m *Manager) destroyBackend(id string, log hclog.Logger) error {
-	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.DestroyTimeout)
-	defer cancel()
-	if err := m.be.Destroy(ctx, id); err != nil {
-		log.Error("backend failed to destroy sandbox", "error", err)
-		return err
+// backoff is the wait before destroy attempt n+1.
+func backoff(n int) time.Duration {
+	d := retryBase
+	for i := 1; i < n && d < retryMax; i++ {
+		d *= 2
 	}
-	return nil
+	return min(d, retryMax)
 }
 
 // List returns the sandboxes caller may see (an admin sees all), oldest
@@ -549,16 +645,23 @@ type Stats struct {
 	Sandboxes int
 	Creating  int
 	Commands  int
+	// PendingDestroy counts sandboxes whose destroy failed and is being
+	// retried.
+	PendingDestroy int
+	Recovery       RecoveryReport
 }
 
 // Stats returns live counts.
 func (m *Manager) Stats() Stats {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	s := Stats{Sandboxes: len(m.boxes), Commands: len(m.hostCmds)}
+	s := Stats{Sandboxes: len(m.boxes), Commands: len(m.hostCmds), Recovery: m.recovery}
 	for _, r := range m.boxes {
-		if r.State == StateCreating {
+		switch {
+		case r.State == StateCreating:
 			s.Creating++
+		case r.State == StateDestroying && r.destroyFails > 0:
+			s.PendingDestroy++
 		}
 	}
 	return s
@@ -580,71 +683,44 @@ func reapReason(s Sandbox, disconnectedAt time.Time, running int, now time.Time,
 	return ""
 }
 
-// Reap destroys every sandbox whose time is up. Failures stay for the next
-// round (the backend's destroy is idempotent).
-func (m *Manager) Reap(ctx context.Context) int {
+// Reap destroys every sandbox whose time is up and retries failed
+// destroys whose backoff has passed. It returns how many it destroyed.
+func (m *Manager) Reap() int {
 	now := m.cfg.Now()
 	type victim struct {
-		id, reason string
-		r          *record
+		r      *record
+		reason string
 	}
 	var victims []victim
 	m.mu.Lock()
-	for id, r := range m.boxes {
-		if why := reapReason(r.Sandbox, r.disconnectedAt, r.running, now, m.cfg.ConnGrace, m.cfg.IdleTimeout); why != "" {
-			r.State = StateDestroying
-			victims = append(victims, victim{id, why, r})
+	for _, r := range m.boxes {
+		switch {
+		case r.State == StateDestroying && r.destroyFails > 0 && !now.Before(r.retryAt):
+			r.retryAt = now.Add(retryMax) // claimed by this round
+			victims = append(victims, victim{r, "retrying failed destroy"})
+		default:
+			if why := reapReason(r.Sandbox, r.disconnectedAt, r.running, now, m.cfg.ConnGrace, m.cfg.IdleTimeout); why != "" {
+				r.State = StateDestroying
+				victims = append(victims, victim{r, why})
+			}
 		}
 	}
 	m.mu.Unlock()
 	n := 0
 	for _, v := range victims {
-		log := m.log.With("sandbox", v.id, "owner", v.r.Owner, "uid", v.r.UID)
-		if err := m.destroyBackend(v.id, log); err != nil {
-			m.mu.Lock()
-			v.r.State = StateReady
-			m.mu.Unlock()
-			continue
+		log := m.log.With("sandbox", v.r.ID, "owner", v.r.Owner, "holder", v.r.Holder, "uid", v.r.UID)
+		if m.destroyNow(v.r, v.reason, log) == nil {
+			n++
 		}
-		m.forget(v.id)
-		log.Info("sandbox destroyed", "reason", v.reason)
-		n++
 	}
 	return n
 }
 
-// Sweep destroys every sandbox the backend has that this manager does not
-// know: what a previous daemon left behind when it died. It runs before the
-// daemon serves, and returns how many it removed.
-func (m *Manager) Sweep(ctx context.Context) (int, error) {
-	ids, err := m.be.List(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("listing the backend's sandboxes: %w", err)
-	}
-	n := 0
-	var errs []error
-	for _, id := range ids {
-		m.mu.Lock()
-		_, known := m.boxes[id]
-		m.mu.Unlock()
-		if known {
-			continue
-		}
-		log := m.log.With("sandbox", id)
-		if err := m.destroyBackend(id, log); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		log.Info("orphan sandbox swept")
-		n++
-	}
-	return n, errors.Join(errs...)
-}
-
-// Close stops the reaper and refuses new work, waits for creates and
-// destroys in flight, then destroys every sandbox (until the crash-safe
-// journal lands nothing survives a restart, so nothing may outlive the
-// daemon either). ctx bounds the whole.
+// Close stops the reaper, refuses new work, waits (bounded by ctx) for
+// creates and destroys in flight, and destroys every connection-bound
+// sandbox: their clients cannot outlive the daemon's connections. Expiring
+// sandboxes stay, journaled, for the next start to re-adopt; without a
+// journal they are destroyed too, since nothing could re-adopt them.
 func (m *Manager) Close(ctx context.Context) error {
 	m.mu.Lock()
 	if m.closing {
@@ -664,22 +740,19 @@ func (m *Manager) Close(ctx context.Context) error {
 	}
 
 	m.mu.Lock()
-	var ids []string
-	for id, r := range m.boxes {
-		if r.State != StateCreating {
-			ids = append(ids, id)
+	var victims []*record
+	for _, r := range m.boxes {
+		if r.State == StateReady && (r.ConnBound || m.journal == nil) {
+			r.State = StateDestroying
+			victims = append(victims, r)
 		}
 	}
 	m.mu.Unlock()
 	var errs []error
-	for _, id := range ids {
-		log := m.log.With("sandbox", id)
-		if err := m.destroyBackend(id, log); err != nil {
+	for _, r := range victims {
+		if err := m.destroyNow(r, "daemon shutdown", m.log.With("sandbox", r.ID, "owner", r.Owner)); err != nil {
 			errs = append(errs, err)
-			continue
 		}
-		m.forget(id)
-		log.Info("sandbox destroyed", "reason", "daemon shutdown")
 	}
 	return errors.Join(errs...)
 }

@@ -113,16 +113,26 @@ func (s *Service) Disconnected(peer *ipc.Peer) { s.m.Disconnected(peer.ConnID) }
 
 // audit carries what one request's audit line says.
 type audit struct {
+	m  *lifecycle.Manager
 	kv []any
 }
 
 func (a *audit) add(kv ...any) { a.kv = append(a.kv, kv...) }
 
+// sandbox notes the sandbox a request is about, with its owner, holder and
+// labels as they are before the op (a destroy removes them).
+func (a *audit) sandbox(id string) {
+	a.add("sandbox", id)
+	if sb, ok := a.m.Describe(id); ok {
+		a.add("owner", sb.Owner, "holder", sb.Holder, "labels", sb.Labels, "sandbox_uid", sb.UID)
+	}
+}
+
 // Handle implements ipc.Handler.
 func (s *Service) Handle(ctx context.Context, peer *ipc.Peer, req *ipc.Request) (any, error) {
 	start := time.Now()
 	c := lifecycle.Caller{UID: peer.UID, PID: peer.PID, ConnID: peer.ConnID, Admin: s.policy.IsAdmin(peer)}
-	a := &audit{}
+	a := &audit{m: s.m}
 	result, err := s.dispatch(ctx, c, peer, req, a)
 	var e *ipc.Error
 	if err != nil {
@@ -171,10 +181,24 @@ func (s *Service) dispatch(ctx context.Context, c lifecycle.Caller, peer *ipc.Pe
 		if err := args.Done("argument"); err != nil {
 			return nil, err
 		}
-		a.add("sandbox", id)
+		a.sandbox(id)
 		return map[string]any{}, s.m.Destroy(ctx, c, id)
 	case ipc.OpList:
 		return s.list(c, args)
+	case ipc.OpRenew:
+		return s.renew(ctx, c, args, a)
+	case ipc.OpAttach:
+		return s.attach(ctx, c, args, a)
+	case ipc.OpRelease:
+		return s.release(ctx, c, args, a)
+	case ipc.OpReadTags:
+		return s.readTags(ctx, c, args, a)
+	case ipc.OpWriteTags:
+		return s.writeTags(ctx, c, args, a)
+	case ipc.OpDestroyRun:
+		return s.destroyRun(ctx, c, args, a)
+	case ipc.OpGC:
+		return s.gc(ctx, c, args, a)
 	}
 	return nil, ipc.Errorf(ipc.CodeUnknownOp, "unknown op %q; see docs/protocol.md for the ops this daemon speaks", req.Op)
 }
@@ -218,18 +242,39 @@ type HealthReport struct {
 	Sandboxes     int     `msgpack:"sandboxes"`
 	Commands      int     `msgpack:"commands"`
 	UptimeSeconds float64 `msgpack:"uptime_s"`
+	// PendingDestroy counts sandboxes whose destroy failed and is retried.
+	PendingDestroy int            `msgpack:"pending_destroy"`
+	Recovery       RecoveryReport `msgpack:"recovery"`
+}
+
+// RecoveryReport is what start-up recovery did, as health reports it.
+type RecoveryReport struct {
+	Adopted    int     `msgpack:"adopted"`
+	Destroyed  int     `msgpack:"destroyed"`
+	Swept      int     `msgpack:"swept"`
+	Failed     int     `msgpack:"failed"`
+	MovedAside string  `msgpack:"journal_moved_aside,omitempty"`
+	DurationS  float64 `msgpack:"duration_s"`
 }
 
 // Health checks the backend and reports live counts.
 func (s *Service) Health(ctx context.Context) HealthReport {
 	st := s.m.Stats()
 	r := HealthReport{Status: "ok", Version: s.version, Backend: s.m.Backend().Name(),
-		Sandboxes: st.Sandboxes, Commands: st.Commands, UptimeSeconds: time.Since(s.started).Seconds()}
+		Sandboxes: st.Sandboxes, Commands: st.Commands, UptimeSeconds: time.Since(s.started).Seconds(),
+		PendingDestroy: st.PendingDestroy,
+		Recovery: RecoveryReport{Adopted: st.Recovery.Adopted, Destroyed: st.Recovery.Destroyed, Swept: st.Recovery.Swept,
+			Failed: st.Recovery.Failed, MovedAside: st.Recovery.MovedAside, DurationS: st.Recovery.Duration.Seconds()}}
 	hctx, cancel := context.WithTimeout(ctx, DefaultHealthCheckTimeout)
 	defer cancel()
 	if err := s.m.Backend().Health(hctx); err != nil {
 		r.Status = "degraded"
 		r.BackendError = err.Error()
+	}
+	if st.PendingDestroy > 0 {
+		// Sandboxes the backend failed to destroy are still alive: an
+		// operator should look.
+		r.Status = "degraded"
 	}
 	return r
 }
@@ -319,7 +364,8 @@ func (s *Service) runCommand(ctx context.Context, c lifecycle.Caller, args *ipc.
 	if cmdText == "" {
 		cmdText = fmt.Sprintf("%q", req.Argv)
 	}
-	a.add("sandbox", id, "command", truncateRunes(cmdText, 200))
+	a.sandbox(id)
+	a.add("command", truncateRunes(cmdText, 200))
 	res, err := s.m.Exec(ctx, c, id, req)
 	if err != nil {
 		return nil, err
@@ -347,7 +393,8 @@ func (s *Service) readFile(ctx context.Context, c lifecycle.Caller, args *ipc.Ar
 		return nil, err
 	}
 	maxBytes = min(maxBytes, s.lim.MaxFileBytes)
-	a.add("sandbox", id, "path", truncateRunes(path, 200))
+	a.sandbox(id)
+	a.add("path", truncateRunes(path, 200))
 	data, err := s.m.ReadFile(ctx, c, id, path, maxBytes)
 	if err != nil {
 		return nil, err
@@ -368,7 +415,8 @@ func (s *Service) writeFile(ctx context.Context, c lifecycle.Caller, args *ipc.A
 		return nil, ipc.Errorf(ipc.CodeFileTooLarge, "%d bytes is more than the %d this daemon accepts in one write_file", len(data), s.lim.MaxFileBytes).
 			With("size_bytes", len(data)).With("max_bytes", s.lim.MaxFileBytes)
 	}
-	a.add("sandbox", id, "path", truncateRunes(path, 200), "bytes", len(data))
+	a.sandbox(id)
+	a.add("path", truncateRunes(path, 200), "bytes", len(data))
 	if err := s.m.WriteFile(ctx, c, id, path, data, os.FileMode(mode)); err != nil {
 		return nil, err
 	}
@@ -381,7 +429,8 @@ func (s *Service) listDirectory(ctx context.Context, c lifecycle.Caller, args *i
 	if err := args.Done("argument"); err != nil {
 		return nil, err
 	}
-	a.add("sandbox", id, "path", truncateRunes(path, 200))
+	a.sandbox(id)
+	a.add("path", truncateRunes(path, 200))
 	entries, err := s.m.ListDirectory(ctx, c, id, path, s.lim.MaxListEntries)
 	if err != nil {
 		return nil, err
@@ -422,6 +471,7 @@ func (s *Service) list(c lifecycle.Caller, args *ipc.Args) (any, error) {
 			"expires_at":  unixSeconds(b.ExpiresAt),
 			"last_used":   unixSeconds(b.LastUsed),
 			"remaining_s": max(b.ExpiresAt.Sub(now).Seconds(), 0),
+			"tags":        b.TagMap(),
 		}
 	}
 	return map[string]any{"sandboxes": out}, nil
@@ -443,6 +493,14 @@ func (s *Service) toWire(err error) *ipc.Error {
 		return ipc.Errorf(ipc.CodeQuotaExceeded, "%v; destroy sandboxes you no longer need, or ask the operator to raise the limit", err).
 			With("limit", quota.Limit).With("scope", quota.Scope)
 	}
+	var mismatch *lifecycle.OwnerMismatchError
+	if errors.As(err, &mismatch) {
+		return ipc.Errorf(ipc.CodeOwnerMismatch, "%v", err).With("owner", mismatch.Owner)
+	}
+	var held *lifecycle.HeldByOtherError
+	if errors.As(err, &held) {
+		return ipc.Errorf(ipc.CodeHeldByOther, "%v", err).With("holder", held.Holder)
+	}
 	codes := []struct {
 		target error
 		code   string
@@ -458,6 +516,7 @@ func (s *Service) toWire(err error) *ipc.Error {
 		{backend.ErrUnavailable, ipc.CodeBackendUnavail},
 		{lifecycle.ErrInvalid, ipc.CodeBadRequest},
 		{lifecycle.ErrShuttingDown, ipc.CodeShuttingDown},
+		{lifecycle.ErrJournal, ipc.CodeInternal},
 	}
 	for _, c := range codes {
 		if errors.Is(err, c.target) {

@@ -1,0 +1,321 @@
+// Package bwrap is the backend that runs sandboxes with bubblewrap.
+//
+// It owns the directory it is given (Config.Dir): one subdirectory per
+// sandbox holding the guest's /workspace, its private /tmp and spec.json, the
+// environment and network the sandbox was created with. A sandbox is nothing
+// but that directory: every command is a fresh bwrap with every namespace
+// unshared, and everything it started dies with it, so no process outlives
+// the command that started it.
+//
+// It never runs anything through a shell on the host, never passes the
+// daemon's environment or a path outside the sandbox's directory to a guest,
+// and never follows a guest-made symlink out of the sandbox: file operations
+// run on the host through os.Root. It does not decide when sandboxes are made
+// or removed; the lifecycle package does.
+package bwrap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
+)
+
+// Defaults for the zero fields of Config.
+const (
+	// DefaultKillGrace is how long a timed-out command has between SIGTERM
+	// and SIGKILL inside the sandbox.
+	DefaultKillGrace = 2 * time.Second
+	// DefaultExecGrace is how long past its timeout plus KillGrace a command
+	// may run before the daemon kills bwrap itself.
+	DefaultExecGrace = 5 * time.Second
+)
+
+// Named bounds on the backend's own waits.
+const (
+	// versionTimeout bounds "bwrap --version" in Health.
+	versionTimeout = 2 * time.Second
+	// probeTimeout bounds the trial sandbox Health starts.
+	probeTimeout = 10 * time.Second
+	// healthCacheTTL is how long a successful trial sandbox vouches for
+	// the host; failures are not cached, so recovery shows at once.
+	healthCacheTTL = 30 * time.Second
+	// probeOutputBytes caps what Health keeps of bwrap's messages.
+	probeOutputBytes = 4 << 10
+)
+
+// Name is the backend's name as reported to clients.
+const Name = "bwrap"
+
+// Config configures a Backend.
+type Config struct {
+	// Dir is the backend's state directory; sandbox <id> lives in Dir/<id>.
+	// It is created mode 0700, or 0711 when SandboxUID is set so that uid
+	// can traverse it to its workspace.
+	Dir string
+	// BwrapPath is the bubblewrap binary; empty means "bwrap" on PATH.
+	BwrapPath string
+	// SandboxUID and SandboxGID are the host ids bwrap runs as. -1 runs it
+	// as the daemon's own ids. Any other value needs the daemon to be root
+	// (65534/65534 is the expected choice): bwrap then starts with those
+	// credentials and no supplementary groups, in an unprivileged user
+	// namespace, and everything the guest may modify on the host (its
+	// workspace, its /tmp, files WriteFile creates) is owned by that uid.
+	// 0 is refused: it is almost always a forgotten field, and it would make
+	// every guest file root's.
+	SandboxUID, SandboxGID int
+	// KillGrace is the inner timeout's --kill-after (default DefaultKillGrace).
+	KillGrace time.Duration
+	// ExecGrace is the time beyond a command's Timeout+KillGrace after which
+	// the daemon SIGKILLs bwrap itself (default DefaultExecGrace).
+	ExecGrace time.Duration
+	// ShareHostNetwork lets a sandbox created with BlockNetwork=false share
+	// the host's network namespace. Off by default: without it such specs are
+	// refused, since this backend has no way to filter egress.
+	ShareHostNetwork bool
+	// Logger receives the backend's logs; nil discards them.
+	Logger hclog.Logger
+}
+
+// Backend implements backend.Backend with bubblewrap.
+type Backend struct {
+	cfg       Config
+	bwrap     string
+	log       hclog.Logger
+	rootLinks []string // bwrap options recreating /bin, /lib, ... from the host
+
+	mu        sync.Mutex
+	sandboxes map[string]*sandbox // known sandboxes, loaded lazily from Dir
+
+	healthMu     sync.Mutex
+	healthyUntil time.Time
+}
+
+var _ backend.Backend = (*Backend)(nil)
+
+// New validates cfg, creates cfg.Dir and finds bwrap. It does not start a
+// sandbox; Health does.
+func New(cfg Config) (*Backend, error) {
+	if cfg.Dir == "" || !filepath.IsAbs(cfg.Dir) {
+		return nil, fmt.Errorf("bwrap backend: Dir %q must be an absolute path to the state directory", cfg.Dir)
+	}
+	cfg.Dir = filepath.Clean(cfg.Dir)
+	if err := checkIDs(cfg.SandboxUID, cfg.SandboxGID); err != nil {
+		return nil, err
+	}
+	if cfg.KillGrace < 0 || cfg.ExecGrace < 0 {
+		return nil, fmt.Errorf("bwrap backend: KillGrace (%v) and ExecGrace (%v) must not be negative; use 0 for the defaults", cfg.KillGrace, cfg.ExecGrace)
+	}
+	if cfg.KillGrace == 0 {
+		cfg.KillGrace = DefaultKillGrace
+	}
+	if cfg.ExecGrace == 0 {
+		cfg.ExecGrace = DefaultExecGrace
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+
+	bin, err := findBwrap(cfg.BwrapPath)
+	if err != nil {
+		return nil, err
+	}
+
+	mode := os.FileMode(0o700)
+	if cfg.SandboxUID >= 0 {
+		mode = 0o711
+	}
+	if err := os.MkdirAll(cfg.Dir, mode); err != nil {
+		return nil, fmt.Errorf("bwrap backend: cannot create state directory %s; check its parent's permissions: %w", cfg.Dir, err)
+	}
+	// MkdirAll leaves an existing directory's mode alone; enforce ours.
+	if err := os.Chmod(cfg.Dir, mode); err != nil {
+		return nil, fmt.Errorf("bwrap backend: cannot set mode %v on %s: %w", mode, cfg.Dir, err)
+	}
+	if cfg.SandboxUID >= 0 {
+		if err := checkReachable(filepath.Dir(cfg.Dir), cfg.SandboxUID, cfg.SandboxGID); err != nil {
+			return nil, err
+		}
+	}
+
+	return &Backend{
+		cfg:       cfg,
+		bwrap:     bin,
+		log:       cfg.Logger.Named(Name),
+		rootLinks: hostRootLinks("/"),
+		sandboxes: make(map[string]*sandbox),
+	}, nil
+}
+
+func checkIDs(uid, gid int) error {
+	switch {
+	case uid == -1 && gid == -1:
+		return nil
+	case uid == 0 || gid == 0:
+		return errors.New("bwrap backend: SandboxUID/SandboxGID 0 is not allowed; use -1 to run sandboxes as the daemon's own ids, or an unprivileged pair such as 65534/65534")
+	case uid < 0 || gid < 0:
+		return fmt.Errorf("bwrap backend: SandboxUID %d and SandboxGID %d must both be -1 or both be unprivileged ids", uid, gid)
+	case os.Geteuid() != 0:
+		return fmt.Errorf("bwrap backend: SandboxUID %d needs the daemon to run as root; use -1 to run sandboxes as the daemon's own ids", uid)
+	}
+	return nil
+}
+
+func findBwrap(configured string) (string, error) {
+	const hint = "install bubblewrap: apt-get install bubblewrap"
+	if configured == "" {
+		p, err := exec.LookPath("bwrap")
+		if err != nil {
+			return "", fmt.Errorf("%w: bwrap is not on PATH; %s: %v", backend.ErrUnavailable, hint, err)
+		}
+		return p, nil
+	}
+	fi, err := os.Stat(configured)
+	if err != nil {
+		return "", fmt.Errorf("%w: bwrap binary %s: %v; %s or fix BwrapPath", backend.ErrUnavailable, configured, err, hint)
+	}
+	if fi.IsDir() || fi.Mode().Perm()&0o111 == 0 {
+		return "", fmt.Errorf("%w: %s is not an executable file; %s or fix BwrapPath", backend.ErrUnavailable, configured, hint)
+	}
+	return configured, nil
+}
+
+// checkReachable verifies that uid/gid may search every directory from dir
+// up to /, since bwrap running as that uid must resolve the workspace path.
+func checkReachable(dir string, uid, gid int) error {
+	for p := dir; ; p = filepath.Dir(p) {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return fmt.Errorf("bwrap backend: cannot check %s: %w", p, err)
+		}
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		if ok && !canSearch(fi.Mode().Perm(), int(st.Uid), int(st.Gid), uid, gid) {
+			return fmt.Errorf("bwrap backend: sandbox uid %d cannot reach the state directory: %s is mode %v, owner %d:%d; let others search it (chmod o+x %s) or put Dir elsewhere",
+				uid, p, fi.Mode().Perm(), st.Uid, st.Gid, p)
+		}
+		if p == "/" || p == "." {
+			return nil
+		}
+	}
+}
+
+func canSearch(perm os.FileMode, ownerUID, ownerGID, uid, gid int) bool {
+	switch {
+	case ownerUID == uid:
+		return perm&0o100 != 0
+	case ownerGID == gid:
+		return perm&0o010 != 0
+	default:
+		return perm&0o001 != 0
+	}
+}
+
+// hostRootLinks returns bwrap options recreating the host's top-level
+// library and binary directories: a symlink where the host has one (Debian's
+// merged /usr: /bin -> usr/bin), a read-only bind where it has a directory.
+func hostRootLinks(root string) []string {
+	var opts []string
+	for _, name := range []string{"bin", "sbin", "lib", "lib32", "lib64", "libx32"} {
+		host := filepath.Join(root, name)
+		fi, err := os.Lstat(host)
+		switch {
+		case err != nil:
+			continue
+		case fi.Mode()&os.ModeSymlink != 0:
+			if target, err := os.Readlink(host); err == nil {
+				opts = append(opts, "--symlink", target, "/"+name)
+			}
+		case fi.IsDir():
+			opts = append(opts, "--ro-bind", host, "/"+name)
+		}
+	}
+	return opts
+}
+
+// Name reports "bwrap".
+func (b *Backend) Name() string { return Name }
+
+// Health checks that bwrap runs ("bwrap --version" within versionTimeout)
+// and, at most once per healthCacheTTL while it keeps succeeding, that it can
+// really build a sandbox with the credentials sandboxes use (user namespaces
+// enabled, the state directory reachable).
+func (b *Backend) Health(ctx context.Context) error {
+	if _, err := os.Stat(b.cfg.Dir); err != nil {
+		return fmt.Errorf("%w: state directory %s: %v; restart the daemon to recreate it", backend.ErrUnavailable, b.cfg.Dir, err)
+	}
+	if err := b.runCheck(ctx, versionTimeout, "bwrap --version", []string{"--version"}); err != nil {
+		return err
+	}
+
+	b.healthMu.Lock()
+	defer b.healthMu.Unlock()
+	if time.Now().Before(b.healthyUntil) {
+		return nil
+	}
+	args := []string{"--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+		"--clearenv", "--uid", fmt.Sprint(guestUID), "--gid", fmt.Sprint(guestGID),
+		"--ro-bind", "/usr", "/usr"}
+	args = append(args, b.rootLinks...)
+	args = append(args, "--proc", "/proc", "--dev", "/dev",
+		"--ro-bind", b.cfg.Dir, "/state", "--", timeoutPath, "5", "/bin/true")
+	if err := b.runCheck(ctx, probeTimeout, "a trial sandbox", args); err != nil {
+		return err
+	}
+	b.healthyUntil = time.Now().Add(healthCacheTTL)
+	return nil
+}
+
+func (b *Backend) runCheck(ctx context.Context, limit time.Duration, what string, args []string) error {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	cmd := b.command(args)
+	res, err := capture.Run(ctx, cmd, capture.Options{Timeout: limit, KillGrace: outerKillGrace, MaxOutputBytes: probeOutputBytes})
+	if err == nil && res.ExitCode == 0 && !res.TimedOut {
+		return nil
+	}
+	detail := strings.TrimSpace(string(res.Stderr))
+	switch {
+	case err != nil:
+		detail = err.Error()
+	case res.TimedOut:
+		detail = fmt.Sprintf("no answer within %v", limit)
+	case detail == "":
+		detail = fmt.Sprintf("exit status %d", res.ExitCode)
+	}
+	return fmt.Errorf("%w: %s failed: %s; check that bubblewrap works for uid %s and that unprivileged user namespaces are enabled (sysctl user.max_user_namespaces > 0, kernel.apparmor_restrict_unprivileged_userns=0)",
+		backend.ErrUnavailable, what, detail, b.runsAs())
+}
+
+// command returns an exec.Cmd for bwrap with an empty environment, run from
+// /, with the sandbox credentials when they are configured.
+func (b *Backend) command(args []string) *exec.Cmd {
+	cmd := exec.Command(b.bwrap, args...)
+	cmd.Env = []string{}
+	cmd.Dir = "/"
+	if b.cfg.SandboxUID >= 0 {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{
+			Uid:    uint32(b.cfg.SandboxUID),
+			Gid:    uint32(b.cfg.SandboxGID),
+			Groups: []uint32{},
+		}}
+	}
+	return cmd
+}
+
+func (b *Backend) runsAs() string {
+	if b.cfg.SandboxUID >= 0 {
+		return fmt.Sprint(b.cfg.SandboxUID)
+	}
+	return fmt.Sprintf("%d (the daemon's)", os.Geteuid())
+}

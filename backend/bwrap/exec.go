@@ -1,0 +1,382 @@
+package bwrap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
+)
+
+// What the guest sees.
+const (
+	guestWorkspace = "/workspace"
+	guestTmp       = "/tmp"
+	guestUID       = 1000
+	guestGID       = 1000
+	guestHostname  = "sandbox"
+	guestPath      = "/usr/local/bin:/usr/bin:/bin"
+
+	timeoutPath = "/usr/bin/timeout" // GNU coreutils, under the bound /usr
+	shellPath   = "/bin/sh"
+)
+
+// Limits on a request, from the kernel's exec limits: one argument or
+// environment string may not exceed MAX_ARG_STRLEN (128 KiB), and all of
+// them together must stay well below ARG_MAX (typically 2 MiB).
+const (
+	maxArgBytes      = 128<<10 - 1
+	maxExecBytes     = 1 << 20
+	maxArgv          = 4096
+	maxGuestPathLen  = 4096
+	maxTimeout       = 24 * time.Hour // longest budget Exec accepts
+	outerKillGrace   = time.Second    // SIGTERM to SIGKILL for bwrap itself
+	exitTimedOut     = 124            // GNU timeout: the command got SIGTERM
+	exitKilledByTime = 137            // 128+SIGKILL: timeout had to escalate
+)
+
+// Files bound into every sandbox's /etc, read-only, when the host has them:
+// what an interpreter and a TLS client need, nothing that names the host.
+var etcFiles = []string{
+	"/etc/alternatives",
+	"/etc/ld.so.cache",
+	"/etc/localtime",
+	"/etc/ssl/certs",
+	"/etc/ca-certificates",
+}
+
+// Files added when the sandbox shares the host's network, so names resolve.
+var etcNetworkFiles = []string{
+	"/etc/resolv.conf",
+	"/etc/hosts",
+	"/etc/nsswitch.conf",
+	"/etc/host.conf",
+	"/etc/gai.conf",
+}
+
+var (
+	etcPasswd = "root:x:0:0:root:/root:/usr/sbin/nologin\n" +
+		"sandbox:x:1000:1000:sandbox:/workspace:/bin/sh\n" +
+		"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+	etcGroup = "root:x:0:\nsandbox:x:1000:\nnogroup:x:65534:\n"
+	etcHosts = "127.0.0.1\tlocalhost\n127.0.1.1\tsandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+)
+
+// Exec runs one command in a fresh bwrap and returns its bounded output.
+//
+// The command runs as uid 1000 ("sandbox") in /workspace (or req.Cwd) under
+// GNU timeout with req.Timeout (rounded up to whole milliseconds, at least
+// one) and KillGrace; the daemon kills bwrap itself if it outlives that by
+// ExecGrace. Its environment is PATH, HOME, LANG, then the sandbox's Env,
+// then req.Env, and nothing else. A zero req.MaxOutputBytes keeps
+// capture.DefaultMaxOutputBytes of each stream.
+//
+// A command stopped because Destroy ran returns SandboxTerminated and no
+// error; one stopped because ctx ended returns the partial result and an
+// error wrapping ctx.Err().
+func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) (backend.ExecResult, error) {
+	sb, err := b.lookup(id)
+	if err != nil {
+		return backend.ExecResult{}, err
+	}
+	argv, cwd, err := checkExecRequest(req)
+	if err != nil {
+		return backend.ExecResult{}, err
+	}
+	env, err := mergeEnv(sb.env, req.Env)
+	if err != nil {
+		return backend.ExecResult{}, err
+	}
+	applied := guestTimeout(req.Timeout)
+
+	opCtx, done, err := sb.begin(ctx)
+	if err != nil {
+		return backend.ExecResult{}, err
+	}
+	defer done()
+
+	files, err := b.dataFiles(sb, env, cwd)
+	if err != nil {
+		return backend.ExecResult{}, fmt.Errorf("%w: prepare bwrap for sandbox %s: %v; the daemon may be out of memory or file descriptors", backend.ErrUnavailable, id, err)
+	}
+	defer closeFiles(files)
+
+	args := append([]string{"--args", "3", "--", timeoutPath,
+		"--kill-after=" + seconds(guestTimeout(b.cfg.KillGrace)), "--", seconds(applied)}, argv...)
+	cmd := b.command(args)
+	cmd.ExtraFiles = files
+
+	res, runErr := capture.Run(opCtx, cmd, capture.Options{
+		Timeout:        applied + b.cfg.KillGrace + b.cfg.ExecGrace,
+		KillGrace:      outerKillGrace,
+		MaxOutputBytes: req.MaxOutputBytes,
+		Stdin:          req.Stdin,
+	})
+	out := backend.ExecResult{
+		ExitCode:        res.ExitCode,
+		Stdout:          res.Stdout,
+		Stderr:          res.Stderr,
+		StdoutTruncated: res.StdoutTruncated,
+		StderrTruncated: res.StderrTruncated,
+		TimedOut:        isTimeout(res.ExitCode, res.Duration, applied, res.TimedOut),
+		AppliedTimeout:  applied,
+		Duration:        res.Duration,
+	}
+	log := b.log.With("sandbox", id)
+	switch {
+	case runErr == nil:
+	case ctx.Err() != nil:
+		return out, fmt.Errorf("command in sandbox %s was killed because the request ended: %w", id, runErr)
+	case errors.Is(context.Cause(opCtx), errSandboxDestroyed):
+		out.SandboxTerminated, out.TimedOut = true, false
+		log.Info("command killed: sandbox destroyed", "duration", res.Duration)
+		return out, nil
+	default:
+		return out, fmt.Errorf("%w: bwrap could not be started for sandbox %s (%v); check that %s is installed and executable", backend.ErrUnavailable, id, runErr, b.bwrap)
+	}
+	if res.TimedOut {
+		log.Warn("bwrap outlived the command's timeout and was killed", "timeout", applied, "duration", res.Duration)
+	}
+	if res.ExitCode == 1 && strings.HasPrefix(string(res.Stderr), "bwrap: ") {
+		// bwrap reports its own setup failures this way; a guest can print
+		// the same, so this is only logged, never turned into an error.
+		log.Warn("bwrap may have failed to set up the sandbox", "stderr", firstLine(res.Stderr))
+	}
+	log.Debug("command finished", "exit_code", out.ExitCode, "timed_out", out.TimedOut,
+		"duration", res.Duration, "stdout_bytes", res.StdoutTotal, "stderr_bytes", res.StderrTotal)
+	return out, nil
+}
+
+// checkExecRequest validates req and returns the argv to run under timeout
+// and the working directory.
+func checkExecRequest(req backend.ExecRequest) (argv []string, cwd string, err error) {
+	bad := func(format string, args ...any) ([]string, string, error) {
+		return nil, "", fmt.Errorf("%w: "+format, append([]any{backend.ErrInvalidArgument}, args...)...)
+	}
+	switch {
+	case req.Timeout <= 0:
+		return bad("the timeout must be positive, got %v", req.Timeout)
+	case req.Timeout > maxTimeout:
+		return bad("the timeout %v is longer than the %v allowed; split the work into shorter commands", req.Timeout, maxTimeout)
+	case req.Command != "" && len(req.Argv) > 0:
+		return bad("set either a command string or an argv, not both")
+	case req.Command != "":
+		argv = []string{shellPath, "-c", req.Command}
+	case len(req.Argv) > 0:
+		argv = req.Argv
+	default:
+		return bad("the command is empty; give a command to run")
+	}
+	if len(argv) > maxArgv {
+		return bad("argv has %d elements, more than the %d allowed; write a script with write_file and run it", len(argv), maxArgv)
+	}
+	total := 0
+	for _, a := range argv {
+		if strings.IndexByte(a, 0) >= 0 {
+			return bad("the command contains a NUL byte, which cannot be passed to a program; remove it")
+		}
+		if len(a) > maxArgBytes {
+			return bad("the command is %d bytes, more than the %d a single argument may be; write it to a file with write_file and run that file", len(a), maxArgBytes)
+		}
+		total += len(a) + 1
+	}
+	if total > maxExecBytes {
+		return bad("the command's arguments total %d bytes, more than the %d allowed; write them to a file with write_file", total, maxExecBytes)
+	}
+
+	cwd = guestWorkspace
+	if req.Cwd != "" {
+		switch {
+		case strings.IndexByte(req.Cwd, 0) >= 0:
+			return bad("the working directory contains a NUL byte")
+		case !path.IsAbs(req.Cwd):
+			return bad("the working directory %s must be an absolute path inside the sandbox, such as /workspace/project", shortName(req.Cwd))
+		case len(req.Cwd) > maxGuestPathLen:
+			return bad("the working directory is %d bytes long, more than the %d allowed", len(req.Cwd), maxGuestPathLen)
+		}
+		cwd = path.Clean(req.Cwd)
+	}
+	return argv, cwd, nil
+}
+
+// validateEnv checks that env can be passed to a program: names non-empty
+// without '=' or NUL, values without NUL, each entry and the whole within the
+// kernel's limits. Messages name the variable, never its value.
+func validateEnv(env map[string]string, whose string) error {
+	total := 0
+	for k, v := range env {
+		switch {
+		case k == "" || strings.ContainsAny(k, "=\x00"):
+			return fmt.Errorf("%w: %s environment variable name %s is empty or contains '=' or NUL; rename it", backend.ErrInvalidArgument, whose, shortName(k))
+		case strings.IndexByte(v, 0) >= 0:
+			return fmt.Errorf("%w: %s environment variable %s has a NUL byte in its value, which cannot be passed to a program", backend.ErrInvalidArgument, whose, shortName(k))
+		case len(k)+1+len(v) > maxArgBytes:
+			return fmt.Errorf("%w: %s environment variable %s is %d bytes, more than the %d one variable may be; put the value in a file instead", backend.ErrInvalidArgument, whose, shortName(k), len(k)+1+len(v), maxArgBytes)
+		}
+		total += len(k) + len(v) + 2
+	}
+	if total > maxExecBytes {
+		return fmt.Errorf("%w: %s environment totals %d bytes, more than the %d allowed; put large values in files instead", backend.ErrInvalidArgument, whose, total, maxExecBytes)
+	}
+	return nil
+}
+
+// mergeEnv layers the base environment, the sandbox's and the request's, in
+// that order, and returns it as sorted "--setenv NAME VALUE" options.
+func mergeEnv(sandboxEnv, requestEnv map[string]string) ([]string, error) {
+	if err := validateEnv(requestEnv, "the command's"); err != nil {
+		return nil, err
+	}
+	merged := map[string]string{"PATH": guestPath, "HOME": guestWorkspace, "LANG": "C.UTF-8"}
+	for _, layer := range []map[string]string{sandboxEnv, requestEnv} {
+		for k, v := range layer {
+			merged[k] = v
+		}
+	}
+	if err := validateEnv(merged, "the combined"); err != nil {
+		return nil, err
+	}
+	keys := make([]string, 0, len(merged))
+	for k := range merged {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	opts := make([]string, 0, 3*len(keys))
+	for _, k := range keys {
+		opts = append(opts, "--setenv", k, merged[k])
+	}
+	return opts, nil
+}
+
+// bwrapOptions is everything bwrap is told about the sandbox. They travel
+// through --args (a memfd) rather than the command line, so environment
+// values never show in the host's process list. fd 4, 5 and 6 carry
+// /etc/passwd, /etc/group and /etc/hosts.
+func (b *Backend) bwrapOptions(sb *sandbox, env []string, cwd string) []string {
+	o := []string{"--unshare-all"}
+	if sb.network == networkHost {
+		o = append(o, "--share-net")
+	}
+	o = append(o,
+		"--die-with-parent", "--new-session", "--cap-drop", "ALL",
+		"--uid", strconv.Itoa(guestUID), "--gid", strconv.Itoa(guestGID),
+		"--hostname", guestHostname,
+		"--clearenv") // before the --setenv options, which it would undo
+	o = append(o, env...)
+	o = append(o, "--ro-bind", "/usr", "/usr")
+	o = append(o, b.rootLinks...)
+	o = append(o, "--perms", "0755", "--dir", "/etc")
+	for _, f := range etcFiles {
+		o = append(o, "--ro-bind-try", f, f)
+	}
+	o = append(o,
+		"--perms", "0644", "--ro-bind-data", "4", "/etc/passwd",
+		"--perms", "0644", "--ro-bind-data", "5", "/etc/group")
+	if sb.network == networkHost {
+		for _, f := range etcNetworkFiles {
+			o = append(o, "--ro-bind-try", f, f)
+		}
+	} else {
+		o = append(o, "--perms", "0644", "--ro-bind-data", "6", "/etc/hosts")
+	}
+	return append(o,
+		"--proc", "/proc",
+		"--dev", "/dev",
+		"--bind", sb.workDir(), guestWorkspace,
+		"--bind", sb.tmpDir(), guestTmp,
+		"--chdir", cwd)
+}
+
+// dataFiles returns the memfds bwrap reads: its options (fd 3) and the
+// synthetic /etc files (fds 4, 5, 6). The caller closes them.
+func (b *Backend) dataFiles(sb *sandbox, env []string, cwd string) (files []*os.File, err error) {
+	defer func() {
+		if err != nil {
+			closeFiles(files)
+		}
+	}()
+	opts := b.bwrapOptions(sb, env, cwd)
+	var args strings.Builder
+	for _, o := range opts {
+		args.WriteString(o)
+		args.WriteByte(0)
+	}
+	for _, d := range []struct{ name, data string }{
+		{"bwrap-args", args.String()},
+		{"etc-passwd", etcPasswd},
+		{"etc-group", etcGroup},
+		{"etc-hosts", etcHosts},
+	} {
+		f, err := memFile(d.name, d.data)
+		if err != nil {
+			return files, err
+		}
+		files = append(files, f)
+	}
+	return files, nil
+}
+
+// memFile returns an anonymous in-memory file holding data, positioned at
+// its start. It is close-on-exec; exec.Cmd.ExtraFiles clears that for bwrap.
+func memFile(name, data string) (*os.File, error) {
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("memfd_create: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), name)
+	if _, err := f.WriteString(data); err != nil {
+		f.Close()
+		return nil, err
+	}
+	if _, err := f.Seek(0, 0); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+func closeFiles(files []*os.File) {
+	for _, f := range files {
+		_ = f.Close()
+	}
+}
+
+// guestTimeout rounds d up to a whole number of milliseconds, at least one:
+// GNU timeout reads 0 as "no timeout", so a tiny budget must not become 0.
+func guestTimeout(d time.Duration) time.Duration {
+	d = min(d, maxTimeout)
+	ms := (d + time.Millisecond - 1) / time.Millisecond
+	return max(ms, 1) * time.Millisecond
+}
+
+// seconds formats d (whole milliseconds) as GNU timeout reads it: "1.500".
+func seconds(d time.Duration) string {
+	ms := d.Milliseconds()
+	return fmt.Sprintf("%d.%03d", ms/1000, ms%1000)
+}
+
+// isTimeout decides whether a command timed out. GNU timeout exits 124 when
+// the command died to its SIGTERM and 137 when it had to SIGKILL it; a
+// command can exit 124 by itself and an OOM kill is also 137, so either
+// counts only once the budget has really elapsed. The daemon killing bwrap
+// (outerFired) always counts.
+func isTimeout(exitCode int, elapsed, applied time.Duration, outerFired bool) bool {
+	if outerFired {
+		return true
+	}
+	return (exitCode == exitTimedOut || exitCode == exitKilledByTime) && elapsed >= applied
+}
+
+func firstLine(b []byte) string {
+	s, _, _ := strings.Cut(string(b[:min(len(b), 512)]), "\n")
+	return s
+}

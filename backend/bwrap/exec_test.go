@@ -1,0 +1,498 @@
+package bwrap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+)
+
+const sessionScript = `
+import json, os, pathlib
+data = json.loads(pathlib.Path("input.json").read_text())
+pathlib.Path("out").mkdir(exist_ok=True)
+pathlib.Path("out/result.txt").write_text("sum=%d\n" % sum(data["numbers"]))
+pathlib.Path("/tmp/scratch").write_text("kept")
+with open("shared.txt", "a") as f:
+    f.write("appended by the guest\n")
+print("cwd", os.getcwd(), "uid", os.getuid())
+`
+
+func TestBwrapSession(t *testing.T) {
+	forEachMode(t, func(t *testing.T, b *Backend) {
+		ctx := context.Background()
+		id := create(t, b, backend.Spec{})
+		for name, data := range map[string]string{
+			"script.py":  sessionScript,
+			"input.json": `{"numbers": [1, 2, 3, 4]}`,
+			"shared.txt": "written by the host\n",
+		} {
+			if err := b.WriteFile(ctx, id, name, []byte(data), 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		out := runOK(t, b, id, "python3 script.py")
+		if out != "cwd /workspace uid 1000\n" {
+			t.Errorf("script printed %q", out)
+		}
+		got, err := b.ReadFile(ctx, id, "/workspace/out/result.txt", 1<<20)
+		if err != nil || string(got) != "sum=10\n" {
+			t.Errorf("ReadFile(result) = %q, %v", got, err)
+		}
+		// The guest could modify a file the host wrote.
+		got, err = b.ReadFile(ctx, id, "shared.txt", 1<<20)
+		if err != nil || string(got) != "written by the host\nappended by the guest\n" {
+			t.Errorf("ReadFile(shared.txt) = %q, %v", got, err)
+		}
+		got, err = b.ReadFile(ctx, id, "/tmp/scratch", 10)
+		if err != nil || string(got) != "kept" {
+			t.Errorf("ReadFile(/tmp/scratch) = %q, %v", got, err)
+		}
+		entries, err := b.ListDirectory(ctx, id, "/workspace", 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []backend.DirEntry{{Name: "input.json"}, {Name: "out", IsDir: true}, {Name: "script.py"}, {Name: "shared.txt"}}
+		if !slices.Equal(entries, want) {
+			t.Errorf("ListDirectory = %v, want %v", entries, want)
+		}
+		if b.cfg.SandboxUID >= 0 {
+			assertOwner(t, filepath.Join(b.sandboxDir(id), workDirName, "out", "result.txt"), b.cfg.SandboxUID)
+			assertOwner(t, filepath.Join(b.sandboxDir(id), workDirName, "script.py"), b.cfg.SandboxUID)
+		}
+		if err := b.Destroy(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Lstat(b.sandboxDir(id)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("Dir/<id> still exists after Destroy: %v", err)
+		}
+	})
+}
+
+func assertOwner(t *testing.T, path string, uid int) {
+	t.Helper()
+	fi, err := os.Lstat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := int(fi.Sys().(*syscall.Stat_t).Uid); got != uid {
+		t.Errorf("%s is owned by uid %d on the host, want %d", path, got, uid)
+	}
+}
+
+func TestBwrapFilesAndTmpPersistBetweenCommands(t *testing.T) {
+	forEachMode(t, func(t *testing.T, b *Backend) {
+		id := create(t, b, backend.Spec{})
+		runOK(t, b, id, "echo one > /workspace/a; mkdir -p /tmp/d && echo two > /tmp/d/b")
+		if out := runOK(t, b, id, "cat /workspace/a /tmp/d/b"); out != "one\ntwo\n" {
+			t.Errorf("second command read %q", out)
+		}
+	})
+}
+
+func TestBwrapSandboxesCannotSeeEachOther(t *testing.T) {
+	b := newTestBackend(t, nobodyUID)
+	first := create(t, b, backend.Spec{})
+	second := create(t, b, backend.Spec{})
+	runOK(t, b, first, "echo first-secret > /workspace/mine; echo tmp-secret > /tmp/mine")
+	out := runOK(t, b, second, "ls -A /workspace /tmp; grep -rs secret / --exclude-dir=proc --exclude-dir=sys --exclude-dir=usr || true")
+	if strings.Contains(out, "mine") || strings.Contains(out, "secret") {
+		t.Errorf("the second sandbox sees the first's files:\n%s", out)
+	}
+	if _, err := b.ReadFile(context.Background(), second, "mine", 100); !errors.Is(err, backend.ErrPathNotFound) {
+		t.Errorf("ReadFile of the other sandbox's file name: %v", err)
+	}
+}
+
+func TestBwrapIsolationFromInside(t *testing.T) {
+	t.Setenv("SIDECAR_SECRET", "hunter2-from-the-daemon")
+	forEachMode(t, func(t *testing.T, b *Backend) {
+		id := create(t, b, backend.Spec{})
+		check := func(name, command, want string) {
+			t.Helper()
+			if got := runOK(t, b, id, command); got != want {
+				t.Errorf("%s: %q printed %q, want %q", name, command, got, want)
+			}
+		}
+		check("only loopback", `tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '`, "lo\n")
+		check("no /sys network view", `ls /sys/class/net 2>/dev/null | grep -v '^lo$' || true`, "")
+		check("identity", `id -u; id -g; id -un; hostname`, "1000\n1000\nsandbox\nsandbox\n")
+		check("no capabilities", `grep -E '^Cap(Eff|Prm|Bnd|Amb):' /proc/self/status | awk '{print $2}' | sort -u`, "0000000000000000\n")
+		check("no new privileges via setuid", `cat /proc/self/status | grep -c '^NoNewPrivs:.1'`, "1\n")
+		hidden := []string{"/root", "/home", "/run", "/var", "/srv", "/opt", "/mnt", "/boot", b.cfg.Dir, filepath.Dir(b.cfg.Dir)}
+		for _, p := range hidden {
+			check("hidden "+p, fmt.Sprintf("test -e %q && echo visible || echo hidden", p), "hidden\n")
+		}
+		allowed := map[string]bool{"bin": true, "dev": true, "etc": true, "lib": true, "lib32": true, "lib64": true,
+			"libx32": true, "proc": true, "sbin": true, "tmp": true, "usr": true, "workspace": true}
+		for _, name := range strings.Fields(runOK(t, b, id, "ls -A /")) {
+			if !allowed[name] {
+				t.Errorf("/%s is visible in the sandbox", name)
+			}
+		}
+		env := runOK(t, b, id, "env | cut -d= -f1 | sort")
+		if env != "HOME\nLANG\nPATH\nPWD\n" {
+			t.Errorf("the guest's environment has %q, want only HOME LANG PATH (and the shell's PWD)", strings.Fields(env))
+		}
+		check("daemon env invisible to every process", `cat /proc/[0-9]*/environ 2>/dev/null | tr '\0' '\n' | grep -c hunter2 || true`, "0\n")
+		check("only the three streams", `ls /proc/self/fd | sort -n | tr '\n' ' '`, "0 1 2 3 ")
+		check("read-only system", `touch /usr/x 2>/dev/null && echo writable || echo ro`, "ro\n")
+	})
+}
+
+func TestBwrapEnvironmentLayers(t *testing.T) {
+	b := newTestBackend(t, nobodyUID)
+	id := create(t, b, backend.Spec{Env: map[string]string{"A": "sandbox", "B": "sandbox", "SPACES": "x y\nz"}})
+	res, err := b.Exec(context.Background(), id, backend.ExecRequest{
+		Command: `printf '%s|%s|%s|%s' "$A" "$B" "$SPACES" "$HOME"`,
+		Env:     map[string]string{"B": "request"},
+		Timeout: 10 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := string(res.Stdout); got != "sandbox|request|x y\nz|/workspace" {
+		t.Errorf("env seen by the guest: %q", got)
+	}
+	// The values must not appear on bwrap's command line, which every
+	// host user can read in /proc.
+	_, err = b.Exec(context.Background(), id, backend.ExecRequest{Command: "true", Env: map[string]string{"BAD=NAME": "x"}, Timeout: time.Second})
+	wantErr(t, err, backend.ErrInvalidArgument)
+}
+
+func TestBwrapEnvValuesStayOffHostCommandLine(t *testing.T) {
+	b := newTestBackend(t, nobodyUID)
+	id := create(t, b, backend.Spec{Env: map[string]string{"TOKEN": "tok-3f9a1c"}})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = b.Exec(context.Background(), id, backend.ExecRequest{Command: "sleep 1", Timeout: 10 * time.Second})
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	sawBwrap := false
+	for time.Now().Before(deadline) && !sawBwrap {
+		matches, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+		for _, m := range matches {
+			cmdline, _ := os.ReadFile(m)
+			if strings.Contains(string(cmdline), "tok-3f9a1c") {
+				t.Fatalf("an environment value is visible in %s: %q", m, cmdline)
+			}
+			if strings.HasPrefix(filepath.Base(strings.SplitN(string(cmdline), "\x00", 2)[0]), "bwrap") && strings.Contains(string(cmdline), "--args") {
+				sawBwrap = true
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	<-done
+	if !sawBwrap {
+		t.Fatal("never saw the bwrap process, so nothing was checked")
+	}
+}
+
+func TestBwrapArgvCwdAndStdin(t *testing.T) {
+	b := newTestBackend(t, nobodyUID)
+	id := create(t, b, backend.Spec{})
+	ctx := context.Background()
+	res, err := b.Exec(ctx, id, backend.ExecRequest{Argv: []string{"printf", "[%s]", "a b", "-x", "$HOME"}, Timeout: 10 * time.Second})
+	if err != nil || string(res.Stdout) != "[a b][-x][$HOME]" {
+		t.Errorf("argv: %q %q %v", res.Stdout, res.Stderr, err)
+	}
+	res, err = b.Exec(ctx, id, backend.ExecRequest{Command: "pwd", Cwd: "/tmp/", Timeout: 10 * time.Second})
+	if err != nil || string(res.Stdout) != "/tmp\n" {
+		t.Errorf("cwd: %q %v", res.Stdout, err)
+	}
+	res, err = b.Exec(ctx, id, backend.ExecRequest{Command: "tr a-z A-Z", Stdin: []byte("hello\n"), Timeout: 10 * time.Second})
+	if err != nil || string(res.Stdout) != "HELLO\n" {
+		t.Errorf("stdin: %q %v", res.Stdout, err)
+	}
+}
+
+func TestBwrapExitCodes(t *testing.T) {
+	b := newTestBackend(t, nobodyUID)
+	id := create(t, b, backend.Spec{})
+	cases := []struct {
+		command string
+		code    int
+	}{
+		{"exit 3", 3},
+		{"exit 124", 124},   // looks like timeout's code, but the budget did not elapse
+		{"kill -9 $$", 137}, // looks like an escalation, but it was not one
+		{"kill -TERM $$", 143},
+		{"no-such-program", 127},
+	}
+	for _, tc := range cases {
+		res := run(t, b, id, tc.command)
+		if res.ExitCode != tc.code || res.TimedOut || res.SandboxTerminated {
+			t.Errorf("%q: exit %d TimedOut %v SandboxTerminated %v, want %d false false", tc.command, res.ExitCode, res.TimedOut, res.SandboxTerminated, tc.code)
+		}
+	}
+}
+
+func TestBwrapLargeOutputIsCapped(t *testing.T) {
+	b := newTestBackend(t, nobodyUID)
+	id := create(t, b, backend.Spec{})
+	const limit = 64 << 10
+	start := time.Now()
+	res, err := b.Exec(context.Background(), id, backend.ExecRequest{
+		Command:        "head -c 209715200 /dev/zero | tr '\\0' 'x' | fold -w 99; echo; echo the end; echo to stderr >&2",
+		Timeout:        time.Minute,
+		MaxOutputBytes: limit,
+	})
+	elapsed := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("200 MiB of guest output captured in %v", elapsed)
+	if !res.StdoutTruncated || len(res.Stdout) > limit || len(res.Stdout) < limit-200 {
+		t.Errorf("stdout: %d bytes, truncated %v; want about %d, true", len(res.Stdout), res.StdoutTruncated, limit)
+	}
+	if !strings.HasSuffix(string(res.Stdout), "\nthe end\n") {
+		t.Errorf("the tail is not the end of the output: ...%q", res.Stdout[max(0, len(res.Stdout)-30):])
+	}
+	if string(res.Stderr) != "to stderr\n" || res.StderrTruncated {
+		t.Errorf("stderr %q truncated %v", res.Stderr, res.StderrTruncated)
+	}
+}
+
+func TestBwrapTimeouts(t *testing.T) {
+	b := newTestBackend(t, nobodyUID, func(c *Config) { c.KillGrace = 500 * time.Millisecond })
+	id := create(t, b, backend.Spec{})
+	cases := []struct {
+		name, command string
+		timeout       time.Duration
+		wantExit      int
+		min, max      time.Duration
+	}{
+		{"sleep", "sleep 60", time.Second, 124, time.Second, 3 * time.Second},
+		{"ignores SIGTERM", "trap '' TERM; sleep 60", time.Second, 137, 1500 * time.Millisecond, 3 * time.Second},
+		{"sub-millisecond budget", "sleep 60", time.Nanosecond, 124, 0, 2 * time.Second},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			start := time.Now()
+			res, err := b.Exec(context.Background(), id, backend.ExecRequest{Command: tc.command, Timeout: tc.timeout})
+			elapsed := time.Since(start)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("stopped after %v (exit %d)", elapsed, res.ExitCode)
+			if !res.TimedOut || res.ExitCode != tc.wantExit || res.SandboxTerminated {
+				t.Errorf("TimedOut %v exit %d SandboxTerminated %v, want true %d false", res.TimedOut, res.ExitCode, res.SandboxTerminated, tc.wantExit)
+			}
+			if elapsed < tc.min || elapsed > tc.max {
+				t.Errorf("took %v, want between %v and %v", elapsed, tc.min, tc.max)
+			}
+			if want := guestTimeout(tc.timeout); res.AppliedTimeout != want {
+				t.Errorf("AppliedTimeout %v, want %v", res.AppliedTimeout, want)
+			}
+		})
+	}
+}
+
+func TestBwrapOuterNetKillsHungBwrap(t *testing.T) {
+	// A stand-in for a bwrap that hangs and ignores SIGTERM: only the
+	// daemon's own timer can stop it.
+	fake := filepath.Join(t.TempDir(), "hung-bwrap")
+	if err := os.WriteFile(fake, []byte("#!/bin/sh\ntrap '' TERM\nwhile :; do sleep 0.05; done\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "state")
+	b, err := New(Config{Dir: dir, BwrapPath: fake, SandboxUID: -1, SandboxGID: -1, KillGrace: 100 * time.Millisecond, ExecGrace: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := create(t, b, backend.Spec{})
+	start := time.Now()
+	res, err := b.Exec(context.Background(), id, backend.ExecRequest{Command: "true", Timeout: 100 * time.Millisecond})
+	elapsed := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 100ms budget + 100ms KillGrace + 200ms ExecGrace, then SIGTERM (ignored)
+	// and SIGKILL after outerKillGrace.
+	if !res.TimedOut || res.ExitCode != 137 || elapsed > 400*time.Millisecond+outerKillGrace+time.Second {
+		t.Errorf("TimedOut %v exit %d after %v; want true, 137, about %v", res.TimedOut, res.ExitCode, elapsed, 400*time.Millisecond+outerKillGrace)
+	}
+}
+
+func TestBwrapBackgroundedProcessesDieWithTheCommand(t *testing.T) {
+	forEachMode(t, func(t *testing.T, b *Backend) {
+		id := create(t, b, backend.Spec{})
+		cases := []string{
+			"sleep 1002 & echo started",
+			"setsid nohup sleep 1002 >/dev/null 2>&1 < /dev/null & echo started",
+		}
+		for _, command := range cases {
+			start := time.Now()
+			out := runOK(t, b, id, command)
+			elapsed := time.Since(start)
+			if out != "started\n" || elapsed > 2*time.Second {
+				t.Errorf("%q: printed %q after %v; want it back at once", command, out, elapsed)
+			}
+			// The PID namespace died with the command, taking the sleep with it.
+			waitNoProcess(t, 2*time.Second, "sleep", "1002")
+		}
+		if err := b.Destroy(context.Background(), id); err != nil {
+			t.Fatal(err)
+		}
+		waitNoProcess(t, time.Second, "sleep", "1002")
+	})
+}
+
+func TestBwrapDestroyStopsRunningCommands(t *testing.T) {
+	b := newTestBackend(t, nobodyUID)
+	id := create(t, b, backend.Spec{})
+	type outcome struct {
+		res backend.ExecResult
+		err error
+	}
+	results := make(chan outcome, 3)
+	for i := 0; i < 3; i++ {
+		go func() {
+			res, err := b.Exec(context.Background(), id, backend.ExecRequest{Command: "trap '' TERM; sleep 1004", Timeout: time.Minute})
+			results <- outcome{res, err}
+		}()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for len(hostProcesses("sleep", "1004")) < 3 {
+		if time.Now().After(deadline) {
+			t.Fatal("the commands never started")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	start := time.Now()
+	if err := b.Destroy(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("Destroy with 3 running commands took %v", time.Since(start))
+	for i := 0; i < 3; i++ {
+		o := <-results
+		if o.err != nil || !o.res.SandboxTerminated || o.res.TimedOut {
+			t.Errorf("Exec under Destroy: %+v, %v; want SandboxTerminated and no error", o.res, o.err)
+		}
+	}
+	waitNoProcess(t, time.Second, "sleep", "1004")
+	if _, err := b.Exec(context.Background(), id, backend.ExecRequest{Command: "true", Timeout: time.Second}); !errors.Is(err, backend.ErrNotFound) {
+		t.Errorf("Exec after Destroy: %v, want ErrNotFound", err)
+	}
+}
+
+func TestBwrapExecContextCancel(t *testing.T) {
+	b := newTestBackend(t, nobodyUID)
+	id := create(t, b, backend.Spec{})
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := b.Exec(ctx, id, backend.ExecRequest{Command: "sleep 1005", Timeout: time.Minute})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v, want DeadlineExceeded", err)
+	}
+	if elapsed := time.Since(start); elapsed > 2*time.Second {
+		t.Errorf("Exec returned %v after its context ended", elapsed)
+	}
+	waitNoProcess(t, time.Second, "sleep", "1005")
+	// The sandbox itself survives a cancelled request.
+	runOK(t, b, id, "true")
+}
+
+func TestBwrapConcurrentSandboxes(t *testing.T) {
+	b := newTestBackend(t, nobodyUID)
+	const sandboxes, commands = 4, 5
+	ids := make([]string, sandboxes)
+	for i := range ids {
+		ids[i] = create(t, b, backend.Spec{Env: map[string]string{"WHO": fmt.Sprint(i)}})
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, sandboxes*commands)
+	for i, id := range ids {
+		for c := 0; c < commands; c++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				res, err := b.Exec(context.Background(), id, backend.ExecRequest{
+					Command: fmt.Sprintf(`echo "$WHO" > /workspace/c%d; sleep 0.2; cat /workspace/c%d; ls /workspace | wc -l`, c, c),
+					Timeout: 30 * time.Second,
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+				lines := strings.Fields(string(res.Stdout))
+				if len(lines) != 2 || lines[0] != fmt.Sprint(i) {
+					errs <- fmt.Errorf("sandbox %d command %d printed %q (stderr %q)", i, c, res.Stdout, res.Stderr)
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	for _, id := range ids {
+		entries, err := b.ListDirectory(context.Background(), id, "/workspace", 100)
+		if err != nil || len(entries) != commands {
+			t.Errorf("sandbox %s holds %v (%v), want exactly its own %d files", id, entries, err, commands)
+		}
+	}
+}
+
+func TestBwrapExecLatency(t *testing.T) {
+	forEachMode(t, func(t *testing.T, b *Backend) {
+		id := create(t, b, backend.Spec{})
+		var times []time.Duration
+		for i := 0; i < 30; i++ {
+			start := time.Now()
+			res, err := b.Exec(context.Background(), id, backend.ExecRequest{Argv: []string{"/bin/true"}, Timeout: 10 * time.Second})
+			if err != nil || res.ExitCode != 0 {
+				t.Fatalf("/bin/true: %+v %v", res, err)
+			}
+			times = append(times, time.Since(start))
+		}
+		sort.Slice(times, func(i, j int) bool { return times[i] < times[j] })
+		t.Logf("Exec /bin/true: min %v, median %v, p90 %v, max %v", times[0], times[len(times)/2], times[len(times)*9/10], times[len(times)-1])
+	})
+}
+
+func BenchmarkBwrapExecTrue(b *testing.B) {
+	for _, m := range allModes {
+		b.Run(m.name, func(b *testing.B) {
+			be := newBenchBackend(b, m)
+			id := "bench-" + strings.ReplaceAll(m.name, "_", "-")
+			if _, err := be.Create(context.Background(), id, backend.Spec{}); err != nil {
+				b.Fatal(err)
+			}
+			defer be.Destroy(context.Background(), id)
+			for b.Loop() {
+				if _, err := be.Exec(context.Background(), id, backend.ExecRequest{Argv: []string{"/bin/true"}, Timeout: 10 * time.Second}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+func newBenchBackend(b *testing.B, m testMode) *Backend {
+	if m.uid >= 0 && os.Geteuid() != 0 {
+		skipOrFail(b, "uid %d needs root", m.uid)
+	}
+	dir := filepath.Join(b.TempDir(), "state")
+	for p := filepath.Dir(dir); p != "/" && p != os.TempDir(); p = filepath.Dir(p) {
+		_ = os.Chmod(p, 0o711)
+	}
+	be, err := New(Config{Dir: dir, SandboxUID: m.uid, SandboxGID: m.uid})
+	if err != nil {
+		skipOrFail(b, "%v", err)
+	}
+	return be
+}

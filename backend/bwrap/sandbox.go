@@ -1,0 +1,439 @@
+package bwrap
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+)
+
+// Layout of Dir/<id>.
+const (
+	workDirName = "work"      // bound at /workspace
+	tmpDirName  = "tmp"       // bound at /tmp
+	specName    = "spec.json" // persistedSpec
+)
+
+// Network values reported in backend.Info.
+const (
+	networkNone = "none"
+	networkHost = "host"
+)
+
+// Bounds on per-sandbox state.
+const (
+	// destroyWait bounds how long Destroy waits for the sandbox's running
+	// commands to be reaped after killing them, before removing the files
+	// anyway.
+	destroyWait = 10 * time.Second
+	// maxActivePerSandbox bounds concurrent commands and file operations
+	// in one sandbox.
+	maxActivePerSandbox = 32
+	// maxSpecFileBytes bounds how much of spec.json is read back.
+	maxSpecFileBytes = 4 << 20
+	// specVersion is the version of persistedSpec written by this code.
+	specVersion = 1
+)
+
+// errSandboxDestroyed is the cancellation cause Destroy gives running
+// commands, so Exec can tell "destroyed under you" from "request cancelled".
+var errSandboxDestroyed = errors.New("sandbox destroyed")
+
+// persistedSpec is spec.json: what a restarted daemon needs to keep running
+// commands in a sandbox it finds on disk.
+type persistedSpec struct {
+	Version int               `json:"version"`
+	Network string            `json:"network"`
+	Env     map[string]string `json:"env,omitempty"`
+}
+
+// sandbox is the in-memory state of one sandbox: its settings and the
+// operations in flight, so Destroy can stop them and wait for them.
+type sandbox struct {
+	id, dir string
+	env     map[string]string
+	network string
+
+	mu         sync.Mutex
+	destroying bool
+	active     map[uint64]context.CancelCauseFunc
+	nextOp     uint64
+	wg         sync.WaitGroup
+}
+
+func newSandbox(id, dir string, spec persistedSpec) *sandbox {
+	return &sandbox{id: id, dir: dir, env: spec.Env, network: spec.Network, active: make(map[uint64]context.CancelCauseFunc)}
+}
+
+func (sb *sandbox) workDir() string { return filepath.Join(sb.dir, workDirName) }
+func (sb *sandbox) tmpDir() string  { return filepath.Join(sb.dir, tmpDirName) }
+
+// begin registers one operation. The returned context ends when ctx does or
+// when Destroy cancels it; done must be called when the operation is over.
+func (sb *sandbox) begin(ctx context.Context) (context.Context, func(), error) {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.destroying {
+		return nil, nil, notFound(sb.id)
+	}
+	if len(sb.active) >= maxActivePerSandbox {
+		return nil, nil, fmt.Errorf("%w: sandbox %s already has %d commands and file operations in flight; wait for one to finish", backend.ErrUnavailable, sb.id, maxActivePerSandbox)
+	}
+	opCtx, cancel := context.WithCancelCause(ctx)
+	key := sb.nextOp
+	sb.nextOp++
+	sb.active[key] = cancel
+	sb.wg.Add(1)
+	done := func() {
+		sb.mu.Lock()
+		delete(sb.active, key)
+		sb.mu.Unlock()
+		cancel(nil)
+		sb.wg.Done()
+	}
+	return opCtx, done, nil
+}
+
+// stop refuses new operations, cancels those in flight and waits for them
+// for at most limit or until ctx ends; it reports whether they all ended.
+func (sb *sandbox) stop(ctx context.Context, limit time.Duration) bool {
+	sb.mu.Lock()
+	sb.destroying = true
+	for _, cancel := range sb.active {
+		cancel(errSandboxDestroyed)
+	}
+	sb.mu.Unlock()
+
+	finished := make(chan struct{})
+	go func() { sb.wg.Wait(); close(finished) }()
+	t := time.NewTimer(limit)
+	defer t.Stop()
+	select {
+	case <-finished:
+		return true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return false
+}
+
+func notFound(id string) error {
+	return fmt.Errorf("%w: sandbox %q does not exist on this host (destroyed, or never created); create a new one", backend.ErrNotFound, id)
+}
+
+func (b *Backend) sandboxDir(id string) string { return filepath.Join(b.cfg.Dir, id) }
+
+// lookup returns the sandbox id, loading it from disk when this process has
+// not seen it yet (a restarted daemon re-adopting its sandboxes).
+func (b *Backend) lookup(id string) (*sandbox, error) {
+	if !backend.ValidID(id) {
+		return nil, notFound(id)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if sb, ok := b.sandboxes[id]; ok {
+		if _, err := os.Stat(sb.workDir()); err != nil && !sb.destroying {
+			// Removed behind our back (an operator, a disk wipe).
+			delete(b.sandboxes, id)
+			return nil, notFound(id)
+		}
+		return sb, nil
+	}
+	spec, err := b.loadSpec(id)
+	if err != nil {
+		return nil, err
+	}
+	sb := newSandbox(id, b.sandboxDir(id), spec)
+	if _, err := os.Stat(sb.workDir()); err != nil {
+		return nil, notFound(id)
+	}
+	b.sandboxes[id] = sb
+	return sb, nil
+}
+
+func (b *Backend) loadSpec(id string) (persistedSpec, error) {
+	var spec persistedSpec
+	f, err := os.Open(filepath.Join(b.sandboxDir(id), specName))
+	if errors.Is(err, fs.ErrNotExist) {
+		if _, statErr := os.Stat(b.sandboxDir(id)); statErr == nil {
+			return spec, fmt.Errorf("%w: sandbox %q was never completely created (no %s); destroy it and create a new one", backend.ErrNotFound, id, specName)
+		}
+		return spec, notFound(id)
+	}
+	if err != nil {
+		return spec, fmt.Errorf("read settings of sandbox %s: %w", id, err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxSpecFileBytes+1))
+	if err != nil {
+		return spec, fmt.Errorf("read settings of sandbox %s: %w", id, err)
+	}
+	if len(data) > maxSpecFileBytes {
+		return spec, fmt.Errorf("%w: settings of sandbox %q are larger than %d bytes, so not ours; destroy it and create a new one", backend.ErrNotFound, id, maxSpecFileBytes)
+	}
+	if err := json.Unmarshal(data, &spec); err != nil || spec.Version != specVersion {
+		return spec, fmt.Errorf("%w: settings of sandbox %q are unreadable or from another version (%v); destroy it and create a new one", backend.ErrNotFound, id, err)
+	}
+	switch spec.Network {
+	case networkNone:
+	case networkHost:
+		if !b.cfg.ShareHostNetwork {
+			return spec, fmt.Errorf("%w: sandbox %q was created with the host's network, which this daemon no longer allows; destroy it and create a new one", backend.ErrSpecUnenforceable, id)
+		}
+	default:
+		return spec, fmt.Errorf("%w: sandbox %q has unknown network %q in its settings; destroy it and create a new one", backend.ErrNotFound, id, spec.Network)
+	}
+	if err := validateEnv(spec.Env, "the sandbox's"); err != nil {
+		return spec, fmt.Errorf("sandbox %s has bad settings on disk (%w); destroy it and create a new one", id, err)
+	}
+	return spec, nil
+}
+
+// Create makes Dir/<id> with an empty workspace and /tmp and records the
+// spec. It refuses egress allow-lists (there is no egress filter) and, unless
+// the operator set ShareHostNetwork, BlockNetwork=false.
+func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ backend.Info, err error) {
+	if !backend.ValidID(id) {
+		return backend.Info{}, fmt.Errorf("%w: sandbox id %q is not a valid id (lowercase letters, digits and '-', at most 63)", backend.ErrInvalidArgument, id)
+	}
+	if err := ctx.Err(); err != nil {
+		return backend.Info{}, fmt.Errorf("sandbox %s was not created: %w", id, err)
+	}
+	network, err := b.networkFor(spec)
+	if err != nil {
+		return backend.Info{}, err
+	}
+	if err := validateEnv(spec.Env, "the sandbox's"); err != nil {
+		return backend.Info{}, err
+	}
+	log := b.log.With("sandbox", id)
+
+	b.mu.Lock()
+	_, known := b.sandboxes[id]
+	b.mu.Unlock()
+	dir := b.sandboxDir(id)
+	if known {
+		return backend.Info{}, fmt.Errorf("sandbox %q already exists or is being destroyed; destroy it first or choose another id: %w", id, fs.ErrExist)
+	}
+	mode := os.FileMode(0o700)
+	if b.cfg.SandboxUID >= 0 {
+		mode = 0o711
+	}
+	if err := os.Mkdir(dir, mode); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return backend.Info{}, fmt.Errorf("sandbox %q already exists; destroy it first or choose another id: %w", id, err)
+		}
+		return backend.Info{}, fmt.Errorf("create sandbox %s: %w; check that the state directory is writable", id, err)
+	}
+	defer func() {
+		if err != nil {
+			if rmErr := removeAllForce(dir); rmErr != nil {
+				log.Error("cannot remove half-made sandbox", "error", rmErr)
+			}
+		}
+	}()
+	if err := os.Chmod(dir, mode); err != nil {
+		return backend.Info{}, fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	for _, name := range []string{workDirName, tmpDirName} {
+		if err := b.makeGuestDir(filepath.Join(dir, name)); err != nil {
+			return backend.Info{}, fmt.Errorf("create sandbox %s: %w", id, err)
+		}
+	}
+	saved := persistedSpec{Version: specVersion, Network: network, Env: copyEnv(spec.Env)}
+	if err := writeFileAtomic(filepath.Join(dir, specName), saved); err != nil {
+		return backend.Info{}, fmt.Errorf("create sandbox %s: save its settings: %w", id, err)
+	}
+
+	b.mu.Lock()
+	if existing, raced := b.sandboxes[id]; raced {
+		// Another call found the new directory first: an Exec loaded these
+		// same settings from disk, or a Destroy is removing it.
+		existing.mu.Lock()
+		destroying := existing.destroying
+		existing.mu.Unlock()
+		b.mu.Unlock()
+		if destroying {
+			return backend.Info{}, fmt.Errorf("sandbox %q was destroyed while being created; create it again: %w", id, fs.ErrExist)
+		}
+	} else {
+		b.sandboxes[id] = newSandbox(id, dir, saved)
+		b.mu.Unlock()
+	}
+	log.Info("sandbox created", "network", network, "env_vars", len(spec.Env))
+	return backend.Info{Workdir: guestWorkspace, Network: network}, nil
+}
+
+func (b *Backend) networkFor(spec backend.Spec) (string, error) {
+	if len(spec.AllowEgressTo) > 0 || len(spec.AllowEgressToCIDRs) > 0 {
+		return "", fmt.Errorf("%w: the bwrap backend has no egress filter, so it cannot limit a sandbox to allow_egress_to or allow_egress_to_cidrs; drop them (the sandbox then has no network) or use a backend that filters egress", backend.ErrSpecUnenforceable)
+	}
+	if spec.BlockNetwork != nil && !*spec.BlockNetwork {
+		if !b.cfg.ShareHostNetwork {
+			return "", fmt.Errorf("%w: block_network=false needs the host's network, which this daemon does not allow; keep block_network=true, or an operator can allow it by enabling ShareHostNetwork for the bwrap backend (the sandbox then shares every interface of the host)", backend.ErrSpecUnenforceable)
+		}
+		return networkHost, nil
+	}
+	return networkNone, nil
+}
+
+// makeGuestDir makes a directory the guest owns: mode 0700 and, when a
+// SandboxUID is set, owned by it.
+func (b *Backend) makeGuestDir(path string) error {
+	if err := os.Mkdir(path, 0o700); err != nil {
+		return err
+	}
+	if b.cfg.SandboxUID >= 0 {
+		return os.Lchown(path, b.cfg.SandboxUID, b.cfg.SandboxGID)
+	}
+	return nil
+}
+
+// writeFileAtomic writes v as JSON to path through a temporary file, fsyncs
+// it, renames it into place and fsyncs the directory.
+func writeFileAtomic(path string, v any) (err error) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			_ = os.Remove(tmp)
+		}
+	}()
+	if _, err = f.Write(data); err == nil {
+		err = f.Sync()
+	}
+	if closeErr := f.Close(); err == nil {
+		err = closeErr
+	}
+	if err != nil {
+		return err
+	}
+	if err = os.Rename(tmp, path); err != nil {
+		return err
+	}
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+func copyEnv(env map[string]string) map[string]string {
+	if len(env) == 0 {
+		return nil
+	}
+	out := make(map[string]string, len(env))
+	for k, v := range env {
+		out[k] = v
+	}
+	return out
+}
+
+// Destroy kills the sandbox's running commands, waits (boundedly) for them
+// and removes Dir/<id>. It is idempotent, and an id that is not a valid id
+// succeeds without touching any path. The files are removed even when ctx
+// has ended: ctx only shortens the wait for running commands, which are
+// already killed by then.
+func (b *Backend) Destroy(ctx context.Context, id string) error {
+	if !backend.ValidID(id) {
+		return nil
+	}
+	b.mu.Lock()
+	sb, ok := b.sandboxes[id]
+	if !ok {
+		sb = newSandbox(id, b.sandboxDir(id), persistedSpec{})
+		b.sandboxes[id] = sb
+	}
+	b.mu.Unlock()
+
+	log := b.log.With("sandbox", id)
+	if !sb.stop(ctx, destroyWait) {
+		log.Warn("running commands did not all end in time; removing the files anyway", "waited_up_to", destroyWait)
+	}
+	err := removeAllForce(sb.dir)
+
+	b.mu.Lock()
+	if b.sandboxes[id] == sb {
+		delete(b.sandboxes, id)
+	}
+	b.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("destroy sandbox %s: its commands are stopped but its files could not all be removed (%w); call destroy again to retry", id, err)
+	}
+	if ok {
+		log.Info("sandbox destroyed")
+	}
+	return nil
+}
+
+// removeAllForce removes path even when the guest left directories without
+// write or search permission (chmod 000), which stop os.RemoveAll for a
+// daemon that is not root.
+func removeAllForce(path string) error {
+	err := os.RemoveAll(path)
+	if err == nil {
+		return nil
+	}
+	// WalkDir calls fn for a directory before reading it, so fixing the mode
+	// there lets the walk descend. Only real directories are touched (the
+	// entry type comes from lstat-like information, never a symlink). The
+	// guest's processes are dead by now, so nothing swaps a directory for a
+	// symlink between the check and the chmod.
+	_ = filepath.WalkDir(path, func(p string, d fs.DirEntry, walkErr error) error {
+		if d != nil && d.IsDir() {
+			if fi, err := os.Lstat(p); err == nil && fi.IsDir() && fi.Mode().Perm()&0o700 != 0o700 {
+				_ = os.Chmod(p, fi.Mode().Perm()|0o700)
+			}
+		}
+		return nil
+	})
+	return os.RemoveAll(path)
+}
+
+// List returns the ids of the sandboxes in Dir, complete or not: every
+// subdirectory whose name is a valid id was made by this backend.
+func (b *Backend) List(ctx context.Context) ([]string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	entries, err := os.ReadDir(b.cfg.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("%w: list state directory %s: %v", backend.ErrUnavailable, b.cfg.Dir, err)
+	}
+	var ids []string
+	for _, e := range entries {
+		if e.IsDir() && backend.ValidID(e.Name()) {
+			ids = append(ids, e.Name())
+		}
+	}
+	sort.Strings(ids)
+	return ids, nil
+}
+
+// shortName quotes a guest-supplied name for an error message, cut to a
+// readable length.
+func shortName(s string) string {
+	const limit = 64
+	if len(s) > limit {
+		s = s[:limit] + "..."
+	}
+	return fmt.Sprintf("%q", strings.ToValidUTF8(s, "?"))
+}

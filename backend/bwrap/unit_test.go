@@ -1,0 +1,247 @@
+package bwrap
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+)
+
+func TestGuestTimeoutRoundsUpAndNeverZero(t *testing.T) {
+	cases := []struct {
+		in   time.Duration
+		want string
+	}{
+		{time.Nanosecond, "0.001"},
+		{999 * time.Microsecond, "0.001"},
+		{time.Millisecond, "0.001"},
+		{time.Millisecond + 1, "0.002"},
+		{1500 * time.Millisecond, "1.500"},
+		{time.Second, "1.000"},
+		{90 * time.Second, "90.000"},
+		{1000 * time.Hour, "86400.000"}, // clamped to maxTimeout
+	}
+	for _, tc := range cases {
+		if got := seconds(guestTimeout(tc.in)); got != tc.want {
+			t.Errorf("seconds(guestTimeout(%v)) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestIsTimeout(t *testing.T) {
+	s := time.Second
+	cases := []struct {
+		exit    int
+		elapsed time.Duration
+		outer   bool
+		want    bool
+	}{
+		{124, 1100 * time.Millisecond, false, true}, // SIGTERM after the budget
+		{137, 3 * time.Second, false, true},         // escalated to SIGKILL
+		{124, 10 * time.Millisecond, false, false},  // the command itself exited 124
+		{137, 10 * time.Millisecond, false, false},  // OOM kill or kill -9 before the budget
+		{0, 2 * time.Second, false, false},          // finished, slowly
+		{143, 9 * time.Second, true, true},          // the daemon killed bwrap
+		{1, 1100 * time.Millisecond, false, false},  // ordinary failure
+	}
+	for _, tc := range cases {
+		if got := isTimeout(tc.exit, tc.elapsed, s, tc.outer); got != tc.want {
+			t.Errorf("isTimeout(%d, %v, 1s, %v) = %v, want %v", tc.exit, tc.elapsed, tc.outer, got, tc.want)
+		}
+	}
+}
+
+func TestResolveGuestPath(t *testing.T) {
+	cases := []struct {
+		in, area, rel string
+	}{
+		{"/workspace", workDirName, "."},
+		{"/workspace/", workDirName, "."},
+		{"/workspace/a/b.txt", workDirName, "a/b.txt"},
+		{"a/b.txt", workDirName, "a/b.txt"},
+		{".", workDirName, "."},
+		{"./x/../y", workDirName, "y"},
+		{"/tmp", tmpDirName, "."},
+		{"/tmp/x", tmpDirName, "x"},
+		{"/workspace/../tmp/x", tmpDirName, "x"},
+		{"../tmp/x", tmpDirName, "x"},
+	}
+	for _, tc := range cases {
+		a, err := resolveGuestPath(tc.in)
+		if err != nil || a.name != tc.area || a.rel != tc.rel {
+			t.Errorf("resolveGuestPath(%q) = %+v, %v; want {%s %s}", tc.in, a, err, tc.area, tc.rel)
+		}
+	}
+	for _, bad := range []string{
+		"", "/", "/etc/passwd", "../../etc/passwd", "/workspace/../../etc/passwd",
+		"/workspacex/y", "/tmpfoo", "..", "/root", "a\x00b", "/proc/self/root/etc/passwd",
+	} {
+		_, err := resolveGuestPath(bad)
+		if !errors.Is(err, backend.ErrBadPath) {
+			t.Errorf("resolveGuestPath(%q) err = %v, want ErrBadPath", bad, err)
+		}
+		if err != nil && !strings.Contains(err.Error(), "/workspace and /tmp") {
+			t.Errorf("the error for %q does not say where file operations may go: %v", bad, err)
+		}
+	}
+	if _, err := resolveGuestPath(strings.Repeat("a/", maxGuestPathLen)); !errors.Is(err, backend.ErrBadPath) {
+		t.Errorf("an 8 KiB path: err = %.80v, want ErrBadPath", err)
+	}
+}
+
+func TestCheckExecRequest(t *testing.T) {
+	ok := backend.ExecRequest{Command: "true", Timeout: time.Second}
+	argv, cwd, err := checkExecRequest(ok)
+	if err != nil || !slices.Equal(argv, []string{"/bin/sh", "-c", "true"}) || cwd != "/workspace" {
+		t.Fatalf("checkExecRequest(%+v) = %q, %q, %v", ok, argv, cwd, err)
+	}
+	argv, cwd, err = checkExecRequest(backend.ExecRequest{Argv: []string{"-x", "y"}, Cwd: "/tmp/../tmp/d/", Timeout: time.Second})
+	if err != nil || !slices.Equal(argv, []string{"-x", "y"}) || cwd != "/tmp/d" {
+		t.Fatalf("argv request: %q, %q, %v", argv, cwd, err)
+	}
+	bad := map[string]backend.ExecRequest{
+		"no timeout":     {Command: "true"},
+		"huge timeout":   {Command: "true", Timeout: 25 * time.Hour},
+		"both":           {Command: "true", Argv: []string{"true"}, Timeout: time.Second},
+		"neither":        {Timeout: time.Second},
+		"NUL in command": {Command: "echo a\x00b", Timeout: time.Second},
+		"NUL in argv":    {Argv: []string{"echo", "a\x00"}, Timeout: time.Second},
+		"relative cwd":   {Command: "true", Cwd: "workspace", Timeout: time.Second},
+		"NUL in cwd":     {Command: "true", Cwd: "/tmp\x00", Timeout: time.Second},
+		"long command":   {Command: strings.Repeat("x", 128<<10), Timeout: time.Second},
+		"many args":      {Argv: make([]string, maxArgv+1), Timeout: time.Second},
+	}
+	for name, req := range bad {
+		if _, _, err := checkExecRequest(req); !errors.Is(err, backend.ErrInvalidArgument) {
+			t.Errorf("%s: err = %v, want ErrInvalidArgument", name, err)
+		}
+	}
+}
+
+func TestValidateEnvNeverEchoesValues(t *testing.T) {
+	bad := []map[string]string{
+		{"": "x"},
+		{"A=B": "x"},
+		{"A\x00": "x"},
+		{"A": "secret\x00value"},
+		{"A": strings.Repeat("s", maxArgBytes)},
+	}
+	for _, env := range bad {
+		err := validateEnv(env, "the test's")
+		if !errors.Is(err, backend.ErrInvalidArgument) {
+			t.Errorf("validateEnv(%q) = %v, want ErrInvalidArgument", env, err)
+		}
+		if err != nil && strings.Contains(err.Error(), "secret") {
+			t.Errorf("the error quotes the value: %v", err)
+		}
+	}
+	if err := validateEnv(map[string]string{"A": "", "weird name-1.x": "v=w"}, "x"); err != nil {
+		t.Errorf("valid env refused: %v", err)
+	}
+	many := map[string]string{}
+	for i := 0; i < 20; i++ {
+		many[strings.Repeat("K", i+1)] = strings.Repeat("v", 100<<10)
+	}
+	if err := validateEnv(many, "x"); !errors.Is(err, backend.ErrInvalidArgument) {
+		t.Errorf("2 MB of environment accepted: %v", err)
+	}
+}
+
+func TestMergeEnvLayers(t *testing.T) {
+	opts, err := mergeEnv(map[string]string{"A": "sandbox", "B": "sandbox", "PATH": "/opt/bin"}, map[string]string{"B": "request"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for i := 0; i+2 < len(opts); i += 3 {
+		if opts[i] != "--setenv" {
+			t.Fatalf("unexpected option %q in %q", opts[i], opts)
+		}
+		got[opts[i+1]] = opts[i+2]
+	}
+	want := map[string]string{"A": "sandbox", "B": "request", "PATH": "/opt/bin", "HOME": "/workspace", "LANG": "C.UTF-8"}
+	if len(got) != len(want) {
+		t.Fatalf("env %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %q, want %q", k, got[k], v)
+		}
+	}
+}
+
+func TestCanSearch(t *testing.T) {
+	cases := []struct {
+		perm         os.FileMode
+		owner, group int
+		uid, gid     int
+		want         bool
+	}{
+		{0o711, 0, 0, 65534, 65534, true},
+		{0o700, 0, 0, 65534, 65534, false},
+		{0o750, 0, 65534, 65534, 65534, true},
+		{0o705, 0, 0, 65534, 65534, true},
+		{0o700, 65534, 0, 65534, 65534, true},
+		{0o077, 65534, 0, 65534, 65534, false}, // owner bits rule for the owner
+	}
+	for _, tc := range cases {
+		if got := canSearch(tc.perm, tc.owner, tc.group, tc.uid, tc.gid); got != tc.want {
+			t.Errorf("canSearch(%v, owner %d:%d, as %d:%d) = %v, want %v", tc.perm, tc.owner, tc.group, tc.uid, tc.gid, got, tc.want)
+		}
+	}
+}
+
+func TestHostRootLinks(t *testing.T) {
+	root := t.TempDir()
+	if err := os.Symlink("usr/bin", filepath.Join(root, "bin")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(root, "lib"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	got := hostRootLinks(root)
+	want := []string{"--symlink", "usr/bin", "/bin", "--ro-bind", filepath.Join(root, "lib"), "/lib"}
+	if !slices.Equal(got, want) {
+		t.Errorf("hostRootLinks = %q, want %q", got, want)
+	}
+}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	dir := t.TempDir()
+	cases := map[string]Config{
+		"relative dir":   {Dir: "state", SandboxUID: -1, SandboxGID: -1},
+		"empty dir":      {SandboxUID: -1, SandboxGID: -1},
+		"zero uid":       {Dir: dir},
+		"half set":       {Dir: dir, SandboxUID: 65534, SandboxGID: -1},
+		"negative grace": {Dir: dir, SandboxUID: -1, SandboxGID: -1, KillGrace: -time.Second},
+	}
+	for name, cfg := range cases {
+		if _, err := New(cfg); err == nil {
+			t.Errorf("%s: New accepted %+v", name, cfg)
+		}
+	}
+	_, err := New(Config{Dir: dir, SandboxUID: -1, SandboxGID: -1, BwrapPath: filepath.Join(dir, "no-bwrap")})
+	wantErr(t, err, backend.ErrUnavailable)
+	if !strings.Contains(err.Error(), "apt-get install bubblewrap") {
+		t.Errorf("the error does not say how to install bubblewrap: %v", err)
+	}
+}
+
+func TestNewRefusesUnreachableStateDir(t *testing.T) {
+	if os.Geteuid() != 0 {
+		skipOrFail(t, "a SandboxUID needs root")
+	}
+	parent := t.TempDir() // 0700: uid 65534 cannot search it
+	if err := os.Chmod(parent, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	_, err := New(Config{Dir: filepath.Join(parent, "state"), SandboxUID: 65534, SandboxGID: 65534})
+	if err == nil || !strings.Contains(err.Error(), "chmod o+x") {
+		t.Fatalf("New with an unreachable Dir: %v, want a refusal saying how to fix it", err)
+	}
+}

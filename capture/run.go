@@ -1,0 +1,459 @@
+// Package capture runs one untrusted process to completion and keeps a
+// bounded window of its output.
+//
+// It owns the process it starts, that process's group, the pipes to it and
+// the timers around it: a budget that ends in SIGTERM to the group, SIGKILL
+// after a grace, SIGKILL at once when the caller's context ends, and bounded
+// waits for the pipes after the process has exited (a backgrounded grandchild
+// may hold them open forever). Output is drained concurrently into Buffers
+// that never grow past their limit, whatever the process writes.
+//
+// It never interprets output, never retries, and never signals anything once
+// the main process has exited: processes the command left behind (detached
+// grandchildren, anything that changed its process group) are the caller's
+// to contain, for example with a PID namespace. It depends on nothing else in
+// this project.
+package capture
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Defaults for the zero fields of Options.
+const (
+	// DefaultKillGrace is how long a process has between SIGTERM and SIGKILL.
+	DefaultKillGrace = 2 * time.Second
+	// DefaultDrainGrace is how long Run keeps reading the pipes after the
+	// main process has exited.
+	DefaultDrainGrace = 250 * time.Millisecond
+	// DefaultMaxOutputBytes is how much of each stream is kept.
+	DefaultMaxOutputBytes = 1 << 20
+)
+
+// reapWait bounds how long Run waits for a process to disappear after it
+// was sent SIGKILL. Only a process stuck in the kernel (uninterruptible I/O)
+// takes longer; Run then returns without it and reaps it in the background.
+// A variable so tests can shorten it.
+var reapWait = 5 * time.Second
+
+// drainChunk is the read size of each pipe drain loop.
+const drainChunk = 32 << 10
+
+// Options bound one Run. The zero value is usable: no budget of its own (the
+// context still applies), default graces, DefaultMaxOutputBytes per stream,
+// empty stdin.
+type Options struct {
+	// Timeout is the budget. When it elapses the process group gets
+	// SIGTERM. Zero or less means no budget beyond ctx.
+	Timeout time.Duration
+	// KillGrace is how long after SIGTERM the group gets SIGKILL
+	// (default DefaultKillGrace).
+	KillGrace time.Duration
+	// DrainGrace is how long, after the main process exits, Run waits for
+	// the pipes to reach EOF before it stops reading
+	// (default DefaultDrainGrace).
+	DrainGrace time.Duration
+	// MaxOutputBytes is how much of each of stdout and stderr is kept; the
+	// tail is kept. Zero means DefaultMaxOutputBytes; negative keeps nothing.
+	MaxOutputBytes int
+	// Stdin is fed to the process; nil means an empty stdin.
+	Stdin []byte
+}
+
+func (o Options) withDefaults() Options {
+	if o.KillGrace <= 0 {
+		o.KillGrace = DefaultKillGrace
+	}
+	if o.DrainGrace <= 0 {
+		o.DrainGrace = DefaultDrainGrace
+	}
+	if o.MaxOutputBytes == 0 {
+		o.MaxOutputBytes = DefaultMaxOutputBytes
+	}
+	return o
+}
+
+// Result is what a process did and what of its output was kept.
+type Result struct {
+	// ExitCode is the exit status, 128+signal when the process was killed
+	// by a signal, or -1 when it could not be reaped within a bounded wait
+	// after SIGKILL (it is then reaped in the background).
+	ExitCode int
+	// Signal is the signal that killed the process, or 0.
+	Signal syscall.Signal
+
+	Stdout, Stderr                   []byte
+	StdoutTruncated, StderrTruncated bool
+	StdoutTotal, StderrTotal         int64
+
+	// TimedOut means the budget elapsed while the process was running and
+	// Run signalled its group.
+	TimedOut bool
+	// Killed means the process outlived KillGrace after SIGTERM and Run
+	// escalated to SIGKILL.
+	Killed bool
+	// Duration is the process's lifetime, from start to exit.
+	Duration time.Duration
+}
+
+// Run starts cmd, feeds it opts.Stdin, keeps the tail of its output and
+// returns when it has exited and its pipes are drained or abandoned.
+//
+// Run owns cmd's Stdin, Stdout and Stderr, and sets Setpgid and Pdeathsig
+// (SIGKILL) on cmd.SysProcAttr, keeping the caller's other fields such as
+// Credential; Setsid, Foreground and Ctty are cleared because they conflict
+// with a process group of its own. Pdeathsig fires when the OS thread that
+// created the child exits, so the child is started and waited for on a
+// goroutine locked to its thread for the child's whole life.
+//
+// The child inherits its three streams and cmd.ExtraFiles, nothing else: Run
+// marks every other descriptor of the daemon close-on-exec first (see
+// closeInheritedOnExec), a process-wide change that only affects children.
+//
+// When ctx ends, the group gets SIGKILL at once and Run returns the partial
+// Result with an error wrapping ctx.Err(). Otherwise an error is returned only
+// when the process could not be started; a non-zero exit, a signal or a
+// timeout is reported in the Result.
+func Run(ctx context.Context, cmd *exec.Cmd, opts Options) (Result, error) {
+	opts = opts.withDefaults()
+	if err := ctx.Err(); err != nil {
+		return Result{}, fmt.Errorf("capture: %s was not started because its context had ended: %w", cmd.Path, err)
+	}
+
+	p, err := openPipes(len(opts.Stdin) > 0)
+	if err != nil {
+		return Result{}, fmt.Errorf("capture: cannot create pipes for %s (is the daemon out of file descriptors?): %w", cmd.Path, err)
+	}
+	defer p.closeAll()
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = p.childIn, p.childOut, p.childErr
+	prepareSysProcAttr(cmd)
+	if err := closeInheritedOnExec(); err != nil {
+		return Result{}, fmt.Errorf("capture: not starting %s: cannot keep the daemon's other file descriptors from leaking into it: %w", cmd.Path, err)
+	}
+
+	c := &child{cmd: cmd, started: make(chan error, 1), reaped: make(chan struct{})}
+	go c.run()
+	if err := <-c.started; err != nil {
+		return Result{}, fmt.Errorf("capture: cannot start %s; check that it exists and is executable: %w", cmd.Path, err)
+	}
+	p.closeChildEnds()
+
+	stdout, stderr := NewTail(opts.MaxOutputBytes), NewTail(opts.MaxOutputBytes)
+	drained := p.startDrains(stdout, stderr)
+	p.feedStdin(opts.Stdin)
+
+	res, ctxErr := c.supervise(ctx, opts)
+
+	// The main process is gone (or abandoned). Give the pipes a bounded
+	// time to reach EOF, then close them; closing unblocks the readers.
+	drainTimer := time.NewTimer(opts.DrainGrace)
+	select {
+	case <-drained:
+	case <-drainTimer.C:
+	}
+	drainTimer.Stop()
+	p.closeParentEnds()
+	<-drained
+
+	res.Stdout, res.StdoutTruncated, res.StdoutTotal = stdout.Bytes(), stdout.Truncated(), stdout.Total()
+	res.Stderr, res.StderrTruncated, res.StderrTotal = stderr.Bytes(), stderr.Truncated(), stderr.Total()
+	if ctxErr != nil {
+		return res, fmt.Errorf("capture: %s was killed because its context ended: %w", cmd.Path, ctxErr)
+	}
+	return res, nil
+}
+
+func prepareSysProcAttr(cmd *exec.Cmd) {
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	a := cmd.SysProcAttr
+	a.Setpgid, a.Pgid = true, 0
+	a.Setsid, a.Setctty, a.Foreground = false, false, false
+	a.Pdeathsig = syscall.SIGKILL
+}
+
+// closeInheritedOnExec marks every descriptor from 3 up close-on-exec.
+// Descriptors Go opens already are; this catches the ones the daemon itself
+// inherited without the flag (from a shell, a supervisor, a test harness),
+// which os/exec would otherwise pass to every child and so into every
+// sandbox. It changes no descriptor the daemon uses, only what a child
+// inherits; cmd.ExtraFiles are still passed, since they are dup'ed into place
+// in the child.
+func closeInheritedOnExec() error {
+	err := unix.CloseRange(3, math.MaxUint32, unix.CLOSE_RANGE_CLOEXEC)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, unix.ENOSYS) && !errors.Is(err, unix.EINVAL) {
+		return err
+	}
+	// Kernels before 5.11: walk the descriptor table instead.
+	d, err := os.Open("/proc/self/fd")
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	names, err := d.Readdirnames(-1)
+	if err != nil {
+		return err
+	}
+	for _, name := range names {
+		fd, convErr := strconv.Atoi(name)
+		if convErr != nil || fd < 3 || fd == int(d.Fd()) {
+			continue
+		}
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, unix.FD_CLOEXEC); err != nil && !errors.Is(err, unix.EBADF) {
+			return err
+		}
+	}
+	return nil
+}
+
+// child is the started process and the goroutine that owns its thread.
+type child struct {
+	cmd     *exec.Cmd
+	started chan error
+	pgid    int // set before started is sent
+
+	mu     sync.Mutex
+	exited bool // the process has exited (it may still be a zombie)
+	exitAt time.Time
+	begun  time.Time
+
+	reaped chan struct{} // closed once cmd.Wait has returned
+}
+
+// run starts the process and waits for it on a locked OS thread, so that
+// the thread Pdeathsig is tied to lives exactly as long as the child.
+func (c *child) run() {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	c.begun = time.Now()
+	if err := c.cmd.Start(); err != nil {
+		c.started <- err
+		return
+	}
+	c.pgid = c.cmd.Process.Pid
+	c.started <- nil
+
+	// Observe the exit without reaping, so the pid (and so the group id)
+	// cannot be reused while signalGroup might still use it.
+	waitExitNoReap(c.pgid)
+	c.mu.Lock()
+	c.exited, c.exitAt = true, time.Now()
+	c.mu.Unlock()
+
+	_ = c.cmd.Wait() // the status is read from ProcessState
+	close(c.reaped)
+}
+
+// waitExitNoReap blocks until pid has exited, leaving it a zombie.
+func waitExitNoReap(pid int) {
+	for {
+		var info unix.Siginfo
+		err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
+		if !errors.Is(err, unix.EINTR) {
+			return
+		}
+	}
+}
+
+// signalGroup sends sig to the child's process group unless the child has
+// already exited, and reports whether it sent it.
+func (c *child) signalGroup(sig syscall.Signal) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.exited {
+		return false
+	}
+	_ = syscall.Kill(-c.pgid, sig)
+	return true
+}
+
+// supervise waits for the child, enforcing the budget and ctx. It returns
+// with the exit status filled in, or ExitCode -1 if the child could not be
+// reaped in time after SIGKILL; ctxErr is set when ctx ended first.
+func (c *child) supervise(ctx context.Context, opts Options) (res Result, ctxErr error) {
+	var budget, escalate, giveUp <-chan time.Time
+	if opts.Timeout > 0 {
+		t := time.NewTimer(opts.Timeout)
+		defer t.Stop()
+		budget = t.C
+	}
+	done := ctx.Done()
+	var giveUpTimer *time.Timer
+	defer func() {
+		if giveUpTimer != nil {
+			giveUpTimer.Stop()
+		}
+	}()
+	startGiveUp := func() {
+		if giveUpTimer == nil {
+			giveUpTimer = time.NewTimer(reapWait)
+			giveUp = giveUpTimer.C
+		}
+	}
+	for {
+		select {
+		case <-c.reaped:
+			c.fillStatus(&res)
+			return res, ctxErr
+		case <-budget:
+			budget = nil
+			if c.signalGroup(syscall.SIGTERM) {
+				res.TimedOut = true
+				t := time.NewTimer(opts.KillGrace)
+				defer t.Stop()
+				escalate = t.C
+			}
+		case <-escalate:
+			escalate = nil
+			if c.signalGroup(syscall.SIGKILL) {
+				res.Killed = true
+				startGiveUp()
+			}
+		case <-done:
+			done, escalate = nil, nil
+			ctxErr = ctx.Err()
+			c.signalGroup(syscall.SIGKILL)
+			startGiveUp()
+		case <-giveUp:
+			// The child ignores SIGKILL (stuck in the kernel). Leave it to
+			// the waiting goroutine; report what we know.
+			c.mu.Lock()
+			res.Duration = time.Since(c.begun)
+			c.mu.Unlock()
+			res.ExitCode = -1
+			return res, ctxErr
+		}
+	}
+}
+
+func (c *child) fillStatus(res *Result) {
+	c.mu.Lock()
+	res.Duration = c.exitAt.Sub(c.begun)
+	c.mu.Unlock()
+	st := c.cmd.ProcessState
+	if st == nil {
+		res.ExitCode = -1
+		return
+	}
+	if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		res.Signal = ws.Signal()
+		res.ExitCode = 128 + int(res.Signal)
+		return
+	}
+	res.ExitCode = st.ExitCode()
+}
+
+// pipes are the three streams between Run and the child. The parent's read
+// ends are non-blocking (in Go's poller), so closing them unblocks a reader.
+type pipes struct {
+	childIn, childOut, childErr *os.File
+	stdinW, stdoutR, stderrR    *os.File // parent ends; stdinW nil for empty stdin
+
+	closeChildOnce, closeParentOnce sync.Once
+	stdinClosed                     sync.Once
+}
+
+func openPipes(withStdin bool) (_ *pipes, err error) {
+	p := &pipes{}
+	defer func() {
+		if err != nil {
+			p.closeAll()
+		}
+	}()
+	if withStdin {
+		if p.childIn, p.stdinW, err = os.Pipe(); err != nil {
+			return nil, err
+		}
+	} else if p.childIn, err = os.Open(os.DevNull); err != nil {
+		return nil, err
+	}
+	if p.stdoutR, p.childOut, err = os.Pipe(); err != nil {
+		return nil, err
+	}
+	if p.stderrR, p.childErr, err = os.Pipe(); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func closeAll(files ...*os.File) {
+	for _, f := range files {
+		if f != nil {
+			_ = f.Close()
+		}
+	}
+}
+
+func (p *pipes) closeChildEnds() {
+	p.closeChildOnce.Do(func() { closeAll(p.childIn, p.childOut, p.childErr) })
+}
+
+func (p *pipes) closeStdin() {
+	p.stdinClosed.Do(func() { closeAll(p.stdinW) })
+}
+
+func (p *pipes) closeParentEnds() {
+	p.closeStdin()
+	p.closeParentOnce.Do(func() { closeAll(p.stdoutR, p.stderrR) })
+}
+
+func (p *pipes) closeAll() {
+	p.closeChildEnds()
+	p.closeParentEnds()
+}
+
+// startDrains copies both output pipes into their buffers concurrently; the
+// returned channel is closed when both have stopped.
+func (p *pipes) startDrains(stdout, stderr *Buffer) <-chan struct{} {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); drain(p.stdoutR, stdout) }()
+	go func() { defer wg.Done(); drain(p.stderrR, stderr) }()
+	go func() { wg.Wait(); close(done) }()
+	return done
+}
+
+func drain(r io.Reader, w *Buffer) {
+	buf := make([]byte, drainChunk)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			_, _ = w.Write(buf[:n])
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// feedStdin writes data to the child's stdin in the background and closes
+// it. A child that never reads leaves the writer blocked until Run closes
+// the pipe on the way out.
+func (p *pipes) feedStdin(data []byte) {
+	if p.stdinW == nil {
+		return
+	}
+	go func() {
+		_, _ = io.Copy(p.stdinW, bytes.NewReader(data))
+		p.closeStdin()
+	}()
+}

@@ -1,0 +1,54 @@
+"""Client for the sandbox-sidecar daemon, and an Apache Airflow sandbox backend built on it.
+
+- :class:`SidecarClient` speaks the wire protocol (docs/protocol.md) over the
+  daemon's Unix socket.
+- :class:`SidecarSandboxBackend` is the drop-in Airflow ``SandboxBackend``
+  (``name = "sidecar"``). With ``apache-airflow-providers-common-ai`` installed
+  it is upstream's ``AttachableSandboxBackend`` and raises upstream's errors;
+  without it, the same-named classes re-exported here stand in.
+"""
+
+from __future__ import annotations
+
+from .backend import ERROR_KINDS, MODEL, TERMINAL, SidecarSandboxBackend, labels_from_context, to_sandbox_error
+from .client import DEFAULT_SOCKET_PATH, SOCKET_ENV_VAR, SidecarClient, resolve_socket_path
+from .contract import (
+    UPSTREAM,
+    AttachableSandboxBackend,
+    AttachedSandbox,
+    SandboxBackend,
+    SandboxError,
+    SandboxExecResult,
+    SandboxFileTooLargeError,
+    SandboxSpec,
+    SandboxTerminalError,
+)
+from .errors import SidecarConnectionError, SidecarError, SidecarProtocolError, SidecarTimeoutError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_SOCKET_PATH",
+    "ERROR_KINDS",
+    "MODEL",
+    "SOCKET_ENV_VAR",
+    "TERMINAL",
+    "UPSTREAM",
+    "AttachableSandboxBackend",
+    "AttachedSandbox",
+    "SandboxBackend",
+    "SandboxError",
+    "SandboxExecResult",
+    "SandboxFileTooLargeError",
+    "SandboxSpec",
+    "SandboxTerminalError",
+    "SidecarClient",
+    "SidecarConnectionError",
+    "SidecarError",
+    "SidecarProtocolError",
+    "SidecarSandboxBackend",
+    "SidecarTimeoutError",
+    "labels_from_context",
+    "resolve_socket_path",
+    "to_sandbox_error",
+]

@@ -1,0 +1,500 @@
+"""``SidecarSandboxBackend``: Airflow's sandbox backend, served by the sandbox-sidecar daemon."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+from .client import SidecarClient, resolve_socket_path
+from .contract import (
+    HOLDER_TAG,
+    AttachableSandboxBackend,
+    AttachedSandbox,
+    SandboxError,
+    SandboxExecResult,
+    SandboxFileTooLargeError,
+    SandboxSpec,
+    SandboxTerminalError,
+    decode_network_policy,
+    make_exec_result,
+)
+from .errors import (
+    CLIENT_CLOSED,
+    CLIENT_TIMEOUT,
+    CONNECTION_LOST,
+    DAEMON_UNREACHABLE,
+    PROTOCOL_ERROR,
+    SidecarError,
+    SidecarTimeoutError,
+)
+
+__all__ = [
+    "SidecarSandboxBackend",
+    "ERROR_KINDS",
+    "MODEL",
+    "TERMINAL",
+    "to_sandbox_error",
+    "labels_from_context",
+]
+
+MODEL = "model"
+"""Raised as ``SandboxError``: the toolset hands the message to the model, which can fix its call."""
+TERMINAL = "terminal"
+"""Raised as ``SandboxTerminalError``: the task fails and Airflow's own retry takes over."""
+
+# What each error code means to an agent run. docs/airflow.md renders this table
+# for people; keep the two in step.
+ERROR_KINDS: Mapping[str, Tuple[str, str]] = {
+    # The model asked for something it can correct.
+    "bad_request": (MODEL, "a command or argument is malformed; the message names it"),
+    "bad_path": (MODEL, "the path leaves the sandbox's workdir and /tmp, is empty, or contains NUL"),
+    "path_not_found": (MODEL, "nothing exists at that path"),
+    "is_a_directory": (MODEL, "a file was expected, the path is a directory"),
+    "not_a_directory": (MODEL, "a directory was expected, the path is a file"),
+    "too_many_entries": (MODEL, "the directory has more entries than the daemon lists at once"),
+    "file_too_large": (MODEL, "the file is over the read (or write) limit; raised as SandboxFileTooLargeError"),
+    # Nothing the model does can help: the task fails, Airflow retries it.
+    "not_found": (TERMINAL, "the sandbox is gone (destroyed, expired, idle too long, or another user's)"),
+    "unauthorized": (TERMINAL, "the worker's user may not use the daemon (socket group membership)"),
+    "spec_unenforceable": (TERMINAL, "this host cannot guarantee the SandboxSpec (e.g. allow_egress_to)"),
+    "quota_exceeded": (TERMINAL, "too many sandboxes or commands on this host, user or run"),
+    "busy": (TERMINAL, "the daemon has too many connections"),
+    "backend_unavailable": (TERMINAL, "the isolation backend cannot work on this host right now"),
+    "backend_error": (TERMINAL, "the isolation backend failed"),
+    "shutting_down": (TERMINAL, "the daemon is stopping or restarting"),
+    "internal": (TERMINAL, "a daemon bug or unexpected host failure; see the daemon's log"),
+    "owner_mismatch": (TERMINAL, "attach: the sandbox belongs to another DAG run"),
+    "held_by_other": (TERMINAL, "attach: another task holds the sandbox"),
+    "frame_too_large": (TERMINAL, "a request or response exceeded the frame limit"),
+    "unsupported_version": (TERMINAL, "client and daemon share no protocol version"),
+    "unknown_op": (TERMINAL, "the daemon is too old for this operation"),
+    "too_many_requests": (TERMINAL, "the daemon refused more concurrent requests"),
+    # Produced by the client itself.
+    DAEMON_UNREACHABLE: (TERMINAL, "no daemon at the socket, or permission denied on it"),
+    CONNECTION_LOST: (TERMINAL, "the connection broke and the call could not safely be retried"),
+    CLIENT_TIMEOUT: (TERMINAL, "the daemon did not answer within the call's timeout plus a grace"),
+    PROTOCOL_ERROR: (TERMINAL, "the daemon sent something that is not a valid frame"),
+    CLIENT_CLOSED: (TERMINAL, "the backend was closed"),
+}
+"""Error code -> (``MODEL`` or ``TERMINAL``, what it means). Codes not listed are terminal."""
+
+_AIRFLOW_LABELS = ("dag_id", "run_id", "task_id", "try_number", "map_index")
+_MAX_LABEL_VALUE_BYTES = 256
+# Requested and applied timeouts closer than this are the same deadline.
+_TIMEOUT_EPSILON = 1e-3
+
+
+def to_sandbox_error(error: SidecarError, *, op: str = "", path: Optional[str] = None) -> SandboxError:
+    """The Airflow exception for a client error, following :data:`ERROR_KINDS`.
+
+    Every failure of ``create`` is terminal: the model has no say in
+    provisioning. The result carries ``code``, ``details`` and
+    ``sidecar_error`` attributes for programs that want them.
+    """
+    if error.code == "file_too_large":
+        size = error.details.get("size_bytes")
+        limit = error.details.get("max_bytes")
+        exc: SandboxError = SandboxFileTooLargeError(
+            path if path is not None else "",
+            size if isinstance(size, int) else -1,
+            limit if isinstance(limit, int) else -1,
+        )
+    else:
+        kind = ERROR_KINDS.get(error.code, (TERMINAL, ""))[0]
+        if op == "create":
+            kind = TERMINAL
+        cls = SandboxError if kind == MODEL else SandboxTerminalError
+        exc = cls(error.message or error.code)
+    exc.code = error.code  # type: ignore[attr-defined]
+    exc.details = dict(error.details)  # type: ignore[attr-defined]
+    exc.sidecar_error = error  # type: ignore[attr-defined]
+    return exc
+
+
+def labels_from_context(context: Mapping[str, Any]) -> Dict[str, str]:
+    """``dag_id``, ``run_id``, ``task_id``, ``try_number``, ``map_index`` of a task context, as labels."""
+    ti = context.get("ti") or context.get("task_instance")
+    labels: Dict[str, str] = {}
+    for key in _AIRFLOW_LABELS:
+        value = getattr(ti, key, None) if ti is not None else None
+        if value is None:
+            value = context.get(key)
+        if value is not None:
+            labels[key] = _clip_utf8(str(value), _MAX_LABEL_VALUE_BYTES)
+    return labels
+
+
+def _clip_utf8(value: str, limit: int) -> str:
+    data = value.encode("utf-8", "surrogatepass")
+    if len(data) <= limit:
+        return value
+    return data[:limit].decode("utf-8", "ignore")
+
+
+_context_getter: Optional[Callable[[], Mapping[str, Any]]] = None
+_context_getter_searched = False
+
+
+def _airflow_task_labels() -> Dict[str, str]:
+    """Labels of the Airflow task running in this thread, or nothing outside one."""
+    global _context_getter, _context_getter_searched
+    if not _context_getter_searched:
+        for module in ("airflow.sdk", "airflow.operators.python"):
+            try:
+                _context_getter = getattr(__import__(module, fromlist=["get_current_context"]), "get_current_context")
+                break
+            except (ImportError, AttributeError):
+                continue
+        _context_getter_searched = True
+    if _context_getter is None:
+        return {}
+    try:
+        return labels_from_context(_context_getter())
+    except Exception:  # not inside a task: no context to attribute to
+        return {}
+
+
+def _positive_finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).decode("utf-8", errors="replace")
+    return str(value)
+
+
+def _name(value: Any) -> str:
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", errors="surrogateescape")
+    return str(value)
+
+
+def spec_to_wire(spec: SandboxSpec) -> Dict[str, Any]:
+    """The ``create`` spec map for a :class:`SandboxSpec`.
+
+    ``block_network`` is always sent: a spec given at all is a request, and its
+    default (``True``) is a requirement. Empty egress lists are left out, since
+    with nothing to allow they ask for nothing beyond ``block_network``.
+    """
+    wire: Dict[str, Any] = {"block_network": bool(spec.block_network)}
+    if spec.env is not None:
+        wire["env"] = dict(spec.env)
+    if spec.allow_egress_to:
+        wire["allow_egress_to"] = list(spec.allow_egress_to)
+    if spec.allow_egress_to_cidrs:
+        wire["allow_egress_to_cidrs"] = list(spec.allow_egress_to_cidrs)
+    if spec.owner is not None:
+        wire["owner"] = spec.owner
+    return wire
+
+
+class SidecarSandboxBackend(AttachableSandboxBackend):
+    """Runs an Airflow agent's sandbox in the host's sandbox-sidecar daemon.
+
+    Cheap to construct (it runs at DAG-parse time): nothing connects until the
+    first call. One instance holds one connection, shared safely by the
+    toolset's worker threads. Sandboxes created without an owner or a ttl are
+    bound to that connection, so the daemon reclaims them if the worker dies.
+
+    :param socket_path: the daemon's socket; default ``$SANDBOX_SIDECAR_SOCKET``
+        or ``/run/sandbox-sidecar/sidecar.sock``.
+    :param labels: attribution sent with every ``create`` (the daemon's ``list``
+        shows them), e.g. ``{"dag_id": ...}``; values are turned into strings.
+    :param ttl_s: ask for expiring sandboxes living this long instead of
+        connection-bound ones (a spec with an ``owner`` is always expiring).
+    :param auto_labels: inside a running Airflow task, add its ``dag_id``,
+        ``run_id``, ``task_id``, ``try_number`` and ``map_index`` as labels.
+    :param connect_timeout: seconds to connect to the daemon.
+    :param op_timeout: budget of the calls with no timeout of their own.
+    :param grace: seconds allowed beyond a call's budget before giving up on
+        the daemon; a command whose answer does not come by then has its
+        sandbox destroyed and reports ``sandbox_terminated``.
+    :param client: an existing :class:`SidecarClient` to use instead.
+    """
+
+    name = "sidecar"
+
+    def __init__(
+        self,
+        socket_path: Optional[str] = None,
+        *,
+        labels: Optional[Mapping[str, Any]] = None,
+        ttl_s: Optional[float] = None,
+        auto_labels: bool = True,
+        connect_timeout: float = 5.0,
+        op_timeout: float = 60.0,
+        grace: float = 15.0,
+        client: Optional[SidecarClient] = None,
+    ) -> None:
+        if ttl_s is not None and not _positive_finite(ttl_s):
+            raise ValueError(f"ttl_s must be a positive finite number of seconds, got {ttl_s!r}")
+        self._socket_path = socket_path
+        self._labels = {str(k): str(v) for k, v in (labels or {}).items() if v is not None}
+        self._ttl_s = ttl_s
+        self._auto_labels = auto_labels
+        self._client_options = {"connect_timeout": connect_timeout, "op_timeout": op_timeout, "grace": grace}
+        if client is None:
+            # Validate the options now, at parse time, without connecting.
+            SidecarClient(socket_path, **self._client_options).close()
+        self._client = client
+        self._client_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        path = self._client.socket_path if self._client is not None else resolve_socket_path(self._socket_path)
+        return f"{type(self).__name__}({path!r})"
+
+    # Copies and pickles (Airflow makes both) start unconnected.
+    def __getstate__(self) -> dict:
+        return {
+            "socket_path": self._socket_path if self._client is None else self._client.socket_path,
+            "labels": dict(self._labels),
+            "ttl_s": self._ttl_s,
+            "auto_labels": self._auto_labels,
+            **self._client_options,
+        }
+
+    def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        self.__init__(state.pop("socket_path"), **state)  # type: ignore[misc]
+
+    @property
+    def client(self) -> SidecarClient:
+        """The plain client under this backend (created on first use)."""
+        if self._client is None:
+            with self._client_lock:
+                if self._client is None:
+                    self._client = SidecarClient(self._socket_path, **self._client_options)
+        return self._client
+
+    def close(self) -> None:
+        """Close the connection; connection-bound sandboxes end after the daemon's grace."""
+        if self._client is not None:
+            self._client.close()
+
+    def __enter__(self) -> "SidecarSandboxBackend":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def create(
+        self,
+        *,
+        spec: Optional[SandboxSpec] = None,
+        labels: Optional[Mapping[str, Any]] = None,
+        ttl_s: Optional[float] = None,
+    ) -> str:
+        """Provision a sandbox and return its id.
+
+        A spec this host cannot enforce raises ``SandboxTerminalError`` with
+        the daemon's explanation; nothing weaker is ever provisioned. ``labels``
+        and ``ttl_s`` add to (and override) the constructor's.
+        """
+        merged: Dict[str, str] = _airflow_task_labels() if self._auto_labels else {}
+        merged.update(self._labels)
+        merged.update({str(k): str(v) for k, v in (labels or {}).items() if v is not None})
+        try:
+            result = self.client.create(
+                spec_to_wire(spec) if spec is not None else None,
+                labels=merged or None,
+                ttl_s=ttl_s if ttl_s is not None else self._ttl_s,
+            )
+        except SidecarError as exc:
+            raise to_sandbox_error(exc, op="create") from exc
+        sandbox = result.get("sandbox")
+        if not isinstance(sandbox, str) or not sandbox:
+            raise SandboxTerminalError("the sandbox-sidecar daemon answered create without a sandbox id")
+        return sandbox
+
+    def destroy(self, sandbox: str) -> None:
+        """Destroy the sandbox; one that is already gone is not an error."""
+        if not isinstance(sandbox, str) or not sandbox:
+            return
+        try:
+            self.client.destroy(sandbox)
+        except SidecarError as exc:
+            raise to_sandbox_error(exc, op="destroy") from exc
+
+    def renew(self, sandbox: str, ttl_s: float) -> float:
+        """Extend an expiring sandbox to now + ``ttl_s`` (capped); returns the seconds left."""
+        try:
+            result = self.client.renew(sandbox, ttl_s)
+        except SidecarError as exc:
+            raise to_sandbox_error(exc, op="renew") from exc
+        return float(result.get("remaining_s") or 0.0)
+
+    def destroy_run(self, owner: str) -> List[str]:
+        """Destroy every sandbox owned by ``owner`` (e.g. at the end of a DAG run); returns their ids."""
+        try:
+            return self.client.destroy_run(owner)
+        except SidecarError as exc:
+            raise to_sandbox_error(exc, op="destroy_run") from exc
+
+    # -- commands and files ------------------------------------------------------
+
+    def run_command(
+        self,
+        sandbox: str,
+        command: str,
+        *,
+        timeout: float,
+        max_output_bytes: int,
+    ) -> SandboxExecResult:
+        if not isinstance(command, str):
+            raise SandboxError(f"command must be a shell command string, got {type(command).__name__}")
+        if not _positive_finite(timeout):
+            raise SandboxError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if not isinstance(max_output_bytes, int) or isinstance(max_output_bytes, bool) or max_output_bytes < 0:
+            raise SandboxError(f"max_output_bytes must be an integer >= 0, got {max_output_bytes!r}")
+        try:
+            result = self.client.run_command(
+                sandbox, command, timeout_s=float(timeout), max_output_bytes=max_output_bytes
+            )
+        except SidecarTimeoutError:
+            # The daemon did not answer within the budget plus a grace. The only
+            # sure way to stop the command is to end its sandbox.
+            self._destroy_quietly(sandbox)
+            return make_exec_result(
+                exit_code=-1,
+                stdout="",
+                stderr="the sandbox-sidecar daemon did not answer in time; the sandbox was destroyed",
+                timed_out=True,
+                sandbox_terminated=True,
+            )
+        except SidecarError as exc:
+            raise to_sandbox_error(exc, op="run_command") from exc
+        applied = result.get("applied_timeout_s")
+        applied_timeout = None
+        if _positive_finite(applied) and abs(float(applied) - float(timeout)) > _TIMEOUT_EPSILON:
+            applied_timeout = float(applied)
+        exit_code = result.get("exit_code")
+        return make_exec_result(
+            exit_code=exit_code if isinstance(exit_code, int) else -1,
+            stdout=_text(result.get("stdout")),
+            stderr=_text(result.get("stderr")),
+            timed_out=bool(result.get("timed_out")),
+            stdout_truncated=bool(result.get("stdout_truncated")),
+            stderr_truncated=bool(result.get("stderr_truncated")),
+            sandbox_terminated=bool(result.get("sandbox_terminated")),
+            applied_timeout=applied_timeout,
+        )
+
+    def _destroy_quietly(self, sandbox: str) -> None:
+        try:
+            self.client.destroy(sandbox)
+        except SidecarError:
+            pass  # the daemon is not answering; it reclaims the sandbox itself
+
+    def read_file(self, sandbox: str, path: str, *, max_bytes: int) -> bytes:
+        """The file's bytes; ``SandboxFileTooLargeError`` (with the real size) when over ``max_bytes``."""
+        if not isinstance(path, str):
+            raise SandboxError(f"path must be a string, got {type(path).__name__}")
+        if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 0:
+            raise SandboxError(f"max_bytes must be an integer >= 0, got {max_bytes!r}")
+        try:
+            result = self.client.read_file(sandbox, path, max_bytes=max_bytes)
+        except SidecarError as exc:
+            raise to_sandbox_error(exc, op="read_file", path=path) from exc
+        data = result.get("data")
+        if isinstance(data, str):
+            data = data.encode("utf-8", "surrogateescape")
+        if not isinstance(data, (bytes, bytearray)):
+            raise SandboxTerminalError("the sandbox-sidecar daemon answered read_file without data")
+        if len(data) > max_bytes:  # a daemon should never do this; the caller's budget still holds
+            raise SandboxFileTooLargeError(path, len(data), max_bytes)
+        return bytes(data)
+
+    def write_file(self, sandbox: str, path: str, content: bytes) -> None:
+        """Write ``content`` (creating parent directories), replacing any existing file."""
+        if not isinstance(path, str):
+            raise SandboxError(f"path must be a string, got {type(path).__name__}")
+        if isinstance(content, str):
+            content = content.encode("utf-8")
+        if not isinstance(content, (bytes, bytearray, memoryview)):
+            raise SandboxError(f"content must be bytes, got {type(content).__name__}")
+        content = bytes(content)
+        try:
+            limit = self.client.limits.get("max_file_bytes")
+            if isinstance(limit, int) and len(content) > limit:
+                raise SandboxFileTooLargeError(path, len(content), limit)
+            self.client.write_file(sandbox, path, content)
+        except SidecarError as exc:
+            if exc.code == "frame_too_large" and "frame_bytes" in exc.details:
+                # Refused by this client before sending: the content cannot fit one frame.
+                raise SandboxFileTooLargeError(path, len(content), exc.details["max_frame_bytes"]) from exc
+            raise to_sandbox_error(exc, op="write_file", path=path) from exc
+
+    def list_directory(self, sandbox: str, path: str) -> List[Tuple[str, bool]]:
+        """``(name, is_dir)`` pairs sorted by name; a non-UTF-8 name keeps its bytes as surrogate escapes."""
+        if not isinstance(path, str):
+            raise SandboxError(f"path must be a string, got {type(path).__name__}")
+        try:
+            entries = self.client.list_directory(sandbox, path)
+        except SidecarError as exc:
+            raise to_sandbox_error(exc, op="list_directory", path=path) from exc
+        return [(_name(e.get("name")), bool(e.get("is_dir"))) for e in entries if isinstance(e, Mapping)]
+
+    # -- attaching ---------------------------------------------------------------
+
+    def attach(self, sandbox: str, *, owner: str, holder: str) -> AttachedSandbox:
+        """Claim ``sandbox`` for ``holder``, atomically in the daemon.
+
+        Refused (``SandboxTerminalError``) when the sandbox's owner is not
+        ``owner`` or another holder has it; the same holder may attach again.
+        """
+        try:
+            result = self.client.attach(sandbox, owner=owner, holder=holder)
+        except SidecarError as exc:
+            raise to_sandbox_error(exc, op="attach") from exc
+        remaining = result.get("remaining_s")
+        if not isinstance(remaining, (int, float)):
+            expires_at = result.get("expires_at")
+            remaining = max(0.0, expires_at - time.time()) if isinstance(expires_at, (int, float)) else None
+        workdir = result.get("workdir")
+        return AttachedSandbox(
+            remaining_lifetime=float(remaining) if remaining is not None else None,
+            network=decode_network_policy(result.get("network")),
+            workdir=workdir if isinstance(workdir, str) and workdir else None,
+        )
+
+    def release(self, sandbox: str, *, holder: str) -> None:
+        """Give up ``holder``'s claim. Idempotent; never destroys the sandbox."""
+        try:
+            self.client.release(sandbox, holder=holder)
+        except SidecarError as exc:
+            raise to_sandbox_error(exc, op="release") from exc
+
+    def read_tags(self, sandbox: str) -> Mapping[str, str]:
+        """The sandbox's tags (``airflow_owner``, ``airflow_holder``, ...). A gone sandbox is terminal."""
+        try:
+            return self.client.read_tags(sandbox)
+        except SidecarError as exc:
+            raise to_sandbox_error(exc, op="read_tags") from exc
+
+    def write_tags(self, sandbox: str, tags: Mapping[str, str]) -> None:
+        """Make the sandbox's tags ``tags``.
+
+        Only what differs from the current tags is sent, so a read-modify-write
+        of the whole map works even though ``airflow_workdir`` and
+        ``airflow_network`` are read-only. Dropping ``airflow_holder`` releases
+        the claim; the daemon cannot delete other tags, so another tag left out
+        is set to ``""``.
+        """
+        try:
+            current = self.client.read_tags(sandbox)
+            changes = {k: v for k, v in tags.items() if current.get(k) != v}
+            for key in current:
+                if key not in tags and current[key] != "":
+                    if key == HOLDER_TAG or not key.startswith("airflow_"):
+                        changes[key] = ""
+            if changes:
+                self.client.write_tags(sandbox, changes)
+        except SidecarError as exc:
+            raise to_sandbox_error(exc, op="write_tags") from exc

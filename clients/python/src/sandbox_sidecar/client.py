@@ -1,0 +1,634 @@
+"""The plain client: one Unix-socket connection to the daemon, safe to share between threads.
+
+Requests are pipelined: any number of threads may have a call in flight on the
+one connection, each waiting for the response with its own id, which a reader
+thread routes to it. Nothing connects until the first call.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import socket
+import threading
+import time
+import weakref
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+
+from . import errors as _errors
+from .errors import (
+    SidecarConnectionError,
+    SidecarError,
+    SidecarProtocolError,
+    SidecarTimeoutError,
+)
+from .framing import (
+    DEFAULT_MAX_FRAME_BYTES,
+    HEADER_SIZE,
+    PROTOCOL_VERSION,
+    decode_body,
+    encode_request,
+    is_event,
+    pack_frame,
+    parse_length,
+    result_from_response,
+)
+
+__all__ = ["SidecarClient", "DEFAULT_SOCKET_PATH", "SOCKET_ENV_VAR", "resolve_socket_path"]
+
+DEFAULT_SOCKET_PATH = "/run/sandbox-sidecar/sidecar.sock"
+SOCKET_ENV_VAR = "SANDBOX_SIDECAR_SOCKET"
+
+DEFAULT_CONNECT_TIMEOUT = 5.0
+# Budget for an op that has no timeout of its own (create, file ops, destroy...).
+DEFAULT_OP_TIMEOUT = 60.0
+# Added to every call's own budget before the client gives up waiting: the
+# daemon's SIGTERM-to-SIGKILL grace (2 s), the sandbox teardown, the trip back.
+DEFAULT_GRACE = 15.0
+# How long a blocked socket operation waits before looking at the clock and the
+# connection's state again. Not a deadline: deadlines are per call.
+_POLL_INTERVAL = 0.5
+_RECV_CHUNK = 256 * 1024
+
+# Ops that may be sent a second time after the connection broke with the first
+# one already written: running them twice leaves the same state as once.
+# create and run_command are not among them: a second create could leave a
+# sandbox nobody knows about, and a second run_command runs the command twice.
+RETRY_SAFE_OPS = frozenset(
+    {
+        "hello",
+        "health",
+        "list",
+        "read_file",
+        "write_file",
+        "list_directory",
+        "destroy",
+        "renew",
+        "attach",
+        "release",
+        "read_tags",
+        "write_tags",
+        "destroy_run",
+    }
+)
+
+Bytes = Union[bytes, bytearray, memoryview]
+
+
+def resolve_socket_path(socket_path: Optional[str] = None) -> str:
+    """The socket to use: the argument, else ``$SANDBOX_SIDECAR_SOCKET``, else the default."""
+    if socket_path:
+        return os.fspath(socket_path)
+    return os.environ.get(SOCKET_ENV_VAR) or DEFAULT_SOCKET_PATH
+
+
+class _Broken(Exception):
+    """Internal: the connection failed. ``sent`` says whether the request got out whole."""
+
+    def __init__(self, reason: str, *, sent: bool) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.sent = sent
+
+
+class _Pending:
+    __slots__ = ("event", "response", "failure")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.response: Optional[dict] = None
+        self.failure: Optional[BaseException] = None
+
+
+class _Connection:
+    """One socket, its reader thread and the calls waiting on it."""
+
+    def __init__(self, sock: socket.socket, max_frame_bytes: int) -> None:
+        self.sock = sock
+        self.max_frame_bytes = max_frame_bytes
+        self.pid = os.getpid()
+        self.hello: dict = {}
+        self._ids = itertools.count(1)
+        self._send_lock = threading.Lock()
+        self._pending: Dict[int, _Pending] = {}
+        self._pending_lock = threading.Lock()
+        # Set once, under _pending_lock, when the connection can carry nothing more.
+        self._dead: Optional[BaseException] = None
+        self._reader = threading.Thread(target=self._read_loop, name="sandbox-sidecar-reader", daemon=True)
+        self._reader.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._dead is None
+
+    # -- sending -----------------------------------------------------------------
+
+    def request(self, op: str, args: Optional[Mapping[str, Any]], deadline: float) -> dict:
+        if self._dead is not None:
+            raise _Broken(str(self._dead), sent=False)
+        request_id = next(self._ids)
+        body = encode_request(request_id, op, args)
+        if len(body) > self.max_frame_bytes:
+            raise SidecarError(
+                "frame_too_large",
+                f"the {op} request is {len(body)} bytes, more than the daemon's "
+                f"{self.max_frame_bytes}-byte frame limit; send less in one call",
+                {"max_frame_bytes": self.max_frame_bytes, "frame_bytes": len(body)},
+            )
+        pending = _Pending()
+        with self._pending_lock:
+            if self._dead is not None:
+                raise _Broken(str(self._dead), sent=False)
+            self._pending[request_id] = pending
+        try:
+            self._send(pack_frame(body), deadline, op)
+            if not pending.event.wait(max(0.0, deadline - time.monotonic())):
+                raise SidecarTimeoutError(
+                    f"the daemon did not answer {op} in time; it may be overloaded or stuck",
+                    {"op": op},
+                )
+        finally:
+            with self._pending_lock:
+                self._pending.pop(request_id, None)
+        failure = pending.failure
+        if isinstance(failure, _Broken):
+            # The request was written whole before the connection failed: the
+            # daemon may have acted on it.
+            raise _Broken(failure.reason, sent=True)
+        if failure is not None:
+            raise failure
+        assert pending.response is not None
+        return result_from_response(pending.response)
+
+    def _send(self, frame: bytes, deadline: float, op: str) -> None:
+        if not self._send_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise SidecarTimeoutError(f"could not send {op} in time: the connection is busy sending", {"op": op})
+        failure: Optional[BaseException] = None
+        cut_off = False
+        try:
+            view = memoryview(frame)
+            while view:
+                if self._dead is not None:
+                    failure = _Broken(str(self._dead), sent=False)
+                    break
+                if time.monotonic() >= deadline:
+                    # Half a frame on the wire leaves the stream unusable.
+                    cut_off = len(view) != len(frame)
+                    failure = SidecarTimeoutError(
+                        f"could not send {op} in time: the daemon is not reading", {"op": op}
+                    )
+                    break
+                try:
+                    sent = self.sock.send(view)
+                except socket.timeout:
+                    continue
+                except OSError as exc:
+                    failure = _Broken(f"sending failed: {exc}", sent=False)
+                    break
+                view = view[sent:]
+        finally:
+            self._send_lock.release()
+        if failure is None:
+            return
+        if cut_off:
+            self.kill(_Broken("a request was cut off mid-frame", sent=False))
+        elif isinstance(failure, _Broken) and self._dead is None:
+            # The peer is gone. Let the reader drain what the daemon said before
+            # it closed (an unauthorized or busy frame explains why) rather than
+            # reporting a bare broken pipe.
+            self._reader.join(min(1.0, max(0.0, deadline - time.monotonic())))
+            self.kill(failure)
+        if isinstance(failure, _Broken) and isinstance(self._dead, SidecarError):
+            raise self._dead
+        raise failure
+
+    # -- receiving ---------------------------------------------------------------
+
+    def _read_loop(self) -> None:
+        failure: BaseException
+        try:
+            while True:
+                header = self._recv_exact(HEADER_SIZE, at_boundary=True)
+                length = parse_length(header, self.max_frame_bytes)
+                message = decode_body(self._recv_exact(length, at_boundary=False))
+                if is_event(message):
+                    continue  # reserved for streamed output; a version 1 client ignores it
+                self._route(message)
+        except _Broken as exc:
+            failure = exc
+        except SidecarError as exc:  # a protocol error, or a connection-level error frame
+            failure = exc
+        except Exception as exc:  # pragma: no cover - a bug here must not hang callers
+            failure = SidecarProtocolError(f"reading from the daemon failed: {exc!r}")
+        self.kill(failure)
+
+    def _recv_exact(self, n: int, *, at_boundary: bool) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            if self._dead is not None:
+                raise _Broken(str(self._dead), sent=True)
+            try:
+                chunk = self.sock.recv(min(n - len(buf), _RECV_CHUNK))
+            except socket.timeout:
+                continue
+            except OSError as exc:
+                raise _Broken(f"reading failed: {exc}", sent=True) from None
+            if not chunk:
+                where = "between frames" if at_boundary and not buf else "in the middle of a frame"
+                raise _Broken(f"the daemon closed the connection {where}", sent=True)
+            buf += chunk
+        return bytes(buf)
+
+    def _route(self, message: dict) -> None:
+        request_id = message.get("id")
+        if request_id == 0 or request_id is None:
+            # A connection-level error: the daemon could not tie it to a request
+            # (unauthorized, busy, frame_too_large...). No waiting call can be
+            # sure its request was understood, so all of them get the error and
+            # the connection is dropped.
+            if message.get("ok") is False:
+                raise _errors_from(message)
+            raise SidecarProtocolError("the daemon sent a response without a request id")
+        with self._pending_lock:
+            pending = self._pending.get(request_id)
+        if pending is not None:  # else: a late answer to a call that already timed out
+            pending.response = message
+            pending.event.set()
+
+    # -- teardown ----------------------------------------------------------------
+
+    def kill(self, failure: BaseException) -> None:
+        """Fail every waiting call with ``failure`` and shut the socket (idempotent)."""
+        with self._pending_lock:
+            if self._dead is None:
+                self._dead = failure
+            waiting = list(self._pending.values())
+            self._pending.clear()
+        for pending in waiting:
+            if pending.failure is None and pending.response is None:
+                pending.failure = failure
+            pending.event.set()
+        if os.getpid() == self.pid:
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if threading.current_thread() is self._reader or not self._reader.is_alive():
+            self._close_socket()
+
+    def _close_socket(self) -> None:
+        # Under the send lock so no sender is inside send() on this descriptor.
+        got = self._send_lock.acquire(timeout=_POLL_INTERVAL * 4)
+        try:
+            self.sock.close()
+        finally:
+            if got:
+                self._send_lock.release()
+
+    def abandon_after_fork(self) -> None:
+        """In a forked child: forget the parent's connection without touching its stream."""
+        self._dead = SidecarConnectionError(_errors.CONNECTION_LOST, "connection inherited across fork")
+        try:
+            self.sock.close()  # closes the child's copy only; no shutdown, the parent still uses it
+        except OSError:
+            pass
+
+
+def _errors_from(message: Mapping[str, Any]) -> SidecarError:
+    try:
+        result_from_response(message)
+    except SidecarError as exc:
+        return exc
+    return SidecarProtocolError("unexpected connection-level frame")  # pragma: no cover
+
+
+_live_clients: "weakref.WeakSet[SidecarClient]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for client in list(_live_clients):
+        client._reset_after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class SidecarClient:
+    """A connection to the sandbox-sidecar daemon, opened on first use.
+
+    One instance holds one connection and may be used from many threads at
+    once: requests are pipelined on it and matched to their answers by id. The
+    connection is kept open, because sandboxes created without an owner or a
+    ttl live as long as the connection that made them (plus the daemon's
+    grace). If it breaks, the next call reconnects, and a call that met the
+    break is retried once on a fresh connection, unless it was ``create`` or
+    ``run_command`` and had already been sent (running those twice is not
+    harmless); those raise :class:`SidecarConnectionError`.
+
+    Every call has a deadline: its own timeout (``run_command``'s
+    ``timeout_s``, otherwise ``op_timeout``) plus ``grace``. Frames from the
+    daemon are read only up to the ``max_frame_bytes`` its ``hello`` reported.
+
+    :param socket_path: the daemon's socket; default ``$SANDBOX_SIDECAR_SOCKET``
+        or ``/run/sandbox-sidecar/sidecar.sock``.
+    :param connect_timeout: seconds to connect and say hello.
+    :param op_timeout: the budget of an op without a timeout of its own.
+    :param grace: seconds added to every call's budget before giving up on it.
+    :param max_frame_bytes: an upper bound of the client's own on frame size;
+        the smaller of it and the daemon's limit applies.
+    :param client_name: how the daemon's log names this client.
+    """
+
+    def __init__(
+        self,
+        socket_path: Optional[str] = None,
+        *,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        op_timeout: float = DEFAULT_OP_TIMEOUT,
+        grace: float = DEFAULT_GRACE,
+        max_frame_bytes: Optional[int] = None,
+        client_name: str = "sandbox-sidecar-client (python)",
+    ) -> None:
+        for name, value in (("connect_timeout", connect_timeout), ("op_timeout", op_timeout)):
+            if not _positive_finite(value):
+                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+        if not (isinstance(grace, (int, float)) and math.isfinite(grace) and grace >= 0):
+            raise ValueError(f"grace must be a finite number >= 0, got {grace!r}")
+        if max_frame_bytes is not None and max_frame_bytes < 1024:
+            raise ValueError(f"max_frame_bytes must be at least 1024, got {max_frame_bytes!r}")
+        self._socket_path = socket_path
+        self.connect_timeout = float(connect_timeout)
+        self.op_timeout = float(op_timeout)
+        self.grace = float(grace)
+        self.max_frame_bytes = max_frame_bytes
+        self.client_name = client_name
+        self._conn: Optional[_Connection] = None
+        self._conn_lock = threading.Lock()
+        self._closed = False
+        _live_clients.add(self)
+
+    @property
+    def socket_path(self) -> str:
+        return resolve_socket_path(self._socket_path)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.socket_path!r})"
+
+    # Copies (Airflow copies operators and their arguments) get a fresh, unconnected client.
+    def __getstate__(self) -> dict:
+        return {
+            "socket_path": self._socket_path,
+            "connect_timeout": self.connect_timeout,
+            "op_timeout": self.op_timeout,
+            "grace": self.grace,
+            "max_frame_bytes": self.max_frame_bytes,
+            "client_name": self.client_name,
+        }
+
+    def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        self.__init__(state.pop("socket_path"), **state)  # type: ignore[misc]
+
+    def __enter__(self) -> "SidecarClient":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection. Connection-bound sandboxes it made end after the daemon's grace."""
+        with self._conn_lock:
+            self._closed = True
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.kill(SidecarConnectionError(_errors.CLIENT_CLOSED, "the client was closed"))
+
+    # -- the connection ----------------------------------------------------------
+
+    def _reset_after_fork(self) -> None:
+        self._conn_lock = threading.Lock()
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.abandon_after_fork()
+
+    def _connection(self, deadline: float) -> _Connection:
+        if not self._conn_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise SidecarTimeoutError("timed out waiting for another thread to connect to the daemon")
+        try:
+            if self._closed:
+                raise SidecarConnectionError(_errors.CLIENT_CLOSED, "the client was closed")
+            conn = self._conn
+            if conn is not None and conn.alive and conn.pid == os.getpid():
+                return conn
+            self._conn = None
+            if conn is not None and conn.pid != os.getpid():
+                conn.abandon_after_fork()
+            conn = self._connect(min(deadline, time.monotonic() + self.connect_timeout))
+            self._conn = conn
+            return conn
+        finally:
+            self._conn_lock.release()
+
+    def _connect(self, deadline: float) -> _Connection:
+        path = self.socket_path
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(max(0.001, deadline - time.monotonic()))
+            sock.connect(path)
+        except FileNotFoundError:
+            sock.close()
+            raise SidecarConnectionError(
+                _errors.DAEMON_UNREACHABLE,
+                f"no daemon socket at {path}: is sandbox-sidecar running on this host? "
+                f"(set {SOCKET_ENV_VAR} if it listens elsewhere)",
+                {"socket": path},
+            ) from None
+        except PermissionError:
+            sock.close()
+            raise SidecarConnectionError(
+                _errors.DAEMON_UNREACHABLE,
+                f"permission denied on {path}: add this user to the daemon's socket group "
+                "(sandbox-sidecar) and restart the worker",
+                {"socket": path},
+            ) from None
+        except (socket.timeout, OSError) as exc:
+            sock.close()
+            raise SidecarConnectionError(
+                _errors.DAEMON_UNREACHABLE,
+                f"could not connect to the daemon at {path}: {exc}",
+                {"socket": path},
+            ) from None
+        sock.settimeout(_POLL_INTERVAL)
+        ceiling = self.max_frame_bytes or DEFAULT_MAX_FRAME_BYTES
+        conn = _Connection(sock, min(ceiling, DEFAULT_MAX_FRAME_BYTES))
+        try:
+            hello = conn.request(
+                "hello", {"versions": [PROTOCOL_VERSION], "client": self.client_name}, deadline
+            )
+        except _Broken as exc:
+            conn.kill(exc)
+            raise SidecarConnectionError(
+                _errors.DAEMON_UNREACHABLE,
+                f"the daemon at {path} dropped the connection during hello: {exc.reason}",
+                {"socket": path},
+            ) from None
+        except BaseException as exc:
+            conn.kill(exc)
+            raise
+        limits = hello.get("limits") if isinstance(hello.get("limits"), dict) else {}
+        announced = limits.get("max_frame_bytes")
+        if isinstance(announced, int) and announced > 0:
+            conn.max_frame_bytes = min(announced, self.max_frame_bytes or announced)
+        conn.hello = hello
+        return conn
+
+    # -- calls -------------------------------------------------------------------
+
+    def call(self, op: str, args: Optional[Mapping[str, Any]] = None, *, timeout: Optional[float] = None) -> dict:
+        """Send one request and return its ``result`` map; raise :class:`SidecarError` on failure.
+
+        ``timeout`` is the call's own budget (default ``op_timeout``); the
+        client waits that long plus ``grace`` for the answer. ``None`` values in
+        ``args`` are left out.
+        """
+        budget = self.op_timeout if timeout is None else timeout
+        if not _positive_finite(budget):
+            raise ValueError(f"timeout must be a positive finite number, got {timeout!r}")
+        deadline = time.monotonic() + budget + self.grace
+        for attempt in (1, 2):
+            conn = self._connection(deadline)
+            try:
+                return conn.request(op, args, deadline)
+            except _Broken as exc:
+                self._forget(conn)
+                retryable = not exc.sent or op in RETRY_SAFE_OPS
+                if attempt == 1 and retryable:
+                    continue
+                if retryable:
+                    message = f"the connection to the daemon broke twice in a row ({exc.reason})"
+                else:
+                    message = (
+                        f"the connection to the daemon broke after {op} was sent ({exc.reason}); "
+                        "it was not retried, so whether it took effect is unknown"
+                    )
+                raise SidecarConnectionError(_errors.CONNECTION_LOST, message, {"op": op}) from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _forget(self, conn: _Connection) -> None:
+        with self._conn_lock:
+            if self._conn is conn:
+                self._conn = None
+
+    def hello(self) -> dict:
+        """The daemon's ``hello`` result for the current connection (connecting if needed)."""
+        deadline = time.monotonic() + self.connect_timeout + self.grace
+        return dict(self._connection(deadline).hello)
+
+    @property
+    def limits(self) -> dict:
+        """``hello``'s ``limits``: max_frame_bytes, max_file_bytes, max_timeout_s, ..."""
+        limits = self.hello().get("limits")
+        return dict(limits) if isinstance(limits, dict) else {}
+
+    def health(self) -> dict:
+        return self.call("health")
+
+    def create(
+        self,
+        spec: Optional[Mapping[str, Any]] = None,
+        *,
+        labels: Optional[Mapping[str, str]] = None,
+        ttl_s: Optional[float] = None,
+        timeout: Optional[float] = None,
+    ) -> dict:
+        """Provision a sandbox. ``spec`` is the wire map (env, block_network, allow_egress_to, ...).
+
+        Returns ``sandbox``, ``workdir``, ``network``, ``expires_at``, ``conn_bound``.
+        """
+        return self.call(
+            "create",
+            {"spec": dict(spec) if spec is not None else None, "labels": _opt_map(labels), "ttl_s": ttl_s},
+            timeout=timeout,
+        )
+
+    def run_command(
+        self,
+        sandbox: str,
+        command: Optional[str] = None,
+        *,
+        argv: Optional[Sequence[str]] = None,
+        stdin: Optional[Bytes] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        timeout_s: Optional[float] = None,
+        max_output_bytes: Optional[int] = None,
+    ) -> dict:
+        """Run a shell string (``command``) or an ``argv`` list; return the daemon's result map."""
+        budget = timeout_s
+        if budget is None:
+            budget = self.limits.get("default_timeout_s") or self.op_timeout
+        return self.call(
+            "run_command",
+            {
+                "sandbox": sandbox,
+                "command": command,
+                "argv": list(argv) if argv is not None else None,
+                "stdin": bytes(stdin) if stdin is not None else None,
+                "env": _opt_map(env),
+                "cwd": cwd,
+                "timeout_s": timeout_s,
+                "max_output_bytes": max_output_bytes,
+            },
+            timeout=budget,
+        )
+
+    def read_file(self, sandbox: str, path: str, *, max_bytes: Optional[int] = None) -> dict:
+        """Returns ``data`` (bytes) and ``size_bytes``; a larger file is the error ``file_too_large``."""
+        return self.call("read_file", {"sandbox": sandbox, "path": path, "max_bytes": max_bytes})
+
+    def write_file(self, sandbox: str, path: str, data: Bytes, *, mode: Optional[int] = None) -> dict:
+        return self.call("write_file", {"sandbox": sandbox, "path": path, "data": bytes(data), "mode": mode})
+
+    def list_directory(self, sandbox: str, path: str) -> List[dict]:
+        """Entries as maps with ``name`` (str, or bytes when not UTF-8) and ``is_dir``."""
+        entries = self.call("list_directory", {"sandbox": sandbox, "path": path}).get("entries") or []
+        return list(entries)
+
+    def destroy(self, sandbox: str) -> None:
+        self.call("destroy", {"sandbox": sandbox})
+
+    def renew(self, sandbox: str, ttl_s: float) -> dict:
+        """Returns ``expires_at`` and ``remaining_s``."""
+        return self.call("renew", {"sandbox": sandbox, "ttl_s": ttl_s})
+
+    def attach(self, sandbox: str, *, owner: str, holder: str) -> dict:
+        """Atomically claim an owned sandbox for ``holder``. Returns remaining_s, expires_at, workdir, network, holder."""
+        return self.call("attach", {"sandbox": sandbox, "owner": owner, "holder": holder})
+
+    def release(self, sandbox: str, *, holder: str) -> bool:
+        """Clear ``holder``'s claim; True when a claim was cleared."""
+        return bool(self.call("release", {"sandbox": sandbox, "holder": holder}).get("released"))
+
+    def read_tags(self, sandbox: str) -> Dict[str, str]:
+        return dict(self.call("read_tags", {"sandbox": sandbox}).get("tags") or {})
+
+    def write_tags(self, sandbox: str, tags: Mapping[str, str]) -> Dict[str, str]:
+        """Set the given tags (others are left alone); returns the tags after the write."""
+        return dict(self.call("write_tags", {"sandbox": sandbox, "tags": dict(tags)}).get("tags") or {})
+
+    def destroy_run(self, owner: str) -> List[str]:
+        """Destroy every sandbox of ``owner`` this peer may destroy; returns their ids."""
+        return list(self.call("destroy_run", {"owner": owner}).get("destroyed") or [])
+
+    def list_sandboxes(self, owner: Optional[str] = None) -> List[dict]:
+        return list(self.call("list", {"owner": owner}).get("sandboxes") or [])
+
+
+def _positive_finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _opt_map(value: Optional[Mapping[str, str]]) -> Optional[Dict[str, str]]:
+    return dict(value) if value is not None else None

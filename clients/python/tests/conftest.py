@@ -1,0 +1,157 @@
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Iterator, List, Optional
+
+import pytest
+
+from fakedaemon import FakeDaemon, Session
+
+CI = os.environ.get("CI", "").strip().lower() == "true"
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+def unavailable(reason: str) -> None:
+    """Skip an integration test whose prerequisites are missing, except under CI=true, where it fails."""
+    if CI:
+        pytest.fail(f"{reason} (CI=true: integration tests must run)", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture
+def fake_daemon() -> Iterator[Callable[[Callable[[Session], None]], FakeDaemon]]:
+    """Start fake daemons running a per-connection script; all are stopped after the test."""
+    started: List[FakeDaemon] = []
+
+    def start(script: Callable[[Session], None]) -> FakeDaemon:
+        daemon = FakeDaemon(script)
+        started.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in started:
+        daemon.close()
+    for daemon in started:
+        for exc in daemon.errors:
+            raise exc
+
+
+# -- the real daemon -----------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def sidecar_binary(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The daemon binary: $SANDBOX_SIDECAR_BIN, or built once per session from this checkout."""
+    prebuilt = os.environ.get("SANDBOX_SIDECAR_BIN")
+    if prebuilt:
+        if not os.access(prebuilt, os.X_OK):
+            unavailable(f"SANDBOX_SIDECAR_BIN={prebuilt} is not an executable file")
+        return prebuilt
+    go = shutil.which("go") or ("/usr/local/go/bin/go" if os.access("/usr/local/go/bin/go", os.X_OK) else None)
+    if go is None:
+        unavailable("the Go toolchain is not installed and SANDBOX_SIDECAR_BIN is not set")
+    if not (REPO_ROOT / "go.mod").exists():
+        unavailable(f"no Go module at {REPO_ROOT} to build the daemon from")
+    out = tmp_path_factory.mktemp("bin") / "sandbox-sidecar"
+    build = subprocess.run(
+        [go, "build", "-o", str(out), "./cmd/sandbox-sidecar"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if build.returncode != 0:
+        unavailable(f"building the daemon failed:\n{build.stderr[-2000:]}")
+    return str(out)
+
+
+class RunningDaemon:
+    def __init__(self, binary: str, *extra_args: str) -> None:
+        # A short directory: a Unix socket path must fit in 108 bytes.
+        self.dir = tempfile.mkdtemp(prefix="ssc-it-")
+        self.socket = os.path.join(self.dir, "run", "s.sock")
+        self.stderr_lines: List[str] = []
+        self.proc = subprocess.Popen(
+            [binary, "serve", "--socket", self.socket, "--state-dir", os.path.join(self.dir, "state"), *extra_args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+        )
+        self._ready = threading.Event()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.stderr_lines.append(line)
+            if "is listening on" in line:
+                self._ready.set()
+        self._ready.set()  # exited: wake the waiter
+
+    def wait_ready(self, timeout: float = 30.0) -> Optional[str]:
+        """None when listening, else why not."""
+        if not self._ready.wait(timeout):
+            return f"the daemon did not report listening within {timeout}s"
+        if self.proc.poll() is not None:
+            return f"the daemon exited with {self.proc.returncode}:\n{self.log()[-2000:]}"
+        return None
+
+    def log(self) -> str:
+        return "".join(self.stderr_lines)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def sidecar_daemon(sidecar_binary: str) -> Iterator[RunningDaemon]:
+    """A real daemon for the session, with the bwrap backend."""
+    if shutil.which("bwrap") is None:
+        unavailable("bubblewrap (bwrap) is not installed")
+    daemon = RunningDaemon(sidecar_binary)
+    problem = daemon.wait_ready()
+    if problem:
+        daemon.stop()
+        unavailable(problem)
+    from sandbox_sidecar import SidecarClient
+
+    with SidecarClient(daemon.socket) as client:
+        health = client.health()
+    if health.get("status") != "ok":
+        daemon.stop()
+        unavailable(f"the daemon's backend is not usable here: {health.get('backend_error')}")
+    yield daemon
+    daemon.stop()
+
+
+@pytest.fixture
+def backend(sidecar_daemon: RunningDaemon):
+    from sandbox_sidecar import SidecarSandboxBackend
+
+    b = SidecarSandboxBackend(sidecar_daemon.socket)
+    yield b
+    b.close()
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()

@@ -1,0 +1,457 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
+)
+
+// clientFlags are the flags every client subcommand has.
+type clientFlags struct {
+	socket  string
+	timeout time.Duration
+}
+
+func (c *clientFlags) register(fs *flag.FlagSet, timeout time.Duration) {
+	fs.StringVar(&c.socket, "socket", defaultSocket(), "daemon socket (env "+SocketEnv+")")
+	fs.DurationVar(&c.timeout, "timeout", timeout, "give up on the daemon after this long")
+}
+
+func (c *clientFlags) dial() (*ipc.Client, context.Context, context.CancelFunc, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	cl, err := ipc.Dial(ctx, c.socket)
+	if err != nil {
+		cancel()
+		return nil, nil, nil, err
+	}
+	return cl, ctx, cancel, nil
+}
+
+func runHealth(args []string, stdout, stderr io.Writer) error {
+	var cf clientFlags
+	var asJSON bool
+	fs := newFlags("health", "[--json]", stderr)
+	cf.register(fs, 10*time.Second)
+	fs.BoolVar(&asJSON, "json", false, "print the report as JSON")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	var rep map[string]any
+	err := func() error {
+		cl, ctx, cancel, err := cf.dial()
+		if err != nil {
+			return err
+		}
+		defer cancel()
+		defer cl.Close()
+		return cl.Call(ctx, ipc.OpHealth, nil, &rep)
+	}()
+	if err != nil {
+		if asJSON {
+			writeJSON(stdout, map[string]any{"status": "unreachable", "error": err.Error(), "socket": cf.socket})
+		} else {
+			fmt.Fprintf(stdout, "unreachable: %v\n", err)
+		}
+		return &exitError{code: 2}
+	}
+	if asJSON {
+		writeJSON(stdout, rep)
+	} else {
+		fmt.Fprintf(stdout, "%v: backend %v, %v sandboxes, %v commands running, version %v, up %.0fs\n",
+			rep["status"], rep["backend"], rep["sandboxes"], rep["commands"], rep["version"], toFloat(rep["uptime_s"]))
+		if e, ok := rep["backend_error"]; ok {
+			fmt.Fprintf(stdout, "backend: %v\n", e)
+		}
+	}
+	if rep["status"] != "ok" {
+		return &exitError{code: 1}
+	}
+	return nil
+}
+
+func writeJSON(w io.Writer, v any) {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(jsonable(v))
+}
+
+// jsonable turns msgpack's decoded values into what encoding/json takes
+// (map[string]any keys are fine; bytes become strings).
+func jsonable(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		out := make(map[string]any, len(x))
+		for k, e := range x {
+			out[k] = jsonable(e)
+		}
+		return out
+	case []any:
+		out := make([]any, len(x))
+		for i, e := range x {
+			out[i] = jsonable(e)
+		}
+		return out
+	case []byte:
+		return string(x)
+	}
+	return v
+}
+
+func toFloat(v any) float64 {
+	switch n := v.(type) {
+	case float64:
+		return n
+	case float32:
+		return float64(n)
+	case int8, int16, int32, int64, uint8, uint16, uint32, uint64:
+		var f float64
+		fmt.Sscan(fmt.Sprint(n), &f)
+		return f
+	}
+	return 0
+}
+
+type listedSandbox struct {
+	Sandbox    string            `msgpack:"sandbox" json:"sandbox"`
+	UID        uint32            `msgpack:"uid" json:"uid"`
+	Owner      string            `msgpack:"owner" json:"owner"`
+	Holder     string            `msgpack:"holder" json:"holder"`
+	Labels     map[string]string `msgpack:"labels" json:"labels"`
+	State      string            `msgpack:"state" json:"state"`
+	Workdir    string            `msgpack:"workdir" json:"workdir"`
+	Network    string            `msgpack:"network" json:"network"`
+	ConnBound  bool              `msgpack:"conn_bound" json:"conn_bound"`
+	CreatedAt  float64           `msgpack:"created_at" json:"created_at"`
+	ExpiresAt  float64           `msgpack:"expires_at" json:"expires_at"`
+	LastUsed   float64           `msgpack:"last_used" json:"last_used"`
+	RemainingS float64           `msgpack:"remaining_s" json:"remaining_s"`
+}
+
+func runList(args []string, stdout, stderr io.Writer) error {
+	var cf clientFlags
+	var asJSON bool
+	var owner string
+	fs := newFlags("ls", "[--owner DAG_ID/RUN_ID] [--json]", stderr)
+	cf.register(fs, 10*time.Second)
+	fs.BoolVar(&asJSON, "json", false, "print JSON")
+	fs.StringVar(&owner, "owner", "", "only sandboxes of this owner (Airflow run)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	cl, ctx, cancel, err := cf.dial()
+	if err != nil {
+		return &exitError{code: 2, err: err}
+	}
+	defer cancel()
+	defer cl.Close()
+	var res struct {
+		Sandboxes []listedSandbox `msgpack:"sandboxes"`
+	}
+	callArgs := map[string]any{}
+	if owner != "" {
+		callArgs["owner"] = owner
+	}
+	if err := cl.Call(ctx, ipc.OpList, callArgs, &res); err != nil {
+		return err
+	}
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if res.Sandboxes == nil {
+			res.Sandboxes = []listedSandbox{}
+		}
+		return enc.Encode(res.Sandboxes)
+	}
+	if len(res.Sandboxes) == 0 {
+		fmt.Fprintln(stdout, "no sandboxes")
+		return nil
+	}
+	groups := map[string][]listedSandbox{}
+	var owners []string
+	for _, s := range res.Sandboxes {
+		if _, ok := groups[s.Owner]; !ok {
+			owners = append(owners, s.Owner)
+		}
+		groups[s.Owner] = append(groups[s.Owner], s)
+	}
+	sort.Strings(owners)
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	for i, o := range owners {
+		if i > 0 {
+			fmt.Fprintln(tw)
+		}
+		title := o
+		if title == "" {
+			title = "(no run: connection-bound or ad hoc)"
+		}
+		fmt.Fprintf(tw, "RUN %s\n", title)
+		fmt.Fprintln(tw, "  SANDBOX\tUID\tSTATE\tHOLDER\tTASK\tAGE\tREMAINING")
+		for _, s := range groups[o] {
+			task := s.Labels["task_id"]
+			if task == "" {
+				task = "-"
+			}
+			holder := s.Holder
+			if holder == "" {
+				holder = "-"
+			}
+			age := time.Since(time.UnixMilli(int64(s.CreatedAt * 1000))).Round(time.Second)
+			remaining := (time.Duration(s.RemainingS) * time.Second).Round(time.Second).String()
+			if s.ConnBound {
+				remaining += " (conn)"
+			}
+			fmt.Fprintf(tw, "  %s\t%d\t%s\t%s\t%s\t%s\t%s\n", s.Sandbox, s.UID, s.State, holder, task, age, remaining)
+		}
+	}
+	return tw.Flush()
+}
+
+// envFlag collects KEY=VALUE pairs.
+type envFlag map[string]string
+
+func (e envFlag) String() string { return "" }
+func (e envFlag) Set(v string) error {
+	k, val, ok := strings.Cut(v, "=")
+	if !ok || k == "" {
+		return fmt.Errorf("want KEY=VALUE, got %q", v)
+	}
+	e[k] = val
+	return nil
+}
+
+func envArg(e envFlag) map[string]any {
+	m := make(map[string]any, len(e))
+	for k, v := range e {
+		m[k] = v
+	}
+	return m
+}
+
+func runCreate(args []string, stdout, stderr io.Writer) error {
+	var cf clientFlags
+	var ttl time.Duration
+	var owner string
+	env := envFlag{}
+	fs := newFlags("create", "[--ttl 1h] [--owner DAG_ID/RUN_ID] [--env K=V]", stderr)
+	cf.register(fs, 10*time.Minute)
+	fs.DurationVar(&ttl, "ttl", time.Hour, "how long the sandbox lives (capped by the daemon's --max-lifetime)")
+	fs.StringVar(&owner, "owner", "", "Airflow run that owns the sandbox (\"<dag_id>/<run_id>\")")
+	fs.Var(env, "env", "environment variable for every command (repeatable)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if ttl <= 0 {
+		return &exitError{code: 2, err: errors.New("--ttl must be positive")}
+	}
+	cl, ctx, cancel, err := cf.dial()
+	if err != nil {
+		return &exitError{code: 2, err: err}
+	}
+	defer cancel()
+	defer cl.Close()
+	spec := map[string]any{"env": envArg(env)}
+	if owner != "" {
+		spec["owner"] = owner
+	}
+	var res struct {
+		Sandbox string `msgpack:"sandbox"`
+	}
+	if err := cl.Call(ctx, ipc.OpCreate, map[string]any{"spec": spec, "ttl_s": ttl.Seconds()}, &res); err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, res.Sandbox)
+	return nil
+}
+
+type execResult struct {
+	ExitCode          int     `msgpack:"exit_code"`
+	Stdout            []byte  `msgpack:"stdout"`
+	Stderr            []byte  `msgpack:"stderr"`
+	TimedOut          bool    `msgpack:"timed_out"`
+	StdoutTruncated   bool    `msgpack:"stdout_truncated"`
+	StderrTruncated   bool    `msgpack:"stderr_truncated"`
+	SandboxTerminated bool    `msgpack:"sandbox_terminated"`
+	AppliedTimeoutS   float64 `msgpack:"applied_timeout_s"`
+	DurationS         float64 `msgpack:"duration_s"`
+}
+
+func runExec(args []string, stdout, stderr io.Writer) error {
+	var cf clientFlags
+	var sandbox, shell, cwd string
+	var cmdTimeout time.Duration
+	var maxOut int
+	var stdin bool
+	env := envFlag{}
+	fs := newFlags("exec", "[--sandbox ID] [flags] -- COMMAND [ARG...]   (or --sh 'shell string')", stderr)
+	cf.register(fs, 0)
+	fs.StringVar(&sandbox, "sandbox", "", "sandbox to run in (default: a throwaway sandbox, destroyed afterwards)")
+	fs.StringVar(&shell, "sh", "", "run this shell string with sh -c instead of an argv")
+	fs.StringVar(&cwd, "cwd", "", "working directory inside the sandbox")
+	fs.DurationVar(&cmdTimeout, "command-timeout", time.Minute, "the command's timeout")
+	fs.IntVar(&maxOut, "max-output-bytes", 1<<20, "per-stream output cap (the tail is kept)")
+	fs.BoolVar(&stdin, "stdin", false, "send this process's stdin to the command")
+	fs.Var(env, "env", "environment variable for the command (repeatable)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	argv := fs.Args()
+	if (shell == "") == (len(argv) == 0) {
+		return &exitError{code: 2, err: errors.New("give a command after --, or --sh 'string' (not both)")}
+	}
+	if cf.timeout == 0 {
+		cf.timeout = cmdTimeout + 2*time.Minute
+	}
+	cl, ctx, cancel, err := cf.dial()
+	if err != nil {
+		return &exitError{code: 2, err: err}
+	}
+	defer cancel()
+	defer cl.Close()
+	if sandbox == "" {
+		var res struct {
+			Sandbox string `msgpack:"sandbox"`
+		}
+		if err := cl.Call(ctx, ipc.OpCreate, nil, &res); err != nil {
+			return err
+		}
+		sandbox = res.Sandbox
+		defer cl.Call(context.WithoutCancel(ctx), ipc.OpDestroy, map[string]any{"sandbox": sandbox}, nil)
+	}
+	callArgs := map[string]any{"sandbox": sandbox, "timeout_s": cmdTimeout.Seconds(), "max_output_bytes": maxOut, "env": envArg(env)}
+	if shell != "" {
+		callArgs["command"] = shell
+	} else {
+		callArgs["argv"] = argv
+	}
+	if cwd != "" {
+		callArgs["cwd"] = cwd
+	}
+	if stdin {
+		data, err := io.ReadAll(io.LimitReader(os.Stdin, 8<<20))
+		if err != nil {
+			return err
+		}
+		callArgs["stdin"] = data
+	}
+	var res execResult
+	if err := cl.Call(ctx, ipc.OpRunCommand, callArgs, &res); err != nil {
+		return err
+	}
+	stdout.Write(res.Stdout)
+	stderr.Write(res.Stderr)
+	switch {
+	case res.SandboxTerminated:
+		return &exitError{code: 125, err: errors.New("the sandbox was terminated; create a new one")}
+	case res.TimedOut:
+		return &exitError{code: 124, err: fmt.Errorf("timed out after %.3gs", res.AppliedTimeoutS)}
+	}
+	if res.StdoutTruncated || res.StderrTruncated {
+		fmt.Fprintf(stderr, "sandbox-sidecar exec: output truncated to the last %d bytes per stream\n", maxOut)
+	}
+	if res.ExitCode != 0 {
+		return &exitError{code: res.ExitCode}
+	}
+	return nil
+}
+
+func runWrite(args []string, stdout, stderr io.Writer) error {
+	var cf clientFlags
+	var mode uint
+	fs := newFlags("write", "SANDBOX PATH < data", stderr)
+	cf.register(fs, time.Minute)
+	fs.UintVar(&mode, "mode", 0o644, "file mode")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() != 2 {
+		return &exitError{code: 2, err: errors.New("want SANDBOX PATH")}
+	}
+	data, err := io.ReadAll(io.LimitReader(os.Stdin, 64<<20))
+	if err != nil {
+		return err
+	}
+	cl, ctx, cancel, err := cf.dial()
+	if err != nil {
+		return &exitError{code: 2, err: err}
+	}
+	defer cancel()
+	defer cl.Close()
+	return cl.Call(ctx, ipc.OpWriteFile, map[string]any{"sandbox": fs.Arg(0), "path": fs.Arg(1), "data": data, "mode": mode}, nil)
+}
+
+func runRead(args []string, stdout, stderr io.Writer) error {
+	var cf clientFlags
+	var maxBytes int64
+	fs := newFlags("read", "SANDBOX PATH", stderr)
+	cf.register(fs, time.Minute)
+	fs.Int64Var(&maxBytes, "max-bytes", 8<<20, "refuse files larger than this")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() != 2 {
+		return &exitError{code: 2, err: errors.New("want SANDBOX PATH")}
+	}
+	cl, ctx, cancel, err := cf.dial()
+	if err != nil {
+		return &exitError{code: 2, err: err}
+	}
+	defer cancel()
+	defer cl.Close()
+	var res struct {
+		Data []byte `msgpack:"data"`
+	}
+	if err := cl.Call(ctx, ipc.OpReadFile, map[string]any{"sandbox": fs.Arg(0), "path": fs.Arg(1), "max_bytes": maxBytes}, &res); err != nil {
+		return err
+	}
+	_, err = stdout.Write(res.Data)
+	return err
+}
+
+func runRemove(args []string, stdout, stderr io.Writer) error {
+	var cf clientFlags
+	var run string
+	fs := newFlags("rm", "SANDBOX... | --run DAG_ID/RUN_ID", stderr)
+	cf.register(fs, 2*time.Minute)
+	fs.StringVar(&run, "run", "", "destroy every sandbox of this owner (Airflow run)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if (fs.NArg() == 0) == (run == "") {
+		return &exitError{code: 2, err: errors.New("name sandboxes, or one run with --run")}
+	}
+	cl, ctx, cancel, err := cf.dial()
+	if err != nil {
+		return &exitError{code: 2, err: err}
+	}
+	defer cancel()
+	defer cl.Close()
+	if run != "" {
+		var res struct {
+			Destroyed []string `msgpack:"destroyed"`
+		}
+		err := cl.Call(ctx, ipc.OpDestroyRun, map[string]any{"owner": run}, &res)
+		for _, id := range res.Destroyed {
+			fmt.Fprintln(stdout, id)
+		}
+		return err
+	}
+	var errs []error
+	for _, id := range fs.Args() {
+		if err := cl.Call(ctx, ipc.OpDestroy, map[string]any{"sandbox": id}, nil); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", id, err))
+			continue
+		}
+		fmt.Fprintln(stdout, id)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,102 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	iofs "io/fs"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
+	"github.com/sandbox-sidecar/sandbox-sidecar/lifecycle"
+)
+
+// runGC sweeps orphans. With a daemon running it asks the daemon (which
+// alone knows which sandboxes are in use); with none it takes the state
+// directory's lock and runs start-up recovery itself.
+func runGC(args []string, stdout, stderr io.Writer) error {
+	var cf clientFlags
+	var dryRun bool
+	var c serveConfig
+	fs := newFlags("gc", "[--dry-run]", stderr)
+	cf.register(fs, 5*time.Minute)
+	fs.BoolVar(&dryRun, "dry-run", false, "print what would be removed, remove nothing")
+	fs.StringVar(&c.StateDir, "state-dir", defaultStateDir(), "state directory, when no daemon is running")
+	fs.StringVar(&c.Backend, "backend", "bwrap", "backend, when no daemon is running")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	cl, ctx, cancel, err := cf.dial()
+	if err == nil {
+		defer cancel()
+		defer cl.Close()
+		var res struct {
+			Swept  []string `msgpack:"swept"`
+			Reaped int      `msgpack:"reaped"`
+		}
+		if err := cl.Call(ctx, ipc.OpGC, map[string]any{"dry_run": dryRun}, &res); err != nil {
+			return err
+		}
+		verb := "swept"
+		if dryRun {
+			verb = "would sweep"
+		}
+		for _, id := range res.Swept {
+			fmt.Fprintf(stdout, "%s %s (not known to the daemon)\n", verb, id)
+		}
+		fmt.Fprintf(stdout, "daemon: %d orphans %s, %d expired or abandoned sandboxes reaped\n", len(res.Swept), verb, res.Reaped)
+		return nil
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, iofs.ErrNotExist) {
+		return &exitError{code: 2, err: err}
+	}
+
+	// No daemon: recover offline, under the same lock a daemon takes.
+	c.SandboxUID, c.SandboxGID = 65534, 65534
+	c.KillGrace = 2 * time.Second
+	log := hclog.New(&hclog.LoggerOptions{Name: "sandbox-sidecar", Level: hclog.Info, Output: stderr})
+	if dryRun {
+		log.SetLevel(hclog.Warn)
+	}
+	lock, err := lifecycle.LockStateDir(c.StateDir)
+	if err != nil {
+		return err
+	}
+	defer lock.Unlock()
+	be, err := newBackend(c, log)
+	if err != nil {
+		return err
+	}
+	journal, moved, err := lifecycle.OpenJournal(c.StateDir)
+	if err != nil {
+		return err
+	}
+	defer journal.Close()
+	if moved != "" {
+		fmt.Fprintf(stdout, "the journal was unreadable and was moved to %s\n", moved)
+	}
+	mgr, err := lifecycle.New(lifecycle.Config{Backend: be, Journal: journal, Logger: log.Named("lifecycle")})
+	if err != nil {
+		return err
+	}
+	rep, err := mgr.Recover(context.Background(), dryRun)
+	for _, a := range rep.Actions {
+		if dryRun {
+			fmt.Fprintf(stdout, "would %s %s: %s\n", a.Do, a.Sandbox, a.Reason)
+		} else {
+			fmt.Fprintf(stdout, "%s %s: %s\n", a.Do, a.Sandbox, a.Reason)
+		}
+	}
+	fmt.Fprintf(stdout, "offline recovery (no daemon running): adopted %d, destroyed %d, swept %d, failed %d\n", rep.Adopted, rep.Destroyed, rep.Swept, rep.Failed)
+	if err != nil {
+		return err
+	}
+	if rep.Failed > 0 {
+		return &exitError{code: 1, err: fmt.Errorf("%d sandboxes could not be destroyed", rep.Failed)}
+	}
+	return nil
+}

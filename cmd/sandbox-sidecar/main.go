@@ -1,0 +1,150 @@
+// Command sandbox-sidecar is the daemon that owns a worker host's sandboxes
+// (serve) and its administration CLI (health, ls, exec, rm, ...). Every
+// subcommand but serve is a client of a running daemon's socket.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "0.1.0-dev"
+
+// exitError carries an exit code out of a subcommand.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit %d", e.code)
+	}
+	return e.err.Error()
+}
+
+type command struct {
+	summary string
+	run     func(args []string, stdout, stderr io.Writer) error
+}
+
+var commands map[string]command
+
+func init() {
+	commands = map[string]command{
+		"serve":   {"run the daemon in the foreground", runServe},
+		"health":  {"check a running daemon (exit 0 healthy, 1 degraded, 2 unreachable)", runHealth},
+		"ls":      {"list sandboxes, grouped by Airflow run", runList},
+		"create":  {"create a sandbox that lives until its ttl and print its id", runCreate},
+		"exec":    {"run a command in a sandbox (a throwaway one unless --sandbox is given)", runExec},
+		"write":   {"write stdin to a file in a sandbox", runWrite},
+		"read":    {"print a file of a sandbox to stdout", runRead},
+		"rm":      {"destroy sandboxes (or every sandbox of a run with --run)", runRemove},
+		"gc":      {"destroy orphaned sandboxes now (via the daemon, or offline when none runs)", runGC},
+		"version": {"print the version", runVersion},
+	}
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintf(w, "sandbox-sidecar %s: runs AI-agent code in sandboxes on behalf of Airflow workers.\n\nUsage: sandbox-sidecar <command> [flags]\n\nCommands:\n", version)
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-8s %s\n", n, commands[n].summary)
+	}
+	fmt.Fprintf(w, "\nRun 'sandbox-sidecar <command> --help' for a command's flags.\n")
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		usage(stderr)
+		return 2
+	}
+	name := args[0]
+	switch name {
+	case "-h", "--help", "help":
+		usage(stdout)
+		return 0
+	case "--version", "-version":
+		name = "version"
+	}
+	cmd, ok := commands[name]
+	if !ok {
+		fmt.Fprintf(stderr, "sandbox-sidecar: unknown command %q\n\n", name)
+		usage(stderr)
+		return 2
+	}
+	err := cmd.run(args[1:], stdout, stderr)
+	var ee *exitError
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &ee):
+		if ee.err != nil {
+			fmt.Fprintf(stderr, "sandbox-sidecar %s: %v\n", name, ee.err)
+		}
+		return ee.code
+	default:
+		fmt.Fprintf(stderr, "sandbox-sidecar %s: %v\n", name, err)
+		return 1
+	}
+}
+
+// newFlags returns a FlagSet whose --help prints the summary and flags.
+func newFlags(name, synopsis string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: sandbox-sidecar %s %s\n\n%s.\n\nFlags:\n", name, synopsis, commands[name].summary)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parseFlags parses and turns usage errors into exit code 2.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return &exitError{code: 2}
+	}
+	return nil
+}
+
+// listFlag is a repeatable, comma-separable flag.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+func (l *listFlag) Set(v string) error {
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			*l = append(*l, s)
+		}
+	}
+	return nil
+}
+
+func runVersion(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("version", "", stderr)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "sandbox-sidecar %s\n", version)
+	return nil
+}

@@ -1,0 +1,85 @@
+package lifecycle
+
+import (
+	"context"
+	"os"
+	"time"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+)
+
+// Exec runs one command. Commands in one sandbox run one at a time (a
+// second waits for the first, bounded by ctx); the budget is cut to what
+// is left of the sandbox's life, and AppliedTimeout says so.
+func (m *Manager) Exec(ctx context.Context, c Caller, id string, req backend.ExecRequest) (backend.ExecResult, error) {
+	r, done, err := m.use(c, id)
+	if err != nil {
+		return backend.ExecResult{}, err
+	}
+	defer done()
+	select {
+	case r.cmd <- struct{}{}:
+	case <-ctx.Done():
+		return backend.ExecResult{}, ctx.Err()
+	}
+	defer func() { <-r.cmd }()
+	select {
+	case m.hostCmds <- struct{}{}:
+	default:
+		return backend.ExecResult{}, &QuotaError{Scope: "commands_per_host", Limit: m.cfg.MaxCmdsPerHost}
+	}
+	defer func() { <-m.hostCmds }()
+
+	m.mu.Lock()
+	left := r.ExpiresAt.Sub(m.cfg.Now())
+	m.mu.Unlock()
+	if left < req.Timeout {
+		req.Timeout = max(left, time.Millisecond)
+	}
+	res, err := m.be.Exec(ctx, id, req)
+	if err != nil {
+		return res, err
+	}
+	m.mu.Lock()
+	still := m.boxes[id] == r && r.State == StateReady
+	m.mu.Unlock()
+	switch {
+	case res.SandboxTerminated && still:
+		// The backend gave up on the sandbox to stop the command.
+		m.destroyNow(r, "terminated by the backend", m.log.With("sandbox", id))
+	case !still:
+		// Destroyed (by the client, the reaper or shutdown) meanwhile.
+		res.SandboxTerminated = true
+	}
+	return res, nil
+}
+
+// ReadFile reads a file from a sandbox.
+func (m *Manager) ReadFile(ctx context.Context, c Caller, id, path string, maxBytes int64) ([]byte, error) {
+	_, done, err := m.use(c, id)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	return m.be.ReadFile(ctx, id, path, maxBytes)
+}
+
+// WriteFile writes a file into a sandbox.
+func (m *Manager) WriteFile(ctx context.Context, c Caller, id, path string, data []byte, mode os.FileMode) error {
+	_, done, err := m.use(c, id)
+	if err != nil {
+		return err
+	}
+	defer done()
+	return m.be.WriteFile(ctx, id, path, data, mode)
+}
+
+// ListDirectory lists a directory of a sandbox.
+func (m *Manager) ListDirectory(ctx context.Context, c Caller, id, path string, maxEntries int) ([]backend.DirEntry, error) {
+	_, done, err := m.use(c, id)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	return m.be.ListDirectory(ctx, id, path, maxEntries)
+}

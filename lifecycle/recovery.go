@@ -1,0 +1,208 @@
+package lifecycle
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+)
+
+// recoveryWorkers bounds the destroys recovery runs at once.
+const recoveryWorkers = 4
+
+// RecoveryReport says what start-up recovery (or gc) did.
+type RecoveryReport struct {
+	// Adopted: journaled sandboxes re-adopted (expiring, lease valid,
+	// backend has them).
+	Adopted int
+	// Destroyed: journaled sandboxes destroyed (connection-bound,
+	// half-made, expired, or gone from the backend).
+	Destroyed int
+	// Swept: sandboxes the backend had that the journal did not know.
+	Swept int
+	// Failed: destroys that failed; the reaper retries them.
+	Failed int
+	// MovedAside names where an unreadable journal was moved, if it was.
+	MovedAside string
+	Duration   time.Duration
+	// Actions lists what was (or, in a dry run, would be) done.
+	Actions []Action
+}
+
+// Action is one recovery decision.
+type Action struct {
+	Sandbox string
+	Do      string // "adopt", "destroy" or "sweep"
+	Reason  string
+	Owner   string
+}
+
+// recoveryDecision decides one journaled sandbox's fate after a restart. It
+// is pure, so it is table-tested. alive says whether the backend still has
+// the sandbox.
+func recoveryDecision(jr journalRecord, alive bool, now time.Time) (adopt bool, reason string) {
+	switch {
+	case jr.State == StateCreating:
+		return false, "half-made: the daemon stopped during create"
+	case jr.State == StateDestroying:
+		return false, "the daemon stopped during destroy"
+	case jr.State != StateReady:
+		return false, fmt.Sprintf("unknown state %q", jr.State)
+	case jr.ConnBound:
+		return false, "connection-bound: its connection ended with the daemon"
+	case !now.Before(jr.ExpiresAt):
+		return false, "expired"
+	case !alive:
+		return false, "the backend no longer has it"
+	}
+	return true, "lease valid and the backend has it"
+}
+
+// sweepDecision decides whether a sandbox the backend lists (so it carries
+// this daemon's marker) must be swept: only when no record knows it. A
+// record is written before the backend is asked to create anything, so
+// there is no window in which a sandbox being created lacks one, and no
+// creation grace is needed.
+func sweepDecision(known bool) bool { return !known }
+
+// Recover re-adopts or destroys every journaled sandbox, then sweeps what
+// the backend has that the journal does not know. It runs before the
+// daemon serves. With dryRun it only reports what it would do.
+func (m *Manager) Recover(ctx context.Context, dryRun bool) (RecoveryReport, error) {
+	start := time.Now()
+	var rep RecoveryReport
+	var records []journalRecord
+	if m.journal != nil {
+		var err error
+		if records, err = m.journal.All(); err != nil {
+			return rep, fmt.Errorf("reading the journal: %w", err)
+		}
+	}
+	listed, listErr := m.be.List(ctx)
+	alive := make(map[string]bool, len(listed))
+	for _, id := range listed {
+		alive[id] = true
+	}
+	if listErr != nil {
+		m.log.Error("the backend cannot list its sandboxes; adopting valid records unverified and skipping the sweep", "error", listErr)
+	}
+
+	now := m.cfg.Now()
+	known := make(map[string]bool, len(records))
+	var victims []*record
+	for _, jr := range records {
+		known[jr.ID] = true
+		adopt, reason := recoveryDecision(jr, alive[jr.ID] || listErr != nil, now)
+		r := fromJournal(jr)
+		if adopt {
+			rep.Adopted++
+			rep.Actions = append(rep.Actions, Action{jr.ID, "adopt", reason, jr.Owner})
+			if !dryRun {
+				r.LastUsed = now // the idle clock restarts with the daemon
+				m.mu.Lock()
+				m.boxes[r.ID] = r
+				m.mu.Unlock()
+			}
+			continue
+		}
+		rep.Actions = append(rep.Actions, Action{jr.ID, "destroy", reason, jr.Owner})
+		r.State = StateDestroying
+		victims = append(victims, r)
+	}
+	nDestroy := len(victims)
+	if listErr == nil {
+		for _, id := range listed {
+			m.mu.Lock()
+			_, inMemory := m.boxes[id]
+			m.mu.Unlock()
+			if sweepDecision(known[id] || inMemory) {
+				rep.Actions = append(rep.Actions, Action{id, "sweep", "the journal does not know it", ""})
+				victims = append(victims, newRecord(Sandbox{ID: id, State: StateDestroying, CreatedAt: now}))
+			}
+		}
+	}
+	if dryRun {
+		rep.Destroyed, rep.Swept = nDestroy, len(victims)-nDestroy
+		rep.Duration = time.Since(start)
+		return rep, listErr
+	}
+
+	var mu sync.Mutex
+	sem := make(chan struct{}, recoveryWorkers)
+	var wg sync.WaitGroup
+	for i, r := range victims {
+		m.mu.Lock()
+		m.boxes[r.ID] = r
+		m.mu.Unlock()
+		sem <- struct{}{}
+		wg.Add(1)
+		go func(i int, r *record) {
+			defer func() { <-sem; wg.Done() }()
+			reason := "recovery"
+			if i >= nDestroy {
+				reason = "orphan sweep"
+			}
+			err := m.destroyNow(r, reason, m.log.With("sandbox", r.ID, "owner", r.Owner))
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err != nil:
+				rep.Failed++
+			case i < nDestroy:
+				rep.Destroyed++
+			default:
+				rep.Swept++
+			}
+		}(i, r)
+	}
+	wg.Wait()
+	rep.Duration = time.Since(start)
+	sort.Slice(rep.Actions, func(i, j int) bool { return rep.Actions[i].Sandbox < rep.Actions[j].Sandbox })
+	m.mu.Lock()
+	movedAside := m.recovery.MovedAside
+	rep.MovedAside = movedAside
+	m.recovery = rep
+	m.recovery.Actions = nil
+	m.mu.Unlock()
+	return rep, listErr
+}
+
+// NoteJournalMovedAside records, for health, that the journal was
+// unreadable and moved aside at start.
+func (m *Manager) NoteJournalMovedAside(path string) {
+	m.mu.Lock()
+	m.recovery.MovedAside = path
+	m.mu.Unlock()
+}
+
+// Sweep destroys, while the daemon runs, what the backend has that no
+// record knows (a gc by hand). With dryRun it only lists them.
+func (m *Manager) Sweep(ctx context.Context, dryRun bool) ([]string, error) {
+	listed, err := m.be.List(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("listing the backend's sandboxes: %w", err)
+	}
+	var out []string
+	var firstErr error
+	for _, id := range listed {
+		m.mu.Lock()
+		_, known := m.boxes[id]
+		var r *record
+		if sweepDecision(known) && !dryRun {
+			r = newRecord(Sandbox{ID: id, State: StateDestroying, CreatedAt: m.cfg.Now()})
+			m.boxes[id] = r
+		}
+		m.mu.Unlock()
+		if !sweepDecision(known) {
+			continue
+		}
+		out = append(out, id)
+		if r != nil {
+			if err := m.destroyNow(r, "orphan sweep (gc)", m.log.With("sandbox", id)); err != nil && firstErr == nil {
+				firstErr = err
+			}
+		}
+	}
+	return out, firstErr
+}

@@ -1,0 +1,320 @@
+// Package e2e runs the real sandbox-sidecar daemonBin (built once per run) on a
+// real Unix socket with the real bubblewrap backend, and talks to it the way
+// clients do. Every test here needs root and bubblewrap: on a laptop they
+// skip, under CI=true they fail instead.
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
+)
+
+var daemonBin string // the daemon daemonBin built by TestMain
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "sidecar-e2e-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	os.Chmod(dir, 0o755) // other uids (setpriv tests) run it too
+	daemonBin = filepath.Join(dir, "sandbox-sidecar")
+	build := exec.Command("go", "build", "-o", daemonBin, "github.com/sandbox-sidecar/sandbox-sidecar/cmd/sandbox-sidecar")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building the daemon:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// requireHost skips (or, under CI=true, fails) when the host cannot run
+// these tests.
+func requireHost(t *testing.T) {
+	t.Helper()
+	var missing []string
+	if os.Geteuid() != 0 {
+		missing = append(missing, "root")
+	}
+	if _, err := exec.LookPath("bwrap"); err != nil {
+		missing = append(missing, "bubblewrap (apt-get install bubblewrap)")
+	}
+	if len(missing) == 0 {
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("this test needs %s, and CI=true forbids skipping", strings.Join(missing, " and "))
+	}
+	t.Skipf("needs %s", strings.Join(missing, " and "))
+}
+
+// baseDir returns a fresh directory every uid may search (the sandbox uid
+// must reach the state directory inside it).
+func baseDir(t *testing.T) string {
+	t.Helper()
+	d, err := os.MkdirTemp("", "sidecar-e2e")
+	require.NoError(t, err)
+	require.NoError(t, os.Chmod(d, 0o755))
+	t.Cleanup(func() { os.RemoveAll(d) })
+	return d
+}
+
+type daemon struct {
+	t        *testing.T
+	cmd      *exec.Cmd
+	base     string
+	socket   string
+	stateDir string
+	args     []string
+	env      []string
+
+	mu   sync.Mutex
+	logs bytes.Buffer
+	done chan struct{}
+	err  error
+}
+
+// startDaemon runs `sandbox-sidecar serve` with a temp socket and state
+// directory (reused if base is given) and waits until it serves.
+func startDaemon(t *testing.T, base string, extra ...string) *daemon {
+	t.Helper()
+	requireHost(t)
+	if base == "" {
+		base = baseDir(t)
+	}
+	d := &daemon{t: t, base: base, socket: filepath.Join(base, "run", "sidecar.sock"), stateDir: filepath.Join(base, "state")}
+	d.args = append([]string{"serve", "--socket", d.socket, "--state-dir", d.stateDir, "--log-format", "json", "--reap-interval", "200ms"}, extra...)
+	d.start()
+	t.Cleanup(d.stop)
+	return d
+}
+
+func (d *daemon) start() {
+	t := d.t
+	t.Helper()
+	d.cmd = exec.Command(daemonBin, d.args...)
+	d.cmd.Env = append(os.Environ(), d.env...)
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	stderr, err := d.cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, d.cmd.Start())
+	ready := make(chan struct{})
+	d.done = make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		once := sync.Once{}
+		for sc.Scan() {
+			line := sc.Text()
+			d.mu.Lock()
+			d.logs.WriteString(line + "\n")
+			d.mu.Unlock()
+			if strings.Contains(line, "is listening on") {
+				once.Do(func() { close(ready) })
+			}
+		}
+		io.Copy(io.Discard, stderr)
+		d.err = d.cmd.Wait()
+		close(d.done)
+	}()
+	select {
+	case <-ready:
+	case <-d.done:
+		t.Fatalf("daemon exited before serving: %v\n%s", d.err, d.Logs())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("daemon did not serve within 30s\n%s", d.Logs())
+	}
+}
+
+// Logs returns everything the daemon wrote to stderr so far.
+func (d *daemon) Logs() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.logs.String()
+}
+
+func (d *daemon) running() bool {
+	select {
+	case <-d.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// stop sends SIGTERM and expects a clean exit 0.
+func (d *daemon) stop() {
+	if !d.running() {
+		return
+	}
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.done:
+		if d.err != nil {
+			d.t.Errorf("daemon did not exit cleanly after SIGTERM: %v\n%s", d.err, d.Logs())
+		}
+	case <-time.After(60 * time.Second):
+		d.cmd.Process.Kill()
+		<-d.done
+		d.t.Errorf("daemon did not stop within 60s of SIGTERM\n%s", d.Logs())
+	}
+}
+
+// kill9 kills the daemon as a crash would.
+func (d *daemon) kill9() {
+	d.cmd.Process.Signal(syscall.SIGKILL)
+	<-d.done
+}
+
+// restart starts the daemon again on the same state directory.
+func (d *daemon) restart() {
+	d.mu.Lock()
+	d.logs.Reset()
+	d.mu.Unlock()
+	d.start()
+}
+
+func (d *daemon) client(t *testing.T) *ipc.Client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := ipc.Dial(ctx, d.socket)
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// cli runs the daemonBin as a client of this daemon.
+func (d *daemon) cli(t *testing.T, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	cmd := exec.Command(daemonBin, args...)
+	cmd.Env = append(os.Environ(), "SANDBOX_SIDECAR_SOCKET="+d.socket)
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	code = cmd.ProcessState.ExitCode()
+	if err != nil && code < 0 {
+		t.Fatalf("running %v: %v", args, err)
+	}
+	return o.String(), e.String(), code
+}
+
+func call(t *testing.T, c *ipc.Client, op string, args map[string]any) map[string]any {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var res map[string]any
+	require.NoError(t, c.Call(ctx, op, args, &res), "op %s", op)
+	return res
+}
+
+func callErr(t *testing.T, c *ipc.Client, op string, args map[string]any) *ipc.Error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	err := c.Call(ctx, op, args, nil)
+	require.Error(t, err, "op %s should fail", op)
+	e, ok := err.(*ipc.Error)
+	require.True(t, ok, "op %s: want a daemon error, got %v", op, err)
+	return e
+}
+
+func create(t *testing.T, c *ipc.Client, args map[string]any) string {
+	t.Helper()
+	res := call(t, c, ipc.OpCreate, args)
+	id, _ := res["sandbox"].(string)
+	require.NotEmpty(t, id)
+	return id
+}
+
+// execResult is run_command's result.
+type execResult struct {
+	ExitCode          int     `msgpack:"exit_code"`
+	Stdout            []byte  `msgpack:"stdout"`
+	Stderr            []byte  `msgpack:"stderr"`
+	TimedOut          bool    `msgpack:"timed_out"`
+	StdoutTruncated   bool    `msgpack:"stdout_truncated"`
+	StderrTruncated   bool    `msgpack:"stderr_truncated"`
+	SandboxTerminated bool    `msgpack:"sandbox_terminated"`
+	AppliedTimeoutS   float64 `msgpack:"applied_timeout_s"`
+	DurationS         float64 `msgpack:"duration_s"`
+}
+
+func run(t *testing.T, c *ipc.Client, id, command string, extra ...any) execResult {
+	t.Helper()
+	args := map[string]any{"sandbox": id, "command": command, "timeout_s": 30}
+	for i := 0; i+1 < len(extra); i += 2 {
+		args[extra[i].(string)] = extra[i+1]
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var res execResult
+	require.NoError(t, c.Call(ctx, ipc.OpRunCommand, args, &res))
+	return res
+}
+
+// workspaces lists the sandbox directories the bwrap backend has on disk.
+func (d *daemon) workspaces(t *testing.T) []string {
+	t.Helper()
+	entries, err := os.ReadDir(filepath.Join(d.stateDir, "bwrap"))
+	if os.IsNotExist(err) {
+		return nil
+	}
+	require.NoError(t, err)
+	var out []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), "sc-") {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// processesMatching returns pids whose command line contains s.
+func processesMatching(s string) []int {
+	var pids []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		var pid int
+		if _, err := fmt.Sscan(e.Name(), &pid); err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		if strings.Contains(strings.ReplaceAll(string(b), "\x00", " "), s) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// eventually polls cond until it holds or the deadline passes.
+func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not happen within %s", what, within)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
