@@ -101,7 +101,7 @@ type Result struct {
 	StdoutTotal, StderrTotal         int64
 
 	// TimedOut means the budget elapsed while the process was running and
-	// Run signalled its group.
+	// Run sent SIGTERM to its group (and to the process itself).
 	TimedOut bool
 	// Killed means the process outlived KillGrace after SIGTERM and Run
 	// escalated to SIGKILL.
@@ -115,7 +115,7 @@ type Result struct {
 //
 // Run owns cmd's Stdin, Stdout and Stderr, and sets Setpgid and Pdeathsig
 // (SIGKILL) on cmd.SysProcAttr, keeping the caller's other fields such as
-// Credential; Setsid, Foreground and Ctty are cleared because they conflict
+// Credential; Setsid, Setctty and Foreground are cleared because they conflict
 // with a process group of its own. Pdeathsig fires when the OS thread that
 // created the child exits, so the child is started and waited for on a
 // goroutine locked to its thread for the child's whole life.
@@ -273,8 +273,11 @@ func waitExitNoReap(pid int) {
 	}
 }
 
-// signalGroup sends sig to the child's process group unless the child has
-// already exited, and reports whether it sent it.
+// signalGroup sends sig to the child's process group, and to the child
+// itself in case it moved to another group (setpgid), unless the child has
+// already exited; it reports whether it sent it. Until the child is reaped
+// its pid, and so the group id, cannot be reused, so neither kill can hit an
+// unrelated process.
 func (c *child) signalGroup(sig syscall.Signal) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -282,6 +285,7 @@ func (c *child) signalGroup(sig syscall.Signal) bool {
 		return false
 	}
 	_ = syscall.Kill(-c.pgid, sig)
+	_ = syscall.Kill(c.pgid, sig)
 	return true
 }
 

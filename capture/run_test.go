@@ -135,8 +135,8 @@ func TestRunKeepsTailOfLargeOutputInBoundedMemory(t *testing.T) {
 	if allocated > 16<<20 {
 		t.Errorf("Go allocated %d MiB while capturing; the buffers are not bounded", allocated>>20)
 	}
-	if peak > 0 && rssBefore > 0 && peak-rssBefore > 64<<10 {
-		t.Errorf("peak RSS grew by %d MiB while capturing", (peak-rssBefore)>>10)
+	if growth := int64(peak) - int64(rssBefore); peak > 0 && rssBefore > 0 && growth > 64<<10 {
+		t.Errorf("peak RSS grew by %d MiB while capturing", growth>>10)
 	}
 }
 
@@ -336,5 +336,25 @@ func TestRunChildInheritsOnlyItsStreams(t *testing.T) {
 	// 0-2 are the streams, 3 the extra file, 4 the directory ls reads.
 	if got := strings.Fields(string(res.Stdout)); strings.Join(got, " ") != "0 1 2 3 4" {
 		t.Errorf("the child has descriptors %v, want only 0 1 2, ExtraFiles (3) and its own (4); descriptor %d leaked", got, fd)
+	}
+}
+
+// TestRunTimeoutReachesProcessThatLeftItsGroup covers a main process that
+// moves itself out of the group Run made for it (here into the test's own
+// group): signalling the group alone would never reach it.
+func TestRunTimeoutReachesProcessThatLeftItsGroup(t *testing.T) {
+	requireTools(t, "python3")
+	script := "import os, time\nos.setpgid(0, os.getpgid(os.getppid()))\nprint('moved', flush=True)\ntime.sleep(1000)\n"
+	start := time.Now()
+	res, err := Run(context.Background(), exec.Command("python3", "-c", script), Options{Timeout: 2 * time.Second, KillGrace: 300 * time.Millisecond})
+	elapsed := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(res.Stdout) != "moved\n" {
+		t.Fatalf("the process did not leave its group: stdout %q stderr %q", res.Stdout, res.Stderr)
+	}
+	if !res.TimedOut || res.Signal != syscall.SIGTERM || elapsed > 4*time.Second {
+		t.Errorf("TimedOut %v Signal %v after %v; want the timeout to reach it", res.TimedOut, res.Signal, elapsed)
 	}
 }

@@ -218,11 +218,8 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	}
 	log := b.log.With("sandbox", id)
 
-	b.mu.Lock()
-	_, known := b.sandboxes[id]
-	b.mu.Unlock()
 	dir := b.sandboxDir(id)
-	if known {
+	if b.knownAndPresent(id) {
 		return backend.Info{}, fmt.Errorf("sandbox %q already exists or is being destroyed; destroy it first or choose another id: %w", id, fs.ErrExist)
 	}
 	mode := os.FileMode(0o700)
@@ -272,6 +269,25 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	}
 	log.Info("sandbox created", "network", network, "env_vars", len(spec.Env))
 	return backend.Info{Workdir: guestWorkspace, Network: network}, nil
+}
+
+// knownAndPresent reports whether id is in memory and either still on disk
+// or being destroyed; an entry whose directory vanished is forgotten.
+func (b *Backend) knownAndPresent(id string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	sb, ok := b.sandboxes[id]
+	if !ok {
+		return false
+	}
+	sb.mu.Lock()
+	destroying := sb.destroying
+	sb.mu.Unlock()
+	if _, err := os.Lstat(sb.dir); err == nil || destroying {
+		return true
+	}
+	delete(b.sandboxes, id)
+	return false
 }
 
 func (b *Backend) networkFor(spec backend.Spec) (string, error) {

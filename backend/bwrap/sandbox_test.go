@@ -385,3 +385,19 @@ func TestBwrapHealth(t *testing.T) {
 	}
 	waitNoProcess(t, time.Second, "sleep", "1006")
 }
+
+func TestBwrapSandboxRemovedBehindOurBack(t *testing.T) {
+	b := newTestBackend(t, nobodyUID)
+	ctx := context.Background()
+	id := create(t, b, backend.Spec{})
+	runOK(t, b, id, "true")
+	if err := os.RemoveAll(b.sandboxDir(id)); err != nil {
+		t.Fatal(err)
+	}
+	_, err := b.Exec(ctx, id, backend.ExecRequest{Command: "true", Timeout: time.Second})
+	wantErr(t, err, backend.ErrNotFound)
+	if _, err := b.Create(ctx, id, backend.Spec{}); err != nil {
+		t.Fatalf("Create again after an operator removed the sandbox: %v", err)
+	}
+	runOK(t, b, id, "true")
+}

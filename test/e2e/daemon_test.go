@@ -6,6 +6,7 @@ package e2e
 
 import (
 	"bufio"
+	"crypto/rand"
 	"bytes"
 	"context"
 	"fmt"
@@ -285,6 +286,14 @@ func (d *daemon) workspaces(t *testing.T) []string {
 		}
 	}
 	return out
+}
+
+// sleepToken returns a sleep duration no other test (or test package
+// running in parallel) uses, so that its processes can be told apart.
+func sleepToken() string {
+	var b [2]byte
+	rand.Read(b[:])
+	return fmt.Sprintf("%d.%03d", 5000+int(b[0])*10+int(b[1])%10, time.Now().Nanosecond()/1e6)
 }
 
 // processesMatching returns pids whose command line contains s.

@@ -174,13 +174,14 @@ func TestTimeouts(t *testing.T) {
 	assert.True(t, res.TimedOut)
 
 	// A backgrounded grandchild does not hold the call.
+	sleep := "sleep " + sleepToken()
 	start = time.Now()
-	res = run(t, c, id, "sleep 1000 & echo started", "timeout_s", 30)
+	res = run(t, c, id, sleep+" & echo started", "timeout_s", 30)
 	assert.Less(t, time.Since(start), 5*time.Second)
 	assert.False(t, res.TimedOut)
 	assert.Equal(t, "started\n", string(res.Stdout))
 	call(t, c, ipc.OpDestroy, map[string]any{"sandbox": id})
-	eventually(t, 5*time.Second, "every sleep 1000 gone", func() bool { return len(processesMatching("sleep 1000")) == 0 })
+	eventually(t, 5*time.Second, "every backgrounded sleep gone", func() bool { return len(processesMatching(sleep)) == 0 })
 }
 
 // rawCall sends one frame body on a raw connection and reads one response.

@@ -115,6 +115,10 @@ class _Connection:
         self._pending_lock = threading.Lock()
         # Set once, under _pending_lock, when the connection can carry nothing more.
         self._dead: Optional[BaseException] = None
+        # What the daemon said when it refused the connection as a whole (an
+        # id-0 error frame: unauthorized, busy...). Any call on this connection
+        # reports it rather than a bare broken pipe.
+        self._refusal: Optional[SidecarError] = None
         self._reader = threading.Thread(target=self._read_loop, name="sandbox-sidecar-reader", daemon=True)
         self._reader.start()
 
@@ -125,8 +129,7 @@ class _Connection:
     # -- sending -----------------------------------------------------------------
 
     def request(self, op: str, args: Optional[Mapping[str, Any]], deadline: float) -> dict:
-        if self._dead is not None:
-            raise _Broken(str(self._dead), sent=False)
+        self._raise_if_dead()
         request_id = next(self._ids)
         body = encode_request(request_id, op, args)
         if len(body) > self.max_frame_bytes:
@@ -138,8 +141,7 @@ class _Connection:
             )
         pending = _Pending()
         with self._pending_lock:
-            if self._dead is not None:
-                raise _Broken(str(self._dead), sent=False)
+            self._raise_if_dead()
             self._pending[request_id] = pending
         try:
             self._send(pack_frame(body), deadline, op)
@@ -160,6 +162,12 @@ class _Connection:
             raise failure
         assert pending.response is not None
         return result_from_response(pending.response)
+
+    def _raise_if_dead(self) -> None:
+        if self._refusal is not None:
+            raise self._refusal
+        if self._dead is not None:
+            raise _Broken(str(self._dead), sent=False)
 
     def _send(self, frame: bytes, deadline: float, op: str) -> None:
         if not self._send_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
@@ -199,8 +207,8 @@ class _Connection:
             # reporting a bare broken pipe.
             self._reader.join(min(1.0, max(0.0, deadline - time.monotonic())))
             self.kill(failure)
-        if isinstance(failure, _Broken) and isinstance(self._dead, SidecarError):
-            raise self._dead
+        if isinstance(failure, _Broken) and self._refusal is not None:
+            raise self._refusal
         raise failure
 
     # -- receiving ---------------------------------------------------------------
@@ -248,7 +256,8 @@ class _Connection:
             # sure its request was understood, so all of them get the error and
             # the connection is dropped.
             if message.get("ok") is False:
-                raise _errors_from(message)
+                self._refusal = _errors_from(message)
+                raise self._refusal
             raise SidecarProtocolError("the daemon sent a response without a request id")
         with self._pending_lock:
             pending = self._pending.get(request_id)

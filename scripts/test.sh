@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Install what the tests need (as root) and run the whole suite: formatting,
+# go vet, every Go test under the race detector (including the fuzz seed
+# corpus and the end-to-end tests against the real daemon and bubblewrap),
+# a short fuzzing run, and the Python client's tests against the real daemon.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PATH:/usr/local/go/bin"
+
+apt_packages=(bubblewrap python3-msgpack python3-pytest util-linux)
+missing=()
+for p in "${apt_packages[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -eq 0 ]; then
+    echo "== installing ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+  else
+    echo "missing apt packages: ${missing[*]} (sudo apt-get install ${missing[*]}); tests that need them will skip" >&2
+  fi
+fi
+
+echo "== gofmt"
+unformatted=$(find . -name '*.go' -not -path './bin/*' -print0 | xargs -0 gofmt -l)
+if [ -n "$unformatted" ]; then
+  echo "gofmt would change: $unformatted" >&2
+  exit 1
+fi
+
+echo "== go vet"
+go vet ./...
+
+echo "== go test -race"
+go test -race -count=1 -timeout 30m ./...
+
+echo "== fuzz the frame decoder for ${FUZZTIME:=20s}"
+go test -run '^$' -fuzz FuzzDecodeFrame -fuzztime "$FUZZTIME" ./ipc
+
+if [ -d clients/python/tests ]; then
+  echo "== python client tests (/usr/bin/python3)"
+  mkdir -p bin
+  go build -o bin/sandbox-sidecar ./cmd/sandbox-sidecar
+  SANDBOX_SIDECAR_BIN="$PWD/bin/sandbox-sidecar" /usr/bin/python3 -m pytest -q -p no:cacheprovider clients/python/tests
+fi
