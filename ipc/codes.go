@@ -49,10 +49,8 @@ const (
 	CodeHeldByOther       = "held_by_other"
 	CodeBusy              = "busy"
 	CodeSpecUnenforceable = "spec_unenforceable"
-	CodeBackendError      = "backend_error"
 	CodeBackendUnavail    = "backend_unavailable"
 	CodeShuttingDown      = "shutting_down"
-	CodeTooManyRequests   = "too_many_requests"
 	CodeInternal          = "internal"
 )
 

@@ -16,14 +16,18 @@ var (
 
 // QuotaError says which limit a request would exceed.
 type QuotaError struct {
-	// Scope is "uid", "owner", "host" or "commands_per_host".
+	// Scope is "uid", "owner", "host", "commands_per_host" or
+	// "commands_per_sandbox".
 	Scope string
 	Limit int
 }
 
 func (e *QuotaError) Error() string {
-	if e.Scope == "commands_per_host" {
+	switch e.Scope {
+	case "commands_per_host":
 		return fmt.Sprintf("quota exceeded: at most %d commands may run at once on this host", e.Limit)
+	case "commands_per_sandbox":
+		return fmt.Sprintf("quota exceeded: a command is already running in this sandbox; commands in one sandbox run one at a time (at most %d)", e.Limit)
 	}
 	return fmt.Sprintf("quota exceeded: at most %d sandboxes per %s", e.Limit, e.Scope)
 }

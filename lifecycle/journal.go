@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -71,7 +72,7 @@ func OpenJournal(dir string) (j *Journal, movedAside string, err error) {
 	if errors.Is(err, os.ErrPermission) {
 		return nil, "", fmt.Errorf("journal %s: %w; fix the state directory's owner", path, err)
 	}
-	movedAside = fmt.Sprintf("%s.corrupt-%s", path, time.Now().UTC().Format("20060102T150405Z"))
+	movedAside = fmt.Sprintf("%s.corrupt-%s", path, time.Now().UTC().Format("20060102T150405.000000000Z"))
 	if rerr := os.Rename(path, movedAside); rerr != nil {
 		return nil, "", fmt.Errorf("journal %s is unreadable (%v) and could not be moved aside: %w", path, err, rerr)
 	}
@@ -83,13 +84,22 @@ func OpenJournal(dir string) (j *Journal, movedAside string, err error) {
 }
 
 func openJournal(path string) (j *Journal, err error) {
-	// bbolt may panic on some corruptions rather than return an error.
+	// bbolt maps the file into memory: a truncated file makes reads past
+	// its end fault (SIGBUS), which Go treats as fatal unless the faulting
+	// goroutine asked to panic instead. So open and walk every page here,
+	// in this goroutine, before anything else (tx.Check's own goroutine,
+	// a write) touches the file.
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	var db *bolt.DB
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("journal is corrupt: %v", r)
+			if db != nil {
+				db.Close()
+			}
+			j, err = nil, fmt.Errorf("journal is corrupt: %v", r)
 		}
 	}()
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
 	if err != nil {
 		return nil, err
 	}
@@ -97,36 +107,48 @@ func openJournal(path string) (j *Journal, err error) {
 		db.Close()
 		return nil, err
 	}
+	// Read everything first, write nothing until it all checked out: a
+	// damaged file is moved aside exactly as it was found.
+	err = db.View(func(tx *bolt.Tx) error {
+		if err := tx.ForEach(func(name []byte, b *bolt.Bucket) error {
+			return b.ForEach(func(k, v []byte) error { return nil })
+		}); err != nil {
+			return err
+		}
+		for cerr := range tx.Check() {
+			return fmt.Errorf("journal consistency check: %w", cerr)
+		}
+		if meta := tx.Bucket(bucketMeta); meta != nil {
+			if v := meta.Get(keySchema); v != nil && string(v) != journalSchema {
+				return fmt.Errorf("journal schema %q is not %q", v, journalSchema)
+			}
+		}
+		if b := tx.Bucket(bucketSandboxes); b != nil {
+			return b.ForEach(func(k, v []byte) error {
+				var r journalRecord
+				if err := json.Unmarshal(v, &r); err != nil {
+					return fmt.Errorf("journal record %q: %w", k, err)
+				}
+				return nil
+			})
+		}
+		return nil
+	})
+	if err != nil {
+		return fail(err)
+	}
 	err = db.Update(func(tx *bolt.Tx) error {
 		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
 		if err != nil {
 			return err
 		}
-		switch v := meta.Get(keySchema); {
-		case v == nil:
+		if meta.Get(keySchema) == nil {
 			if err := meta.Put(keySchema, []byte(journalSchema)); err != nil {
 				return err
 			}
-		case string(v) != journalSchema:
-			return fmt.Errorf("journal schema %q is not %q", v, journalSchema)
 		}
 		_, err = tx.CreateBucketIfNotExists(bucketSandboxes)
 		return err
-	})
-	if err != nil {
-		return fail(err)
-	}
-	err = db.View(func(tx *bolt.Tx) error {
-		for cerr := range tx.Check() {
-			return fmt.Errorf("journal consistency check: %w", cerr)
-		}
-		return tx.Bucket(bucketSandboxes).ForEach(func(k, v []byte) error {
-			var r journalRecord
-			if err := json.Unmarshal(v, &r); err != nil {
-				return fmt.Errorf("journal record %q: %w", k, err)
-			}
-			return nil
-		})
 	})
 	if err != nil {
 		return fail(err)

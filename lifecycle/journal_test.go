@@ -267,7 +267,8 @@ func TestJournalTruncatedIsMovedAside(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-			cmd.Env = append(os.Environ(), childOpenJournalEnv+"="+dir)
+			// GORACE: a race-enabled child would otherwise sleep a second at exit.
+			cmd.Env = append(os.Environ(), childOpenJournalEnv+"="+dir, "GORACE=atexit_sleep_ms=0")
 			out, runErr := cmd.CombinedOutput()
 			_, line, found := strings.Cut(string(out), "CHILD-RESULT ")
 			if runErr != nil || !found {

@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -169,6 +170,8 @@ type Manager struct {
 	opsWG    sync.WaitGroup // creates and destroys in progress
 
 	recovery RecoveryReport
+
+	reaperTick atomic.Int64 // unix nanos of the reaper's last completed round
 }
 
 // New returns a manager; call Recover, then Start.
@@ -222,6 +225,7 @@ func (m *Manager) Backend() backend.Backend { return m.be }
 
 // Start runs the reaper until Close.
 func (m *Manager) Start() {
+	m.reaperTick.Store(time.Now().UnixNano())
 	m.reaperWG.Add(1)
 	go func() {
 		defer m.reaperWG.Done()
@@ -233,9 +237,16 @@ func (m *Manager) Start() {
 				return
 			case <-t.C:
 				m.Reap()
+				m.reaperTick.Store(time.Now().UnixNano())
 			}
 		}
 	}()
+}
+
+// ReaperAge says how long ago the reaper last finished a round; a
+// watchdog uses it to notice a wedged reaper.
+func (m *Manager) ReaperAge() time.Duration {
+	return time.Since(time.Unix(0, m.reaperTick.Load()))
 }
 
 // NewID returns a fresh sandbox id: "sc-" and 16 hex digits.
@@ -500,12 +511,19 @@ func notFound(id string) error {
 // is gone. Another uid's sandbox is not found, as if it did not exist.
 // m.mu must be held.
 func (m *Manager) lookup(c Caller, id string) (*record, error) {
+	if m.closing {
+		return nil, ErrShuttingDown
+	}
 	r, ok := m.boxes[id]
 	if !ok || r.State != StateReady || r.UID != c.UID {
 		return nil, notFound(id)
 	}
 	if !m.cfg.Now().Before(r.ExpiresAt) {
 		return nil, fmt.Errorf("%w: sandbox %q expired at %s; create a new one", backend.ErrNotFound, id, r.ExpiresAt.Format(time.RFC3339))
+	}
+	if r.ConnBound && !r.disconnectedAt.IsZero() && m.cfg.Now().Sub(r.disconnectedAt) >= m.cfg.ConnGrace {
+		// Its grace is over; the reaper just has not come round yet.
+		return nil, notFound(id)
 	}
 	if r.ConnBound && !r.disconnectedAt.IsZero() && c.ConnID != 0 {
 		r.ConnID = c.ConnID
@@ -520,9 +538,6 @@ func (m *Manager) lookup(c Caller, id string) (*record, error) {
 func (m *Manager) use(c Caller, id string) (*record, func(), error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.closing {
-		return nil, nil, ErrShuttingDown
-	}
 	r, err := m.lookup(c, id)
 	if err != nil {
 		return nil, nil, err
@@ -554,6 +569,10 @@ func (m *Manager) Describe(id string) (Sandbox, bool) {
 // reveals nothing. The backend work runs detached from ctx.
 func (m *Manager) Destroy(ctx context.Context, c Caller, id string) error {
 	m.mu.Lock()
+	if m.closing {
+		m.mu.Unlock()
+		return ErrShuttingDown
+	}
 	r, ok := m.boxes[id]
 	if !ok || (!c.Admin && r.UID != c.UID) || r.State != StateReady {
 		m.mu.Unlock()

@@ -8,9 +8,11 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 )
 
-// Exec runs one command. Commands in one sandbox run one at a time (a
-// second waits for the first, bounded by ctx); the budget is cut to what
-// is left of the sandbox's life, and AppliedTimeout says so.
+// Exec runs one command. Commands in one sandbox run one at a time: a
+// second one while the first runs is refused with a QuotaError
+// (commands_per_sandbox), never queued, so no call waits an unbounded time
+// for another. The budget is cut to what is left of the sandbox's life, and
+// AppliedTimeout says so.
 func (m *Manager) Exec(ctx context.Context, c Caller, id string, req backend.ExecRequest) (backend.ExecResult, error) {
 	r, done, err := m.use(c, id)
 	if err != nil {
@@ -19,8 +21,8 @@ func (m *Manager) Exec(ctx context.Context, c Caller, id string, req backend.Exe
 	defer done()
 	select {
 	case r.cmd <- struct{}{}:
-	case <-ctx.Done():
-		return backend.ExecResult{}, ctx.Err()
+	default:
+		return backend.ExecResult{}, &QuotaError{Scope: "commands_per_sandbox", Limit: 1}
 	}
 	defer func() { <-r.cmd }()
 	select {

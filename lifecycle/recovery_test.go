@@ -239,9 +239,11 @@ func TestCrashAtFailpoints(t *testing.T) {
 				id = e.create(alice, CreateRequest{Owner: "dag/run"}).ID
 				fp.arm(tt.point)
 				crashAt(t, tt.point, func() { _ = e.m.Destroy(ctx, alice, id) })
+				fp.disarm()
 			} else {
 				fp.arm(tt.point)
 				crashAt(t, tt.point, func() { _, _ = e.m.Create(ctx, alice, CreateRequest{Owner: "dag/run"}) })
+				fp.disarm()
 				for rid := range e.journaled() {
 					if rid != bystander.ID {
 						id = rid

@@ -348,7 +348,7 @@ func (s *Service) runCommand(ctx context.Context, c lifecycle.Caller, args *ipc.
 	}
 	req.Stdin, _ = args.Bytes("stdin", false)
 	req.Env = args.StringMap("env", maxEnv)
-	req.Cwd = args.String("cwd", false)
+	req.Cwd = pathArg(args, "cwd", false)
 	timeout := args.Float("timeout_s", s.lim.DefaultTimeout.Seconds())
 	if args.Err() == nil && timeout <= 0 {
 		args.Failf(`argument "timeout_s" must be greater than 0, got %v`, timeout)
@@ -387,7 +387,7 @@ func (s *Service) runCommand(ctx context.Context, c lifecycle.Caller, args *ipc.
 
 func (s *Service) readFile(ctx context.Context, c lifecycle.Caller, args *ipc.Args, a *audit) (any, error) {
 	id := args.String("sandbox", true)
-	path := args.String("path", true)
+	path := pathArg(args, "path", true)
 	maxBytes := args.Int("max_bytes", s.lim.MaxFileBytes, 0, math.MaxInt64)
 	if err := args.Done("argument"); err != nil {
 		return nil, err
@@ -405,7 +405,7 @@ func (s *Service) readFile(ctx context.Context, c lifecycle.Caller, args *ipc.Ar
 
 func (s *Service) writeFile(ctx context.Context, c lifecycle.Caller, args *ipc.Args, a *audit) (any, error) {
 	id := args.String("sandbox", true)
-	path := args.String("path", true)
+	path := pathArg(args, "path", true)
 	data, _ := args.Bytes("data", true)
 	mode := args.Int("mode", 0o644, 0, 0o777)
 	if err := args.Done("argument"); err != nil {
@@ -425,7 +425,7 @@ func (s *Service) writeFile(ctx context.Context, c lifecycle.Caller, args *ipc.A
 
 func (s *Service) listDirectory(ctx context.Context, c lifecycle.Caller, args *ipc.Args, a *audit) (any, error) {
 	id := args.String("sandbox", true)
-	path := args.String("path", true)
+	path := pathArg(args, "path", true)
 	if err := args.Done("argument"); err != nil {
 		return nil, err
 	}
@@ -527,6 +527,16 @@ func (s *Service) toWire(err error) *ipc.Error {
 		return ipc.Errorf(ipc.CodeShuttingDown, "the request was cancelled (connection closed or daemon shutting down)")
 	}
 	return ipc.AsError(err)
+}
+
+// pathArg reads a path given as a string or, for names that are not
+// UTF-8 (as list_directory returns them), as bytes.
+func pathArg(args *ipc.Args, key string, required bool) string {
+	b, ok := args.Bytes(key, required)
+	if ok && required && len(b) == 0 {
+		args.Failf("argument %q must not be empty", key)
+	}
+	return string(b)
 }
 
 func seconds(f float64) time.Duration {

@@ -149,13 +149,19 @@ func New(cfg Config) (*Backend, error) {
 		}
 	}
 
-	return &Backend{
+	b := &Backend{
 		cfg:       cfg,
 		bwrap:     bin,
-		log:       cfg.Logger.Named(Name),
+		log:       cfg.Logger,
 		rootLinks: hostRootLinks("/"),
 		sandboxes: make(map[string]*sandbox),
-	}, nil
+	}
+	// No command of this backend runs yet, so any process still carrying
+	// the marker of one of its sandboxes was left by a daemon that died.
+	if strays := findMarked(cfg.Dir, true); len(strays) > 0 {
+		b.log.Warn("killing sandbox processes left by a previous daemon", "count", killMarked(strays))
+	}
+	return b, nil
 }
 
 func checkIDs(uid, gid int) error {
@@ -279,7 +285,7 @@ func (b *Backend) Health(ctx context.Context) error {
 func (b *Backend) runCheck(ctx context.Context, limit time.Duration, what string, args []string) error {
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	cmd := b.command(args)
+	cmd := b.command("", args)
 	res, err := capture.Run(ctx, cmd, capture.Options{Timeout: limit, KillGrace: outerKillGrace, MaxOutputBytes: probeOutputBytes})
 	if err == nil && res.ExitCode == 0 && !res.TimedOut {
 		return nil
@@ -297,11 +303,15 @@ func (b *Backend) runCheck(ctx context.Context, limit time.Duration, what string
 		backend.ErrUnavailable, what, detail, b.runsAs())
 }
 
-// command returns an exec.Cmd for bwrap with an empty environment, run from
-// /, with the sandbox credentials when they are configured.
-func (b *Backend) command(args []string) *exec.Cmd {
+// command returns an exec.Cmd for bwrap with an environment holding only
+// the marker of the sandbox directory dir ("" for none), run from /, with
+// the sandbox credentials when they are configured.
+func (b *Backend) command(dir string, args []string) *exec.Cmd {
 	cmd := exec.Command(b.bwrap, args...)
 	cmd.Env = []string{}
+	if dir != "" {
+		cmd.Env = []string{markerEnv + "=" + dir}
+	}
 	cmd.Dir = "/"
 	if b.cfg.SandboxUID >= 0 {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{

@@ -112,7 +112,7 @@ func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 
 	args := append([]string{"--args", "3", "--", timeoutPath,
 		"--kill-after=" + seconds(guestTimeout(b.cfg.KillGrace)), "--", seconds(applied)}, argv...)
-	cmd := b.command(args)
+	cmd := b.command(sb.dir, args)
 	cmd.ExtraFiles = files
 
 	res, runErr := capture.Run(opCtx, cmd, capture.Options{

@@ -296,7 +296,7 @@ func (b *Backend) networkFor(spec backend.Spec) (string, error) {
 	}
 	if spec.BlockNetwork != nil && !*spec.BlockNetwork {
 		if !b.cfg.ShareHostNetwork {
-			return "", fmt.Errorf("%w: block_network=false needs the host's network, which this daemon does not allow; keep block_network=true, or an operator can allow it by enabling ShareHostNetwork for the bwrap backend (the sandbox then shares every interface of the host)", backend.ErrSpecUnenforceable)
+			return "", fmt.Errorf("%w: block_network=false needs the host's network, which this daemon does not allow; keep block_network=true, or an operator can allow it with the daemon's --bwrap-share-host-network flag (bwrap.share_host_network in the config; the sandbox then shares every interface of the host)", backend.ErrSpecUnenforceable)
 		}
 		return networkHost, nil
 	}
@@ -383,6 +383,9 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	log := b.log.With("sandbox", id)
 	if !sb.stop(ctx, destroyWait) {
 		log.Warn("running commands did not all end in time; removing the files anyway", "waited_up_to", destroyWait)
+	}
+	if strays := findMarked(sb.dir, false); len(strays) > 0 {
+		log.Warn("killed processes of the sandbox that outlived their command", "count", killMarked(strays))
 	}
 	err := removeAllForce(sb.dir)
 

@@ -50,7 +50,7 @@ func TestBwrapSpecRefusals(t *testing.T) {
 	}{
 		{"egress hosts", backend.Spec{AllowEgressTo: []string{"pypi.org"}}, backend.ErrSpecUnenforceable, "no egress filter"},
 		{"egress cidrs", backend.Spec{AllowEgressToCIDRs: []string{"10.0.0.0/8"}}, backend.ErrSpecUnenforceable, "no egress filter"},
-		{"network wanted", backend.Spec{BlockNetwork: boolPtr(false)}, backend.ErrSpecUnenforceable, "ShareHostNetwork"},
+		{"network wanted", backend.Spec{BlockNetwork: boolPtr(false)}, backend.ErrSpecUnenforceable, "share-host-network"},
 		{"env name with =", backend.Spec{Env: map[string]string{"A=B": "x"}}, backend.ErrInvalidArgument, "rename"},
 		{"empty env name", backend.Spec{Env: map[string]string{"": "x"}}, backend.ErrInvalidArgument, "rename"},
 		{"NUL in env value", backend.Spec{Env: map[string]string{"A": "x\x00"}}, backend.ErrInvalidArgument, "NUL"},

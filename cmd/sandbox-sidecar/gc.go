@@ -21,12 +21,17 @@ import (
 func runGC(args []string, stdout, stderr io.Writer) error {
 	var cf clientFlags
 	var dryRun bool
-	var c serveConfig
+	c := defaultConfig()
+	path, explicit := configPathFromArgs(args)
+	if err := loadConfigFile(&c, path, explicit); err != nil {
+		return &exitError{code: 2, err: err}
+	}
 	fs := newFlags("gc", "[--dry-run]", stderr)
+	fs.String("config", DefaultConfigPath, "config file (for the state directory and backend when no daemon runs)")
 	cf.register(fs, 5*time.Minute)
 	fs.BoolVar(&dryRun, "dry-run", false, "print what would be removed, remove nothing")
-	fs.StringVar(&c.StateDir, "state-dir", defaultStateDir(), "state directory, when no daemon is running")
-	fs.StringVar(&c.Backend, "backend", "bwrap", "backend, when no daemon is running")
+	fs.StringVar(&c.Server.StateDir, "state-dir", c.Server.StateDir, "state directory, when no daemon is running")
+	fs.StringVar(&c.Server.Backend, "backend", c.Server.Backend, "backend, when no daemon is running")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -56,13 +61,11 @@ func runGC(args []string, stdout, stderr io.Writer) error {
 	}
 
 	// No daemon: recover offline, under the same lock a daemon takes.
-	c.SandboxUID, c.SandboxGID = 65534, 65534
-	c.KillGrace = 2 * time.Second
 	log := hclog.New(&hclog.LoggerOptions{Name: "sandbox-sidecar", Level: hclog.Info, Output: stderr})
 	if dryRun {
 		log.SetLevel(hclog.Warn)
 	}
-	lock, err := lifecycle.LockStateDir(c.StateDir)
+	lock, err := lifecycle.LockStateDir(c.Server.StateDir)
 	if err != nil {
 		return err
 	}
@@ -71,7 +74,7 @@ func runGC(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	journal, moved, err := lifecycle.OpenJournal(c.StateDir)
+	journal, moved, err := lifecycle.OpenJournal(c.Server.StateDir)
 	if err != nil {
 		return err
 	}

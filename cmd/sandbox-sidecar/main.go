@@ -10,7 +10,6 @@ import (
 	"io"
 	"os"
 	"sort"
-	"strings"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -48,6 +47,7 @@ func init() {
 		"rm":      {"destroy sandboxes (or every sandbox of a run with --run)", runRemove},
 		"gc":      {"destroy orphaned sandboxes now (via the daemon, or offline when none runs)", runGC},
 		"version": {"print the version", runVersion},
+		"config":  {"check or show the configuration file", runConfig},
 	}
 }
 
@@ -123,19 +123,6 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 			return err
 		}
 		return &exitError{code: 2}
-	}
-	return nil
-}
-
-// listFlag is a repeatable, comma-separable flag.
-type listFlag []string
-
-func (l *listFlag) String() string { return strings.Join(*l, ",") }
-func (l *listFlag) Set(v string) error {
-	for _, s := range strings.Split(v, ",") {
-		if s = strings.TrimSpace(s); s != "" {
-			*l = append(*l, s)
-		}
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"os/user"
@@ -22,89 +23,73 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/service"
 )
 
-// serveConfig is everything serve needs; flags fill it.
-type serveConfig struct {
-	Socket          string
-	SocketMode      uint
-	SocketGroup     string
-	StateDir        string
-	Backend         string
-	LogFormat       string
-	LogLevel        string
-	AllowUIDs       listFlag
-	AllowGroups     listFlag
-	AdminUIDs       listFlag
-	AdminGroups     listFlag
-	MaxFrame        int
-	MaxConns        int
-	ShutdownTimeout time.Duration
-	Lifecycle       lifecycle.Config
-	Limits          service.Limits
-	SandboxUID      int
-	SandboxGID      int
-	ShareHostNet    bool
-	KillGrace       time.Duration
-	AuditFile       string
-}
-
 func runServe(args []string, stdout, stderr io.Writer) error {
-	var c serveConfig
-	fs := newFlags("serve", "[flags]", stderr)
-	fs.StringVar(&c.Socket, "socket", defaultSocket(), "Unix socket to listen on (env "+SocketEnv+")")
-	fs.UintVar(&c.SocketMode, "socket-mode", 0o660, "mode of the socket; its directory gets the matching r-x bits")
-	fs.StringVar(&c.SocketGroup, "socket-group", "", "group (name or gid) owning the socket; its members may connect (default: the daemon's group; 'sandbox-sidecar' when that group exists and the daemon runs as root)")
-	fs.StringVar(&c.StateDir, "state-dir", defaultStateDir(), "state directory (one daemon per directory)")
-	fs.StringVar(&c.Backend, "backend", "bwrap", "sandbox backend: bwrap")
-	fs.StringVar(&c.LogFormat, "log-format", "text", "log format: text or json")
-	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: trace, debug, info, warn, error")
-	fs.Var(&c.AllowUIDs, "allow-uid", "uids allowed to connect, besides root, the daemon's uid and the socket group (repeatable, comma-separated)")
-	fs.Var(&c.AllowGroups, "allow-group", "groups (names or gids) whose members may connect, besides the socket group (repeatable)")
-	fs.Var(&c.AdminUIDs, "admin-uid", "uids that may list and destroy every sandbox, besides root and the daemon's uid (repeatable)")
-	fs.Var(&c.AdminGroups, "admin-group", "groups whose members may list and destroy every sandbox (repeatable)")
-	fs.IntVar(&c.MaxFrame, "max-frame-bytes", ipc.DefaultMaxFrame, "largest frame accepted or sent")
-	fs.IntVar(&c.MaxConns, "max-connections", ipc.DefaultMaxConns, "most connections open at once")
-	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "how long in-flight requests may run after SIGTERM")
-	fs.DurationVar(&c.Lifecycle.ConnGrace, "conn-grace", lifecycle.DefaultConnGrace, "how long a connection-bound sandbox outlives its connection")
-	fs.DurationVar(&c.Lifecycle.MaxLifetime, "max-lifetime", lifecycle.DefaultMaxLifetime, "hard cap on any sandbox's life")
-	fs.DurationVar(&c.Lifecycle.DefaultTTL, "default-ttl", lifecycle.DefaultTTL, "life of an owned sandbox created without ttl_s")
-	fs.DurationVar(&c.Lifecycle.IdleTimeout, "idle-timeout", 30*time.Minute, "destroy a sandbox that ran nothing for this long (0: never)")
-	fs.DurationVar(&c.Lifecycle.ReapInterval, "reap-interval", lifecycle.DefaultReapInterval, "how often the reaper looks for expired and abandoned sandboxes")
-	fs.IntVar(&c.Lifecycle.MaxPerHost, "max-sandboxes", lifecycle.DefaultMaxPerHost, "most sandboxes on this host")
-	fs.IntVar(&c.Lifecycle.MaxPerUID, "max-sandboxes-per-uid", lifecycle.DefaultMaxPerUID, "most sandboxes per client uid")
-	fs.IntVar(&c.Lifecycle.MaxPerOwner, "max-sandboxes-per-owner", lifecycle.DefaultMaxPerOwner, "most sandboxes per owner (Airflow run)")
-	fs.IntVar(&c.Lifecycle.MaxCmdsPerHost, "max-commands", lifecycle.DefaultMaxCmdsPerHost, "most commands running at once on this host")
-	fs.IntVar(&c.Limits.MaxOutputBytes, "max-output-bytes", service.DefaultMaxOutputBytes, "cap on max_output_bytes (per stream)")
-	fs.Int64Var(&c.Limits.MaxFileBytes, "max-file-bytes", service.DefaultMaxFileBytes, "cap on one read_file or write_file")
-	fs.DurationVar(&c.Limits.MaxTimeout, "max-timeout", service.DefaultMaxTimeout, "cap on a command's timeout")
-	fs.DurationVar(&c.Limits.DefaultTimeout, "default-timeout", service.DefaultTimeout, "a command's timeout when the request gives none")
-	fs.IntVar(&c.SandboxUID, "sandbox-uid", 65534, "host uid that runs sandboxes when the daemon runs as root")
-	fs.IntVar(&c.SandboxGID, "sandbox-gid", 65534, "host gid that runs sandboxes when the daemon runs as root")
-	fs.BoolVar(&c.ShareHostNet, "bwrap-share-host-network", false, "let sandboxes that ask for block_network=false share the host's network (bwrap)")
-	fs.DurationVar(&c.KillGrace, "kill-grace", 2*time.Second, "time between SIGTERM and SIGKILL when a command times out")
-	fs.StringVar(&c.AuditFile, "audit-file", "", "also append the audit trail to this file as JSON lines")
+	cfg := defaultConfig()
+	path, explicit := configPathFromArgs(args)
+	if err := loadConfigFile(&cfg, path, explicit); err != nil {
+		return &exitError{code: 2, err: err}
+	}
+	fs := newFlags("serve", "[--config PATH] [flags]", stderr)
+	fs.String("config", DefaultConfigPath, "config file (TOML; read when it exists; flags override it)")
+	s, a, l, lim, bw := &cfg.Server, &cfg.Access, &cfg.Lifecycle, &cfg.Limits, &cfg.Bwrap
+	fs.StringVar(&s.Socket, "socket", s.Socket, "Unix socket to listen on (env "+SocketEnv+"); ignored under systemd socket activation")
+	fs.Var(&s.SocketMode, "socket-mode", "mode of the socket; its directory gets the matching r-x bits")
+	fs.StringVar(&s.SocketGroup, "socket-group", s.SocketGroup, "group (name or gid) owning the socket; its members may connect (default: 'sandbox-sidecar' when that group exists and the daemon runs as root)")
+	fs.StringVar(&s.StateDir, "state-dir", s.StateDir, "state directory (one daemon per directory)")
+	fs.StringVar(&s.Backend, "backend", s.Backend, "sandbox backend: bwrap")
+	fs.StringVar(&s.LogFormat, "log-format", s.LogFormat, "log format: text or json")
+	fs.StringVar(&s.LogLevel, "log-level", s.LogLevel, "log level: trace, debug, info, warn, error")
+	fs.IntVar(&s.MaxFrameBytes, "max-frame-bytes", s.MaxFrameBytes, "largest frame accepted or sent")
+	fs.IntVar(&s.MaxConnections, "max-connections", s.MaxConnections, "most connections open at once")
+	fs.Var(&s.ShutdownTimeout, "shutdown-timeout", "how long in-flight requests may run after SIGTERM")
+	fs.StringVar(&s.AuditFile, "audit-file", s.AuditFile, "also append the audit trail to this file as JSON lines")
+	fs.Var(&listFlag{l: &a.AllowUIDs}, "allow-uid", "uids (or user names) allowed to connect, besides root, the daemon's uid and the socket group (repeatable, comma-separated)")
+	fs.Var(&listFlag{l: &a.AllowGroups}, "allow-group", "groups (names or gids) whose members may connect, besides the socket group (repeatable)")
+	fs.Var(&listFlag{l: &a.AdminUIDs}, "admin-uid", "uids that may list and destroy every sandbox, besides root and the daemon's uid (repeatable)")
+	fs.Var(&listFlag{l: &a.AdminGroups}, "admin-group", "groups whose members may list and destroy every sandbox (repeatable)")
+	fs.Var(&l.ConnGrace, "conn-grace", "how long a connection-bound sandbox outlives its connection")
+	fs.Var(&l.MaxLifetime, "max-lifetime", "hard cap on any sandbox's life")
+	fs.Var(&l.DefaultTTL, "default-ttl", "life of an owned sandbox created without ttl_s")
+	fs.Var(&l.IdleTimeout, "idle-timeout", "destroy a sandbox that ran nothing for this long (0: never)")
+	fs.Var(&l.ReapInterval, "reap-interval", "how often the reaper looks for expired and abandoned sandboxes")
+	fs.IntVar(&l.MaxSandboxes, "max-sandboxes", l.MaxSandboxes, "most sandboxes on this host")
+	fs.IntVar(&l.MaxSandboxesPerUID, "max-sandboxes-per-uid", l.MaxSandboxesPerUID, "most sandboxes per client uid")
+	fs.IntVar(&l.MaxSandboxesPerOwner, "max-sandboxes-per-owner", l.MaxSandboxesPerOwner, "most sandboxes per owner (Airflow run)")
+	fs.IntVar(&l.MaxCommands, "max-commands", l.MaxCommands, "most commands running at once on this host")
+	fs.IntVar(&lim.MaxOutputBytes, "max-output-bytes", lim.MaxOutputBytes, "cap on max_output_bytes (per stream)")
+	fs.Int64Var(&lim.MaxFileBytes, "max-file-bytes", lim.MaxFileBytes, "cap on one read_file or write_file")
+	fs.Var(&lim.MaxTimeout, "max-timeout", "cap on a command's timeout")
+	fs.Var(&lim.DefaultTimeout, "default-timeout", "a command's timeout when the request gives none")
+	fs.IntVar(&bw.SandboxUID, "sandbox-uid", bw.SandboxUID, "host uid that runs sandboxes when the daemon runs as root")
+	fs.IntVar(&bw.SandboxGID, "sandbox-gid", bw.SandboxGID, "host gid that runs sandboxes when the daemon runs as root")
+	fs.BoolVar(&bw.ShareHostNetwork, "bwrap-share-host-network", bw.ShareHostNetwork, "let sandboxes that ask for block_network=false share the host's network (bwrap)")
+	fs.Var(&bw.KillGrace, "kill-grace", "time between SIGTERM and SIGKILL when a command times out")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return &exitError{code: 2, err: fmt.Errorf("unexpected arguments %q", fs.Args())}
 	}
-	return serve(c, stderr)
+	if err := cfg.validate(); err != nil {
+		return &exitError{code: 2, err: fmt.Errorf("invalid configuration:\n%w", err)}
+	}
+	return serve(cfg, stderr)
 }
 
-func newLogger(c serveConfig, w io.Writer) (hclog.Logger, error) {
-	level := hclog.LevelFromString(c.LogLevel)
-	if level == hclog.NoLevel {
-		return nil, fmt.Errorf("unknown log level %q; use trace, debug, info, warn or error", c.LogLevel)
+func newLogger(format, level string, w io.Writer) (hclog.Logger, error) {
+	lvl := hclog.LevelFromString(level)
+	if lvl == hclog.NoLevel {
+		return nil, fmt.Errorf("unknown log level %q; use trace, debug, info, warn or error", level)
 	}
 	var json bool
-	switch c.LogFormat {
+	switch format {
 	case "text":
 	case "json":
 		json = true
 	default:
-		return nil, fmt.Errorf("unknown log format %q; use text or json", c.LogFormat)
+		return nil, fmt.Errorf("unknown log format %q; use text or json", format)
 	}
-	return hclog.New(&hclog.LoggerOptions{Name: "sandbox-sidecar", Level: level, JSONFormat: json, Output: w, TimeFormat: time.RFC3339Nano}), nil
+	return hclog.New(&hclog.LoggerOptions{Name: "sandbox-sidecar", Level: lvl, JSONFormat: json, Output: w, TimeFormat: time.RFC3339Nano}), nil
 }
 
 // lookupGroup resolves a group name or number.
@@ -120,7 +105,7 @@ func lookupGroup(g string) (uint32, error) {
 	return uint32(n), err
 }
 
-func parseUIDs(l listFlag) ([]uint32, error) {
+func parseUIDs(l List) ([]uint32, error) {
 	out := make([]uint32, 0, len(l))
 	for _, s := range l {
 		n, err := strconv.ParseUint(s, 10, 32)
@@ -139,7 +124,7 @@ func parseUIDs(l listFlag) ([]uint32, error) {
 	return out, nil
 }
 
-func parseGIDs(l listFlag) ([]uint32, error) {
+func parseGIDs(l List) ([]uint32, error) {
 	out := make([]uint32, 0, len(l))
 	for _, s := range l {
 		g, err := lookupGroup(s)
@@ -154,46 +139,47 @@ func parseGIDs(l listFlag) ([]uint32, error) {
 // policyFor builds the connection policy: root and the daemon's own uid
 // are admins; members of the socket group and the listed uids/groups may
 // connect.
-func policyFor(c serveConfig, socketGID int) (*service.Policy, error) {
+func policyFor(a AccessSection, socketGID int) (*service.Policy, error) {
 	p := &service.Policy{AdminUIDs: []uint32{0, uint32(os.Geteuid())}}
 	var err error
-	if p.AllowUIDs, err = parseUIDs(c.AllowUIDs); err != nil {
+	if p.AllowUIDs, err = parseUIDs(a.AllowUIDs); err != nil {
 		return nil, err
 	}
-	if p.AllowGIDs, err = parseGIDs(c.AllowGroups); err != nil {
+	if p.AllowGIDs, err = parseGIDs(a.AllowGroups); err != nil {
 		return nil, err
 	}
 	if socketGID >= 0 {
 		p.AllowGIDs = append(p.AllowGIDs, uint32(socketGID))
 	}
-	admins, err := parseUIDs(c.AdminUIDs)
+	admins, err := parseUIDs(a.AdminUIDs)
 	if err != nil {
 		return nil, err
 	}
 	p.AdminUIDs = append(p.AdminUIDs, admins...)
-	if p.AdminGIDs, err = parseGIDs(c.AdminGroups); err != nil {
+	if p.AdminGIDs, err = parseGIDs(a.AdminGroups); err != nil {
 		return nil, err
 	}
 	return p, nil
 }
 
-func serve(c serveConfig, stderr io.Writer) error {
-	log, err := newLogger(c, stderr)
+func serve(cfg Config, stderr io.Writer) error {
+	log, err := newLogger(cfg.Server.LogFormat, cfg.Server.LogLevel, stderr)
 	if err != nil {
 		return &exitError{code: 2, err: err}
 	}
 	fail := func(format string, args ...any) error {
 		err := fmt.Errorf(format, args...)
 		log.Error("cannot start", "error", err)
+		notifyStatus(log, "failed to start: "+err.Error())
 		return &exitError{code: 1}
 	}
 
 	socketGID := -1
 	switch {
-	case c.SocketGroup != "":
-		g, err := lookupGroup(c.SocketGroup)
+	case cfg.Server.SocketGroup != "":
+		g, err := lookupGroup(cfg.Server.SocketGroup)
 		if err != nil {
-			return fail("--socket-group: %w", err)
+			return fail("server.socket_group: %w", err)
 		}
 		socketGID = int(g)
 	case os.Geteuid() == 0:
@@ -201,22 +187,34 @@ func serve(c serveConfig, stderr io.Writer) error {
 			socketGID = int(g)
 		}
 	}
-	policy, err := policyFor(c, socketGID)
+	// Under socket activation systemd made the socket: its group is the
+	// socket group whatever the config says.
+	activated, err := activatedListener()
+	if err != nil {
+		return fail("%w", err)
+	}
+	if activated != nil {
+		if gid, ok := socketFileGID(activated); ok {
+			socketGID = gid
+		}
+	}
+	policy, err := policyFor(cfg.Access, socketGID)
 	if err != nil {
 		return fail("%w", err)
 	}
 
-	lock, err := lifecycle.LockStateDir(c.StateDir)
+	stateDir := cfg.Server.StateDir
+	lock, err := lifecycle.LockStateDir(stateDir)
 	if err != nil {
 		return fail("%w", err)
 	}
 	defer lock.Unlock()
 
-	be, err := newBackend(c, log)
+	be, err := newBackend(cfg, log)
 	if err != nil {
-		return fail("backend %s: %w", c.Backend, err)
+		return fail("backend %s: %w", cfg.Server.Backend, err)
 	}
-	journal, movedAside, err := lifecycle.OpenJournal(c.StateDir)
+	journal, movedAside, err := lifecycle.OpenJournal(stateDir)
 	if err != nil {
 		return fail("%w", err)
 	}
@@ -225,17 +223,17 @@ func serve(c serveConfig, stderr io.Writer) error {
 		log.Error("THE JOURNAL WAS UNREADABLE and has been moved aside; starting with an empty journal and sweeping every sandbox of this daemon",
 			"moved_to", movedAside)
 	}
-	mgr, err := lifecycle.New(func() lifecycle.Config {
-		lc := c.Lifecycle
-		lc.Backend = be
-		lc.Journal = journal
-		lc.Logger = log.Named("lifecycle")
-		lc.Failpoint = failpointFromEnv(log)
-		if lc.IdleTimeout == 0 {
-			lc.IdleTimeout = -1
-		}
-		return lc
-	}())
+	lc := cfg.Lifecycle
+	idle := lc.IdleTimeout.D()
+	if idle == 0 {
+		idle = -1 // off
+	}
+	mgr, err := lifecycle.New(lifecycle.Config{
+		Backend: be, Journal: journal, Logger: log.Named("lifecycle"), Failpoint: failpointFromEnv(log),
+		ConnGrace: lc.ConnGrace.D(), MaxLifetime: lc.MaxLifetime.D(), DefaultTTL: lc.DefaultTTL.D(), IdleTimeout: idle,
+		ReapInterval: lc.ReapInterval.D(), MaxPerHost: lc.MaxSandboxes, MaxPerUID: lc.MaxSandboxesPerUID,
+		MaxPerOwner: lc.MaxSandboxesPerOwner, MaxCmdsPerHost: lc.MaxCommands,
+	})
 	if err != nil {
 		return fail("%w", err)
 	}
@@ -244,6 +242,7 @@ func serve(c serveConfig, stderr io.Writer) error {
 	}
 	// Before serving: re-adopt what is still leased, destroy what lost its
 	// reason to exist while the daemon was down, sweep what nobody knows.
+	notifyStatus(log, "recovering sandboxes from the journal")
 	rep, err := mgr.Recover(context.Background(), false)
 	if err != nil {
 		log.Error("recovery was incomplete; the reaper retries failed destroys", "error", err)
@@ -252,47 +251,64 @@ func serve(c serveConfig, stderr io.Writer) error {
 		"duration", rep.Duration)
 
 	auditLog := log.Named("audit")
-	if c.AuditFile != "" {
-		f, err := os.OpenFile(c.AuditFile, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if cfg.Server.AuditFile != "" {
+		f, err := os.OpenFile(cfg.Server.AuditFile, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 		if err != nil {
-			return fail("--audit-file: %w", err)
+			return fail("server.audit_file: %w", err)
 		}
 		defer f.Close()
-		il := hclog.NewInterceptLogger(&hclog.LoggerOptions{Name: "sandbox-sidecar.audit", Level: hclog.Info, JSONFormat: c.LogFormat == "json", Output: stderr, TimeFormat: time.RFC3339Nano})
+		opts := &hclog.LoggerOptions{Name: "sandbox-sidecar.audit", Level: hclog.Info, JSONFormat: cfg.Server.LogFormat == "json", Output: stderr, TimeFormat: time.RFC3339Nano}
+		il := hclog.NewInterceptLogger(opts)
 		il.RegisterSink(hclog.NewSinkAdapter(&hclog.LoggerOptions{Name: "sandbox-sidecar.audit", Level: hclog.Info, JSONFormat: true, Output: f}))
 		auditLog = il
 	}
 
-	c.Limits.MaxFrame = c.MaxFrame
-	svc := service.New(service.Config{Manager: mgr, Policy: policy, Limits: c.Limits, Logger: auditLog, Version: version})
-	lst, err := ipc.Listen(ipc.ListenConfig{Path: c.Socket, Mode: os.FileMode(c.SocketMode), GID: socketGID})
-	if err != nil {
-		return fail("%w", err)
+	limits := service.Limits{
+		MaxOutputBytes: cfg.Limits.MaxOutputBytes, MaxFileBytes: cfg.Limits.MaxFileBytes,
+		MaxTimeout: cfg.Limits.MaxTimeout.D(), DefaultTimeout: cfg.Limits.DefaultTimeout.D(), MaxFrame: cfg.Server.MaxFrameBytes,
 	}
-	srv := ipc.NewServer(ipc.ServerConfig{Handler: svc, Authorize: policy.Authorize, Logger: log.Named("ipc"), MaxFrame: c.MaxFrame, MaxConns: c.MaxConns})
+	svc := service.New(service.Config{Manager: mgr, Policy: policy, Limits: limits, Logger: auditLog, Version: version})
+	var lst net.Listener
+	socketPath := cfg.Server.Socket
+	if activated != nil {
+		lst = activated
+		socketPath = activated.Addr().String()
+		log.Info("using the socket systemd passed (socket activation)", "socket", socketPath)
+	} else {
+		ul, err := ipc.Listen(ipc.ListenConfig{Path: socketPath, Mode: os.FileMode(cfg.Server.SocketMode), GID: socketGID})
+		if err != nil {
+			return fail("%w", err)
+		}
+		lst = ul
+	}
+	srv := ipc.NewServer(ipc.ServerConfig{Handler: svc, Authorize: policy.Authorize, Logger: log.Named("ipc"),
+		MaxFrame: cfg.Server.MaxFrameBytes, MaxConns: cfg.Server.MaxConnections})
 	mgr.Start()
 
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(lst) }()
-	log.Info("serving", "socket", c.Socket, "backend", be.Name(), "state_dir", c.StateDir, "version", version, "pid", os.Getpid())
-	fmt.Fprintf(stderr, "sandbox-sidecar is listening on %s (backend %s). Try: sandbox-sidecar health --socket %s\n", c.Socket, be.Name(), c.Socket)
+	log.Info("serving", "socket", socketPath, "backend", be.Name(), "state_dir", stateDir, "version", version, "pid", os.Getpid())
+	fmt.Fprintf(stderr, "sandbox-sidecar is listening on %s (backend %s). Try: sandbox-sidecar health --socket %s\n", socketPath, be.Name(), socketPath)
+	stopNotify := startSystemd(log, socketPath, mgr, srv, rep)
 
 	exit := 0
 	select {
 	case sig := <-sigs:
-		log.Info("shutting down", "signal", sig.String(), "deadline", c.ShutdownTimeout)
+		log.Info("shutting down", "signal", sig.String(), "deadline", cfg.Server.ShutdownTimeout.D())
 	case err := <-serveErr:
 		log.Error("accept loop failed; shutting down", "error", err)
 		exit = 1
 	}
+	stopNotify()
+	notifyStopping(log)
 	go func() {
 		sig := <-sigs
 		log.Warn("second signal; exiting without cleanup", "signal", sig.String())
 		os.Exit(1)
 	}()
-	ctx, cancel := context.WithTimeout(context.Background(), c.ShutdownTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.Server.ShutdownTimeout.D())
 	defer cancel()
 	if err := srv.Shutdown(ctx); err != nil {
 		log.Warn("requests were still running at the shutdown deadline and were cancelled")
@@ -307,26 +323,26 @@ func serve(c serveConfig, stderr io.Writer) error {
 	return nil
 }
 
-func newBackend(c serveConfig, log hclog.Logger) (backend.Backend, error) {
-	switch c.Backend {
+func newBackend(cfg Config, log hclog.Logger) (backend.Backend, error) {
+	switch cfg.Server.Backend {
 	case "bwrap":
-		cfg := bwrap.Config{
-			Dir:              filepath.Join(c.StateDir, "bwrap"),
+		bc := bwrap.Config{
+			Dir:              filepath.Join(cfg.Server.StateDir, "bwrap"),
 			SandboxUID:       -1,
 			SandboxGID:       -1,
-			KillGrace:        c.KillGrace,
-			ShareHostNetwork: c.ShareHostNet,
+			KillGrace:        cfg.Bwrap.KillGrace.D(),
+			ShareHostNetwork: cfg.Bwrap.ShareHostNetwork,
 			Logger:           log.Named("bwrap"),
 		}
 		if os.Geteuid() == 0 {
-			cfg.SandboxUID, cfg.SandboxGID = c.SandboxUID, c.SandboxGID
+			bc.SandboxUID, bc.SandboxGID = cfg.Bwrap.SandboxUID, cfg.Bwrap.SandboxGID
 			// bwrap runs as the sandbox uid and must reach each workspace to
 			// bind it: let others search (not list) the state directory.
-			if err := os.Chmod(c.StateDir, 0o711); err != nil {
+			if err := os.Chmod(cfg.Server.StateDir, 0o711); err != nil {
 				return nil, err
 			}
 		}
-		return bwrap.New(cfg)
+		return bwrap.New(bc)
 	}
 	return nil, errors.New("unknown backend; this build has: bwrap")
 }

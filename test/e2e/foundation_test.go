@@ -214,7 +214,7 @@ func req(t *testing.T, id int, op string, args map[string]any) []byte {
 }
 
 func TestBadInputOverRawSocket(t *testing.T) {
-	d := startDaemon(t, "", "--max-frame-bytes", "1048576")
+	d := startDaemon(t, "", "--max-frame-bytes", "1048576", "--max-file-bytes", "65536", "--max-output-bytes", "65536")
 	c := d.client(t)
 	id := create(t, c, nil)
 	// A symlink planted by the guest pointing out of the sandbox.

@@ -54,7 +54,7 @@ def sidecar_binary(tmp_path_factory: pytest.TempPathFactory) -> str:
         if not os.access(prebuilt, os.X_OK):
             unavailable(f"SANDBOX_SIDECAR_BIN={prebuilt} is not an executable file")
         return prebuilt
-    go = shutil.which("go") or ("/usr/local/go/bin/go" if os.access("/usr/local/go/bin/go", os.X_OK) else None)
+    go = shutil.which("go")
     if go is None:
         unavailable("the Go toolchain is not installed and SANDBOX_SIDECAR_BIN is not set")
     if not (REPO_ROOT / "go.mod").exists():
@@ -68,7 +68,7 @@ def sidecar_binary(tmp_path_factory: pytest.TempPathFactory) -> str:
         timeout=600,
     )
     if build.returncode != 0:
-        unavailable(f"building the daemon failed:\n{build.stderr[-2000:]}")
+        pytest.fail(f"building the daemon failed:\n{build.stderr[-2000:]}", pytrace=False)
     return str(out)
 
 
@@ -76,6 +76,9 @@ class RunningDaemon:
     def __init__(self, binary: str, *extra_args: str) -> None:
         # A short directory: a Unix socket path must fit in 108 bytes.
         self.dir = tempfile.mkdtemp(prefix="ssc-it-")
+        # The daemon runs sandboxes as an unprivileged uid that must be able to
+        # traverse to its state directory.
+        os.chmod(self.dir, 0o711)
         self.socket = os.path.join(self.dir, "run", "s.sock")
         self.stderr_lines: List[str] = []
         self.proc = subprocess.Popen(
@@ -127,7 +130,7 @@ def sidecar_daemon(sidecar_binary: str) -> Iterator[RunningDaemon]:
     problem = daemon.wait_ready()
     if problem:
         daemon.stop()
-        unavailable(problem)
+        pytest.fail(problem, pytrace=False)
     from sandbox_sidecar import SidecarClient
 
     with SidecarClient(daemon.socket) as client:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import pickle
+import threading
 import time
 from pathlib import Path
 
@@ -263,6 +264,31 @@ def test_run_command_when_the_daemon_hangs_destroys_the_sandbox(fake_daemon):
     assert result.timed_out and result.sandbox_terminated
     assert daemon.args_of("destroy") == [{"sandbox": "sc-1"}]
     backend.close()
+
+
+def test_commands_for_one_sandbox_queue_in_the_backend_not_against_their_deadline(fake_daemon):
+    """The daemon runs one command per sandbox at a time; a queued command's deadline must not tick."""
+
+    def run(args):
+        time.sleep(0.3)  # the fake answers in order, one at a time, like the daemon's per-sandbox queue
+        return {"exit_code": 0, "stdout": b"", "stderr": b"", "applied_timeout_s": args["timeout_s"]}
+
+    daemon = fake_daemon(lambda s: s.serve({"run_command": run, "destroy": lambda a: {}}))
+    backend = SidecarSandboxBackend(daemon.path, grace=0.2, auto_labels=False)
+    results = []
+    threads = [
+        threading.Thread(
+            target=lambda: results.append(backend.run_command("sc-1", "x", timeout=0.3, max_output_bytes=10))
+        )
+        for _ in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    backend.close()
+    assert [r.sandbox_terminated for r in results] == [False] * 4
+    assert "destroy" not in daemon.ops_seen()
 
 
 @pytest.mark.parametrize(

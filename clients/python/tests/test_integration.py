@@ -369,7 +369,7 @@ def test_tags(backend):
         backend.write_tags(handle, {k: v for k, v in after.items() if k != "airflow_holder"})
         assert backend.read_tags(handle)["airflow_holder"] == ""
 
-        with pytest.raises(SandboxError) as info:
+        with pytest.raises(SidecarError) as info:
             backend.client.write_tags(handle, {"airflow_workdir": "/elsewhere"})
         assert info.value.code == "bad_request"
     finally:

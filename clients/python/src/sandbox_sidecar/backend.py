@@ -7,7 +7,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-from .client import SidecarClient, resolve_socket_path
+from .client import SidecarClient, check_timeouts, resolve_socket_path
 from .contract import (
     HOLDER_TAG,
     AttachableSandboxBackend,
@@ -145,7 +145,7 @@ def _airflow_task_labels() -> Dict[str, str]:
             try:
                 _context_getter = getattr(__import__(module, fromlist=["get_current_context"]), "get_current_context")
                 break
-            except (ImportError, AttributeError):
+            except Exception:  # not installed, or an Airflow that fails to import here
                 continue
         _context_getter_searched = True
     if _context_getter is None:
@@ -238,11 +238,16 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
         self._ttl_s = ttl_s
         self._auto_labels = auto_labels
         self._client_options = {"connect_timeout": connect_timeout, "op_timeout": op_timeout, "grace": grace}
-        if client is None:
-            # Validate the options now, at parse time, without connecting.
-            SidecarClient(socket_path, **self._client_options).close()
+        check_timeouts(**self._client_options)
         self._client = client
+        self._injected_client = client is not None
         self._client_lock = threading.Lock()
+        self._command_locks_lock = threading.Lock()
+        # The daemon runs one command per sandbox at a time and queues the
+        # rest, so a command's deadline would otherwise include the time spent
+        # behind its siblings. Queuing them here instead starts each deadline
+        # when its command can actually run.
+        self._command_locks: Dict[str, threading.Lock] = {}
 
     def __repr__(self) -> str:
         path = self._client.socket_path if self._client is not None else resolve_socket_path(self._socket_path)
@@ -251,7 +256,7 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
     # Copies and pickles (Airflow makes both) start unconnected.
     def __getstate__(self) -> dict:
         return {
-            "socket_path": self._socket_path if self._client is None else self._client.socket_path,
+            "socket_path": self._client.socket_path if self._injected_client else self._socket_path,
             "labels": dict(self._labels),
             "ttl_s": self._ttl_s,
             "auto_labels": self._auto_labels,
@@ -321,6 +326,8 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
             self.client.destroy(sandbox)
         except SidecarError as exc:
             raise to_sandbox_error(exc, op="destroy") from exc
+        with self._command_locks_lock:
+            self._command_locks.pop(sandbox, None)
 
     def renew(self, sandbox: str, ttl_s: float) -> float:
         """Extend an expiring sandbox to now + ``ttl_s`` (capped); returns the seconds left."""
@@ -354,9 +361,10 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
         if not isinstance(max_output_bytes, int) or isinstance(max_output_bytes, bool) or max_output_bytes < 0:
             raise SandboxError(f"max_output_bytes must be an integer >= 0, got {max_output_bytes!r}")
         try:
-            result = self.client.run_command(
-                sandbox, command, timeout_s=float(timeout), max_output_bytes=max_output_bytes
-            )
+            with self._command_lock(sandbox):
+                result = self.client.run_command(
+                    sandbox, command, timeout_s=float(timeout), max_output_bytes=max_output_bytes
+                )
         except SidecarTimeoutError:
             # The daemon did not answer within the budget plus a grace. The only
             # sure way to stop the command is to end its sandbox.
@@ -385,6 +393,10 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
             sandbox_terminated=bool(result.get("sandbox_terminated")),
             applied_timeout=applied_timeout,
         )
+
+    def _command_lock(self, sandbox: str) -> threading.Lock:
+        with self._command_locks_lock:
+            return self._command_locks.setdefault(sandbox, threading.Lock())
 
     def _destroy_quietly(self, sandbox: str) -> None:
         try:

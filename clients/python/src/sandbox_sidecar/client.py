@@ -360,11 +360,7 @@ class SidecarClient:
         max_frame_bytes: Optional[int] = None,
         client_name: str = "sandbox-sidecar-client (python)",
     ) -> None:
-        for name, value in (("connect_timeout", connect_timeout), ("op_timeout", op_timeout)):
-            if not _positive_finite(value):
-                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-        if not (isinstance(grace, (int, float)) and math.isfinite(grace) and grace >= 0):
-            raise ValueError(f"grace must be a finite number >= 0, got {grace!r}")
+        check_timeouts(connect_timeout=connect_timeout, op_timeout=op_timeout, grace=grace)
         if max_frame_bytes is not None and max_frame_bytes < 1024:
             raise ValueError(f"max_frame_bytes must be at least 1024, got {max_frame_bytes!r}")
         self._socket_path = socket_path
@@ -633,6 +629,15 @@ class SidecarClient:
 
     def list_sandboxes(self, owner: Optional[str] = None) -> List[dict]:
         return list(self.call("list", {"owner": owner}).get("sandboxes") or [])
+
+
+def check_timeouts(*, connect_timeout: float, op_timeout: float, grace: float) -> None:
+    """Raise ValueError unless the timeouts are usable (positive and finite; grace may be 0)."""
+    for name, value in (("connect_timeout", connect_timeout), ("op_timeout", op_timeout)):
+        if not _positive_finite(value):
+            raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    if not (_positive_finite(grace) or grace == 0):
+        raise ValueError(f"grace must be a finite number >= 0, got {grace!r}")
 
 
 def _positive_finite(value: Any) -> bool:

@@ -1,0 +1,119 @@
+package bwrap
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// markerEnv is set in the environment of every bwrap process this backend
+// starts (never in the guest's: bwrap's --clearenv drops it), naming the
+// sandbox's directory. It is how strays are found: bubblewrap has a window
+// at start-up in which its PID-namespace init does not yet carry the
+// parent-death signal, so a daemon killed at that moment can leave a
+// sandbox's init and its command running with nobody to reap them.
+const markerEnv = "SANDBOX_SIDECAR_SANDBOX"
+
+// environBound caps what is read of one process's environment.
+const environBound = 64 << 10
+
+// markedProcess is a process carrying our marker, identified by pid and
+// start time together (a pid alone may have been reused).
+type markedProcess struct {
+	pid       int
+	startTime uint64
+	dir       string
+}
+
+// findMarked lists processes whose marker names dir (or, with prefix, any
+// directory under dir).
+func findMarked(dir string, prefix bool) []markedProcess {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var out []markedProcess
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		marker, ok := readMarker(pid)
+		if !ok {
+			continue
+		}
+		if marker != dir && !(prefix && strings.HasPrefix(marker, dir+string(filepath.Separator))) {
+			continue
+		}
+		st, err := startTime(pid)
+		if err != nil {
+			continue
+		}
+		out = append(out, markedProcess{pid: pid, startTime: st, dir: marker})
+	}
+	return out
+}
+
+func readMarker(pid int) (string, bool) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/environ", pid))
+	if err != nil {
+		return "", false
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, environBound))
+	if err != nil {
+		return "", false
+	}
+	for _, kv := range bytes.Split(b, []byte{0}) {
+		if v, ok := bytes.CutPrefix(kv, []byte(markerEnv+"=")); ok {
+			return string(v), true
+		}
+	}
+	return "", false
+}
+
+// startTime reads field 22 of /proc/PID/stat (clock ticks since boot).
+func startTime(pid int) (uint64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) may contain spaces and parentheses:
+	// fields are counted from the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, errors.New("malformed stat")
+	}
+	fields := strings.Fields(string(b[i+1:]))
+	if len(fields) < 20 {
+		return 0, errors.New("malformed stat")
+	}
+	return strconv.ParseUint(fields[19], 10, 64)
+}
+
+// killMarked sends SIGKILL to each process through a pidfd opened after
+// checking that the pid still has the recorded start time, so a reused pid
+// is never signalled. It returns how many it killed.
+func killMarked(procs []markedProcess) int {
+	n := 0
+	for _, p := range procs {
+		fd, err := unix.PidfdOpen(p.pid, 0)
+		if err != nil {
+			continue // gone already
+		}
+		if st, err := startTime(p.pid); err == nil && st == p.startTime {
+			if unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0) == nil {
+				n++
+			}
+		}
+		unix.Close(fd)
+	}
+	return n
+}

@@ -1,0 +1,96 @@
+package bwrap
+
+import (
+	"os/exec"
+	"path/filepath"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// marked is a sleeping process carrying the marker of a directory.
+type marked struct {
+	cmd  *exec.Cmd
+	done chan struct{} // closed once it has been reaped
+}
+
+// startMarked starts a sleeping process carrying the marker of dir.
+func startMarked(t *testing.T, dir string) *marked {
+	t.Helper()
+	cmd := exec.Command("sleep", "300")
+	cmd.Env = []string{markerEnv + "=" + dir}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	m := &marked{cmd: cmd, done: make(chan struct{})}
+	go func() { cmd.Wait(); close(m.done) }()
+	t.Cleanup(func() { cmd.Process.Kill(); <-m.done })
+	return m
+}
+
+func (m *marked) exited(within time.Duration) bool {
+	select {
+	case <-m.done:
+		return true
+	case <-time.After(within):
+		return false
+	}
+}
+
+func TestNewKillsStraysOfItsOwnDirectoryOnly(t *testing.T) {
+	if _, err := exec.LookPath("bwrap"); err != nil {
+		skipOrFail(t, "bubblewrap is not installed: %v", err)
+	}
+	dir := filepath.Join(t.TempDir(), "state")
+	ours := startMarked(t, filepath.Join(dir, "sc-0000000000000001"))
+	other := startMarked(t, filepath.Join(t.TempDir(), "elsewhere", "sc-0000000000000001"))
+	sibling := startMarked(t, dir+"-other/sc-0000000000000002") // shares a prefix, not the directory
+
+	if _, err := New(Config{Dir: dir, SandboxUID: -1, SandboxGID: -1}); err != nil {
+		t.Fatal(err)
+	}
+	if !ours.exited(5 * time.Second) {
+		t.Fatal("a stray of this backend's directory survived New")
+	}
+	if ws, ok := ours.cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("the stray ended with %v, want SIGKILL", ours.cmd.ProcessState)
+	}
+	if other.exited(200*time.Millisecond) || sibling.exited(200*time.Millisecond) {
+		t.Fatal("a process of another directory was killed")
+	}
+}
+
+func TestDestroyKillsStraysOfThatSandbox(t *testing.T) {
+	b := newTestBackend(t, daemonUID)
+	id := create(t, b, backend.Spec{})
+	stray := startMarked(t, b.sandboxDir(id))
+	keep := startMarked(t, b.sandboxDir("sc-ffffffffffffffff"))
+	if err := b.Destroy(t.Context(), id); err != nil {
+		t.Fatal(err)
+	}
+	if !stray.exited(5 * time.Second) {
+		t.Fatal("destroy left a process of the sandbox running")
+	}
+	if keep.exited(200 * time.Millisecond) {
+		t.Fatal("destroy killed a process of another sandbox")
+	}
+}
+
+func TestStartTimeGuardsAgainstPidReuse(t *testing.T) {
+	m := startMarked(t, "/nonexistent/x")
+	st, err := startTime(m.cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := killMarked([]markedProcess{{pid: m.cmd.Process.Pid, startTime: st + 1}}); n != 0 {
+		t.Fatal("a process whose start time differs from the record was signalled")
+	}
+	if m.exited(200 * time.Millisecond) {
+		t.Fatal("the process died")
+	}
+	if n := killMarked([]markedProcess{{pid: m.cmd.Process.Pid, startTime: st}}); n != 1 {
+		t.Fatal("the recorded process was not signalled")
+	}
+}

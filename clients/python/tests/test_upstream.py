@@ -1,0 +1,135 @@
+"""With the Airflow provider importable, the backend must be built on its classes.
+
+The provider is not installed here, so a minimal stand-in package with the
+provider's module layout is written to a temp dir and imported in a child
+interpreter.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+BASE = '''
+from __future__ import annotations
+import abc
+from dataclasses import dataclass
+from typing import Any, Optional
+
+class SandboxError(Exception):
+    pass
+
+class SandboxTerminalError(SandboxError):
+    pass
+
+class SandboxFileTooLargeError(SandboxError):
+    def __init__(self, path, size_bytes, max_bytes):
+        self.path, self.size_bytes, self.max_bytes = path, size_bytes, max_bytes
+        super().__init__(path)
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    env: Any = None
+    block_network: bool = True
+    allow_egress_to: Any = None
+    allow_egress_to_cidrs: Any = None
+    owner: Optional[str] = None
+
+@dataclass(frozen=True)
+class SandboxExecResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    sandbox_terminated: bool = False
+    {extra_field}
+
+@dataclass(frozen=True)
+class AttachedSandbox:
+    remaining_lifetime: Optional[float]
+    network: Optional[SandboxSpec]
+    workdir: Optional[str]
+
+class SandboxBackend(abc.ABC):
+    @abc.abstractmethod
+    def create(self, *, spec=None): ...
+    @abc.abstractmethod
+    def run_command(self, sandbox, command, *, timeout, max_output_bytes): ...
+    def read_file(self, sandbox, path, *, max_bytes): raise AssertionError("shell default used")
+    def write_file(self, sandbox, path, content): raise AssertionError("shell default used")
+    def list_directory(self, sandbox, path): raise AssertionError("shell default used")
+    @abc.abstractmethod
+    def destroy(self, sandbox): ...
+
+class AttachableSandboxBackend(SandboxBackend):
+    @abc.abstractmethod
+    def read_tags(self, sandbox): ...
+    @abc.abstractmethod
+    def write_tags(self, sandbox, tags): ...
+    def attach(self, sandbox, *, owner, holder): raise AssertionError("read-then-write attach used")
+    def release(self, sandbox, *, holder): raise AssertionError("read-then-write release used")
+'''
+
+INIT = """
+from .base import (AttachableSandboxBackend, SandboxBackend, SandboxError, SandboxExecResult,
+                   SandboxFileTooLargeError, SandboxSpec, SandboxTerminalError)
+"""
+
+CHECK = """
+import sandbox_sidecar as s
+import airflow.providers.common.ai.sandbox as up
+import airflow.providers.common.ai.sandbox.base as base
+assert s.UPSTREAM
+for name in ("SandboxError", "SandboxTerminalError", "SandboxFileTooLargeError", "SandboxSpec",
+             "SandboxExecResult", "SandboxBackend", "AttachableSandboxBackend"):
+    assert getattr(s, name) is getattr(up, name), name
+assert s.AttachedSandbox is base.AttachedSandbox
+assert issubclass(s.SidecarSandboxBackend, up.AttachableSandboxBackend)
+backend = s.SidecarSandboxBackend("/nonexistent.sock")  # every abstract method is implemented
+for method in ("read_file", "write_file", "list_directory", "attach", "release"):
+    assert getattr(type(backend), method) is not getattr(up.AttachableSandboxBackend, method), method
+try:
+    backend.create()
+except up.SandboxTerminalError as exc:
+    assert exc.code == "daemon_unreachable"
+else:
+    raise AssertionError("no error")
+err = s.to_sandbox_error(s.SidecarError("file_too_large", "x", {"size_bytes": 9, "max_bytes": 1}), path="p")
+assert type(err) is up.SandboxFileTooLargeError and err.size_bytes == 9
+assert isinstance(s.to_sandbox_error(s.SidecarError("bad_path", "x")), up.SandboxError)
+result = s.contract.make_exec_result(exit_code=0, stdout="", stderr="", applied_timeout=5.0)
+assert type(result) is up.SandboxExecResult
+print(getattr(result, "applied_timeout", "absent"))
+"""
+
+
+def run_with_stub(tmp_path: Path, extra_field: str) -> str:
+    package = tmp_path / "airflow" / "providers" / "common" / "ai" / "sandbox"
+    package.mkdir(parents=True)
+    for parent in (tmp_path / "airflow", *list(package.parents)[:4]):
+        (parent / "__init__.py").touch()
+    (package / "base.py").write_text(BASE.replace("{extra_field}", extra_field))
+    (package / "__init__.py").write_text(INIT)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(CHECK)],
+        env={"PYTHONPATH": f"{tmp_path}:{SRC}", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+def test_upstream_classes_are_used_when_the_provider_is_importable(tmp_path):
+    assert run_with_stub(tmp_path, "applied_timeout: Optional[float] = None") == "5.0"
+
+
+def test_an_older_provider_without_applied_timeout_still_works(tmp_path):
+    assert run_with_stub(tmp_path, "") == "absent"

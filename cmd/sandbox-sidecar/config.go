@@ -1,0 +1,326 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pelletier/go-toml/v2"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
+	"github.com/sandbox-sidecar/sandbox-sidecar/lifecycle"
+	"github.com/sandbox-sidecar/sandbox-sidecar/service"
+)
+
+// DefaultConfigPath is read when it exists and no --config is given.
+const DefaultConfigPath = "/etc/sandbox-sidecar/config.toml"
+
+// Config is everything serve needs. Defaults come from defaultConfig, then
+// the config file (TOML, unknown keys refused), then flags.
+type Config struct {
+	Server    ServerSection    `toml:"server"`
+	Access    AccessSection    `toml:"access"`
+	Lifecycle LifecycleSection `toml:"lifecycle"`
+	Limits    LimitsSection    `toml:"limits"`
+	Bwrap     BwrapSection     `toml:"bwrap"`
+}
+
+type ServerSection struct {
+	Socket          string   `toml:"socket"`
+	SocketMode      Mode     `toml:"socket_mode"`
+	SocketGroup     string   `toml:"socket_group"`
+	StateDir        string   `toml:"state_dir"`
+	Backend         string   `toml:"backend"`
+	LogFormat       string   `toml:"log_format"`
+	LogLevel        string   `toml:"log_level"`
+	MaxFrameBytes   int      `toml:"max_frame_bytes"`
+	MaxConnections  int      `toml:"max_connections"`
+	ShutdownTimeout Duration `toml:"shutdown_timeout"`
+	AuditFile       string   `toml:"audit_file"`
+}
+
+type AccessSection struct {
+	AllowUIDs   List `toml:"allow_uids"`
+	AllowGroups List `toml:"allow_groups"`
+	AdminUIDs   List `toml:"admin_uids"`
+	AdminGroups List `toml:"admin_groups"`
+}
+
+type LifecycleSection struct {
+	ConnGrace            Duration `toml:"conn_grace"`
+	MaxLifetime          Duration `toml:"max_lifetime"`
+	DefaultTTL           Duration `toml:"default_ttl"`
+	IdleTimeout          Duration `toml:"idle_timeout"`
+	ReapInterval         Duration `toml:"reap_interval"`
+	MaxSandboxes         int      `toml:"max_sandboxes"`
+	MaxSandboxesPerUID   int      `toml:"max_sandboxes_per_uid"`
+	MaxSandboxesPerOwner int      `toml:"max_sandboxes_per_owner"`
+	MaxCommands          int      `toml:"max_commands"`
+}
+
+type LimitsSection struct {
+	MaxOutputBytes int      `toml:"max_output_bytes"`
+	MaxFileBytes   int64    `toml:"max_file_bytes"`
+	MaxTimeout     Duration `toml:"max_timeout"`
+	DefaultTimeout Duration `toml:"default_timeout"`
+}
+
+type BwrapSection struct {
+	SandboxUID       int      `toml:"sandbox_uid"`
+	SandboxGID       int      `toml:"sandbox_gid"`
+	ShareHostNetwork bool     `toml:"share_host_network"`
+	KillGrace        Duration `toml:"kill_grace"`
+}
+
+func defaultConfig() Config {
+	return Config{
+		Server: ServerSection{
+			Socket: defaultSocket(), SocketMode: 0o660, StateDir: defaultStateDir(), Backend: "bwrap",
+			LogFormat: "text", LogLevel: "info", MaxFrameBytes: ipc.DefaultMaxFrame, MaxConnections: ipc.DefaultMaxConns,
+			ShutdownTimeout: Duration(30 * time.Second),
+		},
+		Lifecycle: LifecycleSection{
+			ConnGrace: Duration(lifecycle.DefaultConnGrace), MaxLifetime: Duration(lifecycle.DefaultMaxLifetime),
+			DefaultTTL: Duration(lifecycle.DefaultTTL), IdleTimeout: Duration(30 * time.Minute),
+			ReapInterval: Duration(lifecycle.DefaultReapInterval), MaxSandboxes: lifecycle.DefaultMaxPerHost,
+			MaxSandboxesPerUID: lifecycle.DefaultMaxPerUID, MaxSandboxesPerOwner: lifecycle.DefaultMaxPerOwner,
+			MaxCommands: lifecycle.DefaultMaxCmdsPerHost,
+		},
+		Limits: LimitsSection{
+			MaxOutputBytes: service.DefaultMaxOutputBytes, MaxFileBytes: service.DefaultMaxFileBytes,
+			MaxTimeout: Duration(service.DefaultMaxTimeout), DefaultTimeout: Duration(service.DefaultTimeout),
+		},
+		Bwrap: BwrapSection{SandboxUID: 65534, SandboxGID: 65534, KillGrace: Duration(2 * time.Second)},
+	}
+}
+
+// loadConfigFile decodes path over cfg. A missing default file is not an
+// error; a missing explicit one is. Unknown keys are refused with their
+// line, so a typo never silently leaves a default in place.
+func loadConfigFile(cfg *Config, path string, explicit bool) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		if !explicit && errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return fmt.Errorf("reading config: %w", err)
+	}
+	dec := toml.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(cfg); err != nil {
+		var strict *toml.StrictMissingError
+		if errors.As(err, &strict) {
+			var lines []string
+			for _, e := range strict.Errors {
+				row, col := e.Position()
+				lines = append(lines, fmt.Sprintf("%s:%d:%d: unknown key %q", path, row, col, strings.Join(e.Key(), ".")))
+			}
+			return errors.New(strings.Join(lines, "\n"))
+		}
+		var de *toml.DecodeError
+		if errors.As(err, &de) {
+			row, col := de.Position()
+			return fmt.Errorf("%s:%d:%d: %s", path, row, col, de.Error())
+		}
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
+}
+
+// configPathFromArgs finds --config in args before flags are parsed, so
+// the file can supply the flags' defaults.
+func configPathFromArgs(args []string) (string, bool) {
+	for i, a := range args {
+		if a == "--" {
+			break
+		}
+		for _, p := range []string{"--config", "-config"} {
+			if a == p && i+1 < len(args) {
+				return args[i+1], true
+			}
+			if v, ok := strings.CutPrefix(a, p+"="); ok {
+				return v, true
+			}
+		}
+	}
+	return DefaultConfigPath, false
+}
+
+// validate checks what can be checked without side effects.
+func (c *Config) validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if c.Server.Socket == "" {
+		bad("server.socket must not be empty")
+	}
+	if c.Server.SocketMode&^0o777 != 0 || c.Server.SocketMode&0o600 != 0o600 {
+		bad("server.socket_mode %s: the owner needs rw and only permission bits are allowed", c.Server.SocketMode)
+	}
+	if c.Server.StateDir == "" {
+		bad("server.state_dir must not be empty")
+	}
+	switch c.Server.Backend {
+	case "bwrap":
+	default:
+		bad("server.backend %q: this build has bwrap", c.Server.Backend)
+	}
+	if _, err := newLogger(c.Server.LogFormat, c.Server.LogLevel, io.Discard); err != nil {
+		bad("server: %v", err)
+	}
+	if c.Server.SocketGroup != "" {
+		if _, err := lookupGroup(c.Server.SocketGroup); err != nil {
+			bad("server.socket_group: %v", err)
+		}
+	}
+	if _, err := parseUIDs(c.Access.AllowUIDs); err != nil {
+		bad("access.allow_uids: %v", err)
+	}
+	if _, err := parseUIDs(c.Access.AdminUIDs); err != nil {
+		bad("access.admin_uids: %v", err)
+	}
+	if _, err := parseGIDs(c.Access.AllowGroups); err != nil {
+		bad("access.allow_groups: %v", err)
+	}
+	if _, err := parseGIDs(c.Access.AdminGroups); err != nil {
+		bad("access.admin_groups: %v", err)
+	}
+	positive := map[string]int64{
+		"server.max_frame_bytes":            int64(c.Server.MaxFrameBytes),
+		"server.max_connections":            int64(c.Server.MaxConnections),
+		"server.shutdown_timeout":           int64(c.Server.ShutdownTimeout),
+		"lifecycle.conn_grace":              int64(c.Lifecycle.ConnGrace),
+		"lifecycle.max_lifetime":            int64(c.Lifecycle.MaxLifetime),
+		"lifecycle.default_ttl":             int64(c.Lifecycle.DefaultTTL),
+		"lifecycle.reap_interval":           int64(c.Lifecycle.ReapInterval),
+		"lifecycle.max_sandboxes":           int64(c.Lifecycle.MaxSandboxes),
+		"lifecycle.max_sandboxes_per_uid":   int64(c.Lifecycle.MaxSandboxesPerUID),
+		"lifecycle.max_sandboxes_per_owner": int64(c.Lifecycle.MaxSandboxesPerOwner),
+		"lifecycle.max_commands":            int64(c.Lifecycle.MaxCommands),
+		"limits.max_output_bytes":           int64(c.Limits.MaxOutputBytes),
+		"limits.max_file_bytes":             c.Limits.MaxFileBytes,
+		"limits.max_timeout":                int64(c.Limits.MaxTimeout),
+		"limits.default_timeout":            int64(c.Limits.DefaultTimeout),
+		"bwrap.kill_grace":                  int64(c.Bwrap.KillGrace),
+		"bwrap.sandbox_uid":                 int64(c.Bwrap.SandboxUID),
+		"bwrap.sandbox_gid":                 int64(c.Bwrap.SandboxGID),
+	}
+	for name, v := range positive {
+		if v <= 0 {
+			bad("%s must be greater than 0", name)
+		}
+	}
+	if c.Lifecycle.IdleTimeout < 0 {
+		bad("lifecycle.idle_timeout must not be negative (0 disables it)")
+	}
+	if c.Server.MaxFrameBytes > 0 && c.Limits.MaxFileBytes > int64(c.Server.MaxFrameBytes)-64<<10 {
+		bad("limits.max_file_bytes (%d) must leave room in a frame (server.max_frame_bytes %d, minus 64 KiB)", c.Limits.MaxFileBytes, c.Server.MaxFrameBytes)
+	}
+	if c.Server.MaxFrameBytes > 0 && 2*int64(c.Limits.MaxOutputBytes) > int64(c.Server.MaxFrameBytes)-64<<10 {
+		bad("limits.max_output_bytes (%d, per stream) times two must fit in a frame (server.max_frame_bytes %d, minus 64 KiB)", c.Limits.MaxOutputBytes, c.Server.MaxFrameBytes)
+	}
+	return errors.Join(errs...)
+}
+
+// Duration is a time.Duration written as "30s", "10m", "1h30m".
+type Duration time.Duration
+
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return fmt.Errorf("%q is not a duration (write e.g. \"30s\", \"10m\", \"1h\")", b)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
+func (d *Duration) String() string              { return time.Duration(*d).String() }
+func (d *Duration) Set(s string) error          { return d.UnmarshalText([]byte(s)) }
+
+// Mode is a file mode written in octal, e.g. "0660".
+type Mode uint32
+
+func (m *Mode) UnmarshalText(b []byte) error {
+	v, err := strconv.ParseUint(string(b), 8, 32)
+	if err != nil {
+		return fmt.Errorf("%q is not an octal mode (write e.g. \"0660\")", b)
+	}
+	*m = Mode(v)
+	return nil
+}
+
+func (m Mode) MarshalText() ([]byte, error) { return []byte(fmt.Sprintf("%04o", uint32(m))), nil }
+func (m Mode) String() string               { return fmt.Sprintf("%04o", uint32(m)) }
+func (m *Mode) Set(s string) error          { return m.UnmarshalText([]byte(s)) }
+
+// List is a list of strings; as a flag it is repeatable and
+// comma-separable, and the first use replaces what the file said.
+type List []string
+
+// listFlag binds a List to a flag.
+type listFlag struct {
+	l   *List
+	set bool
+}
+
+func (f *listFlag) String() string {
+	if f.l == nil {
+		return ""
+	}
+	return strings.Join(*f.l, ",")
+}
+
+func (f *listFlag) Set(v string) error {
+	if !f.set {
+		*f.l = nil
+		f.set = true
+	}
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			*f.l = append(*f.l, s)
+		}
+	}
+	return nil
+}
+
+// runConfig implements `config check` and `config show`.
+func runConfig(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || (args[0] != "check" && args[0] != "show") {
+		fmt.Fprintf(stderr, "Usage: sandbox-sidecar config check|show [--config PATH]\n\ncheck validates the config file (unknown keys, types, values);\nshow prints the effective configuration (defaults, then the file).\n")
+		if len(args) > 0 && (args[0] == "--help" || args[0] == "-h") {
+			return nil
+		}
+		return &exitError{code: 2}
+	}
+	sub := args[0]
+	fs := newFlags("config", sub+" [--config PATH]", stderr)
+	path := fs.String("config", DefaultConfigPath, "config file")
+	if err := parseFlags(fs, args[1:]); err != nil {
+		return err
+	}
+	cfg := defaultConfig()
+	explicit := *path != DefaultConfigPath || sub == "check"
+	if err := loadConfigFile(&cfg, *path, explicit); err != nil {
+		return &exitError{code: 1, err: err}
+	}
+	if err := cfg.validate(); err != nil {
+		return &exitError{code: 1, err: fmt.Errorf("%s:\n%w", *path, err)}
+	}
+	if sub == "show" {
+		b, err := toml.Marshal(cfg)
+		if err != nil {
+			return err
+		}
+		_, err = stdout.Write(b)
+		return err
+	}
+	fmt.Fprintf(stdout, "%s: OK\n", *path)
+	return nil
+}

@@ -1,0 +1,224 @@
+package lifecycle
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+)
+
+// span is when a command ran, by the clock inside the sandbox (the host's
+// real time: sandboxes do not get a time namespace).
+type span struct{ start, end float64 }
+
+const timedSleep = `date +%s.%N; sleep 0.5; date +%s.%N`
+
+func parseSpan(t *testing.T, out []byte) span {
+	t.Helper()
+	f := strings.Fields(string(out))
+	require.Len(t, f, 2, "output %q", out)
+	start, err := strconv.ParseFloat(f[0], 64)
+	require.NoError(t, err)
+	end, err := strconv.ParseFloat(f[1], 64)
+	require.NoError(t, err)
+	return span{start, end}
+}
+
+// runConcurrently runs timedSleep in each sandbox at once and returns the
+// spans and the wall time.
+func runConcurrently(t *testing.T, e *testEnv, ids ...string) ([]span, time.Duration) {
+	t.Helper()
+	spans := make([]span, len(ids))
+	outs := make([][]byte, len(ids))
+	errs := make([]error, len(ids))
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i, id := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := e.m.Exec(context.Background(), alice, id, backend.ExecRequest{Command: timedSleep, Timeout: 30 * time.Second})
+			outs[i], errs[i] = res.Stdout, err
+		}()
+	}
+	wg.Wait()
+	took := time.Since(start)
+	for i := range ids {
+		require.NoError(t, errs[i])
+		spans[i] = parseSpan(t, outs[i])
+	}
+	return spans, took
+}
+
+func overlap(a, b span) bool { return a.start < b.end && b.start < a.end }
+
+func TestExecOneAtATimePerSandbox(t *testing.T) {
+	e := newEnv(t)
+	s := e.create(alice, CreateRequest{})
+	started := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		close(started)
+		_, err := e.m.Exec(context.Background(), alice, s.ID, backend.ExecRequest{Command: "sleep 1", Timeout: time.Minute})
+		done <- err
+	}()
+	<-started
+	// Wait until the first command holds the sandbox.
+	deadline := time.Now().Add(5 * time.Second)
+	var err error
+	for time.Now().Before(deadline) {
+		_, err = e.m.Exec(context.Background(), alice, s.ID, backend.ExecRequest{Command: "true", Timeout: time.Minute})
+		if err != nil {
+			break
+		}
+	}
+	var q *QuotaError
+	require.ErrorAs(t, err, &q, "a second command while one runs is refused, not queued")
+	assert.Equal(t, "commands_per_sandbox", q.Scope)
+	assert.Equal(t, 1, q.Limit)
+	require.NoError(t, <-done)
+	_, err = e.m.Exec(context.Background(), alice, s.ID, backend.ExecRequest{Command: "true", Timeout: time.Minute})
+	assert.NoError(t, err, "the sandbox takes commands again once the first ended")
+}
+
+func TestExecParallelAcrossSandboxes(t *testing.T) {
+	e := newEnv(t)
+	a := e.create(alice, CreateRequest{})
+	b := e.create(alice, CreateRequest{})
+	spans, took := runConcurrently(t, e, a.ID, b.ID)
+	assert.True(t, overlap(spans[0], spans[1]), "commands in two sandboxes did not overlap: %v (took %v)", spans, took)
+}
+
+func TestExecTimeoutCutToRemainingLife(t *testing.T) {
+	e := newEnv(t)
+	s := e.create(alice, CreateRequest{TTL: 3 * time.Second})
+	res, err := e.m.Exec(context.Background(), alice, s.ID, backend.ExecRequest{Command: "echo ok", Timeout: time.Minute})
+	require.NoError(t, err)
+	assert.Equal(t, "ok\n", string(res.Stdout))
+	assert.Equal(t, 3*time.Second, res.AppliedTimeout, "cut to what is left of the sandbox's life")
+
+	e.clock.Advance(2500 * time.Millisecond)
+	res, err = e.m.Exec(context.Background(), alice, s.ID, backend.ExecRequest{Command: "echo ok", Timeout: time.Minute})
+	require.NoError(t, err)
+	assert.Equal(t, 500*time.Millisecond, res.AppliedTimeout)
+
+	// A budget shorter than the life left is kept.
+	res, err = e.m.Exec(context.Background(), alice, s.ID, backend.ExecRequest{Command: "true", Timeout: 200 * time.Millisecond})
+	require.NoError(t, err)
+	assert.Equal(t, 200*time.Millisecond, res.AppliedTimeout)
+
+	// The cut budget is really enforced.
+	res, err = e.m.Exec(context.Background(), alice, s.ID, backend.ExecRequest{Command: "sleep 20", Timeout: time.Minute})
+	require.NoError(t, err)
+	assert.True(t, res.TimedOut)
+	assert.Less(t, res.Duration, 10*time.Second)
+}
+
+func TestExecDestroyedDuringCommand(t *testing.T) {
+	e := newEnv(t)
+	s := e.create(alice, CreateRequest{})
+	// A distinctive command line, to find the process on the host.
+	const secs = "37.123"
+	type result struct {
+		res backend.ExecResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := e.m.Exec(context.Background(), alice, s.ID, backend.ExecRequest{Argv: []string{"sleep", secs}, Timeout: time.Minute})
+		done <- result{res, err}
+	}()
+	require.Eventually(t, func() bool { return len(hostProcesses("sleep", secs)) > 0 }, 10*time.Second, 10*time.Millisecond,
+		"the command never started")
+
+	start := time.Now()
+	require.NoError(t, e.m.Destroy(context.Background(), alice, s.ID))
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the command outlived its sandbox")
+	}
+	require.NoError(t, r.err)
+	assert.True(t, r.res.SandboxTerminated)
+	assert.False(t, r.res.TimedOut)
+	assert.Less(t, time.Since(start), 12*time.Second)
+	assert.False(t, e.dirExists(s.ID))
+	assert.Empty(t, hostProcesses("sleep", secs))
+	_, ok := e.m.Describe(s.ID)
+	assert.False(t, ok)
+}
+
+func TestExecReapedDuringCommand(t *testing.T) {
+	e := newEnv(t)
+	s := e.create(alice, CreateRequest{TTL: time.Hour})
+	const secs = "38.456"
+	done := make(chan backend.ExecResult, 1)
+	go func() {
+		res, err := e.m.Exec(context.Background(), alice, s.ID, backend.ExecRequest{Argv: []string{"sleep", secs}, Timeout: time.Minute})
+		assert.NoError(t, err)
+		done <- res
+	}()
+	require.Eventually(t, func() bool { return len(hostProcesses("sleep", secs)) > 0 }, 10*time.Second, 10*time.Millisecond)
+	e.clock.Advance(time.Hour)
+	assert.Equal(t, 1, e.m.Reap())
+	select {
+	case res := <-done:
+		assert.True(t, res.SandboxTerminated)
+	case <-time.After(15 * time.Second):
+		t.Fatal("the command outlived its sandbox")
+	}
+}
+
+func TestExecHostCommandQuota(t *testing.T) {
+	e := newEnv(t, withConfig(func(c *Config) { c.MaxCmdsPerHost = 1 }))
+	a := e.create(alice, CreateRequest{})
+	b := e.create(alice, CreateRequest{})
+	const secs = "39.789"
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.m.Exec(context.Background(), alice, a.ID, backend.ExecRequest{Argv: []string{"sleep", secs}, Timeout: time.Minute})
+		done <- err
+	}()
+	require.Eventually(t, func() bool { return e.m.Stats().Commands == 1 }, 10*time.Second, 5*time.Millisecond)
+
+	_, err := e.m.Exec(context.Background(), alice, b.ID, backend.ExecRequest{Command: "true", Timeout: time.Second})
+	var qe *QuotaError
+	require.ErrorAs(t, err, &qe)
+	assert.Equal(t, "commands_per_host", qe.Scope)
+	assert.Equal(t, 1, qe.Limit)
+
+	require.NoError(t, e.m.Destroy(context.Background(), alice, a.ID))
+	require.NoError(t, <-done)
+	assert.Zero(t, e.m.Stats().Commands)
+	e.exec(alice, b.ID, "true")
+}
+
+func TestFileOpsThroughManager(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	s := e.create(alice, CreateRequest{})
+	require.NoError(t, e.m.WriteFile(ctx, alice, s.ID, "dir/a.txt", []byte("hello"), 0o644))
+	data, err := e.m.ReadFile(ctx, alice, s.ID, "/workspace/dir/a.txt", 100)
+	require.NoError(t, err)
+	assert.Equal(t, "hello", string(data))
+	entries, err := e.m.ListDirectory(ctx, alice, s.ID, "dir", 10)
+	require.NoError(t, err)
+	assert.Equal(t, []backend.DirEntry{{Name: "a.txt"}}, entries)
+	res := e.exec(alice, s.ID, "cat dir/a.txt")
+	assert.Equal(t, "hello", string(res.Stdout))
+
+	// A file op counts as use for the idle clock.
+	e.clock.Advance(time.Minute)
+	_, err = e.m.ReadFile(ctx, alice, s.ID, "dir/a.txt", 100)
+	require.NoError(t, err)
+	d, _ := e.m.Describe(s.ID)
+	assert.Equal(t, e.clock.Now(), d.LastUsed)
+}
