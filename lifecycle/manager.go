@@ -73,6 +73,7 @@ type Config struct {
 // Failpoints: the moments between durable steps where a crash leaves
 // distinct state behind.
 const (
+	FailCreateReserved  = "create-reserved"   // quota taken in memory, nothing written
 	FailCreateJournaled = "create-journaled"  // record written, backend not asked
 	FailCreateBackend   = "create-backend"    // backend made it, record still "creating"
 	FailDestroyJournal  = "destroy-journaled" // marked destroying, backend not asked
@@ -349,6 +350,7 @@ func (m *Manager) Create(ctx context.Context, c Caller, req CreateRequest) (Sand
 
 	m.opsWG.Add(1)
 	defer m.opsWG.Done()
+	m.failpoint(FailCreateReserved)
 	if err := m.persist(rec); err != nil {
 		m.forget(rec)
 		log.Error("journal write failed; sandbox not created", "error", err)

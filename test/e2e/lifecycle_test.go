@@ -41,12 +41,35 @@ func listed(t *testing.T, d *daemon) []string {
 }
 
 // assertConsistent checks that what the daemon knows is exactly what is on
-// disk.
+// disk, and that no process of any of its sandboxes runs (none is running a
+// command at this point).
 func assertConsistent(t *testing.T, d *daemon) {
 	t.Helper()
 	ws := d.workspaces(t)
 	sort.Strings(ws)
 	assert.Equal(t, ws, listed(t, d), "the journal and the backend agree")
+	assert.Empty(t, sandboxProcesses(d.stateDir), "no sandbox process survives")
+}
+
+// sandboxProcesses lists the processes carrying the bwrap backend's
+// marker for a sandbox under stateDir.
+func sandboxProcesses(stateDir string) []int {
+	var pids []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if err != nil {
+			continue
+		}
+		for _, kv := range strings.Split(string(b), "\x00") {
+			if strings.HasPrefix(kv, "SANDBOX_SIDECAR_SANDBOX="+stateDir+"/") {
+				var pid int
+				fmt.Sscan(e.Name(), &pid)
+				pids = append(pids, pid)
+			}
+		}
+	}
+	return pids
 }
 
 // TestCrashAtEveryPhase kills the daemon with SIGKILL at each point between
@@ -55,7 +78,7 @@ func assertConsistent(t *testing.T, d *daemon) {
 func TestCrashAtEveryPhase(t *testing.T) {
 	requireHost(t)
 	const iterations = 20
-	phases := []string{lifecycle.FailCreateJournaled, lifecycle.FailCreateBackend, lifecycle.FailDestroyJournal, lifecycle.FailDestroyBackend}
+	phases := []string{lifecycle.FailCreateReserved, lifecycle.FailCreateJournaled, lifecycle.FailCreateBackend, lifecycle.FailDestroyJournal, lifecycle.FailDestroyBackend}
 	for _, phase := range phases {
 		t.Run(phase, func(t *testing.T) {
 			d := startDaemon(t, "")
