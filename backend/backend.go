@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"strings"
 	"time"
 )
 
@@ -160,6 +161,23 @@ type FileTooLargeError struct {
 
 func (e *FileTooLargeError) Error() string {
 	return fmt.Sprintf("%s is %d bytes, more than the %d allowed", e.Path, e.Size, e.MaxBytes)
+}
+
+// ValidateEnv checks environment variables as every backend must: names
+// non-empty without '=' or NUL, values without NUL. The error wraps
+// ErrInvalidArgument.
+func ValidateEnv(env map[string]string) error {
+	for k, v := range env {
+		switch {
+		case k == "":
+			return fmt.Errorf("%w: an environment variable has an empty name", ErrInvalidArgument)
+		case strings.ContainsAny(k, "=\x00"):
+			return fmt.Errorf("%w: environment variable name %q contains '=' or NUL", ErrInvalidArgument, k)
+		case strings.ContainsRune(v, 0):
+			return fmt.Errorf("%w: environment variable %s has a NUL byte in its value", ErrInvalidArgument, k)
+		}
+	}
+	return nil
 }
 
 // validID is what a sandbox id may look like: it becomes a path component

@@ -47,6 +47,8 @@ type journalRecord struct {
 	Workdir   string            `json:"workdir,omitempty"`
 	State     State             `json:"state"`
 	ConnBound bool              `json:"conn_bound"`
+	Pooled    bool              `json:"pooled,omitempty"`
+	Env       map[string]string `json:"env,omitempty"`
 	CreatedAt time.Time         `json:"created_at"`
 	ExpiresAt time.Time         `json:"expires_at"`
 	LastUsed  time.Time         `json:"last_used"`

@@ -62,6 +62,9 @@ type Config struct {
 	MaxPerUID      int
 	MaxPerOwner    int
 	MaxCmdsPerHost int
+	// PoolSize is how many ready sandboxes to keep for creates that a
+	// plain sandbox can serve (0: no pool).
+	PoolSize int
 	// Now is the clock (tests may replace it).
 	Now func() time.Time
 	// Failpoint, when set, is called at named points of create and destroy
@@ -111,6 +114,8 @@ const (
 	StateCreating   State = "creating"
 	StateReady      State = "ready"
 	StateDestroying State = "destroying"
+	// StatePooled: ready, waiting in the warm pool for a create to claim it.
+	StatePooled State = "pooled"
 )
 
 // Sandbox is a snapshot of one sandbox's record.
@@ -133,6 +138,12 @@ type Sandbox struct {
 	// ConnBound sandboxes die with their connection.
 	ConnBound bool
 	ConnID    uint64
+	// Pooled is set while the sandbox belongs to the warm pool (being
+	// made, or waiting to be claimed).
+	Pooled bool
+	// Env is the spec's environment when the backend did not apply it at
+	// create (a sandbox claimed from the pool); Exec adds it.
+	Env map[string]string
 }
 
 // record is a sandbox's live state, guarded by Manager.mu; jmu orders its
@@ -171,6 +182,8 @@ type Manager struct {
 	opsWG    sync.WaitGroup // creates and destroys in progress
 
 	recovery RecoveryReport
+
+	poolKick chan struct{} // wakes the pool filler
 
 	reaperTick atomic.Int64 // unix nanos of the reaper's last completed round
 }
@@ -215,6 +228,7 @@ func New(cfg Config) (*Manager, error) {
 		boxes:    map[string]*record{},
 		hostCmds: make(chan struct{}, cfg.MaxCmdsPerHost),
 		stop:     make(chan struct{}),
+		poolKick: make(chan struct{}, 1),
 	}, nil
 }
 
@@ -242,6 +256,13 @@ func (m *Manager) Start() {
 			}
 		}
 	}()
+	if m.cfg.PoolSize > 0 {
+		m.reaperWG.Add(1)
+		go func() {
+			defer m.reaperWG.Done()
+			m.fillPool()
+		}()
+	}
 }
 
 // ReaperAge says how long ago the reaper last finished a round; a
@@ -317,6 +338,9 @@ func (m *Manager) Create(ctx context.Context, c Caller, req CreateRequest) (Sand
 	}
 	if req.TTL < 0 {
 		return Sandbox{}, fmt.Errorf("%w: ttl must be positive", ErrInvalid)
+	}
+	if sb, ok, err := m.claimPooled(c, req); ok {
+		return sb, err
 	}
 
 	now := m.cfg.Now()
@@ -405,6 +429,9 @@ func (m *Manager) reserve(rec *record) error {
 	}
 	var perUID, perOwner int
 	for _, r := range m.boxes {
+		if r.Pooled {
+			continue // the pool's sandboxes count against the host only
+		}
 		if r.UID == rec.UID {
 			perUID++
 		}
@@ -415,6 +442,7 @@ func (m *Manager) reserve(rec *record) error {
 	switch {
 	case len(m.boxes) >= m.cfg.MaxPerHost:
 		return &QuotaError{Scope: "host", Limit: m.cfg.MaxPerHost}
+	case rec.Pooled:
 	case perUID >= m.cfg.MaxPerUID:
 		return &QuotaError{Scope: "uid", Limit: m.cfg.MaxPerUID}
 	case rec.Owner != "" && perOwner >= m.cfg.MaxPerOwner:
@@ -470,6 +498,7 @@ func (r *record) snapshot() Sandbox {
 	s := r.Sandbox
 	s.Labels = cloneMap(r.Labels)
 	s.Tags = cloneMap(r.Tags)
+	s.Env = cloneMap(r.Env)
 	return s
 }
 
@@ -478,7 +507,7 @@ func (r *record) journalRecord() journalRecord {
 		ID: r.ID, UID: r.UID, Owner: r.Owner, Holder: r.Holder,
 		Labels: cloneMap(r.Labels), Tags: cloneMap(r.Tags),
 		Network: r.Network, NetSpec: r.NetSpec, Workdir: r.Workdir,
-		State: r.State, ConnBound: r.ConnBound,
+		State: r.State, ConnBound: r.ConnBound, Pooled: r.Pooled, Env: cloneMap(r.Env),
 		CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt, LastUsed: r.LastUsed,
 	}
 }
@@ -487,7 +516,7 @@ func fromJournal(jr journalRecord) *record {
 	return newRecord(Sandbox{
 		ID: jr.ID, UID: jr.UID, Owner: jr.Owner, Holder: jr.Holder,
 		Labels: jr.Labels, Tags: jr.Tags, Network: jr.Network, NetSpec: jr.NetSpec,
-		Workdir: jr.Workdir, State: jr.State, ConnBound: jr.ConnBound,
+		Workdir: jr.Workdir, State: jr.State, ConnBound: jr.ConnBound, Pooled: jr.Pooled, Env: jr.Env,
 		CreatedAt: jr.CreatedAt, ExpiresAt: jr.ExpiresAt, LastUsed: jr.LastUsed,
 	})
 }
@@ -576,7 +605,7 @@ func (m *Manager) Destroy(ctx context.Context, c Caller, id string) error {
 		return ErrShuttingDown
 	}
 	r, ok := m.boxes[id]
-	if !ok || (!c.Admin && r.UID != c.UID) || r.State != StateReady {
+	if !ok || (!c.Admin && (r.UID != c.UID || r.Pooled)) || (r.State != StateReady && r.State != StatePooled) {
 		m.mu.Unlock()
 		// A sandbox still being created is destroyed by its creator's
 		// cleanup if needed; one already being destroyed needs nothing.
@@ -635,7 +664,7 @@ func (m *Manager) List(c Caller, owner string) []Sandbox {
 	defer m.mu.Unlock()
 	out := make([]Sandbox, 0, len(m.boxes))
 	for _, r := range m.boxes {
-		if (c.Admin || r.UID == c.UID) && (owner == "" || r.Owner == owner) {
+		if (c.Admin || (r.UID == c.UID && !r.Pooled)) && (owner == "" || r.Owner == owner) {
 			out = append(out, r.snapshot())
 		}
 	}
@@ -669,7 +698,9 @@ type Stats struct {
 	// PendingDestroy counts sandboxes whose destroy failed and is being
 	// retried.
 	PendingDestroy int
-	Recovery       RecoveryReport
+	// Pooled counts ready sandboxes waiting in the warm pool.
+	Pooled   int
+	Recovery RecoveryReport
 }
 
 // Stats returns live counts.
@@ -683,6 +714,8 @@ func (m *Manager) Stats() Stats {
 			s.Creating++
 		case r.State == StateDestroying && r.destroyFails > 0:
 			s.PendingDestroy++
+		case r.State == StatePooled:
+			s.Pooled++
 		}
 	}
 	return s
@@ -692,6 +725,8 @@ func (m *Manager) Stats() Stats {
 // pure function of the record and the clock so it can be table-tested.
 func reapReason(s Sandbox, disconnectedAt time.Time, running int, now time.Time, connGrace, idle time.Duration) string {
 	switch {
+	case s.State == StatePooled && !now.Before(s.ExpiresAt):
+		return "pool member expired"
 	case s.State != StateReady:
 		return ""
 	case !now.Before(s.ExpiresAt):
@@ -763,7 +798,7 @@ func (m *Manager) Close(ctx context.Context) error {
 	m.mu.Lock()
 	var victims []*record
 	for _, r := range m.boxes {
-		if r.State == StateReady && (r.ConnBound || m.journal == nil) {
+		if (r.State == StateReady || r.State == StatePooled) && (r.ConnBound || m.journal == nil) {
 			r.State = StateDestroying
 			victims = append(victims, r)
 		}

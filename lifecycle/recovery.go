@@ -43,6 +43,10 @@ type Action struct {
 // the sandbox.
 func recoveryDecision(jr journalRecord, alive bool, now time.Time) (adopt bool, reason string) {
 	switch {
+	case jr.State == StatePooled && now.Before(jr.ExpiresAt) && alive:
+		return true, "warm-pool member, still valid and the backend has it"
+	case jr.State == StatePooled:
+		return false, "warm-pool member expired or gone from the backend"
 	case jr.State == StateCreating:
 		return false, "half-made: the daemon stopped during create"
 	case jr.State == StateDestroying:

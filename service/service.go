@@ -244,6 +244,7 @@ type HealthReport struct {
 	UptimeSeconds float64 `msgpack:"uptime_s"`
 	// PendingDestroy counts sandboxes whose destroy failed and is retried.
 	PendingDestroy int            `msgpack:"pending_destroy"`
+	Pooled         int            `msgpack:"pooled"`
 	Recovery       RecoveryReport `msgpack:"recovery"`
 }
 
@@ -262,7 +263,7 @@ func (s *Service) Health(ctx context.Context) HealthReport {
 	st := s.m.Stats()
 	r := HealthReport{Status: "ok", Version: s.version, Backend: s.m.Backend().Name(),
 		Sandboxes: st.Sandboxes, Commands: st.Commands, UptimeSeconds: time.Since(s.started).Seconds(),
-		PendingDestroy: st.PendingDestroy,
+		PendingDestroy: st.PendingDestroy, Pooled: st.Pooled,
 		Recovery: RecoveryReport{Adopted: st.Recovery.Adopted, Destroyed: st.Recovery.Destroyed, Swept: st.Recovery.Swept,
 			Failed: st.Recovery.Failed, MovedAside: st.Recovery.MovedAside, DurationS: st.Recovery.Duration.Seconds()}}
 	hctx, cancel := context.WithTimeout(ctx, DefaultHealthCheckTimeout)

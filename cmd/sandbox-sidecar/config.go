@@ -61,6 +61,7 @@ type LifecycleSection struct {
 	MaxSandboxesPerUID   int      `toml:"max_sandboxes_per_uid"`
 	MaxSandboxesPerOwner int      `toml:"max_sandboxes_per_owner"`
 	MaxCommands          int      `toml:"max_commands"`
+	PoolSize             int      `toml:"pool_size"`
 }
 
 type LimitsSection struct {
@@ -213,6 +214,9 @@ func (c *Config) validate() error {
 		if v <= 0 {
 			bad("%s must be greater than 0", name)
 		}
+	}
+	if c.Lifecycle.PoolSize < 0 || c.Lifecycle.PoolSize > c.Lifecycle.MaxSandboxes {
+		bad("lifecycle.pool_size must be between 0 (no pool) and lifecycle.max_sandboxes")
 	}
 	if c.Lifecycle.IdleTimeout < 0 {
 		bad("lifecycle.idle_timeout must not be negative (0 disables it)")

@@ -56,6 +56,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&l.MaxSandboxesPerUID, "max-sandboxes-per-uid", l.MaxSandboxesPerUID, "most sandboxes per client uid")
 	fs.IntVar(&l.MaxSandboxesPerOwner, "max-sandboxes-per-owner", l.MaxSandboxesPerOwner, "most sandboxes per owner (Airflow run)")
 	fs.IntVar(&l.MaxCommands, "max-commands", l.MaxCommands, "most commands running at once on this host")
+	fs.IntVar(&l.PoolSize, "pool-size", l.PoolSize, "ready sandboxes kept in a warm pool for fast creates (0: no pool)")
 	fs.IntVar(&lim.MaxOutputBytes, "max-output-bytes", lim.MaxOutputBytes, "cap on max_output_bytes (per stream)")
 	fs.Int64Var(&lim.MaxFileBytes, "max-file-bytes", lim.MaxFileBytes, "cap on one read_file or write_file")
 	fs.Var(&lim.MaxTimeout, "max-timeout", "cap on a command's timeout")
@@ -232,7 +233,7 @@ func serve(cfg Config, stderr io.Writer) error {
 		Backend: be, Journal: journal, Logger: log.Named("lifecycle"), Failpoint: failpointFromEnv(log),
 		ConnGrace: lc.ConnGrace.D(), MaxLifetime: lc.MaxLifetime.D(), DefaultTTL: lc.DefaultTTL.D(), IdleTimeout: idle,
 		ReapInterval: lc.ReapInterval.D(), MaxPerHost: lc.MaxSandboxes, MaxPerUID: lc.MaxSandboxesPerUID,
-		MaxPerOwner: lc.MaxSandboxesPerOwner, MaxCmdsPerHost: lc.MaxCommands,
+		MaxPerOwner: lc.MaxSandboxesPerOwner, MaxCmdsPerHost: lc.MaxCommands, PoolSize: lc.PoolSize,
 	})
 	if err != nil {
 		return fail("%w", err)

@@ -1,0 +1,194 @@
+package lifecycle
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+)
+
+// The warm pool keeps Config.PoolSize plain sandboxes made ahead of time,
+// so that a create a plain sandbox can serve costs a claim (a journal write)
+// instead of the backend's create (for a microVM, seconds). Pool members are
+// journaled like any sandbox (state "pooled"), count against the host quota
+// but no uid's or owner's until claimed, are visible only to admins, and are
+// handed to exactly one create: the claim happens under the manager's lock.
+
+// poolable reports whether a sandbox made with an empty spec can serve
+// spec: the same network (none), no egress rules. Env is fine: it is
+// recorded at claim and added to every command.
+func poolable(spec backend.Spec) bool {
+	return (spec.BlockNetwork == nil || *spec.BlockNetwork) && len(spec.AllowEgressTo) == 0 && len(spec.AllowEgressToCIDRs) == 0
+}
+
+// claimPooled turns a pool member into caller's sandbox. ok is false when
+// the pool cannot serve the request (none ready, or the spec needs more).
+func (m *Manager) claimPooled(c Caller, req CreateRequest) (sb Sandbox, ok bool, err error) {
+	if m.cfg.PoolSize <= 0 || !poolable(req.Spec) {
+		return Sandbox{}, false, nil
+	}
+	if err := backend.ValidateEnv(req.Spec.Env); err != nil {
+		return Sandbox{}, true, err
+	}
+	m.mu.Lock()
+	if m.closing {
+		m.mu.Unlock()
+		return Sandbox{}, true, ErrShuttingDown
+	}
+	var pooled []*record
+	var perUID, perOwner int
+	for _, r := range m.boxes {
+		switch {
+		case r.State == StatePooled:
+			pooled = append(pooled, r)
+		case r.Pooled:
+		default:
+			if r.UID == c.UID {
+				perUID++
+			}
+			if req.Owner != "" && r.Owner == req.Owner {
+				perOwner++
+			}
+		}
+	}
+	switch {
+	case len(pooled) == 0:
+		m.mu.Unlock()
+		return Sandbox{}, false, nil
+	case perUID >= m.cfg.MaxPerUID:
+		m.mu.Unlock()
+		return Sandbox{}, true, &QuotaError{Scope: "uid", Limit: m.cfg.MaxPerUID}
+	case req.Owner != "" && perOwner >= m.cfg.MaxPerOwner:
+		m.mu.Unlock()
+		return Sandbox{}, true, &QuotaError{Scope: "owner", Limit: m.cfg.MaxPerOwner}
+	}
+	// The oldest first, so members do not age out unused.
+	sort.Slice(pooled, func(i, j int) bool { return pooled[i].CreatedAt.Before(pooled[j].CreatedAt) })
+	r := pooled[0]
+	now := m.cfg.Now()
+	r.UID = c.UID
+	r.Owner = req.Owner
+	r.Labels = cloneMap(req.Labels)
+	r.Env = cloneMap(req.Spec.Env)
+	r.NetSpec = netSpecJSON(req.Spec)
+	r.Pooled = false
+	r.State = StateReady
+	r.ConnBound = req.Owner == "" && req.TTL == 0
+	r.ConnID = c.ConnID
+	r.CreatedAt = now // its life as the caller's sandbox starts now
+	r.LastUsed = now
+	life := m.cfg.MaxLifetime
+	if !r.ConnBound {
+		life = req.TTL
+		if life == 0 {
+			life = m.cfg.DefaultTTL
+		}
+		life = min(life, m.cfg.MaxLifetime)
+	}
+	r.ExpiresAt = now.Add(life)
+	m.mu.Unlock()
+	m.kickPool()
+
+	log := m.log.With("sandbox", r.ID, "peer_uid", c.UID, "peer_pid", c.PID, "owner", r.Owner)
+	if err := m.persist(r); err != nil {
+		log.Error("journal write failed; destroying the claimed sandbox", "error", err)
+		m.destroyNow(r, "journal write failed", log)
+		return Sandbox{}, true, fmt.Errorf("%w: %v; check the state directory's disk", ErrJournal, err)
+	}
+	m.mu.Lock()
+	sb = r.snapshot()
+	m.mu.Unlock()
+	log.Info("sandbox created", "from_pool", true, "conn_bound", sb.ConnBound, "expires_at", sb.ExpiresAt.Format(time.RFC3339), "labels", sb.Labels)
+	return sb, true, nil
+}
+
+func (m *Manager) kickPool() {
+	select {
+	case m.poolKick <- struct{}{}:
+	default:
+	}
+}
+
+// fillPool keeps the pool at PoolSize until Close, backing off when the
+// backend fails.
+func (m *Manager) fillPool() {
+	var fails int
+	for {
+		wait := m.cfg.ReapInterval
+		if err := m.topUpPool(); err != nil {
+			fails++
+			wait = backoff(fails)
+			m.log.Error("warm pool refill failed; backing off", "error", err, "retry_in", wait)
+		} else {
+			fails = 0
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-m.stop:
+			t.Stop()
+			return
+		case <-m.poolKick:
+			t.Stop()
+		case <-t.C:
+		}
+	}
+}
+
+// topUpPool creates pool members until the pool is full.
+func (m *Manager) topUpPool() error {
+	for {
+		m.mu.Lock()
+		n := 0
+		for _, r := range m.boxes {
+			if r.Pooled {
+				n++
+			}
+		}
+		closing := m.closing
+		m.mu.Unlock()
+		if closing || n >= m.cfg.PoolSize {
+			return nil
+		}
+		if err := m.createPooled(); err != nil {
+			return err
+		}
+	}
+}
+
+// createPooled makes one pool member, journaled before the backend is
+// asked, like any create.
+func (m *Manager) createPooled() error {
+	now := m.cfg.Now()
+	rec := newRecord(Sandbox{
+		ID: NewID(), State: StateCreating, Pooled: true, NetSpec: netSpecJSON(backend.Spec{}),
+		CreatedAt: now, LastUsed: now, ExpiresAt: now.Add(m.cfg.MaxLifetime),
+	})
+	if err := m.reserve(rec); err != nil {
+		return err
+	}
+	m.opsWG.Add(1)
+	defer m.opsWG.Done()
+	log := m.log.With("sandbox", rec.ID, "pool", true)
+	if err := m.persist(rec); err != nil {
+		m.forget(rec)
+		return fmt.Errorf("%w: %v", ErrJournal, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.CreateTimeout)
+	defer cancel()
+	info, err := m.be.Create(ctx, rec.ID, backend.Spec{})
+	if err != nil {
+		m.destroyNow(rec, "pool create failed", log)
+		return err
+	}
+	m.mu.Lock()
+	rec.Workdir, rec.Network, rec.State = info.Workdir, info.Network, StatePooled
+	m.mu.Unlock()
+	if err := m.persist(rec); err != nil {
+		m.destroyNow(rec, "journal write failed", log)
+		return fmt.Errorf("%w: %v", ErrJournal, err)
+	}
+	log.Debug("warm pool member ready")
+	return nil
+}

@@ -1,0 +1,128 @@
+package lifecycle
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+)
+
+// newPoolEnv starts a manager with a warm pool of size n and waits for it
+// to fill.
+func newPoolEnv(t *testing.T, n int, tweak func(*Config), opts ...envOpt) *testEnv {
+	t.Helper()
+	opts = append(opts, withConfig(func(c *Config) {
+		c.PoolSize = n
+		c.ReapInterval = 50 * time.Millisecond
+		c.MaxPerUID = 1
+		if tweak != nil {
+			tweak(c)
+		}
+	}))
+	e := newEnv(t, opts...)
+	e.m.Start()
+	waitPool(t, e, n)
+	return e
+}
+
+func waitPool(t *testing.T, e *testEnv, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool { return e.m.Stats().Pooled == n }, 20*time.Second, 10*time.Millisecond, "the pool fills to %d", n)
+}
+
+func TestPoolServesCreatesAndRefills(t *testing.T) {
+	e := newPoolEnv(t, 2, nil)
+	pooled := map[string]bool{}
+	for _, s := range e.m.List(admin, "") {
+		assert.Equal(t, StatePooled, s.State)
+		pooled[s.ID] = true
+	}
+	assert.Empty(t, e.m.List(alice, ""), "pool members are not the caller's")
+
+	// A create with env is served from the pool; the env reaches commands.
+	s := e.create(alice, CreateRequest{Spec: backend.Spec{Env: map[string]string{"GREETING": "hi", "OVERRIDE": "spec"}}, Labels: map[string]string{"task_id": "t"}})
+	assert.True(t, pooled[s.ID], "the sandbox came from the pool")
+	assert.Equal(t, StateReady, s.State)
+	assert.True(t, s.ConnBound)
+	res, err := e.m.Exec(context.Background(), alice, s.ID, backend.ExecRequest{Command: `echo "$GREETING $OVERRIDE"`, Env: map[string]string{"OVERRIDE": "request"}, Timeout: time.Minute})
+	require.NoError(t, err)
+	assert.Equal(t, "hi request\n", string(res.Stdout))
+
+	// The claimed sandbox counts for alice (MaxPerUID=1), the pool does not.
+	_, err = e.m.Create(context.Background(), alice, CreateRequest{})
+	var q *QuotaError
+	require.ErrorAs(t, err, &q)
+	assert.Equal(t, "uid", q.Scope)
+
+	waitPool(t, e, 2)
+}
+
+func TestPoolBypassedForSpecsItCannotServe(t *testing.T) {
+	e := newPoolEnv(t, 1, nil)
+	_, err := e.m.Create(context.Background(), alice, CreateRequest{Spec: backend.Spec{AllowEgressToCIDRs: []string{"10.0.0.0/8"}}})
+	assert.ErrorIs(t, err, backend.ErrSpecUnenforceable, "the backend, not the pool, judges the spec")
+	assert.Equal(t, 1, e.m.Stats().Pooled, "the pool member was not spent")
+	_, err = e.m.Create(context.Background(), alice, CreateRequest{Spec: backend.Spec{Env: map[string]string{"A=B": "x"}}})
+	assert.ErrorIs(t, err, backend.ErrInvalidArgument)
+	assert.Equal(t, 1, e.m.Stats().Pooled)
+}
+
+func TestPoolNeverHandsOneSandboxToTwoCreates(t *testing.T) {
+	e := newPoolEnv(t, 5, func(c *Config) { c.MaxPerUID = 100 })
+	var mu sync.Mutex
+	seen := map[string]int{}
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := Caller{UID: 2000, PID: int32(i), ConnID: uint64(100 + i)}
+			s, err := e.m.Create(context.Background(), c, CreateRequest{TTL: time.Hour})
+			if assert.NoError(t, err) {
+				mu.Lock()
+				seen[s.ID]++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	assert.Len(t, seen, 20)
+	for id, n := range seen {
+		assert.Equal(t, 1, n, id)
+	}
+}
+
+func TestPoolMembersAreJournaledAndReadopted(t *testing.T) {
+	e := newPoolEnv(t, 2, nil, withJournal())
+	ids := map[string]bool{}
+	for _, s := range e.m.List(admin, "") {
+		ids[s.ID] = true
+	}
+	for id := range ids {
+		assert.Equal(t, StatePooled, e.journaled()[id].State)
+	}
+	// A new manager on the same journal (a restart) re-adopts them.
+	m2, err := New(Config{Backend: e.be, Journal: e.journal, Now: e.clock.Now, PoolSize: 2})
+	require.NoError(t, err)
+	rep, err := m2.Recover(context.Background(), false)
+	require.NoError(t, err)
+	assert.Equal(t, 2, rep.Adopted)
+	assert.Equal(t, 2, m2.Stats().Pooled)
+
+	// Expired members are destroyed by recovery.
+	e.clock.Advance(DefaultMaxLifetime + time.Minute)
+	m3, err := New(Config{Backend: e.be, Journal: e.journal, Now: e.clock.Now})
+	require.NoError(t, err)
+	rep, err = m3.Recover(context.Background(), false)
+	require.NoError(t, err)
+	assert.Equal(t, 0, rep.Adopted)
+	assert.Equal(t, 2, rep.Destroyed)
+	for id := range ids {
+		assert.False(t, e.dirExists(id))
+	}
+}
