@@ -1,5 +1,5 @@
 # The two commands a newcomer needs: `make run` and `make test`.
-.PHONY: run test build clean
+.PHONY: run test build bench clean
 
 run:
 	./scripts/run.sh $(ARGS)
@@ -9,6 +9,11 @@ test:
 
 build:
 	go build -o bin/sandbox-sidecar ./cmd/sandbox-sidecar
+
+# Measure (minutes; run on an otherwise idle machine) and rewrite the
+# generated table in docs/benchmarks.md.
+bench: build
+	go run ./cmd/sidecar-bench --daemon-bin bin/sandbox-sidecar --json bench.json --md docs/benchmarks.md
 
 clean:
 	rm -rf bin

@@ -38,6 +38,11 @@ go test -race -count=1 -timeout 30m ./...
 echo "== fuzz the frame decoder for ${FUZZTIME:=20s}"
 go test -run '^$' -fuzz FuzzDecodeFrame -fuzztime "$FUZZTIME" ./ipc
 
+echo "== benchmark tool smoke run (small counts; measurements are 'make bench')"
+mkdir -p bin
+go build -o bin/sandbox-sidecar ./cmd/sandbox-sidecar
+go run ./cmd/sidecar-bench --quick --daemon-bin bin/sandbox-sidecar --json "$(mktemp -d)/bench.json" >/dev/null
+
 if [ -d clients/python/tests ]; then
   echo "== python client tests (/usr/bin/python3)"
   mkdir -p bin

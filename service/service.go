@@ -7,6 +7,8 @@ import (
 	"math"
 	"os"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -83,6 +85,10 @@ type Config struct {
 	Version string
 }
 
+// backendHealthTTL is how long one backend health check answers for: a
+// check may start a process (bwrap), and health is polled by probes.
+const backendHealthTTL = 5 * time.Second
+
 // Service implements ipc.Handler and ipc.ConnObserver.
 type Service struct {
 	m       *lifecycle.Manager
@@ -91,6 +97,14 @@ type Service struct {
 	log     hclog.Logger
 	version string
 	started time.Time
+
+	healthMu    sync.Mutex // held by the one caller refreshing the check
+	healthCache atomic.Pointer[backendHealth]
+}
+
+type backendHealth struct {
+	err error
+	at  time.Time
 }
 
 // New returns a Service.
@@ -266,9 +280,7 @@ func (s *Service) Health(ctx context.Context) HealthReport {
 		PendingDestroy: st.PendingDestroy, Pooled: st.Pooled,
 		Recovery: RecoveryReport{Adopted: st.Recovery.Adopted, Destroyed: st.Recovery.Destroyed, Swept: st.Recovery.Swept,
 			Failed: st.Recovery.Failed, MovedAside: st.Recovery.MovedAside, DurationS: st.Recovery.Duration.Seconds()}}
-	hctx, cancel := context.WithTimeout(ctx, DefaultHealthCheckTimeout)
-	defer cancel()
-	if err := s.m.Backend().Health(hctx); err != nil {
+	if err := s.backendHealth(ctx); err != nil {
 		r.Status = "degraded"
 		r.BackendError = err.Error()
 	}
@@ -278,6 +290,31 @@ func (s *Service) Health(ctx context.Context) HealthReport {
 		r.Status = "degraded"
 	}
 	return r
+}
+
+// backendHealth returns the backend's health, checking it at most once per
+// backendHealthTTL; while one caller refreshes a stale result the others
+// get the previous one rather than queueing behind the check.
+func (s *Service) backendHealth(ctx context.Context) error {
+	cached := s.healthCache.Load()
+	if cached != nil && time.Since(cached.at) < backendHealthTTL {
+		return cached.err
+	}
+	if !s.healthMu.TryLock() {
+		if cached != nil {
+			return cached.err
+		}
+		s.healthMu.Lock() // nobody has a result yet: wait for the first
+	}
+	defer s.healthMu.Unlock()
+	if c := s.healthCache.Load(); c != nil && c != cached && time.Since(c.at) < backendHealthTTL {
+		return c.err
+	}
+	hctx, cancel := context.WithTimeout(ctx, DefaultHealthCheckTimeout)
+	defer cancel()
+	err := s.m.Backend().Health(hctx)
+	s.healthCache.Store(&backendHealth{err: err, at: time.Now()})
+	return err
 }
 
 func (s *Service) create(ctx context.Context, c lifecycle.Caller, args *ipc.Args, a *audit) (any, error) {

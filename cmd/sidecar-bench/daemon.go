@@ -1,0 +1,150 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
+)
+
+// daemon is a sandbox-sidecar the benchmark started (or, with only a
+// socket, one it did not: then pid is 0 and memory is not measured).
+type daemon struct {
+	bin, dir, socket, stateDir string
+	args                       []string
+	cmd                        *exec.Cmd
+	pid                        int
+	done                       chan struct{}
+}
+
+// startDaemon runs `serve` in a fresh temporary directory.
+func startDaemon(o options, extra ...string) (*daemon, error) {
+	if o.socket != "" {
+		return &daemon{socket: o.socket}, nil
+	}
+	dir, err := os.MkdirTemp("", "sidecar-bench")
+	if err != nil {
+		return nil, err
+	}
+	os.Chmod(dir, 0o755) // the sandbox uid must reach the state directory
+	d := &daemon{bin: o.daemonBin, dir: dir, socket: filepath.Join(dir, "run", "s.sock"), stateDir: filepath.Join(dir, "state")}
+	d.args = append([]string{"serve", "--socket", d.socket, "--state-dir", d.stateDir, "--log-level", "error",
+		"--max-sandboxes", "1200", "--max-sandboxes-per-uid", "1200", "--max-sandboxes-per-owner", "1200",
+		"--max-commands", "128", "--max-connections", "4096", "--idle-timeout", "0"}, extra...)
+	if _, err := d.start(); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return d, nil
+}
+
+// start launches the daemon and returns how long it took to serve.
+func (d *daemon) start() (time.Duration, error) {
+	begin := time.Now()
+	d.cmd = exec.Command(d.bin, d.args...)
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	stderr, err := d.cmd.StderrPipe()
+	if err != nil {
+		return 0, err
+	}
+	if err := d.cmd.Start(); err != nil {
+		return 0, err
+	}
+	d.pid = d.cmd.Process.Pid
+	ready := make(chan struct{})
+	d.done = make(chan struct{})
+	var tail strings.Builder
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		signalled := false
+		for sc.Scan() {
+			if !signalled && strings.Contains(sc.Text(), "is listening on") {
+				close(ready)
+				signalled = true
+			}
+			if tail.Len() < 4096 {
+				tail.WriteString(sc.Text() + "\n")
+			}
+		}
+		io.Copy(io.Discard, stderr)
+		d.cmd.Wait()
+		close(d.done)
+	}()
+	select {
+	case <-ready:
+		return time.Since(begin), nil
+	case <-d.done:
+		return 0, fmt.Errorf("daemon exited before serving:\n%s", tail.String())
+	case <-time.After(2 * time.Minute):
+		d.cmd.Process.Kill()
+		return 0, fmt.Errorf("daemon did not serve within 2 minutes")
+	}
+}
+
+func (d *daemon) stop() {
+	if d.cmd == nil {
+		return
+	}
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.done:
+	case <-time.After(2 * time.Minute):
+		d.cmd.Process.Kill()
+		<-d.done
+	}
+	os.RemoveAll(d.dir)
+}
+
+func (d *daemon) kill9() {
+	d.cmd.Process.Signal(syscall.SIGKILL)
+	<-d.done
+}
+
+func (d *daemon) client() (*ipc.Client, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return ipc.Dial(ctx, d.socket)
+}
+
+// status reads a KiB field (VmRSS, VmHWM) of the daemon's /proc status.
+func (d *daemon) status(field string) float64 {
+	if d.pid == 0 {
+		return 0
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", d.pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, field+":") {
+			n, _ := strconv.ParseFloat(strings.Fields(line)[1], 64)
+			return n
+		}
+	}
+	return 0
+}
+
+func (d *daemon) fds() float64 {
+	if d.pid == 0 {
+		return 0
+	}
+	e, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", d.pid))
+	return float64(len(e))
+}
+
+// resetPeak resets VmHWM (writing 5 to clear_refs), so a scenario's peak
+// is its own.
+func (d *daemon) resetPeak() {
+	if d.pid != 0 {
+		os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", d.pid), []byte("5"), 0)
+	}
+}

@@ -1,0 +1,169 @@
+// Command sidecar-bench measures sandbox-sidecar: RPC floor, command cost
+// against a direct bubblewrap run with the same isolation, provisioning
+// (cold and from the warm pool), output floods, scale and recovery. It
+// starts its own daemons (temporary socket and state) unless pointed at
+// one, measures every comparison side by side in one run, and writes a
+// table, JSON, and docs/benchmarks.md.
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"time"
+)
+
+type options struct {
+	daemonBin string
+	socket    string
+	outJSON   string
+	outMD     string
+	only      string
+	quick     bool
+}
+
+// result is one measured line of the report.
+type result struct {
+	Scenario string             `json:"scenario"`
+	Name     string             `json:"name"`
+	Values   map[string]float64 `json:"values"`
+	Note     string             `json:"note,omitempty"`
+}
+
+type report struct {
+	Date    string   `json:"date"`
+	Machine string   `json:"machine"`
+	Go      string   `json:"go"`
+	Quick   bool     `json:"quick"`
+	Results []result `json:"results"`
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.daemonBin, "daemon-bin", "", "sandbox-sidecar binary to start (default: bin/sandbox-sidecar, else PATH)")
+	flag.StringVar(&o.socket, "socket", "", "measure an already running daemon on this socket instead (memory and recovery scenarios need a daemon of our own and are skipped)")
+	flag.StringVar(&o.outJSON, "json", "bench.json", "write machine-readable results here")
+	flag.StringVar(&o.outMD, "md", "", "write the Markdown report here (e.g. docs/benchmarks.md)")
+	flag.StringVar(&o.only, "only", "", "comma-separated scenarios to run (rpc,command,provision,output,scale,recovery)")
+	flag.BoolVar(&o.quick, "quick", false, "small counts: a smoke run, not a measurement")
+	flag.Parse()
+	if err := run(o); err != nil {
+		fmt.Fprintln(os.Stderr, "sidecar-bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(o options) error {
+	if o.daemonBin == "" && o.socket == "" {
+		if _, err := os.Stat("bin/sandbox-sidecar"); err == nil {
+			o.daemonBin, _ = filepath.Abs("bin/sandbox-sidecar")
+		} else if p, err := exec.LookPath("sandbox-sidecar"); err == nil {
+			o.daemonBin = p
+		} else {
+			return fmt.Errorf("no daemon binary: build it (make build) or pass --daemon-bin or --socket")
+		}
+	}
+	rep := &report{Date: time.Now().UTC().Format("2006-01-02 15:04 MST"), Machine: machine(), Go: runtime.Version(), Quick: o.quick}
+	want := func(s string) bool { return o.only == "" || strings.Contains(","+o.only+",", ","+s+",") }
+	scenarios := []struct {
+		name string
+		fn   func(o options, rep *report) error
+	}{
+		{"rpc", benchRPC},
+		{"command", benchCommand},
+		{"provision", benchProvision},
+		{"output", benchOutput},
+		{"scale", benchScale},
+		{"recovery", benchRecovery},
+	}
+	for _, s := range scenarios {
+		if !want(s.name) {
+			continue
+		}
+		fmt.Fprintf(os.Stderr, "== %s\n", s.name)
+		start := time.Now()
+		if err := s.fn(o, rep); err != nil {
+			return fmt.Errorf("scenario %s: %w", s.name, err)
+		}
+		fmt.Fprintf(os.Stderr, "   (%s)\n", time.Since(start).Round(time.Millisecond))
+	}
+	printTable(os.Stdout, rep)
+	b, _ := json.MarshalIndent(rep, "", "  ")
+	if err := os.WriteFile(o.outJSON, append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	if o.outMD != "" {
+		return writeMarkdown(o.outMD, rep)
+	}
+	return nil
+}
+
+func (r *report) add(scenario, name string, values map[string]float64, note string) {
+	r.Results = append(r.Results, result{Scenario: scenario, Name: name, Values: values, Note: note})
+	fmt.Fprintf(os.Stderr, "   %-48s %s\n", name, formatValues(values))
+}
+
+func formatValues(v map[string]float64) string {
+	keys := make([]string, 0, len(v))
+	for k := range v {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s=%s", k, formatNumber(v[k]))
+	}
+	return strings.Join(parts, " ")
+}
+
+func formatNumber(f float64) string {
+	switch {
+	case f == float64(int64(f)) && f < 1e12:
+		return fmt.Sprintf("%d", int64(f))
+	case f >= 100:
+		return fmt.Sprintf("%.0f", f)
+	case f >= 1:
+		return fmt.Sprintf("%.2f", f)
+	default:
+		return fmt.Sprintf("%.3f", f)
+	}
+}
+
+// percentile returns the p-th percentile (0..100) of d, sorted in place.
+func percentile(d []time.Duration, p float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
+	i := int(float64(len(d)-1) * p / 100)
+	return d[i]
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func machine() string {
+	model := "unknown CPU"
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(line, "model name") {
+				model = strings.TrimSpace(strings.SplitN(line, ":", 2)[1])
+				break
+			}
+		}
+	}
+	kernel := "?"
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		kernel = strings.TrimSpace(string(b))
+	}
+	mem := ""
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		mem = strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0])
+	}
+	return fmt.Sprintf("%d cores (%s), %s, Linux %s", runtime.NumCPU(), model, strings.Join(strings.Fields(mem), " "), kernel)
+}

@@ -1,0 +1,503 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
+)
+
+func callCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), 5*time.Minute)
+}
+
+func call(c *ipc.Client, op string, args map[string]any, out any) error {
+	ctx, cancel := callCtx()
+	defer cancel()
+	return c.Call(ctx, op, args, out)
+}
+
+type execResult struct {
+	ExitCode        int     `msgpack:"exit_code"`
+	Stdout          []byte  `msgpack:"stdout"`
+	StdoutTruncated bool    `msgpack:"stdout_truncated"`
+	TimedOut        bool    `msgpack:"timed_out"`
+	DurationS       float64 `msgpack:"duration_s"`
+}
+
+func create(c *ipc.Client, args map[string]any) (string, error) {
+	var res struct {
+		Sandbox string `msgpack:"sandbox"`
+	}
+	err := call(c, ipc.OpCreate, args, &res)
+	return res.Sandbox, err
+}
+
+func runCmd(c *ipc.Client, id string, argv []string) (execResult, error) {
+	var res execResult
+	err := call(c, ipc.OpRunCommand, map[string]any{"sandbox": id, "argv": argv, "timeout_s": 120}, &res)
+	if err == nil && res.ExitCode != 0 {
+		err = fmt.Errorf("%v exited %d", argv, res.ExitCode)
+	}
+	return res, err
+}
+
+// --- 1. RPC floor -----------------------------------------------------
+
+func benchRPC(o options, rep *report) error {
+	d, err := startDaemon(o)
+	if err != nil {
+		return err
+	}
+	defer d.stop()
+	c, err := d.client()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	n := 5000
+	if o.quick {
+		n = 200
+	}
+	for i := 0; i < 100; i++ { // warm up
+		call(c, ipc.OpHealth, nil, nil)
+	}
+	lat := make([]time.Duration, n)
+	for i := range lat {
+		start := time.Now()
+		if err := call(c, ipc.OpHealth, nil, nil); err != nil {
+			return err
+		}
+		lat[i] = time.Since(start)
+	}
+	rep.add("rpc", "health latency, 1 connection", map[string]float64{
+		"p50_us": float64(percentile(lat, 50).Microseconds()), "p99_us": float64(percentile(lat, 99).Microseconds()), "n": float64(n)}, "")
+
+	dur := 2 * time.Second
+	if o.quick {
+		dur = 300 * time.Millisecond
+	}
+	for _, conns := range []int{1, 8, 64} {
+		for _, depth := range []int{1, 16} {
+			rps, err := throughput(d, conns, depth, dur)
+			if err != nil {
+				return err
+			}
+			mode := "one at a time"
+			if depth > 1 {
+				mode = fmt.Sprintf("pipelined, %d in flight each", depth)
+			}
+			rep.add("rpc", fmt.Sprintf("health throughput, %d conns, %s", conns, mode), map[string]float64{"req_per_s": rps}, "")
+		}
+	}
+	return nil
+}
+
+// throughput runs health calls on conns connections, depth at a time on
+// each, for dur, and returns requests per second.
+func throughput(d *daemon, conns, depth int, dur time.Duration) (float64, error) {
+	clients := make([]*ipc.Client, conns)
+	for i := range clients {
+		c, err := d.client()
+		if err != nil {
+			return 0, err
+		}
+		defer c.Close()
+		clients[i] = c
+	}
+	var total atomic.Int64
+	var firstErr atomic.Value
+	deadline := time.Now().Add(dur)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for _, c := range clients {
+		for range depth {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for time.Now().Before(deadline) {
+					if err := call(c, ipc.OpHealth, nil, nil); err != nil {
+						firstErr.CompareAndSwap(nil, err)
+						return
+					}
+					total.Add(1)
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	if err, _ := firstErr.Load().(error); err != nil {
+		return 0, err
+	}
+	return float64(total.Load()) / time.Since(start).Seconds(), nil
+}
+
+// --- 2. Command cost --------------------------------------------------
+
+// directBwrap runs argv in a fresh bubblewrap with the isolation the
+// bwrap backend gives a sandbox, as a caller driving bubblewrap itself
+// would (workspace and /tmp bound from dir).
+func directBwrap(dir string, argv []string) error {
+	args := []string{
+		"--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv",
+		"--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/workspace", "--setenv", "LANG", "C.UTF-8",
+		"--uid", "1000", "--gid", "1000", "--hostname", "sandbox",
+		"--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
+		"--symlink", "usr/lib64", "/lib64", "--symlink", "usr/sbin", "/sbin",
+		"--ro-bind-try", "/etc/alternatives", "/etc/alternatives", "--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache",
+		"--proc", "/proc", "--dev", "/dev",
+		"--bind", filepath.Join(dir, "work"), "/workspace", "--bind", filepath.Join(dir, "tmp"), "/tmp", "--chdir", "/workspace",
+		"--", "/usr/bin/timeout", "--kill-after=2", "--", "120",
+	}
+	cmd := exec.Command("bwrap", append(args, argv...)...)
+	cmd.Env = []string{}
+	if os.Geteuid() == 0 {
+		// As the daemon does: bubblewrap as an unprivileged uid.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534, Groups: []uint32{}}}
+	}
+	return cmd.Run()
+}
+
+func benchCommand(o options, rep *report) error {
+	d, err := startDaemon(o)
+	if err != nil {
+		return err
+	}
+	defer d.stop()
+	c, err := d.client()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	id, err := create(c, map[string]any{"ttl_s": 3600})
+	if err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "bench-direct")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	os.Chmod(dir, 0o755)
+	for _, sub := range []string{"work", "tmp"} {
+		os.Mkdir(filepath.Join(dir, sub), 0o777)
+		os.Chmod(filepath.Join(dir, sub), 0o777)
+	}
+	n := 100
+	if o.quick {
+		n = 10
+	}
+	for _, argv := range [][]string{{"/bin/true"}, {"/usr/bin/python3", "-c", "pass"}} {
+		var side, direct []time.Duration
+		for i := 0; i < n+3; i++ { // interleaved; the first 3 of each warm up
+			start := time.Now()
+			if _, err := runCmd(c, id, argv); err != nil {
+				return err
+			}
+			s := time.Since(start)
+			start = time.Now()
+			if err := directBwrap(dir, argv); err != nil {
+				return fmt.Errorf("direct bwrap: %w", err)
+			}
+			dd := time.Since(start)
+			if i >= 3 {
+				side, direct = append(side, s), append(direct, dd)
+			}
+		}
+		sp50, dp50 := percentile(side, 50), percentile(direct, 50)
+		rep.add("command", fmt.Sprintf("run_command %v via sidecar", argv), map[string]float64{"p50_ms": ms(sp50), "p99_ms": ms(percentile(side, 99))}, "")
+		rep.add("command", fmt.Sprintf("direct bwrap %v", argv), map[string]float64{"p50_ms": ms(dp50), "p99_ms": ms(percentile(direct, 99))}, "")
+		rep.add("command", fmt.Sprintf("ratio sidecar/direct %v", argv), map[string]float64{"p50_ratio": float64(sp50) / float64(dp50)}, "target ≤ 0.5")
+	}
+	return nil
+}
+
+// --- 3. Provisioning --------------------------------------------------
+
+func benchProvision(o options, rep *report) error {
+	n := 40
+	if o.quick {
+		n = 5
+	}
+	for _, pool := range []int{0, 4} {
+		d, err := startDaemon(o, "--pool-size", fmt.Sprint(pool))
+		if err != nil {
+			return err
+		}
+		c, err := d.client()
+		if err != nil {
+			d.stop()
+			return err
+		}
+		var creates, firsts []time.Duration
+		for i := 0; i < n; i++ {
+			if pool > 0 {
+				waitPooled(c, 1)
+			}
+			start := time.Now()
+			id, err := create(c, nil)
+			if err != nil {
+				c.Close()
+				d.stop()
+				return err
+			}
+			creates = append(creates, time.Since(start))
+			if _, err := runCmd(c, id, []string{"/bin/true"}); err != nil {
+				c.Close()
+				d.stop()
+				return err
+			}
+			firsts = append(firsts, time.Since(start))
+			call(c, ipc.OpDestroy, map[string]any{"sandbox": id}, nil)
+		}
+		name := "cold (no pool)"
+		if pool > 0 {
+			name = fmt.Sprintf("warm pool of %d", pool)
+		}
+		rep.add("provision", "create, "+name, map[string]float64{"p50_ms": ms(percentile(creates, 50)), "p99_ms": ms(percentile(creates, 99))}, "")
+		rep.add("provision", "create → first command result, "+name, map[string]float64{"p50_ms": ms(percentile(firsts, 50)), "p99_ms": ms(percentile(firsts, 99))}, "")
+		c.Close()
+		d.stop()
+	}
+	return nil
+}
+
+func waitPooled(c *ipc.Client, n int) {
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		var h struct {
+			Pooled int `msgpack:"pooled"`
+		}
+		if call(c, ipc.OpHealth, nil, &h) == nil && h.Pooled >= n {
+			return
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// --- 4. Output --------------------------------------------------------
+
+func benchOutput(o options, rep *report) error {
+	d, err := startDaemon(o)
+	if err != nil {
+		return err
+	}
+	defer d.stop()
+	c, err := d.client()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	id, err := create(c, nil)
+	if err != nil {
+		return err
+	}
+	size := int64(1 << 30)
+	if o.quick {
+		size = 64 << 20
+	}
+	const capBytes = 64 << 10
+	d.resetPeak()
+	before := d.status("VmHWM")
+	start := time.Now()
+	var res execResult
+	err = call(c, ipc.OpRunCommand, map[string]any{"sandbox": id, "argv": []string{"head", "-c", fmt.Sprint(size), "/dev/zero"},
+		"max_output_bytes": capBytes, "timeout_s": 600}, &res)
+	if err != nil {
+		return err
+	}
+	wall := time.Since(start)
+	after := d.status("VmHWM")
+	if !res.StdoutTruncated || len(res.Stdout) > capBytes {
+		return fmt.Errorf("flood not capped: %d bytes, truncated=%v", len(res.Stdout), res.StdoutTruncated)
+	}
+	// The same bytes straight into /dev/null, as the pipe's own ceiling.
+	pipeStart := time.Now()
+	if err := exec.Command("sh", "-c", fmt.Sprintf("head -c %d /dev/zero | cat > /dev/null", size)).Run(); err != nil {
+		return err
+	}
+	pipe := time.Since(pipeStart)
+	rep.add("output", fmt.Sprintf("%d MiB to stdout, 64 KiB cap", size>>20), map[string]float64{
+		"wall_s": wall.Seconds(), "MiB_per_s": float64(size>>20) / wall.Seconds(),
+		"pipe_only_MiB_per_s":        float64(size>>20) / pipe.Seconds(),
+		"daemon_peak_rss_growth_KiB": after - before}, "target: growth ≤ 2×cap + 16 MiB")
+	return nil
+}
+
+// --- 5. Scale ---------------------------------------------------------
+
+func benchScale(o options, rep *report) error {
+	d, err := startDaemon(o)
+	if err != nil {
+		return err
+	}
+	defer d.stop()
+	time.Sleep(500 * time.Millisecond)
+	idle := d.status("VmRSS")
+	rep.add("scale", "idle daemon", map[string]float64{"rss_KiB": idle, "fds": d.fds()}, "target ≤ 25 MiB")
+
+	nBoxes, nConns, nAgents, nCmds := 200, 1000, 50, 20
+	if o.quick {
+		nBoxes, nConns, nAgents, nCmds = 20, 50, 5, 3
+	}
+	c, err := d.client()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	runtime_GC(c)
+	rss0 := d.status("VmRSS")
+	ids := make([]string, 0, nBoxes)
+	for range nBoxes {
+		id, err := create(c, map[string]any{"ttl_s": 3600})
+		if err != nil {
+			return err
+		}
+		ids = append(ids, id)
+	}
+	time.Sleep(300 * time.Millisecond)
+	rss1 := d.status("VmRSS")
+	rep.add("scale", fmt.Sprintf("%d live sandboxes", nBoxes), map[string]float64{"rss_KiB": rss1, "KiB_per_sandbox": (rss1 - rss0) / float64(nBoxes), "fds": d.fds()}, "target ≤ 64 KiB each")
+
+	conns := make([]*ipc.Client, 0, nConns)
+	for range nConns {
+		cc, err := d.client()
+		if err != nil {
+			return fmt.Errorf("connection %d: %w", len(conns), err)
+		}
+		if err := call(cc, ipc.OpHello, nil, nil); err != nil {
+			return err
+		}
+		conns = append(conns, cc)
+	}
+	time.Sleep(300 * time.Millisecond)
+	rss2 := d.status("VmRSS")
+	rep.add("scale", fmt.Sprintf("%d idle connections", nConns), map[string]float64{"rss_KiB": rss2, "KiB_per_connection": (rss2 - rss1) / float64(nConns), "fds": d.fds()}, "target ≤ 64 KiB each")
+	for _, cc := range conns {
+		cc.Close()
+	}
+	for _, id := range ids {
+		call(c, ipc.OpDestroy, map[string]any{"sandbox": id}, nil)
+	}
+
+	// Concurrent agents: create → commands → destroy, each on its own
+	// connection.
+	var mu sync.Mutex
+	var lat []time.Duration
+	var firstErr error
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range nAgents {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := func() error {
+				ac, err := d.client()
+				if err != nil {
+					return err
+				}
+				defer ac.Close()
+				id, err := create(ac, nil)
+				if err != nil {
+					return err
+				}
+				for range nCmds {
+					s := time.Now()
+					if _, err := runCmd(ac, id, []string{"/bin/true"}); err != nil {
+						return err
+					}
+					mu.Lock()
+					lat = append(lat, time.Since(s))
+					mu.Unlock()
+				}
+				return call(ac, ipc.OpDestroy, map[string]any{"sandbox": id}, nil)
+			}()
+			if err != nil {
+				mu.Lock()
+				if firstErr == nil {
+					firstErr = err
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return firstErr
+	}
+	wall := time.Since(start)
+	rep.add("scale", fmt.Sprintf("%d agents × (create, %d commands, destroy)", nAgents, nCmds), map[string]float64{
+		"wall_s": wall.Seconds(), "commands_per_s": float64(nAgents*nCmds) / wall.Seconds(),
+		"cmd_p50_ms": ms(percentile(lat, 50)), "cmd_p99_ms": ms(percentile(lat, 99))}, "")
+	return nil
+}
+
+// runtime_GC gives the daemon a moment to settle before a baseline.
+func runtime_GC(c *ipc.Client) {
+	call(c, ipc.OpHealth, nil, nil)
+	time.Sleep(200 * time.Millisecond)
+}
+
+// --- 6. Recovery ------------------------------------------------------
+
+func benchRecovery(o options, rep *report) error {
+	if o.socket != "" {
+		return nil // needs a daemon of our own to kill
+	}
+	d, err := startDaemon(o)
+	if err != nil {
+		return err
+	}
+	defer d.stop()
+	n := 1000
+	if o.quick {
+		n = 40
+	}
+	keep, err := d.client() // holds the connection-bound half open until the kill
+	if err != nil {
+		return err
+	}
+	for i := range n {
+		args := map[string]any{"ttl_s": 3600}
+		if i%2 == 1 {
+			args = nil // connection-bound: destroyed by recovery
+		}
+		if _, err := create(keep, args); err != nil {
+			return err
+		}
+	}
+	d.kill9()
+	keep.Close()
+	serving, err := d.start()
+	if err != nil {
+		return err
+	}
+	c, err := d.client()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	var h struct {
+		Recovery struct {
+			Adopted   int     `msgpack:"adopted"`
+			Destroyed int     `msgpack:"destroyed"`
+			Failed    int     `msgpack:"failed"`
+			DurationS float64 `msgpack:"duration_s"`
+		} `msgpack:"recovery"`
+	}
+	if err := call(c, ipc.OpHealth, nil, &h); err != nil {
+		return err
+	}
+	rep.add("recovery", fmt.Sprintf("start with %d journal records (half connection-bound)", n), map[string]float64{
+		"until_serving_s": serving.Seconds(), "reconcile_s": h.Recovery.DurationS,
+		"adopted": float64(h.Recovery.Adopted), "destroyed": float64(h.Recovery.Destroyed), "failed": float64(h.Recovery.Failed)},
+		"recovery finishes before the daemon serves")
+	return nil
+}
