@@ -1,6 +1,7 @@
 package ipc
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -80,8 +81,9 @@ type wireResponse struct {
 }
 
 func (c *Client) readLoop() {
+	br := bufio.NewReaderSize(c.nc, readBufferSize)
 	for {
-		body, err := ReadFrame(c.nc, c.maxFrame)
+		body, err := ReadFrame(br, c.maxFrame)
 		if err != nil {
 			c.fail(fmt.Errorf("connection to the daemon lost: %w", err))
 			c.nc.Close()

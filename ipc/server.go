@@ -1,6 +1,7 @@
 package ipc
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"io"
@@ -26,6 +27,9 @@ type Handler interface {
 type ConnObserver interface {
 	Disconnected(peer *Peer)
 }
+
+// readBufferSize is each connection's read buffer.
+const readBufferSize = 4 << 10
 
 // Defaults for ServerConfig's zero values.
 const (
@@ -282,8 +286,11 @@ func (c *conn) serve() {
 		c.log.Debug("connection closed")
 	}()
 
+	// One read syscall usually brings a whole small frame (length and
+	// body); 4 KiB per connection keeps idle connections cheap.
+	br := bufio.NewReaderSize(c.nc, readBufferSize)
 	for {
-		n, err := ReadHeader(c.nc, s.cfg.MaxFrame)
+		n, err := ReadHeader(br, s.cfg.MaxFrame)
 		switch {
 		case errors.Is(err, ErrEmptyFrame):
 			// The stream is still in step: answer and read on.
@@ -300,7 +307,7 @@ func (c *conn) serve() {
 			return
 		}
 		c.nc.SetReadDeadline(time.Now().Add(s.cfg.FrameReadTimeout))
-		body, err := ReadBody(c.nc, n)
+		body, err := ReadBody(br, n)
 		c.nc.SetReadDeadline(time.Time{})
 		if err != nil {
 			c.log.Warn("truncated frame; closing connection", "announced", n, "error", err)
