@@ -12,6 +12,7 @@ import (
 
 	"github.com/pelletier/go-toml/v2"
 
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/sbx"
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/lifecycle"
 	"github.com/sandbox-sidecar/sandbox-sidecar/service"
@@ -28,6 +29,7 @@ type Config struct {
 	Lifecycle LifecycleSection `toml:"lifecycle"`
 	Limits    LimitsSection    `toml:"limits"`
 	Bwrap     BwrapSection     `toml:"bwrap"`
+	Sbx       SbxSection       `toml:"sbx"`
 }
 
 type ServerSection struct {
@@ -78,6 +80,22 @@ type BwrapSection struct {
 	KillGrace        Duration `toml:"kill_grace"`
 }
 
+// SbxSection configures the sbx (Docker Sandboxes microVM) backend; see
+// docs/sbx.md.
+type SbxSection struct {
+	Path          string   `toml:"path"`
+	Template      string   `toml:"template"`
+	Memory        string   `toml:"memory"`
+	CPUs          int      `toml:"cpus"`
+	CreateTimeout Duration `toml:"create_timeout"`
+	KillAfter     Duration `toml:"kill_after"`
+	ExecGrace     Duration `toml:"exec_grace"`
+	ListTimeout   Duration `toml:"list_timeout"`
+	HostPolicy    string   `toml:"host_policy"`
+	Marker        string   `toml:"marker"`
+	KVMDevice     string   `toml:"kvm_device"`
+}
+
 func defaultConfig() Config {
 	return Config{
 		Server: ServerSection{
@@ -97,6 +115,12 @@ func defaultConfig() Config {
 			MaxTimeout: Duration(service.DefaultMaxTimeout), DefaultTimeout: Duration(service.DefaultTimeout),
 		},
 		Bwrap: BwrapSection{SandboxUID: 65534, SandboxGID: 65534, KillGrace: Duration(2 * time.Second)},
+		Sbx: SbxSection{
+			Path: "sbx", Template: sbx.DefaultTemplate, Memory: sbx.DefaultMemory,
+			CreateTimeout: Duration(sbx.DefaultCreateTimeout), KillAfter: Duration(sbx.DefaultKillAfter),
+			ExecGrace: Duration(sbx.DefaultExecGrace), ListTimeout: Duration(sbx.DefaultListTimeout),
+			HostPolicy: string(sbx.PolicyUnknown), KVMDevice: sbx.DefaultKVMDevice,
+		},
 	}
 }
 
@@ -166,9 +190,15 @@ func (c *Config) validate() error {
 		bad("server.state_dir must not be empty")
 	}
 	switch c.Server.Backend {
-	case "bwrap":
+	case "bwrap", "sbx":
 	default:
-		bad("server.backend %q: this build has bwrap", c.Server.Backend)
+		bad("server.backend %q: this build has bwrap and sbx", c.Server.Backend)
+	}
+	if _, err := sbx.ParseHostPolicy(c.Sbx.HostPolicy); err != nil {
+		bad("sbx.host_policy: %v", err)
+	}
+	if c.Sbx.CPUs < 0 {
+		bad("sbx.cpus must not be negative (0: sbx's default)")
 	}
 	if _, err := newLogger(c.Server.LogFormat, c.Server.LogLevel, io.Discard); err != nil {
 		bad("server: %v", err)
@@ -209,6 +239,10 @@ func (c *Config) validate() error {
 		"bwrap.kill_grace":                  int64(c.Bwrap.KillGrace),
 		"bwrap.sandbox_uid":                 int64(c.Bwrap.SandboxUID),
 		"bwrap.sandbox_gid":                 int64(c.Bwrap.SandboxGID),
+		"sbx.create_timeout":                int64(c.Sbx.CreateTimeout),
+		"sbx.kill_after":                    int64(c.Sbx.KillAfter),
+		"sbx.exec_grace":                    int64(c.Sbx.ExecGrace),
+		"sbx.list_timeout":                  int64(c.Sbx.ListTimeout),
 	}
 	for name, v := range positive {
 		if v <= 0 {

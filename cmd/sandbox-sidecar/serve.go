@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/sbx"
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/lifecycle"
 	"github.com/sandbox-sidecar/sandbox-sidecar/service"
@@ -36,7 +38,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	fs.Var(&s.SocketMode, "socket-mode", "mode of the socket; its directory gets the matching r-x bits")
 	fs.StringVar(&s.SocketGroup, "socket-group", s.SocketGroup, "group (name or gid) owning the socket; its members may connect (default: 'sandbox-sidecar' when that group exists and the daemon runs as root)")
 	fs.StringVar(&s.StateDir, "state-dir", s.StateDir, "state directory (one daemon per directory)")
-	fs.StringVar(&s.Backend, "backend", s.Backend, "sandbox backend: bwrap")
+	fs.StringVar(&s.Backend, "backend", s.Backend, "sandbox backend: bwrap (namespaces, the default) or sbx (Docker Sandboxes microVMs; docs/sbx.md)")
 	fs.StringVar(&s.LogFormat, "log-format", s.LogFormat, "log format: text or json")
 	fs.StringVar(&s.LogLevel, "log-level", s.LogLevel, "log level: trace, debug, info, warn, error")
 	fs.IntVar(&s.MaxFrameBytes, "max-frame-bytes", s.MaxFrameBytes, "largest frame accepted or sent")
@@ -64,13 +66,30 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&bw.SandboxUID, "sandbox-uid", bw.SandboxUID, "host uid that runs sandboxes when the daemon runs as root")
 	fs.IntVar(&bw.SandboxGID, "sandbox-gid", bw.SandboxGID, "host gid that runs sandboxes when the daemon runs as root")
 	fs.BoolVar(&bw.ShareHostNetwork, "bwrap-share-host-network", bw.ShareHostNetwork, "let sandboxes that ask for block_network=false share the host's network (bwrap)")
-	fs.Var(&bw.KillGrace, "kill-grace", "time between SIGTERM and SIGKILL when a command times out")
+	var killGrace Duration
+	fs.Var(&killGrace, "kill-grace", "time between SIGTERM and SIGKILL when a command times out (bwrap.kill_grace and sbx.kill_after)")
+	sx := &cfg.Sbx
+	fs.StringVar(&sx.Path, "sbx-path", sx.Path, "the sbx binary (sbx backend)")
+	fs.StringVar(&sx.Template, "sbx-template", sx.Template, "image every sbx sandbox boots from")
+	fs.StringVar(&sx.Memory, "sbx-memory", sx.Memory, "memory of each microVM (at least 1g)")
+	fs.IntVar(&sx.CPUs, "sbx-cpus", sx.CPUs, "CPUs of each microVM (0: sbx's default)")
+	fs.Var(&sx.CreateTimeout, "sbx-create-timeout", "bound on sbx create (boot plus a first image pull)")
+	fs.Var(&sx.ExecGrace, "sbx-exec-grace", "how long past timeout + kill grace sbx exec may run before the sandbox is destroyed")
+	fs.Var(&sx.ListTimeout, "sbx-list-timeout", "bound on every sbx ls")
+	fs.StringVar(&sx.HostPolicy, "sbx-host-policy", sx.HostPolicy, "what `sbx policy init` was run with on this host: deny-all, allow-all or unknown")
+	fs.StringVar(&sx.Marker, "sbx-marker", sx.Marker, "prefix of the sbx sandbox names this daemon makes (default: derived from the state directory)")
+	fs.StringVar(&sx.KVMDevice, "sbx-kvm-device", sx.KVMDevice, "the KVM device the health check looks at")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return &exitError{code: 2, err: fmt.Errorf("unexpected arguments %q", fs.Args())}
 	}
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "kill-grace" {
+			cfg.Bwrap.KillGrace, cfg.Sbx.KillAfter = killGrace, killGrace
+		}
+	})
 	if err := cfg.validate(); err != nil {
 		return &exitError{code: 2, err: fmt.Errorf("invalid configuration:\n%w", err)}
 	}
@@ -225,6 +244,11 @@ func serve(cfg Config, stderr io.Writer) error {
 			"moved_to", movedAside)
 	}
 	lc := cfg.Lifecycle
+	createTimeout := lifecycle.DefaultCreateTimeout
+	if slow, ok := be.(interface{ MaxCreateDuration() time.Duration }); ok {
+		// A microVM's first boot may pull an image: let it finish.
+		createTimeout = max(createTimeout, slow.MaxCreateDuration())
+	}
 	idle := lc.IdleTimeout.D()
 	if idle == 0 {
 		idle = -1 // off
@@ -234,6 +258,7 @@ func serve(cfg Config, stderr io.Writer) error {
 		ConnGrace: lc.ConnGrace.D(), MaxLifetime: lc.MaxLifetime.D(), DefaultTTL: lc.DefaultTTL.D(), IdleTimeout: idle,
 		ReapInterval: lc.ReapInterval.D(), MaxPerHost: lc.MaxSandboxes, MaxPerUID: lc.MaxSandboxesPerUID,
 		MaxPerOwner: lc.MaxSandboxesPerOwner, MaxCmdsPerHost: lc.MaxCommands, PoolSize: lc.PoolSize,
+		CreateTimeout: createTimeout,
 	})
 	if err != nil {
 		return fail("%w", err)
@@ -344,8 +369,19 @@ func newBackend(cfg Config, log hclog.Logger) (backend.Backend, error) {
 			}
 		}
 		return bwrap.New(bc)
+	case "sbx":
+		policy, err := sbx.ParseHostPolicy(cfg.Sbx.HostPolicy)
+		if err != nil {
+			return nil, err
+		}
+		return sbx.New(sbx.Config{
+			Dir: filepath.Join(cfg.Server.StateDir, "sbx"), SbxPath: cfg.Sbx.Path, Template: cfg.Sbx.Template,
+			Memory: cfg.Sbx.Memory, CPUs: cfg.Sbx.CPUs, CreateTimeout: cfg.Sbx.CreateTimeout.D(),
+			KillAfter: cfg.Sbx.KillAfter.D(), ExecGrace: cfg.Sbx.ExecGrace.D(), ListTimeout: cfg.Sbx.ListTimeout.D(),
+			HostPolicy: policy, Marker: cfg.Sbx.Marker, KVMDevice: cfg.Sbx.KVMDevice, Logger: log.Named("sbx"),
+		})
 	}
-	return nil, errors.New("unknown backend; this build has: bwrap")
+	return nil, errors.New("unknown backend; this build has: bwrap, sbx")
 }
 
 // FailpointEnv names a lifecycle failpoint (lifecycle.Fail*) at which the

@@ -1,0 +1,323 @@
+package sbx
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"path"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
+)
+
+// Limits on a request, from the kernel's exec limits: every argument of
+// sbx exec, environment included, is an argument of a host process, so one
+// may not exceed MAX_ARG_STRLEN (128 KiB) and all together must stay well
+// below ARG_MAX (typically 2 MiB).
+const (
+	maxArgBytes      = 128<<10 - 1
+	maxExecBytes     = 1 << 20
+	maxArgv          = 4096
+	maxGuestPathLen  = 4096
+	maxTimeout       = 24 * time.Hour // longest budget Exec accepts
+	exitTimedOut     = 124            // GNU timeout: the command got SIGTERM
+	exitKilledByTime = 137            // 128+SIGKILL: timeout had to escalate
+	shellPath        = "/bin/sh"
+	guestTmp         = "/tmp"
+)
+
+// Exec runs one command in the sandbox's microVM:
+//
+//	sbx exec [-i] [-e K=V]... -w CWD -- NAME timeout --kill-after=K -- S ARGV...
+//
+// ARGV is "sh -c COMMAND" or the request's argv; S is req.Timeout rounded
+// up to whole milliseconds (never 0, which GNU timeout reads as "none"); the
+// environment is the sandbox's Env overridden by req.Env, passed on every
+// call (sbx keeps none between calls). A zero req.MaxOutputBytes keeps
+// capture.DefaultMaxOutputBytes of each stream, the tail.
+//
+// TimedOut is exit 124 once S has passed, or 137 once S+K has. When sbx exec
+// itself outlives S+K+ExecGrace it is killed and the sandbox destroyed (the
+// command may still run inside the microVM, and only removing the microVM
+// stops it): the result is TimedOut and SandboxTerminated. sbx exec exits 1
+// for a sandbox it does not have, exactly like a failing command, so an exit
+// 1 (or sbx's own 125/255) with no output on stdout is checked with sbx ls:
+// a sandbox sbx no longer lists is reported SandboxTerminated.
+//
+// A command stopped because Destroy ran returns SandboxTerminated and no
+// error; one stopped because ctx ended returns the partial result and an
+// error wrapping ctx.Err(). Killing sbx exec does not necessarily stop the
+// command inside the microVM; its in-guest timeout does, at the latest.
+func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) (backend.ExecResult, error) {
+	sb, err := b.lookup(id)
+	if err != nil {
+		return backend.ExecResult{}, err
+	}
+	argv, cwd, err := checkExecRequest(req, sb.workspace())
+	if err != nil {
+		return backend.ExecResult{}, err
+	}
+	env, err := mergeEnv(sb.env, req.Env)
+	if err != nil {
+		return backend.ExecResult{}, err
+	}
+	applied := guestTimeout(req.Timeout)
+	killAfter := guestTimeout(b.cfg.KillAfter)
+
+	args := []string{"exec"}
+	if len(req.Stdin) > 0 {
+		args = append(args, "-i")
+	}
+	for _, kv := range env {
+		args = append(args, "-e", kv)
+	}
+	args = append(args, "-w", cwd, "--", sb.name,
+		"timeout", "--kill-after="+seconds(killAfter), "--", seconds(applied))
+	args = append(args, argv...)
+	if err := checkArgvSize(args); err != nil {
+		return backend.ExecResult{}, err
+	}
+
+	opCtx, done, err := sb.begin(ctx)
+	if err != nil {
+		return backend.ExecResult{}, err
+	}
+	defer done()
+
+	log := b.log.With("sandbox", id)
+	res, runErr := b.runSbx(opCtx, applied+killAfter+b.cfg.ExecGrace, req.MaxOutputBytes, req.Stdin, args...)
+	out := backend.ExecResult{
+		ExitCode:        res.ExitCode,
+		Stdout:          res.Stdout,
+		Stderr:          res.Stderr,
+		StdoutTruncated: res.StdoutTruncated,
+		StderrTruncated: res.StderrTruncated,
+		TimedOut:        isTimeout(res.ExitCode, res.Duration, applied, killAfter),
+		AppliedTimeout:  applied,
+		Duration:        res.Duration,
+	}
+	switch {
+	case runErr == nil:
+	case errors.Is(context.Cause(opCtx), errSandboxDestroyed):
+		out.SandboxTerminated, out.TimedOut = true, false
+		log.Info("command stopped: sandbox destroyed", "duration", res.Duration)
+		return out, nil
+	case ctx.Err() != nil:
+		return out, fmt.Errorf("command in sandbox %s was abandoned because the request ended (it may run on in the microVM until its timeout): %w", id, runErr)
+	default:
+		return out, fmt.Errorf("%w: sbx exec could not be started for sandbox %s (%v); check that %s is installed and executable", backend.ErrUnavailable, id, runErr, b.sbx)
+	}
+
+	if res.TimedOut {
+		// sbx exec outlived the in-guest timeout by ExecGrace: the CLI or
+		// the microVM is stuck, and killing the CLI does not reach the
+		// guest. Only removing the microVM stops whatever still runs.
+		log.Error("sbx exec outlived the command's timeout and grace; destroying the sandbox",
+			"timeout", applied, "kill_after", killAfter, "grace", b.cfg.ExecGrace, "duration", res.Duration)
+		done()
+		if err := b.Destroy(context.WithoutCancel(ctx), id); err != nil {
+			log.Error("cannot destroy the stuck sandbox; the caller's destroy will retry", "error", err)
+		}
+		out.TimedOut, out.SandboxTerminated = true, true
+		return out, nil
+	}
+
+	if !out.TimedOut && looksLikeMissingSandbox(res) {
+		exists, lsErr := b.sbxHas(ctx, sb.name)
+		switch {
+		case lsErr != nil:
+			log.Warn("sbx exec failed without output and sbx ls cannot tell whether the sandbox still exists; reporting the exit status as is", "exit_code", res.ExitCode, "error", lsErr)
+		case !exists:
+			log.Warn("the sandbox's microVM is gone: sbx no longer lists it", "sbx_name", sb.name, "stderr", firstLine(res.Stderr))
+			out.SandboxTerminated = true
+			return out, nil
+		}
+	}
+	log.Debug("command finished", "exit_code", out.ExitCode, "timed_out", out.TimedOut,
+		"duration", res.Duration, "stdout_bytes", res.StdoutTotal, "stderr_bytes", res.StderrTotal)
+	return out, nil
+}
+
+// looksLikeMissingSandbox reports whether an sbx exec result is what sbx
+// gives for a sandbox it does not have: exit 1 (or its own error statuses
+// 125 and 255) and nothing on stdout. A command can end that way too, so
+// this only decides whether to ask sbx ls.
+func looksLikeMissingSandbox(res capture.Result) bool {
+	switch res.ExitCode {
+	case 1, 125, 255:
+		return res.StdoutTotal == 0
+	}
+	return false
+}
+
+// checkExecRequest validates req and returns the argv to run under timeout
+// and the working directory (workdir unless req.Cwd is set).
+func checkExecRequest(req backend.ExecRequest, workdir string) (argv []string, cwd string, err error) {
+	bad := func(format string, args ...any) ([]string, string, error) {
+		return nil, "", fmt.Errorf("%w: "+format, append([]any{backend.ErrInvalidArgument}, args...)...)
+	}
+	switch {
+	case req.Timeout <= 0:
+		return bad("the timeout must be positive, got %v", req.Timeout)
+	case req.Timeout > maxTimeout:
+		return bad("the timeout %v is longer than the %v allowed; split the work into shorter commands", req.Timeout, maxTimeout)
+	case req.Command != "" && len(req.Argv) > 0:
+		return bad("set either a command string or an argv, not both")
+	case req.Command != "":
+		argv = []string{shellPath, "-c", req.Command}
+	case len(req.Argv) > 0:
+		argv = req.Argv
+	default:
+		return bad("the command is empty; give a command to run")
+	}
+	if len(argv) > maxArgv {
+		return bad("argv has %d elements, more than the %d allowed; write a script with write_file and run it", len(argv), maxArgv)
+	}
+	for _, a := range argv {
+		if strings.IndexByte(a, 0) >= 0 {
+			return bad("the command contains a NUL byte, which cannot be passed to a program; remove it")
+		}
+		if len(a) > maxArgBytes {
+			return bad("the command is %d bytes, more than the %d a single argument may be; write it to a file with write_file and run that file", len(a), maxArgBytes)
+		}
+	}
+	cwd = workdir
+	if req.Cwd != "" {
+		switch {
+		case strings.IndexByte(req.Cwd, 0) >= 0:
+			return bad("the working directory contains a NUL byte")
+		case !path.IsAbs(req.Cwd):
+			return bad("the working directory %s must be an absolute path inside the sandbox, such as %s/project", shortName(req.Cwd), workdir)
+		case len(req.Cwd) > maxGuestPathLen:
+			return bad("the working directory is %d bytes long, more than the %d allowed", len(req.Cwd), maxGuestPathLen)
+		}
+		cwd = path.Clean(req.Cwd)
+	}
+	return argv, cwd, nil
+}
+
+// checkArgvSize checks the whole sbx exec command line against the
+// kernel's limits.
+func checkArgvSize(args []string) error {
+	total := 0
+	for _, a := range args {
+		total += len(a) + 1
+	}
+	if total > maxExecBytes {
+		return fmt.Errorf("%w: the command and its environment total %d bytes, more than the %d allowed; write large values to files with write_file", backend.ErrInvalidArgument, total, maxExecBytes)
+	}
+	return nil
+}
+
+// validateEnv checks that env can be passed to a program: names non-empty
+// without '=' or NUL, values without NUL, each entry and the whole within the
+// kernel's limits. Messages name the variable, never its value.
+func validateEnv(env map[string]string, whose string) error {
+	total := 0
+	for k, v := range env {
+		switch {
+		case k == "" || strings.ContainsAny(k, "=\x00"):
+			return fmt.Errorf("%w: %s environment variable name %s is empty or contains '=' or NUL; rename it", backend.ErrInvalidArgument, whose, shortName(k))
+		case strings.IndexByte(v, 0) >= 0:
+			return fmt.Errorf("%w: %s environment variable %s has a NUL byte in its value, which cannot be passed to a program", backend.ErrInvalidArgument, whose, shortName(k))
+		case len(k)+1+len(v) > maxArgBytes:
+			return fmt.Errorf("%w: %s environment variable %s is %d bytes, more than the %d one variable may be; put the value in a file instead", backend.ErrInvalidArgument, whose, shortName(k), len(k)+1+len(v), maxArgBytes)
+		}
+		total += len(k) + len(v) + 2
+	}
+	if total > maxExecBytes {
+		return fmt.Errorf("%w: %s environment totals %d bytes, more than the %d allowed; put large values in files instead", backend.ErrInvalidArgument, whose, total, maxExecBytes)
+	}
+	return nil
+}
+
+// mergeEnv layers the sandbox's environment and the request's, in that
+// order, over the image's own, and returns it as sorted "NAME=value".
+func mergeEnv(sandboxEnv, requestEnv map[string]string) ([]string, error) {
+	if err := validateEnv(requestEnv, "the command's"); err != nil {
+		return nil, err
+	}
+	merged := make(map[string]string, len(sandboxEnv)+len(requestEnv))
+	for _, layer := range []map[string]string{sandboxEnv, requestEnv} {
+		for k, v := range layer {
+			merged[k] = v
+		}
+	}
+	if err := validateEnv(merged, "the combined"); err != nil {
+		return nil, err
+	}
+	out := make([]string, 0, len(merged))
+	for k, v := range merged {
+		out = append(out, k+"="+v)
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// guestTimeout rounds d up to a whole number of milliseconds, at least one:
+// GNU timeout reads 0 as "no timeout", so a tiny budget must not become 0.
+func guestTimeout(d time.Duration) time.Duration {
+	d = min(d, maxTimeout)
+	ms := (d + time.Millisecond - 1) / time.Millisecond
+	return max(ms, 1) * time.Millisecond
+}
+
+// seconds formats d (whole milliseconds) as GNU timeout reads it: "1.500".
+func seconds(d time.Duration) string {
+	ms := d.Milliseconds()
+	return fmt.Sprintf("%d.%03d", ms/1000, ms%1000)
+}
+
+// isTimeout decides whether a command timed out. GNU timeout exits 124 when
+// the command died to its SIGTERM, and 137 when it had to SIGKILL it after
+// killAfter; a command can exit 124 by itself and an OOM kill is also 137,
+// so 124 counts only once the budget has elapsed and 137 only once the
+// budget and killAfter have. elapsed is measured around sbx exec on the
+// host, which starts before and ends after the guest's timeout.
+func isTimeout(exitCode int, elapsed, applied, killAfter time.Duration) bool {
+	switch exitCode {
+	case exitTimedOut:
+		return elapsed >= applied
+	case exitKilledByTime:
+		return elapsed >= applied+killAfter
+	}
+	return false
+}
+
+// probeScript checks, once per new sandbox, what the backend relies on in
+// the guest: GNU coreutils (timeout --kill-after, realpath -m, stat -c,
+// head -c, mktemp) and the workspace mounted at its host path, shown by
+// printing the token the host wrote there.
+const probeScript = `w=$1
+missing=
+for c in timeout realpath stat head mktemp mv cat chmod mkdir rm; do
+	command -v "$c" >/dev/null 2>&1 || missing="$missing $c"
+done
+if [ -n "$missing" ]; then echo "the image lacks:$missing" >&2; exit 90; fi
+realpath -m -- /nonexistent/sidecar >/dev/null 2>&1 || { echo "realpath is not GNU coreutils (no -m)" >&2; exit 90; }
+timeout --kill-after=1 5 true || { echo "timeout is not GNU coreutils (no --kill-after)" >&2; exit 90; }
+cat -- "$w/.sidecar-probe" 2>/dev/null || { echo "the workspace is not at $w inside the sandbox" >&2; exit 91; }
+`
+
+// probe runs probeScript in the new microVM.
+func (b *Backend) probe(ctx context.Context, name, ws, token string) error {
+	res, err := b.runSbx(ctx, probeTimeout, cliOutputBytes, nil,
+		"exec", "-w", "/", "--", name, shellPath, "-c", probeScript, "sidecar-probe", ws)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return fmt.Errorf("the request ended while checking the new microVM: %w", ctx.Err())
+	case err != nil || res.TimedOut:
+		return fmt.Errorf("%w: the new microVM did not run a first command (%s); check the sbx daemon's log", backend.ErrUnavailable, failure(res, err, probeTimeout))
+	case res.ExitCode == 90:
+		return fmt.Errorf("%w: the template image cannot be used: %s; use a Debian- or Ubuntu-based image with GNU coreutils (the default is %s)", backend.ErrUnavailable, firstLine(res.Stderr), DefaultTemplate)
+	case res.ExitCode == 91 || (res.ExitCode == 0 && string(bytes.TrimSpace(res.Stdout)) != token):
+		return fmt.Errorf("%w: sbx did not mount the workspace %s at the same path inside the microVM (%s); this sbx version behaves differently from what the backend expects, see docs/sbx.md", backend.ErrUnavailable, ws, failure(res, nil, probeTimeout))
+	case res.ExitCode != 0:
+		return fmt.Errorf("%w: the new microVM did not run a first command (%s); check the sbx daemon's log", backend.ErrUnavailable, failure(res, nil, probeTimeout))
+	}
+	return nil
+}

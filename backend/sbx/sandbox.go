@@ -1,0 +1,717 @@
+package sbx
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+)
+
+// Layout of Dir/<id>.
+const (
+	workspaceName = "workspace"      // mounted into the microVM at its host path
+	specName      = "spec.json"      // persistedSpec
+	probeName     = ".sidecar-probe" // Create's token, in the workspace until the probe read it
+)
+
+// Network values reported in backend.Info.
+const (
+	// networkNone: a deny-all host and no per-sandbox rule.
+	networkNone = "none"
+	// networkAllowList: a deny-all host plus a per-sandbox allow rule for
+	// the spec's allow_egress_to.
+	networkAllowList = "allowlist"
+	// networkOpen: an allow-all host; the sandbox reaches everything.
+	networkOpen = "open"
+	// networkUnknown: the host's policy was not declared.
+	networkUnknown = "unknown"
+)
+
+// Bounds on per-sandbox state.
+const (
+	// destroyWait bounds how long Destroy waits for the sandbox's running
+	// commands to end after cancelling them.
+	destroyWait = 10 * time.Second
+	// maxActivePerSandbox bounds concurrent commands and file operations
+	// in one sandbox.
+	maxActivePerSandbox = 32
+	// maxSpecFileBytes bounds how much of spec.json is read back.
+	maxSpecFileBytes = 4 << 20
+	// specVersion is the version of persistedSpec written by this code.
+	specVersion = 1
+	// maxEgressHosts bounds allow_egress_to.
+	maxEgressHosts = 64
+)
+
+// errSandboxDestroyed is the cancellation cause Destroy gives running
+// operations, so Exec can tell "destroyed under you" from "request ended".
+var errSandboxDestroyed = errors.New("sandbox destroyed")
+
+// persistedSpec is spec.json: what a restarted daemon needs to keep using a
+// sandbox it finds on disk, and to remove it.
+type persistedSpec struct {
+	Version       int               `json:"version"`
+	SbxName       string            `json:"sbx_name"`
+	Network       string            `json:"network"`
+	AllowEgressTo []string          `json:"allow_egress_to,omitempty"`
+	Env           map[string]string `json:"env,omitempty"`
+}
+
+// sandbox is the in-memory state of one sandbox: its settings and the
+// operations in flight, so Destroy can stop them and wait for them.
+type sandbox struct {
+	id, dir string
+	name    string // the sbx sandbox name
+	env     map[string]string
+	network string
+
+	mu         sync.Mutex
+	destroying bool
+	active     map[uint64]context.CancelCauseFunc
+	nextOp     uint64
+	wg         sync.WaitGroup
+}
+
+func newSandbox(id, dir string, spec persistedSpec) *sandbox {
+	return &sandbox{id: id, dir: dir, name: spec.SbxName, env: spec.Env, network: spec.Network,
+		active: make(map[uint64]context.CancelCauseFunc)}
+}
+
+// workspace is the sandbox's working directory, the same path on the host
+// and in the guest.
+func (sb *sandbox) workspace() string { return filepath.Join(sb.dir, workspaceName) }
+
+// begin registers one operation. The returned context ends when ctx does or
+// when Destroy cancels it; done must be called when the operation is over.
+func (sb *sandbox) begin(ctx context.Context) (context.Context, func(), error) {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.destroying {
+		return nil, nil, notFound(sb.id)
+	}
+	if len(sb.active) >= maxActivePerSandbox {
+		return nil, nil, fmt.Errorf("%w: sandbox %s already has %d commands and file operations in flight; wait for one to finish", backend.ErrUnavailable, sb.id, maxActivePerSandbox)
+	}
+	opCtx, cancel := context.WithCancelCause(ctx)
+	key := sb.nextOp
+	sb.nextOp++
+	sb.active[key] = cancel
+	sb.wg.Add(1)
+	var once sync.Once
+	done := func() {
+		once.Do(func() {
+			sb.mu.Lock()
+			delete(sb.active, key)
+			sb.mu.Unlock()
+			cancel(nil)
+			sb.wg.Done()
+		})
+	}
+	return opCtx, done, nil
+}
+
+// stop refuses new operations, cancels those in flight and waits for them
+// for at most limit or until ctx ends; it reports whether they all ended.
+func (sb *sandbox) stop(ctx context.Context, limit time.Duration) bool {
+	sb.mu.Lock()
+	sb.destroying = true
+	for _, cancel := range sb.active {
+		cancel(errSandboxDestroyed)
+	}
+	sb.mu.Unlock()
+
+	finished := make(chan struct{})
+	go func() { sb.wg.Wait(); close(finished) }()
+	t := time.NewTimer(limit)
+	defer t.Stop()
+	select {
+	case <-finished:
+		return true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return false
+}
+
+func notFound(id string) error {
+	return fmt.Errorf("%w: sandbox %q does not exist on this host (destroyed, or never created); create a new one", backend.ErrNotFound, id)
+}
+
+func vanished(id string) error {
+	return fmt.Errorf("%w: the microVM of sandbox %q is gone (sbx no longer lists it: removed behind the daemon's back, or sbx lost it); create a new sandbox", backend.ErrNotFound, id)
+}
+
+func (b *Backend) sandboxDir(id string) string { return filepath.Join(b.cfg.Dir, id) }
+
+// sbxName is the sbx name of sandbox id: the marker, '-', the id.
+func (b *Backend) sbxName(id string) string { return b.cfg.Marker + "-" + id }
+
+// idFromName returns the sandbox id an sbx name carries when it carries this
+// backend's marker.
+func (b *Backend) idFromName(name string) (string, bool) {
+	id, ok := strings.CutPrefix(name, b.cfg.Marker+"-")
+	if !ok || !backend.ValidID(id) {
+		return "", false
+	}
+	return id, true
+}
+
+// lookup returns sandbox id, loading it from disk when this process has not
+// seen it yet (a restarted daemon re-adopting its sandboxes). It does not ask
+// sbx: a microVM that vanished is noticed when a command fails.
+func (b *Backend) lookup(id string) (*sandbox, error) {
+	if !backend.ValidID(id) {
+		return nil, notFound(id)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if sb, ok := b.sandboxes[id]; ok {
+		if _, err := os.Stat(sb.workspace()); err != nil && !sb.destroying {
+			delete(b.sandboxes, id)
+			return nil, notFound(id)
+		}
+		return sb, nil
+	}
+	spec, err := b.loadSpec(id)
+	if err != nil {
+		return nil, err
+	}
+	sb := newSandbox(id, b.sandboxDir(id), spec)
+	if _, err := os.Stat(sb.workspace()); err != nil {
+		return nil, notFound(id)
+	}
+	b.sandboxes[id] = sb
+	return sb, nil
+}
+
+func (b *Backend) loadSpec(id string) (persistedSpec, error) {
+	var spec persistedSpec
+	f, err := os.Open(filepath.Join(b.sandboxDir(id), specName))
+	if errors.Is(err, fs.ErrNotExist) {
+		if _, statErr := os.Stat(b.sandboxDir(id)); statErr == nil {
+			return spec, fmt.Errorf("%w: sandbox %q was never completely created (no %s); destroy it and create a new one", backend.ErrNotFound, id, specName)
+		}
+		return spec, notFound(id)
+	}
+	if err != nil {
+		return spec, fmt.Errorf("read settings of sandbox %s: %w", id, err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxSpecFileBytes+1))
+	if err != nil {
+		return spec, fmt.Errorf("read settings of sandbox %s: %w", id, err)
+	}
+	if len(data) > maxSpecFileBytes {
+		return spec, fmt.Errorf("%w: settings of sandbox %q are larger than %d bytes, so not ours; destroy it and create a new one", backend.ErrNotFound, id, maxSpecFileBytes)
+	}
+	if err := json.Unmarshal(data, &spec); err != nil || spec.Version != specVersion {
+		return spec, fmt.Errorf("%w: settings of sandbox %q are unreadable or from another version (%v); destroy it and create a new one", backend.ErrNotFound, id, err)
+	}
+	if spec.SbxName != b.sbxName(id) {
+		return spec, fmt.Errorf("%w: sandbox %q was created under another marker (sbx name %s); destroy it and create a new one", backend.ErrNotFound, id, shortName(spec.SbxName))
+	}
+	if err := validateEnv(spec.Env, "the sandbox's"); err != nil {
+		return spec, fmt.Errorf("sandbox %s has bad settings on disk (%w); destroy it and create a new one", id, err)
+	}
+	return spec, nil
+}
+
+// networkFor decides what network a spec gets on a host with policy p, and
+// the hosts to allow for it, or refuses a spec the host cannot enforce.
+// sbx filters egress by hostname through a proxy on the host, so:
+// allow_egress_to_cidrs is never enforceable; allow_egress_to only on a
+// deny-all host (anywhere else the sandbox would reach more than listed);
+// block_network=true only on a deny-all host; block_network=false only
+// where the sandbox really gets some network.
+func networkFor(p HostPolicy, spec backend.Spec) (string, []string, error) {
+	if len(spec.AllowEgressToCIDRs) > 0 {
+		return "", nil, fmt.Errorf("%w: the sbx backend filters egress by hostname only, so it cannot limit a sandbox to allow_egress_to_cidrs; list hostnames in allow_egress_to instead", backend.ErrSpecUnenforceable)
+	}
+	hosts, err := checkEgressHosts(spec.AllowEgressTo)
+	if err != nil {
+		return "", nil, err
+	}
+	block := spec.BlockNetwork != nil && *spec.BlockNetwork
+	want := spec.BlockNetwork != nil && !*spec.BlockNetwork
+	switch {
+	case len(hosts) > 0 && p != PolicyDenyAll:
+		return "", nil, fmt.Errorf("%w: allow_egress_to needs the host's sbx policy to be deny-all (it is declared %s), otherwise the sandbox could reach more than the listed hosts; an operator must run \"sbx policy init deny-all\" and declare it to the daemon", backend.ErrSpecUnenforceable, p)
+	case len(hosts) > 0:
+		return networkAllowList, hosts, nil
+	case block && p != PolicyDenyAll:
+		return "", nil, fmt.Errorf("%w: block_network=true needs the host's sbx policy to be deny-all (it is declared %s), since sbx cannot block one sandbox's network by itself; an operator must run \"sbx policy init deny-all\" and declare it to the daemon, or drop block_network", backend.ErrSpecUnenforceable, p)
+	case want && p == PolicyDenyAll:
+		return "", nil, fmt.Errorf("%w: block_network=false cannot be met: the host's sbx policy is deny-all, so the sandbox would have no network; list the hosts it needs in allow_egress_to", backend.ErrSpecUnenforceable)
+	case want && p != PolicyAllowAll:
+		return "", nil, fmt.Errorf("%w: block_network=false cannot be guaranteed: the host's sbx policy is not declared, so the sandbox may have no network; list the hosts it needs in allow_egress_to on a deny-all host, or an operator can declare the host's policy", backend.ErrSpecUnenforceable)
+	}
+	switch p {
+	case PolicyDenyAll:
+		return networkNone, nil, nil
+	case PolicyAllowAll:
+		return networkOpen, nil, nil
+	}
+	return networkUnknown, nil, nil
+}
+
+// egressHost is what allow_egress_to may hold: a hostname, optionally with a
+// leading "*." wildcard and a ":port". No commas (sbx splits on them), no
+// spaces, nothing that reads as a flag.
+var egressHost = regexp.MustCompile(`^(\*\.)?[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}))*(:[0-9]{1,5})?$`)
+
+func checkEgressHosts(hosts []string) ([]string, error) {
+	if len(hosts) > maxEgressHosts {
+		return nil, fmt.Errorf("%w: allow_egress_to lists %d hosts, more than the %d allowed; use wildcards such as *.example.com", backend.ErrInvalidArgument, len(hosts), maxEgressHosts)
+	}
+	var out []string
+	for _, h := range hosts {
+		if len(h) > 253+6 || !egressHost.MatchString(h) {
+			return nil, fmt.Errorf("%w: allow_egress_to entry %s is not a hostname (letters, digits, '-', '.', an optional leading *. and :port)", backend.ErrInvalidArgument, shortName(h))
+		}
+		out = append(out, strings.ToLower(h))
+	}
+	slices.Sort(out)
+	return slices.Compact(out), nil
+}
+
+// Create makes Dir/<id> with its workspace and spec.json, then the microVM:
+// sbx create, a per-sandbox network rule when the spec lists hosts, and a
+// probe that the guest has the tools the backend relies on and sees the
+// workspace at its host path. A failure part-way removes the microVM and
+// the directory before returning.
+func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ backend.Info, err error) {
+	if !backend.ValidID(id) {
+		return backend.Info{}, fmt.Errorf("%w: sandbox id %q is not a valid id (lowercase letters, digits and '-', at most 63)", backend.ErrInvalidArgument, id)
+	}
+	if err := ctx.Err(); err != nil {
+		return backend.Info{}, fmt.Errorf("sandbox %s was not created: %w", id, err)
+	}
+	network, hosts, err := networkFor(b.cfg.HostPolicy, spec)
+	if err != nil {
+		return backend.Info{}, err
+	}
+	if err := validateEnv(spec.Env, "the sandbox's"); err != nil {
+		return backend.Info{}, err
+	}
+	log := b.log.With("sandbox", id)
+	name := b.sbxName(id)
+
+	dir := b.sandboxDir(id)
+	if b.knownAndPresent(id) {
+		return backend.Info{}, fmt.Errorf("sandbox %q already exists or is being destroyed; destroy it first or choose another id: %w", id, fs.ErrExist)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return backend.Info{}, fmt.Errorf("sandbox %q already exists; destroy it first or choose another id: %w", id, err)
+		}
+		return backend.Info{}, fmt.Errorf("create sandbox %s: %w; check that the state directory is writable", id, err)
+	}
+	created := false // sbx create was started, so a microVM may exist
+	defer func() {
+		if err == nil {
+			return
+		}
+		// Detached: a cancelled request must not leave a half-made microVM.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), removeTimeout+b.cfg.ListTimeout)
+		defer cancel()
+		if created {
+			if rmErr := b.removeMicroVM(cctx, name); rmErr != nil {
+				// Keep the directory: List keeps reporting the id, so the
+				// caller's destroy (or the next sweep) retries the removal.
+				log.Error("cannot remove the half-made microVM; keeping its directory so a destroy can retry", "error", rmErr)
+				err = fmt.Errorf("%w (and the half-made microVM %s could not be removed: %v; destroy sandbox %s to retry)", err, name, rmErr, id)
+				return
+			}
+		}
+		if rmErr := removeAllForce(dir); rmErr != nil {
+			log.Error("cannot remove the half-made sandbox's directory", "error", rmErr)
+		}
+	}()
+
+	ws := filepath.Join(dir, workspaceName)
+	if err := os.Mkdir(ws, 0o755); err != nil {
+		return backend.Info{}, fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	saved := persistedSpec{Version: specVersion, SbxName: name, Network: network, AllowEgressTo: hosts, Env: copyEnv(spec.Env)}
+	// Before the microVM exists: a crash from here on leaves a directory
+	// List reports, and the record names the microVM to remove.
+	if err := writeFileAtomic(filepath.Join(dir, specName), saved); err != nil {
+		return backend.Info{}, fmt.Errorf("create sandbox %s: save its settings: %w", id, err)
+	}
+	token, err := writeProbeToken(ws)
+	if err != nil {
+		return backend.Info{}, fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+
+	args := []string{"create", "--name", name, "--memory", b.memory}
+	if b.cfg.CPUs > 0 {
+		args = append(args, "--cpus", fmt.Sprint(b.cfg.CPUs))
+	}
+	args = append(args, "--template", b.cfg.Template, "shell", ws)
+	created = true
+	start := time.Now()
+	res, runErr := b.runSbx(ctx, b.cfg.CreateTimeout, cliOutputBytes, nil, args...)
+	switch {
+	case runErr != nil && ctx.Err() != nil:
+		return backend.Info{}, fmt.Errorf("sandbox %s was not created: the request ended during sbx create: %w", id, ctx.Err())
+	case res.TimedOut:
+		return backend.Info{}, fmt.Errorf("%w: sbx create of sandbox %s did not finish within %v (a first boot pulls %s); retry, or raise the create timeout on a slow link", backend.ErrUnavailable, id, b.cfg.CreateTimeout, b.cfg.Template)
+	case runErr != nil || res.ExitCode != 0:
+		detail := failure(res, runErr, b.cfg.CreateTimeout)
+		hint := "check that sbx is logged in (sbx login), that its policy is initialised (sbx policy init), and the sbx daemon's log"
+		if strings.Contains(strings.ToLower(string(res.Stderr)+string(res.Stdout)), "already exists") {
+			hint = "sbx reports a leftover with this name, which a crashed sbx daemon can leave behind without listing it (sbx-releases#353); restart the sbx daemon, then retry"
+		}
+		return backend.Info{}, fmt.Errorf("%w: sbx create of sandbox %s failed (%s); %s", backend.ErrUnavailable, id, detail, hint)
+	}
+	log.Debug("microVM created", "sbx_name", name, "duration", time.Since(start))
+
+	if len(hosts) > 0 {
+		res, runErr := b.runSbx(ctx, policyTimeout, cliOutputBytes, nil,
+			"policy", "allow", "network", "--sandbox", name, strings.Join(hosts, ","))
+		if runErr != nil || res.ExitCode != 0 || res.TimedOut {
+			return backend.Info{}, fmt.Errorf("%w: cannot allow sandbox %s to reach %s: sbx policy allow network failed (%s); the sandbox was removed, check sbx policy ls and retry", backend.ErrSpecUnenforceable, id, strings.Join(hosts, ", "), failure(res, runErr, policyTimeout))
+		}
+	}
+
+	if err := b.probe(ctx, name, ws, token); err != nil {
+		return backend.Info{}, fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	_ = os.Remove(filepath.Join(ws, probeName))
+
+	b.mu.Lock()
+	if existing, raced := b.sandboxes[id]; raced {
+		existing.mu.Lock()
+		destroying := existing.destroying
+		existing.mu.Unlock()
+		b.mu.Unlock()
+		if destroying {
+			return backend.Info{}, fmt.Errorf("sandbox %q was destroyed while being created; create it again: %w", id, fs.ErrExist)
+		}
+	} else {
+		b.sandboxes[id] = newSandbox(id, dir, saved)
+		b.mu.Unlock()
+	}
+	log.Info("sandbox created", "sbx_name", name, "network", network, "allowed_hosts", len(hosts), "env_vars", len(spec.Env), "duration", time.Since(start))
+	return backend.Info{Workdir: ws, Network: network}, nil
+}
+
+func writeProbeToken(ws string) (string, error) {
+	raw := make([]byte, 16)
+	if _, err := rand.Read(raw); err != nil {
+		return "", err
+	}
+	token := hex.EncodeToString(raw)
+	if err := os.WriteFile(filepath.Join(ws, probeName), []byte(token), 0o644); err != nil {
+		return "", fmt.Errorf("write the workspace probe: %w", err)
+	}
+	return token, nil
+}
+
+// knownAndPresent reports whether id is in memory and either still on disk
+// or being destroyed; an entry whose directory vanished is forgotten.
+func (b *Backend) knownAndPresent(id string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	sb, ok := b.sandboxes[id]
+	if !ok {
+		return false
+	}
+	sb.mu.Lock()
+	destroying := sb.destroying
+	sb.mu.Unlock()
+	if _, err := os.Lstat(sb.dir); err == nil || destroying {
+		return true
+	}
+	delete(b.sandboxes, id)
+	return false
+}
+
+// Destroy stops the sandbox's running operations, removes its microVM
+// (sbx rm -f; a microVM sbx does not have counts as removed) and then its
+// directory. It is idempotent, and an id that is not a valid id succeeds
+// without touching anything. The removal runs detached from ctx with its own
+// deadline; ctx only shortens the wait for running operations. When the
+// microVM cannot be removed the directory is kept, so the id stays listed
+// and a later Destroy retries.
+func (b *Backend) Destroy(ctx context.Context, id string) error {
+	if !backend.ValidID(id) {
+		return nil
+	}
+	b.mu.Lock()
+	sb, ok := b.sandboxes[id]
+	if !ok {
+		sb = newSandbox(id, b.sandboxDir(id), persistedSpec{})
+		b.sandboxes[id] = sb
+	}
+	b.mu.Unlock()
+	defer func() {
+		b.mu.Lock()
+		if b.sandboxes[id] == sb {
+			delete(b.sandboxes, id)
+		}
+		b.mu.Unlock()
+	}()
+
+	log := b.log.With("sandbox", id)
+	if !sb.stop(ctx, destroyWait) {
+		log.Warn("running operations did not all end in time; removing the sandbox anyway", "waited_up_to", destroyWait)
+	}
+	return b.destroyStopped(ctx, id, log)
+}
+
+// destroyStopped removes the microVM and the directory of a sandbox whose
+// operations are stopped (or that Exec gave up on).
+func (b *Backend) destroyStopped(ctx context.Context, id string, log hclog.Logger) error {
+	name := b.sbxName(id)
+	if spec, err := b.loadSpec(id); err == nil {
+		name = spec.SbxName
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), removeTimeout+b.cfg.ListTimeout)
+	defer cancel()
+	if err := b.removeMicroVM(cctx, name); err != nil {
+		return fmt.Errorf("destroy sandbox %s: %w; its files are kept so that destroy can be retried", id, err)
+	}
+	dir := b.sandboxDir(id)
+	_, statErr := os.Lstat(dir)
+	if err := removeAllForce(dir); err != nil {
+		return fmt.Errorf("destroy sandbox %s: its microVM is removed but its files could not all be (%w); call destroy again to retry", id, err)
+	}
+	if statErr == nil {
+		log.Info("sandbox destroyed", "sbx_name", name)
+	}
+	return nil
+}
+
+// removeMicroVM runs sbx rm -f name. sbx exits non-zero for a sandbox it
+// does not have, so a failure counts as success only when sbx ls then
+// confirms the name is gone; an sbx that cannot answer is an error.
+func (b *Backend) removeMicroVM(ctx context.Context, name string) error {
+	res, runErr := b.runSbx(ctx, removeTimeout, cliOutputBytes, nil, "rm", "-f", name)
+	if runErr == nil && res.ExitCode == 0 && !res.TimedOut {
+		return nil
+	}
+	exists, lsErr := b.sbxHas(ctx, name)
+	switch {
+	case lsErr != nil:
+		return fmt.Errorf("%w: sbx rm -f %s failed (%s) and sbx ls cannot tell whether it is gone (%v); check the sbx daemon", backend.ErrUnavailable, name, failure(res, runErr, removeTimeout), lsErr)
+	case exists:
+		return fmt.Errorf("%w: sbx rm -f %s failed (%s) and sbx still lists it; check the sbx daemon's log", backend.ErrUnavailable, name, failure(res, runErr, removeTimeout))
+	}
+	return nil
+}
+
+// List returns the ids of every sandbox carrying this backend's marker:
+// those sbx lists and those with a directory on disk. The directories are
+// part of it because sbx ls is not the whole truth (a crashed sbx daemon can
+// forget a sandbox, and a crash between sbx rm and removing the directory
+// leaves only the directory). An sbx that does not answer is an error, so a
+// sweep never acts on half the picture.
+func (b *Backend) List(ctx context.Context) ([]string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	entries, err := os.ReadDir(b.cfg.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("%w: list state directory %s: %v", backend.ErrUnavailable, b.cfg.Dir, err)
+	}
+	seen := make(map[string]bool)
+	for _, e := range entries {
+		if e.IsDir() && backend.ValidID(e.Name()) {
+			seen[e.Name()] = true
+		}
+	}
+	listed, err := b.listSbx(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range listed {
+		if id, ok := b.idFromName(s.Name); ok {
+			seen[id] = true
+		}
+	}
+	ids := make([]string, 0, len(seen))
+	for id := range seen {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids, nil
+}
+
+// lsEntry is one sandbox of sbx ls --json. Only the name is relied on.
+type lsEntry struct {
+	Name       string   `json:"name"`
+	Agent      string   `json:"agent,omitempty"`
+	Status     string   `json:"status,omitempty"`
+	Workspaces []string `json:"workspaces,omitempty"`
+}
+
+// listSbx runs sbx ls --json within ListTimeout and parses it.
+func (b *Backend) listSbx(ctx context.Context) ([]lsEntry, error) {
+	limit := b.cfg.ListTimeout
+	res, err := b.runSbx(ctx, limit, listOutputBytes, nil, "ls", "--json")
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return nil, fmt.Errorf("sbx ls was stopped because the request ended: %w", ctx.Err())
+	case res.TimedOut:
+		return nil, fmt.Errorf("%w: sbx ls did not answer within %v; the sbx daemon may be stuck (sbx-releases#163): check \"sbx daemon status\" and restart it", backend.ErrUnavailable, limit)
+	case err != nil || res.ExitCode != 0:
+		return nil, fmt.Errorf("%w: sbx ls failed (%s); check that sbx is logged in (sbx login) and its daemon runs", backend.ErrUnavailable, failure(res, err, limit))
+	case res.StdoutTruncated:
+		return nil, fmt.Errorf("%w: sbx ls --json printed more than %d bytes; remove sandboxes this host no longer needs", backend.ErrUnavailable, listOutputBytes)
+	}
+	entries, err := parseLs(res.Stdout)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v; check the sbx version (docs/sbx.md)", backend.ErrUnavailable, err)
+	}
+	return entries, nil
+}
+
+// sbxHas reports whether sbx lists a sandbox called name.
+func (b *Backend) sbxHas(ctx context.Context, name string) (bool, error) {
+	entries, err := b.listSbx(ctx)
+	if err != nil {
+		return false, err
+	}
+	return slices.ContainsFunc(entries, func(e lsEntry) bool { return e.Name == name }), nil
+}
+
+// parseLs reads sbx ls --json output defensively: whatever precedes the
+// JSON (a "Starting sandboxd daemon…" banner when the daemon was down) is
+// skipped, as is whatever follows it. Both {"sandboxes": [...]} and a bare
+// array are accepted; entries without a name are ignored.
+func parseLs(out []byte) ([]lsEntry, error) {
+	rest := out
+	for len(rest) > 0 {
+		line := bytes.TrimLeft(rest, " \t\r\ufeff")
+		if len(line) > 0 && (line[0] == '{' || line[0] == '[') {
+			if entries, err := decodeLs(line); err == nil {
+				return entries, nil
+			}
+		}
+		i := bytes.IndexByte(rest, '\n')
+		if i < 0 {
+			break
+		}
+		rest = rest[i+1:]
+	}
+	return nil, fmt.Errorf("sbx ls --json printed no JSON listing of sandboxes (it began %s)", shortName(firstLine(out)))
+}
+
+func decodeLs(data []byte) ([]lsEntry, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	var raw json.RawMessage
+	if err := dec.Decode(&raw); err != nil {
+		return nil, err
+	}
+	var list []lsEntry
+	if raw[0] == '[' {
+		if err := json.Unmarshal(raw, &list); err != nil {
+			return nil, err
+		}
+	} else {
+		var obj map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &obj); err != nil {
+			return nil, err
+		}
+		field, ok := obj["sandboxes"]
+		if !ok {
+			return nil, errors.New(`no "sandboxes" key`)
+		}
+		if err := json.Unmarshal(field, &list); err != nil {
+			return nil, err
+		}
+	}
+	out := list[:0]
+	for _, e := range list {
+		if e.Name != "" {
+			out = append(out, e)
+		}
+	}
+	return out, nil
+}
+
+// writeFileAtomic writes v as JSON to path through a temporary file, fsyncs
+// it, renames it into place and fsyncs the directory.
+func writeFileAtomic(path string, v any) (err error) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			_ = os.Remove(tmp)
+		}
+	}()
+	if _, err = f.Write(data); err == nil {
+		err = f.Sync()
+	}
+	if closeErr := f.Close(); err == nil {
+		err = closeErr
+	}
+	if err != nil {
+		return err
+	}
+	if err = os.Rename(tmp, path); err != nil {
+		return err
+	}
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+func copyEnv(env map[string]string) map[string]string {
+	if len(env) == 0 {
+		return nil
+	}
+	out := make(map[string]string, len(env))
+	for k, v := range env {
+		out[k] = v
+	}
+	return out
+}
+
+// removeAllForce removes path even when the guest left directories without
+// write or search permission (chmod 000), which stop os.RemoveAll for a
+// daemon that is not root. It never follows a symlink: the workspace is
+// the guest's, and may hold links to anywhere on the host.
+func removeAllForce(path string) error {
+	err := os.RemoveAll(path)
+	if err == nil {
+		return nil
+	}
+	_ = filepath.WalkDir(path, func(p string, d fs.DirEntry, walkErr error) error {
+		if d != nil && d.IsDir() {
+			if fi, err := os.Lstat(p); err == nil && fi.IsDir() && fi.Mode().Perm()&0o700 != 0o700 {
+				_ = os.Chmod(p, fi.Mode().Perm()|0o700)
+			}
+		}
+		return nil
+	})
+	return os.RemoveAll(path)
+}

@@ -1,0 +1,439 @@
+// Package sbx is the backend that runs each sandbox as a Docker Sandboxes
+// microVM, driven through the sbx CLI.
+//
+// It owns the directory it is given (Config.Dir): one subdirectory per
+// sandbox holding spec.json (the sbx name, network and environment the
+// sandbox was created with) and workspace/, which sbx mounts into the
+// microVM at the same absolute path, so the guest's working directory is
+// the host path of that directory. It owns the sbx sandboxes whose names
+// start with its marker ("<marker>-<id>") and nothing else sbx knows about.
+//
+// Every sbx invocation runs through capture with a named timeout: sbx ls can
+// hang, sbx create pulls images, and sbx exec may outlive its command. File
+// operations run inside the guest (sbx exec -i with a small fixed script,
+// the path passed as an argument, data on stdin and stdout), never on the
+// host: the workspace is shared with the guest, and the daemon never follows
+// a guest-made symlink on the host. It does not decide when sandboxes are
+// made or removed; the lifecycle package does, and its journal, not sbx ls,
+// is the record of which sandboxes should exist.
+package sbx
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
+)
+
+// Name is the backend's name as reported to clients.
+const Name = "sbx"
+
+// Defaults for the zero fields of Config.
+const (
+	// DefaultTemplate is the container image a sandbox boots from. It must
+	// have /bin/sh and GNU coreutils (timeout, realpath, stat, head, mktemp).
+	DefaultTemplate = "python:3.12-slim"
+	// DefaultMemory is each microVM's memory.
+	DefaultMemory = "2g"
+	// DefaultCreateTimeout bounds sbx create: a first boot pulls the
+	// template image, which takes minutes on a slow link.
+	DefaultCreateTimeout = 600 * time.Second
+	// DefaultKillAfter is how long a timed-out command has between SIGTERM
+	// and SIGKILL inside the guest (GNU timeout's --kill-after).
+	DefaultKillAfter = 2 * time.Second
+	// DefaultExecGrace is how long past its timeout plus KillAfter an sbx
+	// exec may run before the daemon kills it and destroys the sandbox.
+	DefaultExecGrace = 10 * time.Second
+	// DefaultListTimeout bounds every sbx ls (known to hang, sbx-releases#163).
+	DefaultListTimeout = 30 * time.Second
+	// DefaultKVMDevice is the device sbx needs read-write access to.
+	DefaultKVMDevice = "/dev/kvm"
+)
+
+// minMemoryBytes is sbx's smallest microVM.
+const minMemoryBytes = 1 << 30
+
+// Named bounds on the backend's own waits and reads.
+const (
+	// removeTimeout bounds sbx rm -f.
+	removeTimeout = 2 * time.Minute
+	// policyTimeout bounds sbx policy allow network.
+	policyTimeout = 30 * time.Second
+	// probeTimeout bounds the check Create runs in a new sandbox.
+	probeTimeout = 2 * time.Minute
+	// fileOpTimeout bounds one file operation (an sbx exec of a small script).
+	fileOpTimeout = 5 * time.Minute
+	// healthCacheTTL is how long a successful sbx ls vouches for the host;
+	// failures are not cached, so recovery shows at once.
+	healthCacheTTL = 30 * time.Second
+	// outerKillGrace is SIGTERM to SIGKILL for an sbx process itself.
+	outerKillGrace = time.Second
+	// cliOutputBytes caps what is kept of sbx's own messages.
+	cliOutputBytes = 64 << 10
+	// listOutputBytes caps sbx ls --json; a larger listing is refused.
+	listOutputBytes = 8 << 20
+	// maxMarkerLen bounds Config.Marker, so names stay short.
+	maxMarkerLen = 24
+)
+
+// HostPolicy is the global network policy the operator chose with
+// "sbx policy init" on this host. The backend cannot read it reliably, so
+// the operator declares it; it decides which network specs are enforceable.
+type HostPolicy string
+
+// The host policies an operator can declare.
+const (
+	// PolicyUnknown: the operator did not say (or chose "balanced"). Only
+	// specs that state no network requirement are accepted.
+	PolicyUnknown HostPolicy = "unknown"
+	// PolicyDenyAll: "sbx policy init deny-all". Sandboxes have no network
+	// unless a per-sandbox rule allows hosts.
+	PolicyDenyAll HostPolicy = "deny-all"
+	// PolicyAllowAll: "sbx policy init allow-all". Every sandbox reaches
+	// everything; nothing can be blocked per sandbox.
+	PolicyAllowAll HostPolicy = "allow-all"
+)
+
+// ParseHostPolicy turns a flag value into a HostPolicy; "" is PolicyUnknown.
+func ParseHostPolicy(s string) (HostPolicy, error) {
+	switch p := HostPolicy(strings.ToLower(strings.TrimSpace(s))); p {
+	case "", PolicyUnknown:
+		return PolicyUnknown, nil
+	case PolicyDenyAll, PolicyAllowAll:
+		return p, nil
+	}
+	return "", fmt.Errorf("sbx backend: host network policy %q is not one of unknown, deny-all, allow-all; declare what you ran \"sbx policy init\" with (declare unknown for balanced)", s)
+}
+
+// Config configures a Backend.
+type Config struct {
+	// Dir is the backend's state directory (the caller passes <state>/sbx);
+	// sandbox <id> lives in Dir/<id>. Created mode 0700.
+	Dir string
+	// SbxPath is the sbx binary; empty means "sbx" on PATH.
+	SbxPath string
+	// Env is added to the daemon's environment for every sbx process
+	// ("NAME=value"). sbx needs the daemon user's HOME to find its login.
+	Env []string
+	// Template is the image sandboxes boot from (default DefaultTemplate).
+	Template string
+	// Memory is each microVM's memory in sbx's notation: "2g", "1536m"
+	// (default DefaultMemory). Less than 1 GiB is refused.
+	Memory string
+	// CPUs is each microVM's CPU count; 0 leaves sbx's default.
+	CPUs int
+	// CreateTimeout bounds sbx create (default DefaultCreateTimeout).
+	CreateTimeout time.Duration
+	// KillAfter is the in-guest timeout's --kill-after (default
+	// DefaultKillAfter).
+	KillAfter time.Duration
+	// ExecGrace is the time beyond a command's Timeout+KillAfter after which
+	// the daemon kills sbx exec and destroys the sandbox (default
+	// DefaultExecGrace).
+	ExecGrace time.Duration
+	// ListTimeout bounds every sbx ls (default DefaultListTimeout).
+	ListTimeout time.Duration
+	// HostPolicy is the network policy the operator initialised sbx with.
+	HostPolicy HostPolicy
+	// Marker starts every sbx sandbox name this backend makes, so that
+	// List and sweeps find only its own. Lowercase letters and digits, at
+	// most 24; empty derives one from Dir (see DefaultMarker), which is
+	// stable across restarts and distinct for every state directory.
+	Marker string
+	// KVMDevice is the device Health checks (default DefaultKVMDevice).
+	KVMDevice string
+	// Logger receives the backend's logs; nil discards them.
+	Logger hclog.Logger
+}
+
+// Backend implements backend.Backend with sbx microVMs.
+type Backend struct {
+	cfg    Config
+	sbx    string
+	memory string // normalised for sbx --memory
+	log    hclog.Logger
+
+	mu        sync.Mutex
+	sandboxes map[string]*sandbox // known sandboxes, loaded lazily from Dir
+
+	healthMu     sync.Mutex
+	healthyUntil time.Time
+}
+
+var _ backend.Backend = (*Backend)(nil)
+
+var validMarker = regexp.MustCompile(`^[a-z0-9]{1,24}$`)
+
+// DefaultMarker returns the marker derived from a state directory: "sc"
+// and the first 10 hex digits of the SHA-256 of its absolute path.
+func DefaultMarker(dir string) string {
+	sum := sha256.Sum256([]byte(filepath.Clean(dir)))
+	return "sc" + hex.EncodeToString(sum[:5])
+}
+
+// New validates cfg, creates cfg.Dir and finds sbx. It starts nothing;
+// Health asks sbx whether it answers.
+func New(cfg Config) (*Backend, error) {
+	if cfg.Dir == "" || !filepath.IsAbs(cfg.Dir) {
+		return nil, fmt.Errorf("sbx backend: Dir %q must be an absolute path to the state directory", cfg.Dir)
+	}
+	cfg.Dir = filepath.Clean(cfg.Dir)
+	if cfg.Template == "" {
+		cfg.Template = DefaultTemplate
+	}
+	if strings.HasPrefix(cfg.Template, "-") || strings.ContainsAny(cfg.Template, " \t\n\x00") {
+		return nil, fmt.Errorf("sbx backend: template image %q is not an image reference", cfg.Template)
+	}
+	if cfg.Memory == "" {
+		cfg.Memory = DefaultMemory
+	}
+	memory, bytes, err := parseMemory(cfg.Memory)
+	if err != nil {
+		return nil, err
+	}
+	if bytes < minMemoryBytes {
+		return nil, fmt.Errorf("sbx backend: memory %q is less than 1 GiB, the smallest microVM sbx runs; use at least 1g (the default is %s)", cfg.Memory, DefaultMemory)
+	}
+	if cfg.CPUs < 0 {
+		return nil, fmt.Errorf("sbx backend: CPUs %d must not be negative; use 0 for sbx's default", cfg.CPUs)
+	}
+	for _, d := range []struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+	}{
+		{"CreateTimeout", &cfg.CreateTimeout, DefaultCreateTimeout},
+		{"KillAfter", &cfg.KillAfter, DefaultKillAfter},
+		{"ExecGrace", &cfg.ExecGrace, DefaultExecGrace},
+		{"ListTimeout", &cfg.ListTimeout, DefaultListTimeout},
+	} {
+		if *d.v < 0 {
+			return nil, fmt.Errorf("sbx backend: %s (%v) must not be negative; use 0 for the default (%v)", d.name, *d.v, d.def)
+		}
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+	}
+	if cfg.HostPolicy, err = ParseHostPolicy(string(cfg.HostPolicy)); err != nil {
+		return nil, err
+	}
+	if cfg.Marker == "" {
+		cfg.Marker = DefaultMarker(cfg.Dir)
+	}
+	if !validMarker.MatchString(cfg.Marker) {
+		return nil, fmt.Errorf("sbx backend: marker %q must be 1 to %d lowercase letters or digits (no '-', so names split unambiguously)", cfg.Marker, maxMarkerLen)
+	}
+	for _, kv := range cfg.Env {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" || strings.IndexByte(kv, 0) >= 0 {
+			return nil, fmt.Errorf("sbx backend: Env entry %q is not NAME=value", shortName(k))
+		}
+	}
+	if cfg.KVMDevice == "" {
+		cfg.KVMDevice = DefaultKVMDevice
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+
+	bin, err := findSbx(cfg.SbxPath)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("sbx backend: cannot create state directory %s; check its parent's permissions: %w", cfg.Dir, err)
+	}
+	if err := os.Chmod(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("sbx backend: cannot set mode 0700 on %s: %w", cfg.Dir, err)
+	}
+	return &Backend{
+		cfg:       cfg,
+		sbx:       bin,
+		memory:    memory,
+		log:       cfg.Logger.Named(Name),
+		sandboxes: make(map[string]*sandbox),
+	}, nil
+}
+
+const installHint = "install Docker Sandboxes (see docs/sbx.md) or fix the sbx path"
+
+func findSbx(configured string) (string, error) {
+	if configured == "" {
+		p, err := exec.LookPath("sbx")
+		if err != nil {
+			return "", fmt.Errorf("%w: sbx is not on PATH (%v); %s", backend.ErrUnavailable, err, installHint)
+		}
+		return p, nil
+	}
+	if err := checkExecutable(configured); err != nil {
+		return "", err
+	}
+	return configured, nil
+}
+
+func checkExecutable(p string) error {
+	fi, err := os.Stat(p)
+	if err != nil {
+		return fmt.Errorf("%w: sbx binary %s: %v; %s", backend.ErrUnavailable, p, err, installHint)
+	}
+	if fi.IsDir() || fi.Mode().Perm()&0o111 == 0 {
+		return fmt.Errorf("%w: %s is not an executable file; %s", backend.ErrUnavailable, p, installHint)
+	}
+	return nil
+}
+
+var memoryPattern = regexp.MustCompile(`^([0-9]{1,12})([kmgt]?)(?:i?b)?$`)
+
+// parseMemory reads a size in sbx's binary units ("2g", "1536m", "2GiB")
+// and returns it as sbx is given it ("2g") and in bytes.
+func parseMemory(s string) (string, int64, error) {
+	m := memoryPattern.FindStringSubmatch(strings.ToLower(strings.TrimSpace(s)))
+	if m == nil {
+		return "", 0, fmt.Errorf("sbx backend: memory %q is not a size such as 2g or 1536m (binary units: k, m, g, t)", s)
+	}
+	n, err := strconv.ParseInt(m[1], 10, 64)
+	if err != nil {
+		return "", 0, fmt.Errorf("sbx backend: memory %q: %v", s, err)
+	}
+	shift := map[string]uint{"": 0, "k": 10, "m": 20, "g": 30, "t": 40}[m[2]]
+	if n > (1<<62)>>shift {
+		return "", 0, fmt.Errorf("sbx backend: memory %q is too large", s)
+	}
+	unit := m[2]
+	if unit == "" {
+		unit = "b"
+	}
+	return m[1] + unit, n << shift, nil
+}
+
+// Name reports "sbx".
+func (b *Backend) Name() string { return Name }
+
+// MaxCreateDuration is the longest a Create can take when its context does
+// not end first: sbx create, the per-sandbox network rule and the first
+// check in the new microVM. A caller bounding Create with a deadline should
+// allow at least this much, or slow first boots are cut short (and cleaned
+// up). The cleanup of a failed Create runs detached, under its own deadline.
+func (b *Backend) MaxCreateDuration() time.Duration {
+	return b.cfg.CreateTimeout + policyTimeout + probeTimeout
+}
+
+// Health checks that the sbx binary is there, that the daemon's user may use
+// the KVM device, and, at most once per healthCacheTTL while it keeps
+// succeeding, that sbx ls answers within ListTimeout.
+func (b *Backend) Health(ctx context.Context) error {
+	if err := checkExecutable(b.sbx); err != nil {
+		return err
+	}
+	if _, err := os.Stat(b.cfg.Dir); err != nil {
+		return fmt.Errorf("%w: state directory %s: %v; restart the daemon to recreate it", backend.ErrUnavailable, b.cfg.Dir, err)
+	}
+	if err := checkKVM(b.cfg.KVMDevice); err != nil {
+		return err
+	}
+
+	b.healthMu.Lock()
+	defer b.healthMu.Unlock()
+	if time.Now().Before(b.healthyUntil) {
+		return nil
+	}
+	if _, err := b.listSbx(ctx); err != nil {
+		return err
+	}
+	b.healthyUntil = time.Now().Add(healthCacheTTL)
+	return nil
+}
+
+// checkKVM reports whether the daemon's user may open dev read-write, in
+// words an operator can act on.
+func checkKVM(dev string) error {
+	err := unix.Access(dev, unix.R_OK|unix.W_OK)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("%w: %s does not exist: this host has no KVM, which sbx needs to run microVMs; enable virtualisation (VT-x/AMD-V, or nested virtualisation on a cloud VM) and load kvm_intel or kvm_amd, or use the bwrap backend", backend.ErrUnavailable, dev)
+	case errors.Is(err, unix.EACCES), errors.Is(err, unix.EPERM), errors.Is(err, unix.EROFS):
+		return fmt.Errorf("%w: %s is not readable and writable by the daemon's user (uid %d); add that user to the device's group (usermod -aG kvm <daemon user>, or SupplementaryGroups=kvm in the systemd unit) and restart the daemon; never give the Airflow worker's user KVM access", backend.ErrUnavailable, dev, os.Geteuid())
+	}
+	return fmt.Errorf("%w: cannot check %s: %v", backend.ErrUnavailable, dev, err)
+}
+
+// sbxCommand returns an exec.Cmd for sbx with the daemon's environment plus
+// Config.Env, run from /.
+func (b *Backend) sbxCommand(args []string) *exec.Cmd {
+	cmd := exec.Command(b.sbx, args...)
+	cmd.Env = append(os.Environ(), b.cfg.Env...)
+	cmd.Dir = "/"
+	return cmd
+}
+
+// runSbx runs sbx with args to completion within limit (and ctx), keeping
+// at most maxOutput bytes of each stream. err is set only when sbx could
+// not be started or ctx ended; a non-zero exit or a timeout is in the
+// Result.
+func (b *Backend) runSbx(ctx context.Context, limit time.Duration, maxOutput int, stdin []byte, args ...string) (capture.Result, error) {
+	return capture.Run(ctx, b.sbxCommand(args), capture.Options{
+		Timeout:        limit,
+		KillGrace:      outerKillGrace,
+		MaxOutputBytes: maxOutput,
+		Stdin:          stdin,
+	})
+}
+
+// failure describes an sbx invocation that did not succeed, for an error
+// message: its own words when it printed some, else its status.
+func failure(res capture.Result, err error, limit time.Duration) string {
+	switch {
+	case err != nil:
+		return err.Error()
+	case res.TimedOut:
+		return fmt.Sprintf("no answer within %v", limit)
+	}
+	msg := firstLine(res.Stderr)
+	if msg == "" {
+		msg = firstLine(res.Stdout)
+	}
+	if msg == "" {
+		return fmt.Sprintf("exit status %d", res.ExitCode)
+	}
+	return fmt.Sprintf("exit status %d: %s", res.ExitCode, msg)
+}
+
+// firstLine returns the first non-empty line of b, cut to a readable length.
+func firstLine(b []byte) string {
+	for _, line := range strings.Split(string(b[:min(len(b), 4096)]), "\n") {
+		if line = strings.TrimSpace(line); line != "" {
+			if len(line) > 300 {
+				line = line[:300] + "..."
+			}
+			return strings.ToValidUTF8(line, "?")
+		}
+	}
+	return ""
+}
+
+// shortName quotes a guest-supplied name for an error message, cut to a
+// readable length.
+func shortName(s string) string {
+	const limit = 64
+	if len(s) > limit {
+		s = s[:limit] + "..."
+	}
+	return fmt.Sprintf("%q", strings.ToValidUTF8(s, "?"))
+}

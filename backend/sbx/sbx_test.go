@@ -1,0 +1,485 @@
+package sbx
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+)
+
+// These tests drive the backend against the fake sbx (./sbxfake) and
+// reproduce sbx's sharp edges one by one.
+
+func TestSbxCommandLines(t *testing.T) {
+	b, f := newFakeBackend(t, func(c *Config) { c.CPUs = 2; c.Memory = "1536M" })
+	id, info := create(t, b, backend.Spec{Env: map[string]string{"B": "2", "A": "1"}})
+	name := b.sbxName(id)
+	ws := filepath.Join(f.dir, id, "workspace")
+	if info.Workdir != ws || info.Network != networkNone {
+		t.Fatalf("Info = %+v, want the workspace's host path %s and network none", info, ws)
+	}
+	if !strings.HasPrefix(name, DefaultMarker(f.dir)+"-sc-") {
+		t.Errorf("sbx name %q does not carry the marker", name)
+	}
+	if !f.called("create", "--name", name, "--memory", "1536m", "--cpus", "2", "--template", DefaultTemplate, "shell", ws) {
+		t.Errorf("no sbx create with the expected arguments in %q", f.calls())
+	}
+
+	if _, err := b.Exec(context.Background(), id, backend.ExecRequest{Command: "cat", Stdin: []byte("in"), Timeout: 1500 * time.Millisecond, Env: map[string]string{"C": "3"}}); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"exec", "-i", "-e", "A=1", "-e", "B=2", "-e", "C=3", "-w", ws, "--", name,
+		"timeout", "--kill-after=0.500", "--", "1.500", "/bin/sh", "-c", "cat"}
+	if !f.called(want...) {
+		t.Errorf("no sbx exec %q in %q", want, f.calls())
+	}
+	run(t, b, id, "true")
+	if !f.called("exec", "-e", "A=1", "-e", "B=2", "-w", ws, "--", name, "timeout") {
+		t.Errorf("an exec without stdin should not pass -i; calls: %q", f.calls())
+	}
+}
+
+func TestSbxLsBannerIsSkipped(t *testing.T) {
+	b, f := newFakeBackend(t)
+	id, _ := create(t, b, backend.Spec{})
+	f.set("banner", "1")
+	if out, _ := f.sbx("ls", "--json"); !strings.HasPrefix(out, "Starting sandboxd daemon") {
+		t.Fatalf("the fake did not print its banner: %q", out)
+	}
+	ids, err := b.List(context.Background())
+	if err != nil || !slices.Contains(ids, id) {
+		t.Fatalf("List with a banner before the JSON = %v, %v", ids, err)
+	}
+	if err := b.Health(context.Background()); err != nil {
+		t.Errorf("Health with a banner: %v", err)
+	}
+	// The vanished-sandbox check reads ls too.
+	if res := run(t, b, id, "exit 1"); res.SandboxTerminated || res.ExitCode != 1 {
+		t.Errorf("exit 1 in a live sandbox: %+v", res)
+	}
+}
+
+func TestSbxLsHangIsBounded(t *testing.T) {
+	const limit = time.Second
+	b, f := newFakeBackend(t, func(c *Config) { c.ListTimeout = limit })
+	f.set("ls-hang", "1")
+	for what, call := range map[string]func() error{
+		"List":   func() error { _, err := b.List(context.Background()); return err },
+		"Health": func() error { return b.Health(context.Background()) },
+	} {
+		start := time.Now()
+		err := call()
+		elapsed := time.Since(start)
+		if !errors.Is(err, backend.ErrUnavailable) || !strings.Contains(err.Error(), "did not answer within 1s") {
+			t.Errorf("%s with a hanging ls: %v", what, err)
+		}
+		if elapsed > limit+3*time.Second {
+			t.Errorf("%s with a hanging ls took %v, want about %v", what, elapsed, limit)
+		}
+	}
+	f.unset("ls-hang")
+	if err := b.Health(context.Background()); err != nil {
+		t.Errorf("Health once ls answers again (failures must not be cached): %v", err)
+	}
+}
+
+func TestSbxVanishedSandbox(t *testing.T) {
+	b, f := newFakeBackend(t)
+	ctx := context.Background()
+	id, _ := create(t, b, backend.Spec{})
+	// A live sandbox whose command fails quietly is not reported gone.
+	if res := run(t, b, id, "false"); res.SandboxTerminated || res.ExitCode != 1 {
+		t.Fatalf("false in a live sandbox: %+v", res)
+	}
+	if !f.called("ls", "--json") {
+		t.Errorf("an exit 1 without output was not checked with sbx ls")
+	}
+
+	if _, code := f.sbx("rm", "-f", b.sbxName(id)); code != 0 {
+		t.Fatal("the fake could not remove the sandbox")
+	}
+	if _, code := f.sbx("exec", b.sbxName(id), "true"); code != 1 {
+		t.Fatalf("the fake's exec on a missing sandbox exited %d, want 1 like sbx", code)
+	}
+	res := run(t, b, id, "echo hello")
+	if !res.SandboxTerminated {
+		t.Errorf("Exec in a sandbox whose microVM is gone: %+v, want SandboxTerminated", res)
+	}
+	_, err := b.ReadFile(ctx, id, "x", 10)
+	wantErr(t, err, backend.ErrNotFound, "microVM", "create a new sandbox")
+	err = b.WriteFile(ctx, id, "x", []byte("x"), 0)
+	wantErr(t, err, backend.ErrNotFound)
+	_, err = b.ListDirectory(ctx, id, ".", 10)
+	wantErr(t, err, backend.ErrNotFound)
+
+	// sbx rm of a missing sandbox exits non-zero; Destroy still succeeds.
+	if _, code := f.sbx("rm", "-f", b.sbxName(id)); code == 0 {
+		t.Fatal("the fake's rm of a missing sandbox succeeded; sbx exits non-zero")
+	}
+	if err := b.Destroy(ctx, id); err != nil {
+		t.Fatalf("Destroy of a sandbox sbx no longer has: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(f.dir, id)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("Destroy left %s behind", filepath.Join(f.dir, id))
+	}
+	ids, err := b.List(ctx)
+	if err != nil || slices.Contains(ids, id) {
+		t.Errorf("List after Destroy = %v, %v", ids, err)
+	}
+}
+
+func TestSbxDestroyKeepsFilesWhenRmFails(t *testing.T) {
+	b, f := newFakeBackend(t)
+	ctx := context.Background()
+	id, _ := create(t, b, backend.Spec{})
+	f.set("rm-fail", "1")
+	err := b.Destroy(ctx, id)
+	wantErr(t, err, backend.ErrUnavailable, "still lists it", "retried")
+	if _, statErr := os.Stat(filepath.Join(f.dir, id, specName)); statErr != nil {
+		t.Fatalf("a failed Destroy removed the files that let it be retried: %v", statErr)
+	}
+	if ids, _ := b.List(ctx); !slices.Contains(ids, id) {
+		t.Errorf("List lost a sandbox whose Destroy failed: %v", ids)
+	}
+	f.unset("rm-fail")
+	if err := b.Destroy(ctx, id); err != nil {
+		t.Fatalf("Destroy retried: %v", err)
+	}
+	if slices.Contains(f.names(), b.sbxName(id)) {
+		t.Errorf("the microVM is still there after the retry")
+	}
+}
+
+func TestSbxHalfMadeCreateIsCleaned(t *testing.T) {
+	b, f := newFakeBackend(t)
+	f.set("create-fail", "1")
+	id := newID()
+	_, err := b.Create(context.Background(), id, backend.Spec{})
+	wantErr(t, err, backend.ErrUnavailable, "sbx create", "microVM exited during boot")
+	if names := f.names(); len(names) != 0 {
+		t.Errorf("the half-made microVM is still registered: %v", names)
+	}
+	if !f.called("rm", "-f", b.sbxName(id)) {
+		t.Errorf("no sbx rm -f after the failed create: %q", f.calls())
+	}
+	if _, err := os.Stat(filepath.Join(f.dir, id)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the half-made sandbox's directory is still there: %v", err)
+	}
+	f.unset("create-fail")
+	if _, err := b.Create(context.Background(), id, backend.Spec{}); err != nil {
+		t.Errorf("Create with the same id after the cleanup: %v", err)
+	}
+	_ = b.Destroy(context.Background(), id)
+}
+
+func TestSbxSlowCreate(t *testing.T) {
+	t.Run("within the timeout", func(t *testing.T) {
+		b, f := newFakeBackend(t, func(c *Config) { c.CreateTimeout = 20 * time.Second })
+		f.set("create-delay", "1500ms")
+		start := time.Now()
+		id, _ := create(t, b, backend.Spec{})
+		if elapsed := time.Since(start); elapsed < 1500*time.Millisecond {
+			t.Errorf("Create took %v; the fake's delay did not apply", elapsed)
+		}
+		if got := string(run(t, b, id, "echo booted").Stdout); got != "booted\n" {
+			t.Errorf("the slow-booted sandbox printed %q", got)
+		}
+	})
+	t.Run("past the timeout", func(t *testing.T) {
+		b, f := newFakeBackend(t, func(c *Config) { c.CreateTimeout = time.Second })
+		f.set("create-delay", "30s")
+		id := newID()
+		start := time.Now()
+		_, err := b.Create(context.Background(), id, backend.Spec{})
+		elapsed := time.Since(start)
+		wantErr(t, err, backend.ErrUnavailable, "did not finish within 1s")
+		if elapsed > 8*time.Second {
+			t.Errorf("Create past its timeout took %v", elapsed)
+		}
+		if names := f.names(); len(names) != 0 {
+			t.Errorf("the microVM killed mid-create is still registered: %v", names)
+		}
+		if _, err := os.Stat(filepath.Join(f.dir, id)); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("the directory of the sandbox killed mid-create is still there: %v", err)
+		}
+	})
+	t.Run("request cancelled", func(t *testing.T) {
+		b, f := newFakeBackend(t)
+		f.set("create-delay", "30s")
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		_, err := b.Create(ctx, newID(), backend.Spec{})
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Create with a cancelled request: %v", err)
+		}
+		if names := f.names(); len(names) != 0 {
+			t.Errorf("a cancelled Create left a microVM: %v (the cleanup must not depend on the request)", names)
+		}
+	})
+}
+
+func TestSbxExecCLIHangDestroysTheSandbox(t *testing.T) {
+	b, f := newFakeBackend(t, func(c *Config) { c.ExecGrace = time.Second })
+	id, _ := create(t, b, backend.Spec{})
+	f.set("exec-hang", "1")
+	start := time.Now()
+	res, err := b.Exec(context.Background(), id, backend.ExecRequest{Command: "echo hi", Timeout: time.Second})
+	elapsed := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.SandboxTerminated || !res.TimedOut {
+		t.Errorf("Exec whose sbx exec hangs: %+v, want TimedOut and SandboxTerminated", res)
+	}
+	budget := time.Second + testKillAfter + time.Second
+	if elapsed < budget || elapsed > budget+5*time.Second {
+		t.Errorf("Exec took %v, want a little over %v", elapsed, budget)
+	}
+	if slices.Contains(f.names(), b.sbxName(id)) {
+		t.Errorf("the stuck sandbox was not removed")
+	}
+	if _, err := os.Stat(filepath.Join(f.dir, id)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the stuck sandbox's directory is still there: %v", err)
+	}
+	f.unset("exec-hang")
+	_, err = b.Exec(context.Background(), id, backend.ExecRequest{Command: "true", Timeout: time.Second})
+	wantErr(t, err, backend.ErrNotFound)
+}
+
+func TestSbxEgressRules(t *testing.T) {
+	spec := backend.Spec{AllowEgressTo: []string{"PyPI.org", "files.pythonhosted.org", "pypi.org"}}
+	t.Run("deny-all host", func(t *testing.T) {
+		b, f := newFakeBackend(t)
+		id, info := create(t, b, spec)
+		if info.Network != networkAllowList {
+			t.Errorf("Network = %q, want %q", info.Network, networkAllowList)
+		}
+		if !f.called("policy", "allow", "network", "--sandbox", b.sbxName(id), "files.pythonhosted.org,pypi.org") {
+			t.Errorf("no per-sandbox sbx policy allow network: %q", f.calls())
+		}
+	})
+	for _, p := range []HostPolicy{PolicyAllowAll, PolicyUnknown} {
+		t.Run(string(p)+" host", func(t *testing.T) {
+			b, f := newFakeBackend(t, func(c *Config) { c.HostPolicy = p })
+			_, err := b.Create(context.Background(), newID(), spec)
+			wantErr(t, err, backend.ErrSpecUnenforceable, "deny-all")
+			if f.called("create") || f.called("policy") {
+				t.Errorf("a refused spec still reached sbx: %q", f.calls())
+			}
+		})
+	}
+	t.Run("cidrs on every host", func(t *testing.T) {
+		for _, p := range []HostPolicy{PolicyDenyAll, PolicyAllowAll, PolicyUnknown} {
+			b, f := newFakeBackend(t, func(c *Config) { c.HostPolicy = p })
+			_, err := b.Create(context.Background(), newID(), backend.Spec{AllowEgressToCIDRs: []string{"10.0.0.0/8"}})
+			wantErr(t, err, backend.ErrSpecUnenforceable, "allow_egress_to_cidrs")
+			if f.called("create") {
+				t.Errorf("%s: a refused spec reached sbx", p)
+			}
+		}
+	})
+	t.Run("policy rule fails", func(t *testing.T) {
+		b, f := newFakeBackend(t)
+		f.set("policy-fail", "1")
+		id := newID()
+		_, err := b.Create(context.Background(), id, spec)
+		wantErr(t, err, backend.ErrSpecUnenforceable, "sbx policy allow network failed")
+		if names := f.names(); len(names) != 0 {
+			t.Errorf("a Create whose policy failed left its microVM: %v", names)
+		}
+		if _, statErr := os.Stat(filepath.Join(f.dir, id)); !errors.Is(statErr, fs.ErrNotExist) {
+			t.Errorf("a Create that failed part-way left its directory: %v", statErr)
+		}
+	})
+}
+
+func TestSbxRestartReadoptsSandboxes(t *testing.T) {
+	b, f := newFakeBackend(t)
+	id, _ := create(t, b, backend.Spec{Env: map[string]string{"KEPT": "yes"}})
+	run(t, b, id, "echo data > file")
+	b2 := f.backend()
+	res := run(t, b2, id, `cat file; printf '%s' "$KEPT"`)
+	if string(res.Stdout) != "data\nyes" {
+		t.Errorf("a restarted backend sees %q", res.Stdout)
+	}
+	ids, err := b2.List(context.Background())
+	if err != nil || !slices.Contains(ids, id) {
+		t.Errorf("List after restart = %v, %v", ids, err)
+	}
+	// A sandbox made under another marker is not used under this one.
+	other := f.backend(func(c *Config) { c.Marker = "othermarker" })
+	_, err = other.Exec(context.Background(), id, backend.ExecRequest{Command: "true", Timeout: time.Second})
+	wantErr(t, err, backend.ErrNotFound, "another marker")
+}
+
+func TestSbxListIsMicroVMsAndDirectories(t *testing.T) {
+	b, f := newFakeBackend(t)
+	ctx := context.Background()
+	id, _ := create(t, b, backend.Spec{})
+
+	// A directory without a microVM: a crash between sbx rm and removing it.
+	dirOnly := newID()
+	if err := os.MkdirAll(filepath.Join(f.dir, dirOnly, workspaceName), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// A microVM without a directory: sbx has it, the disk does not.
+	vmOnly := newID()
+	scratch := t.TempDir()
+	for _, name := range []string{b.sbxName(vmOnly), "othermarker-" + newID(), "airflow-sandbox-0123456789ab", b.cfg.Marker + "-NotAnID"} {
+		if _, code := f.sbx("create", "--name", name, "shell", scratch); code != 0 {
+			t.Fatalf("the fake refused to create %s", name)
+		}
+	}
+	ids, err := b.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{id, dirOnly, vmOnly}
+	slices.Sort(want)
+	if !slices.Equal(ids, want) {
+		t.Errorf("List = %v, want %v (ours only, from sbx and from disk)", ids, want)
+	}
+	for _, victim := range []string{dirOnly, vmOnly} {
+		if err := b.Destroy(ctx, victim); err != nil {
+			t.Errorf("Destroy(%s): %v", victim, err)
+		}
+	}
+	if ids, _ := b.List(ctx); !slices.Equal(ids, []string{id}) {
+		t.Errorf("List after sweeping = %v, want [%s]", ids, id)
+	}
+	if n := len(f.names()); n != 4 {
+		t.Errorf("the sweep touched foreign sandboxes: %d left, want 4 (ours and the three foreign)", n)
+	}
+}
+
+func TestSbxHealth(t *testing.T) {
+	ctx := context.Background()
+	b, f := newFakeBackend(t)
+	if err := b.Health(ctx); err != nil {
+		t.Fatalf("Health on a good fake host: %v", err)
+	}
+
+	missing := f.backend(func(c *Config) { c.KVMDevice = filepath.Join(t.TempDir(), "no-kvm") })
+	wantErr(t, missing.Health(ctx), backend.ErrUnavailable, "does not exist", "no KVM")
+
+	if os.Geteuid() != 0 {
+		locked := filepath.Join(t.TempDir(), "kvm")
+		if err := os.WriteFile(locked, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(locked, 0o400); err != nil {
+			t.Fatal(err)
+		}
+		noAccess := f.backend(func(c *Config) { c.KVMDevice = locked })
+		wantErr(t, noAccess.Health(ctx), backend.ErrUnavailable, "kvm", "never give the Airflow worker")
+	} else if err := checkKVM("/proc/self/nonexistent-kvm"); !errors.Is(err, backend.ErrUnavailable) {
+		t.Errorf("checkKVM of a missing device: %v", err)
+	}
+
+	bin := filepath.Join(t.TempDir(), "sbx")
+	data, err := os.ReadFile(fakeBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	gone := f.backend(func(c *Config) { c.SbxPath = bin })
+	if err := gone.Health(ctx); err != nil {
+		t.Fatalf("Health with a copy of the fake: %v", err)
+	}
+	if err := os.Remove(bin); err != nil {
+		t.Fatal(err)
+	}
+	wantErr(t, gone.Health(ctx), backend.ErrUnavailable, "install")
+}
+
+func TestSbxProbeCatchesAWorkspaceNotVisibleInside(t *testing.T) {
+	f := newFakeHost(t)
+	// A wrapper whose sandboxes do not see the workspace the host prepared,
+	// as with an sbx that mounted workspaces somewhere else.
+	wrapper := filepath.Join(t.TempDir(), "sbx")
+	script := "#!/bin/sh\nif [ \"$1\" = create ]; then\n\tfor last do :; done\n\trm -f \"$last/.sidecar-probe\"\nfi\nexec " + fakeBin + " \"$@\"\n"
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b := f.backend(func(c *Config) { c.SbxPath = wrapper })
+	id := newID()
+	_, err := b.Create(context.Background(), id, backend.Spec{})
+	wantErr(t, err, backend.ErrUnavailable, "did not mount the workspace")
+	if names := f.names(); len(names) != 0 {
+		t.Errorf("a Create refused by the probe left %v", names)
+	}
+	if _, statErr := os.Stat(filepath.Join(f.dir, id)); !errors.Is(statErr, fs.ErrNotExist) {
+		t.Errorf("a Create refused by the probe left its directory: %v", statErr)
+	}
+}
+
+func TestSbxExecRequestCancelled(t *testing.T) {
+	b, _ := newFakeBackend(t)
+	id, _ := create(t, b, backend.Spec{})
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	res, err := b.Exec(ctx, id, backend.ExecRequest{Command: "sleep 30", Timeout: time.Minute})
+	if !errors.Is(err, context.DeadlineExceeded) || res.SandboxTerminated {
+		t.Errorf("Exec with a cancelled request: %+v, %v", res, err)
+	}
+	if elapsed := time.Since(start); elapsed > 3*time.Second {
+		t.Errorf("Exec took %v after its request ended", elapsed)
+	}
+	if got := string(run(t, b, id, "echo fine").Stdout); got != "fine\n" {
+		t.Errorf("the sandbox after an abandoned command: %q", got)
+	}
+}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	f := newFakeHost(t)
+	cases := []struct {
+		name  string
+		tweak func(*Config)
+		hint  string
+	}{
+		{"relative dir", func(c *Config) { c.Dir = "state/sbx" }, "absolute"},
+		{"memory below 1 GiB", func(c *Config) { c.Memory = "512m" }, "less than 1 GiB"},
+		{"memory one MiB short", func(c *Config) { c.Memory = "1023m" }, "less than 1 GiB"},
+		{"memory nonsense", func(c *Config) { c.Memory = "lots" }, "not a size"},
+		{"negative cpus", func(c *Config) { c.CPUs = -1 }, "CPUs"},
+		{"negative timeout", func(c *Config) { c.CreateTimeout = -time.Second }, "CreateTimeout"},
+		{"bad policy", func(c *Config) { c.HostPolicy = "balanced" }, "declare unknown for balanced"},
+		{"marker with dash", func(c *Config) { c.Marker = "a-b" }, "no '-'"},
+		{"marker too long", func(c *Config) { c.Marker = strings.Repeat("a", 25) }, "marker"},
+		{"template flag", func(c *Config) { c.Template = "--privileged" }, "image"},
+		{"env without =", func(c *Config) { c.Env = []string{"NOVALUE"} }, "NAME=value"},
+		{"missing binary", func(c *Config) { c.SbxPath = filepath.Join(t.TempDir(), "sbx") }, "install"},
+	}
+	for _, tc := range cases {
+		_, err := New(f.config(tc.tweak))
+		if err == nil || !strings.Contains(err.Error(), tc.hint) {
+			t.Errorf("%s: err = %v, want it to say %q", tc.name, err, tc.hint)
+		}
+	}
+	for _, ok := range []string{"1g", "1024m", "1G", "1GiB", "2g", "1073741824"} {
+		if _, err := New(f.config(func(c *Config) { c.Memory = ok })); err != nil {
+			t.Errorf("memory %q refused: %v", ok, err)
+		}
+	}
+	b, err := New(f.config(func(c *Config) { c.HostPolicy = "" }))
+	if err != nil || b.cfg.HostPolicy != PolicyUnknown || b.cfg.Template != DefaultTemplate || b.memory != "2g" ||
+		b.cfg.CreateTimeout != DefaultCreateTimeout || b.cfg.Marker != DefaultMarker(f.dir) {
+		t.Errorf("defaults: %+v, %v", b, err)
+	}
+	if got := b.MaxCreateDuration(); got != DefaultCreateTimeout+policyTimeout+probeTimeout {
+		t.Errorf("MaxCreateDuration = %v", got)
+	}
+	if fi, err := os.Stat(f.dir); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("state directory: %v, %v; want mode 0700", fi, err)
+	}
+}
