@@ -60,21 +60,29 @@ func DecodeRequest(body []byte) (Request, *Error) {
 		if err != nil {
 			return req, Errorf(CodeBadRequest, "envelope keys must be strings")
 		}
+		// Take each value whole (checkShape proved it complete) and decode
+		// it on its own, so a mistyped field never leaves the main decoder
+		// mid-value: the other fields, the id above all, are still read.
+		raw, err := d.DecodeRaw()
+		if err != nil {
+			return req, Errorf(CodeBadRequest, "malformed envelope field %q: %v", key, err)
+		}
+		vd := msgpack.NewDecoder(bytes.NewReader(raw))
 		switch key {
 		case "v":
-			req.V, err = decodeUint(d)
+			req.V, err = decodeUint(vd)
 			haveV = err == nil
 		case "id":
-			req.ID, err = decodeUint(d)
+			req.ID, err = decodeUint(vd)
 			haveID = err == nil
 		case "op":
-			req.Op, err = d.DecodeString()
+			req.Op, err = vd.DecodeString()
 			haveOp = err == nil
 		case "args":
-			var raw any
-			raw, err = d.DecodeInterface()
+			var v any
+			v, err = vd.DecodeInterface()
 			if err == nil {
-				switch m := raw.(type) {
+				switch m := v.(type) {
 				case nil:
 				case map[string]any:
 					req.Args = Args{m: m}
@@ -85,13 +93,13 @@ func DecodeRequest(body []byte) (Request, *Error) {
 		default:
 			// Unknown envelope keys are ignored so that later versions can
 			// add optional ones (docs/protocol.md, "Compatibility").
-			err = d.Skip()
 		}
 		if err != nil && badField == nil {
 			badField = Errorf(CodeBadRequest, "envelope field %q has the wrong type: %v", key, err)
-			// The decoder may be mid-value now; stop reading.
-			break
 		}
+	}
+	if !haveID {
+		req.ID = 0 // never answer with a half-read id
 	}
 	switch {
 	case badField != nil:
