@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"
 
-apt_packages=(bubblewrap python3-msgpack python3-pytest util-linux)
+apt_packages=(bubblewrap python3-msgpack python3-pytest util-linux libcap2-bin iproute2 procps strace e2fsprogs)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -35,8 +35,11 @@ go vet ./...
 echo "== go test -race"
 go test -race -count=1 -timeout 30m ./...
 
-echo "== fuzz the frame decoder for ${FUZZTIME:=20s}"
-go test -run '^$' -fuzz FuzzDecodeFrame -fuzztime "$FUZZTIME" ./ipc
+echo "== fuzz every decoder for ${FUZZTIME:=15s} each"
+go test -run '^$' -fuzz '^FuzzDecodeFrame$' -fuzztime "$FUZZTIME" ./ipc
+go test -run '^$' -fuzz '^FuzzClientResponses$' -fuzztime "$FUZZTIME" ./ipc
+go test -run '^$' -fuzz '^FuzzHandle$' -fuzztime "$FUZZTIME" ./service
+go test -run '^$' -fuzz '^FuzzLoadConfig$' -fuzztime "$FUZZTIME" ./cmd/sandbox-sidecar
 
 echo "== benchmark tool smoke run (small counts; measurements are 'make bench')"
 mkdir -p bin

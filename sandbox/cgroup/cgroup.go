@@ -1,0 +1,935 @@
+// Package cgroup gives each sandbox a control group of its own: a memory
+// limit whose breach kills the guest (and is counted, so a result can say
+// "oom_killed"), a cap on processes (a fork bomb stays inside), a CPU quota
+// and weight, and a way to kill everything in the group and remove it.
+//
+// It speaks both hierarchies. cgroup v2 is used when the memory, pids and cpu
+// controllers are available there: sandboxes live in a subtree the daemon
+// owns (its own cgroup when systemd gave it one with Delegate=yes, or a
+// directory under the v2 root when it runs as root without one). Otherwise,
+// on hosts that still mount those controllers through cgroup v1 (hybrid
+// layouts), one directory per sandbox is made in each of the memory, pids and
+// cpu hierarchies. A limit that neither can enforce is refused, never
+// silently dropped.
+//
+// It owns only the directories it creates under its base (named by the
+// caller, e.g. "sandbox-sidecar"), never moves a process it was not handed
+// (except the daemon itself, once, in Prepare for a delegated v2 subtree),
+// and knows nothing of bubblewrap or the daemon.
+package cgroup
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"math"
+	"os"
+	"path"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Version is the cgroup hierarchy in use.
+type Version int
+
+const (
+	V1 Version = 1
+	V2 Version = 2
+)
+
+func (v Version) String() string { return fmt.Sprintf("cgroup v%d", int(v)) }
+
+// Controllers every sandbox cgroup needs.
+var requiredControllers = []string{"memory", "pids", "cpu"}
+
+// Named bounds on waits.
+const (
+	// killWait bounds how long Kill waits for the group to empty.
+	killWait = 5 * time.Second
+	// pollEvery is how often Kill and Destroy look again.
+	pollEvery = 10 * time.Millisecond
+	// maxControlFile caps what is read of one control file.
+	maxControlFile = 64 << 10
+	// DefaultCPUPeriod is the CFS period used with a CPU quota.
+	DefaultCPUPeriod = 100 * time.Millisecond
+)
+
+// Sentinel errors; check with errors.Is.
+var (
+	// ErrUnavailable: this host cannot give sandboxes cgroups with the
+	// requested limits (no hierarchy with the controllers, not writable).
+	ErrUnavailable = errors.New("cgroups unavailable")
+	// ErrNotFound: no such sandbox cgroup.
+	ErrNotFound = errors.New("cgroup not found")
+)
+
+// Limits are what one sandbox may use. Zero fields mean "no limit".
+type Limits struct {
+	// MemoryBytes caps the group's memory (anonymous, page cache, tmpfs it
+	// wrote, kernel memory). Past it the kernel's OOM killer kills a process
+	// of the group. Swap is capped at zero where the kernel accounts it, so
+	// the limit cannot be dodged by swapping.
+	MemoryBytes int64
+	// PIDs caps the number of processes and threads in the group.
+	PIDs int64
+	// CPUs is a quota in cores (1.5 = one and a half CPUs' time per period).
+	CPUs float64
+	// CPUWeight is the relative share under contention, 1..10000 (100 is
+	// the default; v1 gets cpu.shares = weight*1024/100).
+	CPUWeight int
+}
+
+func (l Limits) validate() error {
+	switch {
+	case l.MemoryBytes < 0, l.PIDs < 0, l.CPUs < 0, math.IsNaN(l.CPUs), math.IsInf(l.CPUs, 0):
+		return fmt.Errorf("cgroup limits must not be negative or non-finite: %+v", l)
+	case l.MemoryBytes > 0 && l.MemoryBytes < 4<<20:
+		return fmt.Errorf("a memory limit of %d bytes is too small to start a process; give at least 4 MiB", l.MemoryBytes)
+	case l.CPUWeight != 0 && (l.CPUWeight < 1 || l.CPUWeight > 10000):
+		return fmt.Errorf("cpu weight %d is outside 1..10000", l.CPUWeight)
+	case l.CPUs > 0 && l.CPUs*float64(DefaultCPUPeriod.Microseconds()) < 1000:
+		return fmt.Errorf("a CPU quota of %v cores is below the kernel's 1ms minimum per period", l.CPUs)
+	}
+	return nil
+}
+
+// Options say where sandbox cgroups go.
+type Options struct {
+	// Base names the directory holding every sandbox cgroup (e.g.
+	// "sandbox-sidecar"), created under the parent chosen by Root.
+	Base string
+	// UnderRoot puts Base directly under the hierarchy's root (needs root)
+	// instead of under the daemon's own cgroup. Under the daemon's own
+	// cgroup is the delegated layout (systemd Delegate=yes); it also keeps
+	// sandboxes within whatever limits the daemon itself runs under.
+	UnderRoot bool
+	// Force selects a version instead of detecting it (tests).
+	Force Version
+
+	// Paths, injectable for tests: where /proc/self/mountinfo and
+	// /proc/self/cgroup are read from.
+	MountInfo, SelfCgroup string
+
+	// controllers replaces requiredControllers (tests on hosts whose v2
+	// hierarchy has none of them).
+	controllers []string
+}
+
+func (o Options) required() []string {
+	if o.controllers != nil {
+		return o.controllers
+	}
+	return requiredControllers
+}
+
+// Manager makes sandbox cgroups in one place. Safe for concurrent use on
+// different names.
+type Manager struct {
+	version     Version
+	controllers []string
+	// v2: the directory under which sandbox cgroups are made.
+	v2Base string
+	// v1: that directory in each controller's hierarchy.
+	v1Base map[string]string
+}
+
+// Version reports which hierarchy the manager uses.
+func (m *Manager) Version() Version { return m.version }
+
+// Dirs returns the base directories (one for v2; one per controller for v1).
+func (m *Manager) Dirs() []string {
+	if m.version == V2 {
+		return []string{m.v2Base}
+	}
+	return sortedValues(m.v1Base)
+}
+
+// mount is one cgroup mount of the host, from mountinfo.
+type mount struct {
+	point       string
+	root        string // the part of the hierarchy mounted there
+	v2          bool
+	controllers []string // v1: from the super options
+}
+
+// layout is what Detect learnt about the host, kept apart from the I/O so
+// that the decision is a pure function.
+type layout struct {
+	mounts []mount
+	own    map[string]string // controller (or "" for v2) -> own cgroup path
+	v2Ctrl []string          // controllers available in the v2 hierarchy at the base's parent
+}
+
+// New finds a usable hierarchy and creates the base directory in it. It
+// never moves the daemon: for a delegated v2 subtree whose cgroup holds the
+// daemon itself, call Prepare first.
+func New(opts Options) (*Manager, error) {
+	if !validName.MatchString(opts.Base) {
+		return nil, fmt.Errorf("cgroup base %q must be a plain name (letters, digits, '.', '_', '-')", opts.Base)
+	}
+	lay, err := readLayout(opts)
+	if err != nil {
+		return nil, err
+	}
+	m, err := plan(lay, opts)
+	if err != nil {
+		return nil, err
+	}
+	if m.version == V2 {
+		if err := m.prepareV2Base(); err != nil {
+			return nil, err
+		}
+		return m, nil
+	}
+	for c, dir := range m.v1Base {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("%w: cannot create %s for the %s controller: %v; run the daemon as root or give it a delegated cgroup", ErrUnavailable, dir, c, err)
+		}
+	}
+	return m, nil
+}
+
+// plan chooses the version and the base directories.
+func plan(lay layout, opts Options) (*Manager, error) {
+	var v2 *mount
+	v1 := map[string]*mount{}
+	for i := range lay.mounts {
+		mt := &lay.mounts[i]
+		if mt.v2 {
+			if v2 == nil {
+				v2 = mt
+			}
+			continue
+		}
+		for _, c := range mt.controllers {
+			if _, seen := v1[c]; !seen {
+				v1[c] = mt
+			}
+		}
+	}
+	required := opts.required()
+	v2Usable := v2 != nil && containsAll(lay.v2Ctrl, required)
+	v1Usable := len(required) > 0
+	for _, c := range required {
+		if v1[c] == nil {
+			v1Usable = false
+		}
+	}
+	version := opts.Force
+	switch {
+	case version == V2 && v2 == nil, version == V1 && !v1Usable:
+		return nil, fmt.Errorf("%w: %v was asked for but is not mounted with the %s controllers", ErrUnavailable, version, strings.Join(required, ", "))
+	case version != 0:
+	case v2Usable:
+		version = V2
+	case v1Usable:
+		version = V1
+	default:
+		return nil, fmt.Errorf("%w: neither cgroup v2 (controllers %v) nor cgroup v1 mounts the %s controllers; mount them, or enable them in the parent's cgroup.subtree_control",
+			ErrUnavailable, lay.v2Ctrl, strings.Join(required, ", "))
+	}
+	m := &Manager{version: version, controllers: required}
+	if version == V2 {
+		parent := "/"
+		if !opts.UnderRoot {
+			parent = lay.own[""]
+		}
+		dir, err := onDisk(*v2, parent)
+		if err != nil {
+			return nil, err
+		}
+		m.v2Base = filepath.Join(dir, opts.Base)
+		return m, nil
+	}
+	m.v1Base = map[string]string{}
+	for _, c := range required {
+		parent := "/"
+		if !opts.UnderRoot {
+			parent = lay.own[c]
+			if parent == "" {
+				parent = "/"
+			}
+		}
+		dir, err := onDisk(*v1[c], parent)
+		if err != nil {
+			return nil, err
+		}
+		m.v1Base[c] = filepath.Join(dir, opts.Base)
+	}
+	return m, nil
+}
+
+// onDisk maps a cgroup path (as /proc/self/cgroup writes it) to a directory
+// under the mount, which may show only part of the hierarchy.
+func onDisk(mt mount, cgPath string) (string, error) {
+	rel, err := filepath.Rel(mt.root, cgPath)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		return "", fmt.Errorf("%w: cgroup %s is outside what is mounted at %s (%s); run the daemon where its cgroup is visible", ErrUnavailable, cgPath, mt.point, mt.root)
+	}
+	return filepath.Join(mt.point, rel), nil
+}
+
+func readLayout(opts Options) (layout, error) {
+	mi, sc := opts.MountInfo, opts.SelfCgroup
+	if mi == "" {
+		mi = "/proc/self/mountinfo"
+	}
+	if sc == "" {
+		sc = "/proc/self/cgroup"
+	}
+	var lay layout
+	mounts, err := parseMountInfo(mi)
+	if err != nil {
+		return lay, err
+	}
+	lay.mounts = mounts
+	own, err := parseSelfCgroup(sc)
+	if err != nil {
+		return lay, err
+	}
+	lay.own = own
+	for _, mt := range mounts {
+		if !mt.v2 {
+			continue
+		}
+		parent := "/"
+		if !opts.UnderRoot && own[""] != "" {
+			parent = own[""]
+		}
+		if dir, err := onDisk(mt, parent); err == nil {
+			lay.v2Ctrl = readControllers(filepath.Join(dir, "cgroup.controllers"))
+		}
+		break
+	}
+	return lay, nil
+}
+
+func parseMountInfo(p string) ([]mount, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	defer f.Close()
+	var out []mount
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		if mt, ok := parseMountLine(sc.Text()); ok {
+			out = append(out, mt)
+		}
+	}
+	return out, sc.Err()
+}
+
+// parseMountLine reads one line of mountinfo:
+// "36 25 0:32 / /sys/fs/cgroup/memory rw,relatime shared:15 - cgroup cgroup rw,memory".
+func parseMountLine(line string) (mount, bool) {
+	before, after, ok := strings.Cut(line, " - ")
+	if !ok {
+		return mount{}, false
+	}
+	f := strings.Fields(before)
+	g := strings.Fields(after)
+	if len(f) < 5 || len(g) < 3 {
+		return mount{}, false
+	}
+	mt := mount{root: unescapeMount(f[3]), point: unescapeMount(f[4])}
+	switch g[0] {
+	case "cgroup2":
+		mt.v2 = true
+	case "cgroup":
+		for _, o := range strings.Split(g[2], ",") {
+			switch o {
+			case "rw", "ro", "relatime", "noatime", "nosuid", "nodev", "noexec", "clone_children", "xattr", "nsdelegate":
+			default:
+				if !strings.Contains(o, "=") {
+					mt.controllers = append(mt.controllers, o)
+				}
+			}
+		}
+	default:
+		return mount{}, false
+	}
+	return mt, true
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// parseSelfCgroup reads /proc/self/cgroup: "4:memory:/a/b", "0::/c".
+// The v2 entry is keyed "".
+func parseSelfCgroup(p string) (map[string]string, error) {
+	b, err := readBounded(p)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	out := map[string]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		if parts[0] == "0" && parts[1] == "" {
+			out[""] = parts[2]
+			continue
+		}
+		for _, c := range strings.Split(parts[1], ",") {
+			out[c] = parts[2]
+		}
+	}
+	return out, nil
+}
+
+func readControllers(p string) []string {
+	b, err := readBounded(p)
+	if err != nil {
+		return nil
+	}
+	return strings.Fields(string(b))
+}
+
+// Prepare readies a delegated v2 subtree (systemd Delegate=yes): a cgroup
+// that holds processes cannot also enable controllers for children, so the
+// daemon's own processes move into a leaf named supervisorLeaf first. It does
+// nothing on v1, or when the daemon's cgroup is the root. Call it once at
+// start-up, before New, and only in the daemon.
+func Prepare(opts Options, supervisorLeaf string) error {
+	if !validName.MatchString(supervisorLeaf) {
+		return fmt.Errorf("cgroup leaf %q must be a plain name", supervisorLeaf)
+	}
+	lay, err := readLayout(opts)
+	if err != nil {
+		return err
+	}
+	m, err := plan(lay, opts)
+	if err != nil || m.version != V2 || opts.UnderRoot || lay.own[""] == "/" {
+		return err
+	}
+	own := filepath.Dir(m.v2Base)
+	procs, err := readPIDs(filepath.Join(own, "cgroup.procs"))
+	if err != nil || len(procs) == 0 {
+		return err
+	}
+	leaf := filepath.Join(own, supervisorLeaf)
+	if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("%w: cannot create %s: %v; is the service started with Delegate=yes?", ErrUnavailable, leaf, err)
+	}
+	for _, pid := range procs {
+		if err := writeFile(filepath.Join(leaf, "cgroup.procs"), strconv.Itoa(pid)); err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("%w: cannot move process %d into %s: %v", ErrUnavailable, pid, leaf, err)
+		}
+	}
+	return nil
+}
+
+// prepareV2Base creates the base and enables the controllers for it and
+// for its children.
+func (m *Manager) prepareV2Base() error {
+	parent := filepath.Dir(m.v2Base)
+	enable := ""
+	if len(m.controllers) > 0 {
+		enable = "+" + strings.Join(m.controllers, " +")
+	}
+	if err := m.enable(parent, enable); err != nil {
+		return fmt.Errorf("%w: cannot enable %s in %s: %v; the cgroup must be delegated to the daemon (systemd Delegate=yes) and hold no processes itself (see Prepare)",
+			ErrUnavailable, enable, parent, err)
+	}
+	if err := os.Mkdir(m.v2Base, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("%w: cannot create %s: %v", ErrUnavailable, m.v2Base, err)
+	}
+	if err := m.enable(m.v2Base, enable); err != nil {
+		return fmt.Errorf("%w: cannot enable %s in %s: %v", ErrUnavailable, enable, m.v2Base, err)
+	}
+	return nil
+}
+
+func (m *Manager) enable(dir, controllers string) error {
+	if controllers == "" {
+		return nil
+	}
+	return writeFile(filepath.Join(dir, "cgroup.subtree_control"), controllers)
+}
+
+// validName is what a sandbox or base name may look like: it becomes a
+// directory name.
+var validName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+// Cgroup is one sandbox's group.
+type Cgroup struct {
+	name    string
+	version Version
+	dir     string            // v2
+	dirs    map[string]string // v1: controller -> directory
+}
+
+// Name returns the sandbox name the group was made for.
+func (c *Cgroup) Name() string { return c.name }
+
+// Dirs returns the group's directories.
+func (c *Cgroup) Dirs() []string {
+	if c.version == V2 {
+		return []string{c.dir}
+	}
+	return sortedValues(c.dirs)
+}
+
+func (m *Manager) cgroupFor(name string) (*Cgroup, error) {
+	if !validName.MatchString(name) {
+		return nil, fmt.Errorf("cgroup name %q must be a plain name (letters, digits, '.', '_', '-')", name)
+	}
+	c := &Cgroup{name: name, version: m.version}
+	if m.version == V2 {
+		c.dir = filepath.Join(m.v2Base, name)
+		return c, nil
+	}
+	c.dirs = map[string]string{}
+	for ctrl, base := range m.v1Base {
+		c.dirs[ctrl] = filepath.Join(base, name)
+	}
+	return c, nil
+}
+
+// Create makes the group for name with limits l. A limit the host cannot
+// enforce (a control file missing or refused) is an error wrapping
+// ErrUnavailable, and nothing is left behind. An existing group of that
+// name is an error wrapping fs.ErrExist.
+func (m *Manager) Create(name string, l Limits) (_ *Cgroup, err error) {
+	if err := l.validate(); err != nil {
+		return nil, err
+	}
+	c, err := m.cgroupFor(name)
+	if err != nil {
+		return nil, err
+	}
+	var made []string // only what this call created is removed on failure
+	defer func() {
+		if err != nil {
+			for _, d := range made {
+				_ = unix.Rmdir(d)
+			}
+		}
+	}()
+	for _, d := range c.Dirs() {
+		if err := os.Mkdir(d, 0o755); err == nil {
+			made = append(made, d)
+		} else {
+			if errors.Is(err, fs.ErrExist) {
+				return nil, fmt.Errorf("cgroup %s already exists; remove it first: %w", d, err)
+			}
+			return nil, fmt.Errorf("%w: cannot create %s: %v", ErrUnavailable, d, err)
+		}
+	}
+	for _, w := range c.limitWrites(l) {
+		if err := writeFile(w.path, w.value); err != nil {
+			if w.optional && errors.Is(err, fs.ErrNotExist) {
+				continue
+			}
+			return nil, fmt.Errorf("%w: cannot set %s to %s: %v; this host cannot enforce that limit", ErrUnavailable, w.path, w.value, err)
+		}
+	}
+	return c, nil
+}
+
+// Open returns the existing group for name (a restarted daemon finding its
+// sandboxes again).
+func (m *Manager) Open(name string) (*Cgroup, error) {
+	c, err := m.cgroupFor(name)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range c.Dirs() {
+		if _, err := os.Stat(d); err != nil {
+			return nil, fmt.Errorf("%w: %s: %v", ErrNotFound, d, err)
+		}
+	}
+	return c, nil
+}
+
+// List returns the names of every group under the base, in any of the
+// hierarchies, for the orphan sweep.
+func (m *Manager) List() ([]string, error) {
+	seen := map[string]bool{}
+	for _, base := range m.Dirs() {
+		entries, err := os.ReadDir(base)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		}
+		for _, e := range entries {
+			if e.IsDir() && validName.MatchString(e.Name()) {
+				seen[e.Name()] = true
+			}
+		}
+	}
+	out := make([]string, 0, len(seen))
+	for n := range seen {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// Remove kills everything in the group name and removes it; a group that
+// does not exist (in some or all hierarchies) is success.
+func (m *Manager) Remove(ctx context.Context, name string) error {
+	c, err := m.cgroupFor(name)
+	if err != nil {
+		return err
+	}
+	return c.Destroy(ctx)
+}
+
+type write struct {
+	path, value string
+	optional    bool // skip when the file does not exist (e.g. swap accounting off)
+}
+
+func (c *Cgroup) limitWrites(l Limits) []write {
+	var w []write
+	period := DefaultCPUPeriod.Microseconds()
+	if c.version == V2 {
+		if l.MemoryBytes > 0 {
+			w = append(w, write{path: filepath.Join(c.dir, "memory.max"), value: strconv.FormatInt(l.MemoryBytes, 10)},
+				write{path: filepath.Join(c.dir, "memory.swap.max"), value: "0", optional: true})
+		}
+		if l.PIDs > 0 {
+			w = append(w, write{path: filepath.Join(c.dir, "pids.max"), value: strconv.FormatInt(l.PIDs, 10)})
+		}
+		if l.CPUs > 0 {
+			w = append(w, write{path: filepath.Join(c.dir, "cpu.max"), value: fmt.Sprintf("%d %d", int64(l.CPUs*float64(period)), period)})
+		}
+		if l.CPUWeight > 0 {
+			w = append(w, write{path: filepath.Join(c.dir, "cpu.weight"), value: strconv.Itoa(l.CPUWeight)})
+		}
+		return w
+	}
+	mem, pids, cpu := c.dirs["memory"], c.dirs["pids"], c.dirs["cpu"]
+	if l.MemoryBytes > 0 {
+		// memsw must stay >= the memory limit: set memory first.
+		w = append(w, write{path: filepath.Join(mem, "memory.limit_in_bytes"), value: strconv.FormatInt(l.MemoryBytes, 10)},
+			write{path: filepath.Join(mem, "memory.memsw.limit_in_bytes"), value: strconv.FormatInt(l.MemoryBytes, 10), optional: true},
+			write{path: filepath.Join(mem, "memory.swappiness"), value: "0", optional: true})
+	}
+	if l.PIDs > 0 {
+		w = append(w, write{path: filepath.Join(pids, "pids.max"), value: strconv.FormatInt(l.PIDs, 10)})
+	}
+	if l.CPUs > 0 {
+		w = append(w, write{path: filepath.Join(cpu, "cpu.cfs_period_us"), value: strconv.FormatInt(period, 10)},
+			write{path: filepath.Join(cpu, "cpu.cfs_quota_us"), value: strconv.FormatInt(int64(l.CPUs*float64(period)), 10)})
+	}
+	if l.CPUWeight > 0 {
+		w = append(w, write{path: filepath.Join(cpu, "cpu.shares"), value: strconv.Itoa(max(2, l.CPUWeight*1024/100))})
+	}
+	return w
+}
+
+// Add moves process pid (all its threads) into the group. Its children
+// from then on are born inside. A process that forks before it is moved
+// leaves those children outside: move a process before it runs anything
+// untrusted (see the package's integration notes: bubblewrap's --block-fd,
+// or CLONE_INTO_CGROUP with FD on v2).
+func (c *Cgroup) Add(pid int) error {
+	for _, d := range c.Dirs() {
+		if err := writeFile(filepath.Join(d, "cgroup.procs"), strconv.Itoa(pid)); err != nil {
+			return fmt.Errorf("move process %d into %s: %w", pid, d, err)
+		}
+	}
+	return nil
+}
+
+// FD opens the v2 group's directory, for exec.Cmd's
+// SysProcAttr{UseCgroupFD: true, CgroupFD: fd}: the child is then born in
+// the group (clone3 with CLONE_INTO_CGROUP), with no window outside it. On
+// v1 there is no such thing and it returns an error.
+func (c *Cgroup) FD() (*os.File, error) {
+	if c.version != V2 {
+		return nil, fmt.Errorf("%w: starting a process inside a group is only possible with cgroup v2; use Add", ErrUnavailable)
+	}
+	return os.OpenFile(c.dir, os.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+}
+
+// PIDs lists the processes in the group.
+func (c *Cgroup) PIDs() ([]int, error) {
+	d := c.dir
+	if c.version == V1 {
+		d = c.dirs["pids"]
+	}
+	return readPIDs(filepath.Join(d, "cgroup.procs"))
+}
+
+// Stats are a group's current use and the events that ended processes.
+type Stats struct {
+	MemoryBytes     int64
+	MemoryPeakBytes int64 // 0 when the kernel does not report it
+	PIDs            int64
+	// OOMKills counts processes the kernel killed for the memory limit.
+	OOMKills uint64
+	// MemoryLimitHits counts allocations that ran into the limit (v2
+	// memory.events "max", v1 memory.failcnt); some end in reclaim, not a
+	// kill.
+	MemoryLimitHits uint64
+	// PIDsLimitHits counts forks refused by pids.max (pids.events "max").
+	PIDsLimitHits uint64
+}
+
+// Stats reads the group's counters. Fields a kernel does not offer stay 0.
+func (c *Cgroup) Stats() (Stats, error) {
+	var s Stats
+	var err error
+	if c.version == V2 {
+		if s.MemoryBytes, err = readInt(filepath.Join(c.dir, "memory.current")); err != nil {
+			return s, err
+		}
+		s.MemoryPeakBytes, _ = readInt(filepath.Join(c.dir, "memory.peak"))
+		s.PIDs, _ = readInt(filepath.Join(c.dir, "pids.current"))
+		ev := readKeyed(filepath.Join(c.dir, "memory.events"))
+		s.OOMKills, s.MemoryLimitHits = ev["oom_kill"], ev["max"]
+		s.PIDsLimitHits = readKeyed(filepath.Join(c.dir, "pids.events"))["max"]
+		return s, nil
+	}
+	mem, pids := c.dirs["memory"], c.dirs["pids"]
+	if s.MemoryBytes, err = readInt(filepath.Join(mem, "memory.usage_in_bytes")); err != nil {
+		return s, err
+	}
+	s.MemoryPeakBytes, _ = readInt(filepath.Join(mem, "memory.max_usage_in_bytes"))
+	s.PIDs, _ = readInt(filepath.Join(pids, "pids.current"))
+	s.OOMKills = readKeyed(filepath.Join(mem, "memory.oom_control"))["oom_kill"]
+	if fc, err := readInt(filepath.Join(mem, "memory.failcnt")); err == nil {
+		s.MemoryLimitHits = uint64(fc)
+	}
+	s.PIDsLimitHits = readKeyed(filepath.Join(pids, "pids.events"))["max"]
+	return s, nil
+}
+
+// OOMKills is Stats().OOMKills: compare it before and after a command to
+// tell whether the kernel killed something of it for memory.
+func (c *Cgroup) OOMKills() (uint64, error) {
+	s, err := c.Stats()
+	return s.OOMKills, err
+}
+
+// Kill SIGKILLs every process in the group and waits (at most killWait,
+// or until ctx ends) for the group to be empty. v2 uses cgroup.kill, which
+// the kernel applies atomically to the whole group, forks in flight
+// included; otherwise (v1, kernels before 5.14) the processes are killed
+// one by one, again and again until none is left: each one is opened as a
+// pidfd and checked to still be in the group before it is signalled, so a
+// recycled pid is never hit.
+func (c *Cgroup) Kill(ctx context.Context) error {
+	if c.version == V2 {
+		err := writeFile(filepath.Join(c.dir, "cgroup.kill"), "1")
+		switch {
+		case err == nil:
+		case errors.Is(err, fs.ErrNotExist) && dirExists(c.dir):
+			// Before 5.14: fall through to the loop.
+		case errors.Is(err, fs.ErrNotExist):
+			return nil
+		default:
+			return fmt.Errorf("kill cgroup %s: %w", c.dir, err)
+		}
+	}
+	deadline := time.Now().Add(killWait)
+	for {
+		pids, err := c.PIDs()
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if len(pids) == 0 {
+			return nil
+		}
+		for _, pid := range pids {
+			c.killIfMember(pid)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("cgroup %s still holds %d processes %v after %v of SIGKILL (stuck in the kernel?)", c.Name(), len(pids), pids[:min(len(pids), 8)], killWait)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("kill cgroup %s: %w", c.Name(), ctx.Err())
+		case <-time.After(pollEvery):
+		}
+	}
+}
+
+// killIfMember signals pid only if the process behind it is still in this
+// group once a pidfd pins it.
+func (c *Cgroup) killIfMember(pid int) {
+	pfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return // gone
+	}
+	defer unix.Close(pfd)
+	if !c.holds(pid) {
+		return
+	}
+	_ = unix.PidfdSendSignal(pfd, unix.SIGKILL, nil, 0)
+}
+
+// holds reports whether /proc/pid/cgroup places pid in this group.
+func (c *Cgroup) holds(pid int) bool {
+	b, err := readBounded(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return false
+	}
+	for _, d := range c.Dirs() {
+		// The group's path relative to its mount is a suffix of its
+		// directory; /proc/pid/cgroup lines end in that path.
+		for _, line := range strings.Split(string(b), "\n") {
+			parts := strings.SplitN(line, ":", 3)
+			if len(parts) == 3 && parts[2] != "/" && strings.HasSuffix(d, parts[2]) && path.Base(parts[2]) == c.name {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Destroy kills everything in the group and removes its directories. A
+// group already gone is success. It is bounded by killWait plus the time
+// the kernel takes to release an emptied group (retried until ctx ends or
+// killWait again).
+func (c *Cgroup) Destroy(ctx context.Context) error {
+	if err := c.Kill(ctx); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(killWait)
+	for _, d := range c.Dirs() {
+		for {
+			err := unix.Rmdir(d)
+			if err == nil || errors.Is(err, unix.ENOENT) {
+				break
+			}
+			if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+				return fmt.Errorf("remove cgroup %s: %w", d, err)
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("remove cgroup %s: %w", d, ctx.Err())
+			case <-time.After(pollEvery):
+			}
+		}
+	}
+	return nil
+}
+
+// File helpers. Control files are small; reads are bounded anyway.
+
+func readBounded(p string) ([]byte, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, maxControlFile))
+}
+
+func readInt(p string) (int64, error) {
+	b, err := readBounded(p)
+	if err != nil {
+		return 0, err
+	}
+	s := strings.TrimSpace(string(b))
+	if s == "max" {
+		return math.MaxInt64, nil
+	}
+	return strconv.ParseInt(s, 10, 64)
+}
+
+// readKeyed reads "key value" lines (memory.events, memory.oom_control).
+func readKeyed(p string) map[string]uint64 {
+	out := map[string]uint64{}
+	b, err := readBounded(p)
+	if err != nil {
+		return out
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), " ")
+		if !ok {
+			continue
+		}
+		if n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64); err == nil {
+			out[k] = n
+		}
+	}
+	return out
+}
+
+func readPIDs(p string) ([]int, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []int
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if pid, err := strconv.Atoi(strings.TrimSpace(sc.Text())); err == nil {
+			out = append(out, pid)
+		}
+	}
+	return out, sc.Err()
+}
+
+// writeFile writes one value to a control file: one write(2), no create,
+// no truncate (cgroupfs files exist or the feature does not).
+func writeFile(p, value string) error {
+	f, err := os.OpenFile(p, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(value)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+func dirExists(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.IsDir()
+}
+
+func containsAll(have, want []string) bool {
+	for _, w := range want {
+		if !slices.Contains(have, w) {
+			return false
+		}
+	}
+	return true
+}
+
+func sortedValues(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for _, v := range m {
+		out = append(out, v)
+	}
+	slices.Sort(out)
+	return out
+}

@@ -1,0 +1,222 @@
+package limits
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/seccomp"
+)
+
+func TestValidateAndWithin(t *testing.T) {
+	require.NoError(t, Defaults().Validate())
+	require.NoError(t, Limits{}.Validate())
+	require.Error(t, Limits{MemoryBytes: 1 << 20}.Validate())
+	require.Error(t, Limits{PIDs: 2}.Validate())
+	require.Error(t, Limits{CPUs: -1}.Validate())
+	require.Error(t, Limits{DiskBytes: 1}.Validate())
+
+	ceil := Defaults()
+	require.NoError(t, Defaults().Within(ceil))
+	require.Error(t, Limits{MemoryBytes: 2 << 30, CPUs: 1, PIDs: 1, OpenFiles: 1, FileSizeBytes: 1, DiskBytes: 1 << 20}.Within(ceil))
+	require.Error(t, Limits{}.Within(ceil), "no limit at all exceeds any ceiling")
+	require.NoError(t, Limits{}.Within(Limits{}))
+}
+
+func TestRlimitsAndPrlimitArgs(t *testing.T) {
+	l := Limits{OpenFiles: 64, FileSizeBytes: 1 << 20}
+	require.Equal(t, []string{"/usr/bin/prlimit", "--core=0:0", "--nofile=64:64", "--fsize=1048576:1048576", "--"}, l.PrlimitArgs())
+	require.Equal(t, []string{"/usr/bin/prlimit", "--core=0:0", "--"}, Limits{}.PrlimitArgs())
+}
+
+func TestVerdict(t *testing.T) {
+	cases := []struct {
+		code          int
+		timedOut      bool
+		before, after uint64
+		reason        string
+		kills         uint64
+	}{
+		{0, false, 0, 0, ReasonExited, 0},
+		{137, false, 0, 0, ReasonExited, 0}, // kill -9 $$ by itself
+		{137, false, 3, 4, ReasonOOMKilled, 1},
+		{1, false, 3, 5, ReasonExited, 2}, // a child was killed, the command went on
+		{137, true, 0, 1, ReasonTimedOut, 1},
+		{124, true, 0, 0, ReasonTimedOut, 0},
+		{137, false, 5, 2, ReasonExited, 0}, // a counter that went back (group recreated)
+	}
+	for _, c := range cases {
+		r, k := Verdict(c.code, c.timedOut, c.before, c.after)
+		require.Equal(t, c.reason, r, "%+v", c)
+		require.Equal(t, c.kills, k, "%+v", c)
+	}
+}
+
+func requireCI(t *testing.T, ok bool, what string) {
+	t.Helper()
+	if ok {
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("this test needs %s, and CI=true forbids skipping", what)
+	}
+	t.Skipf("needs %s", what)
+}
+
+// sandboxRun is one bubblewrap command run the way the integration note
+// describes: seccomp filter, gate, cgroup, rlimits.
+type sandboxRun struct {
+	exitCode int
+	output   string
+	stats    cgroup.Stats
+	reason   string
+}
+
+func runInSandbox(t *testing.T, cg *cgroup.Cgroup, l Limits, timeout time.Duration, script string) sandboxRun {
+	t.Helper()
+	bwrap, err := exec.LookPath("bwrap")
+	requireCI(t, err == nil, "bubblewrap")
+
+	// Whatever this test process inherited (from go test, a CI runner)
+	// must not reach the sandbox; the daemon does the same (capture).
+	require.NoError(t, unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC))
+	filter, err := seccomp.Memfd(seccomp.Guest())
+	require.NoError(t, err)
+	defer filter.Close()
+	gate, err := NewGate()
+	require.NoError(t, err)
+	defer gate.Close()
+
+	args := []string{"--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+		"--uid", "1000", "--gid", "1000",
+		"--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
+		"--symlink", "usr/lib64", "/lib64", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+		"--seccomp", "3"}
+	args = append(args, gate.Args(4, 5)...)
+	args = append(args, "--", "/usr/bin/timeout", "-s", "KILL", strings.TrimSuffix(timeout.String(), "0s"))
+	args = append(args, l.PrlimitArgs()...)
+	args = append(args, "/bin/sh", "-c", script)
+	cmd := exec.Command(bwrap, args...)
+	cmd.ExtraFiles = append([]*os.File{filter}, gate.Files()...)
+	cmd.Env = []string{"PATH=/usr/bin:/bin"}
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Credential: &syscall.Credential{Uid: 65534, Gid: 65534, Groups: []uint32{}},
+		Setpgid:    true, Pdeathsig: syscall.SIGKILL,
+	}
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	require.NoError(t, cmd.Start())
+	done := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(done) }()
+	defer func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+	}()
+
+	child, err := gate.ChildPID()
+	if err != nil {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-done // out is complete only once Wait has returned
+		t.Fatalf("%v: %s", err, out.String())
+	}
+	require.NoError(t, cg.Add(child))
+	oomBefore, err := cg.OOMKills()
+	require.NoError(t, err)
+	require.NoError(t, gate.Release())
+
+	select {
+	case <-done:
+	case <-time.After(timeout + 30*time.Second):
+		t.Fatalf("bwrap did not end within %v", timeout+30*time.Second)
+	}
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(waitErr, &ee) {
+		code = ee.ExitCode()
+	} else {
+		require.NoError(t, waitErr)
+	}
+	st, err := cg.Stats()
+	require.NoError(t, err)
+	reason, _ := Verdict(code, false, oomBefore, st.OOMKills)
+	return sandboxRun{exitCode: code, output: out.String(), stats: st, reason: reason}
+}
+
+func sandboxGroup(t *testing.T, l Limits) *cgroup.Cgroup {
+	t.Helper()
+	requireCI(t, os.Geteuid() == 0, "root")
+	var b [4]byte
+	rand.Read(b[:])
+	m, err := cgroup.New(cgroup.Options{Base: "sidecar-limitstest-" + hex.EncodeToString(b[:])})
+	requireCI(t, err == nil, "cgroups with the memory, pids and cpu controllers")
+	cg, err := m.Create("sbx", cgroup.Limits{MemoryBytes: l.MemoryBytes, PIDs: l.PIDs, CPUs: l.CPUs, CPUWeight: l.CPUWeight})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if err := cg.Destroy(ctx); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+		for _, d := range m.Dirs() {
+			_ = syscall.Rmdir(d)
+		}
+	})
+	return cg
+}
+
+func TestBubblewrapSandboxMemoryBalloonIsOOMKilled(t *testing.T) {
+	l := Limits{MemoryBytes: 64 << 20, PIDs: 32, CPUs: 1, OpenFiles: 64, FileSizeBytes: 1 << 20}
+	cg := sandboxGroup(t, l)
+	r := runInSandbox(t, cg, l, 30*time.Second, `exec /usr/bin/python3 -c 'b = bytearray(512 << 20); print("survived")'`)
+	require.Equal(t, ExitOOMKilled, r.exitCode, r.output)
+	require.Equal(t, ReasonOOMKilled, r.reason, "%+v", r)
+	require.NotContains(t, r.output, "survived")
+}
+
+func TestBubblewrapSandboxForkBombIsContained(t *testing.T) {
+	l := Limits{MemoryBytes: 256 << 20, PIDs: 32, CPUs: 1}
+	cg := sandboxGroup(t, l)
+	r := runInSandbox(t, cg, l, 3*time.Second, `b() { b | b & }; b; sleep 10`)
+	require.Equal(t, ExitOOMKilled, r.exitCode, "timeout -s KILL ends it: %s", r.output)
+	require.Greater(t, r.stats.PIDsLimitHits, uint64(0), "the bomb must have hit pids.max: %+v", r.stats)
+	pids, err := cg.PIDs()
+	require.NoError(t, err)
+	require.Empty(t, pids, "the PID namespace died with bwrap")
+}
+
+func TestBubblewrapSandboxRlimitsAndFilter(t *testing.T) {
+	l := Limits{MemoryBytes: 128 << 20, PIDs: 32, OpenFiles: 64, FileSizeBytes: 1 << 20}
+	cg := sandboxGroup(t, l)
+	r := runInSandbox(t, cg, l, 20*time.Second, `ulimit -n; ulimit -c; grep -E '^(Seccomp|NoNewPrivs|CapEff):' /proc/self/status
+dd if=/dev/zero of=/tmp/big bs=1M count=4 2>&1 | tail -1; echo "dd=$?"; ls -l /tmp/big | cut -d' ' -f5
+unshare -U true 2>&1; echo "unshare=$?"
+exec /usr/bin/python3 -c 'import os
+def link(f):
+    try: return os.readlink("/proc/self/fd/" + f)
+    except OSError: return "closed"
+print("fds", sorted((int(f), link(f)) for f in os.listdir("/proc/self/fd")))'`)
+	require.Equal(t, 0, r.exitCode, r.output)
+	lines := strings.Split(r.output, "\n")
+	require.Equal(t, "64", lines[0])
+	require.Equal(t, "0", lines[1])
+	require.Contains(t, r.output, "Seccomp:\t2")
+	require.Contains(t, r.output, "NoNewPrivs:\t1")
+	require.Contains(t, r.output, "CapEff:\t0000000000000000")
+	require.Contains(t, r.output, "1048576\n", "RLIMIT_FSIZE stops the file at 1 MiB")
+	require.Contains(t, r.output, "unshare=1")
+	require.Contains(t, r.output, "fds [(0, '/dev/null'), (1, 'pipe:", "only stdio (and the listing's own directory, closed by now): bwrap closed the filter and gate descriptors")
+	require.Contains(t, r.output, "(3, 'closed')]\n")
+}
