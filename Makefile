@@ -1,5 +1,5 @@
 # The two commands a newcomer needs: `make run` and `make test`.
-.PHONY: run test build bench clean
+.PHONY: run test build bench deb clean
 
 run:
 	./scripts/run.sh $(ARGS)
@@ -14,6 +14,11 @@ build:
 # generated table in docs/benchmarks.md.
 bench: build
 	go run ./cmd/sidecar-bench --daemon-bin bin/sandbox-sidecar --json bench.json --md docs/benchmarks.md
+
+# The Debian package, bin/sandbox-sidecar_<version>_<arch>.deb; VERSION=...
+# sets the version (default: a snapshot of packaging/deb/changelog's).
+deb:
+	VERSION=$(VERSION) ./packaging/deb/build.sh bin
 
 clean:
 	rm -rf bin

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -38,7 +39,10 @@ type response struct {
 func Dial(ctx context.Context, path string) (*Client, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "unix", path)
-	if err != nil {
+	switch {
+	case errors.Is(err, syscall.EACCES):
+		return nil, fmt.Errorf("connecting to %s: %w: the socket is for members of its group; ask an operator to add this user to it (usually sandbox-sidecar) and log in again", path, err)
+	case err != nil:
 		return nil, fmt.Errorf("connecting to %s: %w (is the daemon running? `sandbox-sidecar serve` starts it)", path, err)
 	}
 	c := &Client{nc: nc, maxFrame: DefaultMaxFrame, pending: map[uint64]chan response{}, done: make(chan struct{})}

@@ -52,3 +52,21 @@ if [ -d clients/python/tests ]; then
   go build -o bin/sandbox-sidecar ./cmd/sandbox-sidecar
   SANDBOX_SIDECAR_BIN="$PWD/bin/sandbox-sidecar" /usr/bin/python3 -m pytest -q -p no:cacheprovider clients/python/tests
 fi
+
+# ---------------------------------------------------------------------------
+# Packaging: build the .deb, run lintian on it, and prove it on a real
+# systemd: test/packaging boots a minimal Debian bookworm with systemd-nspawn
+# (debootstrapped once, then cached under /var/cache/sandbox-sidecar-test)
+# and installs, exercises, upgrades and purges the package inside.
+echo "== packaging: .deb, lintian, systemd-nspawn end to end"
+pkg_tools=(debootstrap systemd-container lintian)
+pkg_missing=()
+for p in "${pkg_tools[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || pkg_missing+=("$p")
+done
+if [ ${#pkg_missing[@]} -gt 0 ] && [ "$(id -u)" -eq 0 ]; then
+  echo "== installing ${pkg_missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${pkg_missing[@]}"
+fi
+SANDBOX_SIDECAR_PACKAGING_TEST=1 go test -count=1 -timeout 25m -v ./test/packaging

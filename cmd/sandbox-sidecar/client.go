@@ -23,7 +23,7 @@ type clientFlags struct {
 }
 
 func (c *clientFlags) register(fs *flag.FlagSet, timeout time.Duration) {
-	fs.StringVar(&c.socket, "socket", defaultSocket(), "daemon socket (env "+SocketEnv+")")
+	fs.StringVar(&c.socket, "socket", clientSocket(), "daemon socket (env "+SocketEnv+")")
 	fs.DurationVar(&c.timeout, "timeout", timeout, "give up on the daemon after this long")
 }
 

@@ -356,6 +356,9 @@ func runConfig(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
+		if len(b) > 0 && b[len(b)-1] != '\n' {
+			b = append(b, '\n')
+		}
 		_, err = stdout.Write(b)
 		return err
 	}

@@ -202,8 +202,10 @@ func serve(cfg Config, stderr io.Writer) error {
 			return fail("server.socket_group: %w", err)
 		}
 		socketGID = int(g)
-	case os.Geteuid() == 0:
-		if g, err := lookupGroup("sandbox-sidecar"); err == nil {
+	default:
+		// The conventional group, when it exists and the daemon may give
+		// the socket to it (root, or a member).
+		if g, err := lookupGroup("sandbox-sidecar"); err == nil && (os.Geteuid() == 0 || memberOf(g)) {
 			socketGID = int(g)
 		}
 	}
@@ -268,8 +270,9 @@ func serve(cfg Config, stderr io.Writer) error {
 	}
 	// Before serving: re-adopt what is still leased, destroy what lost its
 	// reason to exist while the daemon was down, sweep what nobody knows.
-	notifyStatus(log, "recovering sandboxes from the journal")
+	stopExtending := extendStartTimeout(log, "recovering sandboxes from the journal")
 	rep, err := mgr.Recover(context.Background(), false)
+	stopExtending()
 	if err != nil {
 		log.Error("recovery was incomplete; the reaper retries failed destroys", "error", err)
 	}
@@ -347,6 +350,21 @@ func serve(cfg Config, stderr io.Writer) error {
 		return &exitError{code: exit}
 	}
 	return nil
+}
+
+// memberOf reports whether the daemon's process has gid as its group or a
+// supplementary group.
+func memberOf(gid uint32) bool {
+	if uint32(os.Getegid()) == gid {
+		return true
+	}
+	groups, _ := os.Getgroups()
+	for _, g := range groups {
+		if uint32(g) == gid {
+			return true
+		}
+	}
+	return false
 }
 
 func newBackend(cfg Config, log hclog.Logger) (backend.Backend, error) {

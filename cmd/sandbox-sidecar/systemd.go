@@ -67,7 +67,32 @@ func notify(log hclog.Logger, state string) {
 }
 
 func notifyStatus(log hclog.Logger, s string) { notify(log, "STATUS="+s) }
-func notifyStopping(log hclog.Logger)         { notify(log, daemon.SdNotifyStopping) }
+
+// extendStartTimeout tells systemd, while a long start-up step runs (the
+// recovery of many sandboxes, each destroy bounded by its own deadline),
+// that the daemon is making progress, so TimeoutStartSec does not kill it.
+// It returns a function that stops the extensions.
+func extendStartTimeout(log hclog.Logger, status string) func() {
+	const every, extend = 10 * time.Second, 30 * time.Second
+	notifyStatus(log, status)
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		start := time.Now()
+		for {
+			notify(log, fmt.Sprintf("EXTEND_TIMEOUT_USEC=%d\nSTATUS=%s (%s so far)", extend.Microseconds(), status, time.Since(start).Round(time.Second)))
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() { close(stop); <-done }
+}
+func notifyStopping(log hclog.Logger) { notify(log, daemon.SdNotifyStopping) }
 
 // startSystemd reports READY (the listener serves and recovery is done),
 // keeps STATUS= current, and pings the watchdog only while the daemon is

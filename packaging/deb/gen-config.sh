@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Print the packaged /etc/sandbox-sidecar/config.toml, generated from the
+# binary itself: `config show` gives every key with its built-in default and
+# `serve --help` the description of the matching flag, so the file cannot
+# drift from the code. Every key is commented out except the [server] paths
+# and group that the packaged service needs (see the header).
+#
+# Usage: gen-config.sh PATH/TO/sandbox-sidecar
+set -euo pipefail
+bin=${1:?usage: gen-config.sh PATH/TO/sandbox-sidecar}
+
+# What the flags' descriptions cannot know about the packaged service.
+declare -A notes=(
+  [bwrap]='The packaged daemon is not root: sandboxes run as its own uid in an
+unprivileged user namespace (uid 1000 inside), so sandbox_uid and
+sandbox_gid do not apply.'
+  [bwrap.share_host_network]='Also needs PrivateNetwork=no in a drop-in for sandbox-sidecar.service:
+the packaged service has no network of its own.'
+  [sbx]='With backend = "sbx", install the drop-in that gives the service /dev/kvm
+and the network: /usr/share/doc/sandbox-sidecar/examples/sbx-backend.conf.'
+  [server.audit_file]='The service may write under /var/log/sandbox-sidecar (LogsDirectory=).'
+)
+
+# Values pinned for the packaged service. They must match the units:
+# ListenStream= of sandbox-sidecar.socket, StateDirectory= of the service.
+declare -A pinned=(
+  [server.socket]='"/run/sandbox-sidecar/sidecar.sock"'
+  [server.socket_group]='"sandbox-sidecar"'
+  [server.state_dir]='"/var/lib/sandbox-sidecar"'
+)
+
+# /dev/null as the file: the built-in defaults, whatever /etc holds here.
+# The socket and state directory defaults depend on who runs this; the
+# environment makes them the system ones for root and others alike.
+export SANDBOX_SIDECAR_SOCKET=/run/sandbox-sidecar/sidecar.sock XDG_STATE_HOME=/var/lib
+defaults=$("$bin" config show --config /dev/null)
+help=$("$bin" serve --help 2>&1 || true)
+
+# flag_help NAME prints the description of serve's -NAME flag, if any.
+flag_help() {
+  awk -v want="-$1" '
+    $1 == want { found = 1; next }
+    found && /^\t|^    / { sub(/^[ \t]+/, ""); print; exit }
+    found { exit }
+  ' <<<"$help"
+}
+
+# describe SECTION KEY finds the flag that sets SECTION.KEY: the key with
+# dashes, singular for lists (allow_uids: -allow-uid), or with the section
+# as prefix (bwrap.share_host_network: -bwrap-share-host-network).
+describe() {
+  local section=$1 key=$2 name d
+  name=${key//_/-}
+  for cand in "$name" "${name%s}" "$section-$name"; do
+    d=$(flag_help "$cand")
+    if [ -n "$d" ]; then
+      printf '%s' "$d"
+      return
+    fi
+  done
+}
+
+cat <<'EOF'
+# /etc/sandbox-sidecar/config.toml: configuration of `sandbox-sidecar serve`.
+#
+# Every setting is listed with its built-in default, commented out. To change
+# one, uncomment it, then check the file and restart the daemon:
+#
+#   sandbox-sidecar config check && systemctl restart sandbox-sidecar
+#
+# Unknown keys and bad values are refused with their line. Durations are
+# written "30s", "10m", "1h"; modes in octal, "0660". `sandbox-sidecar config
+# show` prints the effective configuration, `sandbox-sidecar serve --help`
+# the matching command-line flags (a flag overrides this file).
+#
+# The packaged service runs as the unprivileged system user sandbox-sidecar,
+# whose built-in defaults would be per-user paths, so three [server] keys are
+# set: the socket (which, under socket activation, sandbox-sidecar.socket
+# creates: change its path, mode or group there, with a drop-in), the group
+# of a socket the daemon creates itself when started by hand, and the state
+# directory (StateDirectory= of sandbox-sidecar.service: move both together).
+
+EOF
+
+section=
+while IFS= read -r line; do
+  case "$line" in
+    '') echo; continue ;;
+    '['*']')
+      section=${line#[}; section=${section%]}
+      echo "$line"
+      [ -n "${notes[$section]:-}" ] && sed 's/^/# /' <<<"${notes[$section]}"
+      continue ;;
+  esac
+  key=${line%% = *}
+  value=${line#* = }
+  # The value line shows the default; drop the flag's own "(default ...)".
+  d=$(describe "$section" "$key" | sed -E 's/ \(default [^:][^)]*\)$//')
+  [ -n "$d" ] && fold -s -w 76 <<<"$d" | sed -E 's/ +$//; s/^/# /'
+  [ -n "${notes[$section.$key]:-}" ] && sed 's/^/# /' <<<"${notes[$section.$key]}"
+  if [ -n "${pinned[$section.$key]:-}" ]; then
+    echo "$key = ${pinned[$section.$key]}"
+  else
+    echo "# $key = $value"
+  fi
+done <<<"$defaults"
