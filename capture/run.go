@@ -13,6 +13,11 @@
 // grandchildren, anything that changed its process group) are the caller's
 // to contain, for example with a PID namespace. It depends on nothing else in
 // this project.
+//
+// Streams offers the same bounded capture for a process that something else
+// starts (a process inside a sandbox, started by that sandbox's init from
+// pipe ends handed to it over a Unix socket): the caller then owns the
+// process and its timers, capture only the pipes.
 package capture
 
 import (
@@ -122,7 +127,7 @@ type Result struct {
 //
 // The child inherits its three streams and cmd.ExtraFiles, nothing else: Run
 // marks every other descriptor of the daemon close-on-exec first (see
-// closeInheritedOnExec), a process-wide change that only affects children.
+// CloseInheritedOnExec), a process-wide change that only affects children.
 //
 // When ctx ends, the group gets SIGKILL at once and Run returns the partial
 // Result with an error wrapping ctx.Err(). Otherwise an error is returned only
@@ -134,14 +139,14 @@ func Run(ctx context.Context, cmd *exec.Cmd, opts Options) (Result, error) {
 		return Result{}, fmt.Errorf("capture: %s was not started because its context had ended: %w", cmd.Path, err)
 	}
 
-	p, err := openPipes(len(opts.Stdin) > 0)
+	s, err := NewStreams(opts.Stdin, opts.MaxOutputBytes)
 	if err != nil {
 		return Result{}, fmt.Errorf("capture: cannot create pipes for %s (is the daemon out of file descriptors?): %w", cmd.Path, err)
 	}
-	defer p.closeAll()
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = p.childIn, p.childOut, p.childErr
+	defer s.Close()
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = s.p.childIn, s.p.childOut, s.p.childErr
 	prepareSysProcAttr(cmd)
-	if err := closeInheritedOnExec(); err != nil {
+	if err := CloseInheritedOnExec(); err != nil {
 		return Result{}, fmt.Errorf("capture: not starting %s: cannot keep the daemon's other file descriptors from leaking into it: %w", cmd.Path, err)
 	}
 
@@ -150,27 +155,15 @@ func Run(ctx context.Context, cmd *exec.Cmd, opts Options) (Result, error) {
 	if err := <-c.started; err != nil {
 		return Result{}, fmt.Errorf("capture: cannot start %s; check that it exists and is executable: %w", cmd.Path, err)
 	}
-	p.closeChildEnds()
-
-	stdout, stderr := NewTail(opts.MaxOutputBytes), NewTail(opts.MaxOutputBytes)
-	drained := p.startDrains(stdout, stderr)
-	p.feedStdin(opts.Stdin)
+	s.Start()
 
 	res, ctxErr := c.supervise(ctx, opts)
 
-	// The main process is gone (or abandoned). Give the pipes a bounded
-	// time to reach EOF, then close them; closing unblocks the readers.
-	drainTimer := time.NewTimer(opts.DrainGrace)
-	select {
-	case <-drained:
-	case <-drainTimer.C:
-	}
-	drainTimer.Stop()
-	p.closeParentEnds()
-	<-drained
-
-	res.Stdout, res.StdoutTruncated, res.StdoutTotal = stdout.Bytes(), stdout.Truncated(), stdout.Total()
-	res.Stderr, res.StderrTruncated, res.StderrTotal = stderr.Bytes(), stderr.Truncated(), stderr.Total()
+	// The main process is gone (or abandoned): give the pipes a bounded
+	// time to reach EOF.
+	out := s.Finish(opts.DrainGrace)
+	res.Stdout, res.StdoutTruncated, res.StdoutTotal = out.Stdout, out.StdoutTruncated, out.StdoutTotal
+	res.Stderr, res.StderrTruncated, res.StderrTotal = out.Stderr, out.StderrTruncated, out.StderrTotal
 	if ctxErr != nil {
 		return res, fmt.Errorf("capture: %s was killed because its context ended: %w", cmd.Path, ctxErr)
 	}
@@ -187,14 +180,15 @@ func prepareSysProcAttr(cmd *exec.Cmd) {
 	a.Pdeathsig = syscall.SIGKILL
 }
 
-// closeInheritedOnExec marks every descriptor from 3 up close-on-exec.
+// CloseInheritedOnExec marks every descriptor from 3 up close-on-exec.
 // Descriptors Go opens already are; this catches the ones the daemon itself
 // inherited without the flag (from a shell, a supervisor, a test harness),
 // which os/exec would otherwise pass to every child and so into every
 // sandbox. It changes no descriptor the daemon uses, only what a child
 // inherits; cmd.ExtraFiles are still passed, since they are dup'ed into place
-// in the child.
-func closeInheritedOnExec() error {
+// in the child. Run calls it before every start; a caller that starts
+// processes itself calls it first too.
+func CloseInheritedOnExec() error {
 	err := unix.CloseRange(3, math.MaxUint32, unix.CLOSE_RANGE_CLOEXEC)
 	if err == nil {
 		return nil
@@ -436,8 +430,14 @@ func (p *pipes) startDrains(stdout, stderr *Buffer) <-chan struct{} {
 	return done
 }
 
+// drainBufs recycles the drain loops' read buffers: two per command would
+// otherwise be allocated (and zeroed) for every command the daemon runs.
+var drainBufs = sync.Pool{New: func() any { b := make([]byte, drainChunk); return &b }}
+
 func drain(r io.Reader, w *Buffer) {
-	buf := make([]byte, drainChunk)
+	bp := drainBufs.Get().(*[]byte)
+	defer drainBufs.Put(bp)
+	buf := *bp
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {

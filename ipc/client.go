@@ -14,6 +14,10 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 )
 
+// writeFailureGrace bounds how long a failed write waits for the reason
+// the daemon gave when it closed the connection.
+const writeFailureGrace = time.Second
+
 // Client is a connection to the daemon. It is safe for concurrent use:
 // calls are pipelined on one connection and matched to responses by id.
 type Client struct {
@@ -184,8 +188,19 @@ func (c *Client) Call(ctx context.Context, op string, args map[string]any, out a
 	c.writeMu.Unlock()
 	if err != nil {
 		c.forget(id)
+		// The daemon may have refused the connection with a reason
+		// (unauthorized, busy) and closed it before this write: that frame
+		// is still waiting to be read, and it is the real answer. Give the
+		// reader a moment to get it before giving the write error.
+		select {
+		case <-c.done:
+		case <-time.After(writeFailureGrace):
+		}
 		c.fail(fmt.Errorf("connection to the daemon lost: %w", err))
-		return err
+		c.mu.Lock()
+		reason := c.err
+		c.mu.Unlock()
+		return reason
 	}
 
 	select {

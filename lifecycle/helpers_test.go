@@ -20,6 +20,8 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	// The bwrap backend runs this binary as each sandbox's init.
+	bwrap.InitMain()
 	// The truncated-journal test runs OpenJournal in a child process (a
 	// fault while reading a damaged file kills the whole process), and
 	// this is that child.

@@ -103,9 +103,16 @@ func TestPoolMembersAreJournaledAndReadopted(t *testing.T) {
 	for _, s := range e.m.List(admin, "") {
 		ids[s.ID] = true
 	}
-	for id := range ids {
-		assert.Equal(t, StatePooled, e.journaled()[id].State)
-	}
+	// The journal write follows the in-memory state by a moment.
+	require.Eventually(t, func() bool {
+		j := e.journaled()
+		for id := range ids {
+			if j[id].State != StatePooled {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 10*time.Millisecond, "every pool member journaled as pooled")
 	// A new manager on the same journal (a restart) re-adopts them.
 	m2, err := New(Config{Backend: e.be, Journal: e.journal, Now: e.clock.Now, PoolSize: 2})
 	require.NoError(t, err)

@@ -2,10 +2,13 @@
 //
 // It owns the directory it is given (Config.Dir): one subdirectory per
 // sandbox holding the guest's /workspace, its private /tmp and spec.json, the
-// environment and network the sandbox was created with. A sandbox is nothing
-// but that directory: every command is a fresh bwrap with every namespace
-// unshared, and everything it started dies with it, so no process outlives
-// the command that started it.
+// environment and network the sandbox was created with; and each sandbox's
+// init, a small process that lives in the sandbox's namespaces from its
+// first command to its destruction and starts every command there, so a
+// command costs a fork and an exec rather than a bubblewrap. Init is this
+// daemon's own executable run again (see InitMain); it kills everything a
+// command started when the command ends, so no guest process outlives the
+// command that started it: only the files and /tmp persist between commands.
 //
 // It never runs anything through a shell on the host, never passes the
 // daemon's environment or a path outside the sandbox's directory to a guest,
@@ -18,6 +21,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,6 +31,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
@@ -92,6 +97,7 @@ type Config struct {
 type Backend struct {
 	cfg       Config
 	bwrap     string
+	exe       *os.File // the daemon's executable, which every sandbox's bwrap runs as init
 	log       hclog.Logger
 	rootLinks []string // bwrap options recreating /bin, /lib, ... from the host
 
@@ -149,9 +155,14 @@ func New(cfg Config) (*Backend, error) {
 		}
 	}
 
+	exe, err := initExecutable(cfg.SandboxUID, cfg.SandboxGID)
+	if err != nil {
+		return nil, fmt.Errorf("bwrap backend: cannot prepare the daemon's own executable to run as the sandboxes' init: %w", err)
+	}
 	b := &Backend{
 		cfg:       cfg,
 		bwrap:     bin,
+		exe:       exe,
 		log:       cfg.Logger,
 		rootLinks: hostRootLinks("/"),
 		sandboxes: make(map[string]*sandbox),
@@ -160,6 +171,13 @@ func New(cfg Config) (*Backend, error) {
 	// the marker of one of its sandboxes was left by a daemon that died.
 	if strays := findMarked(cfg.Dir, true); len(strays) > 0 {
 		b.log.Warn("killing sandbox processes left by a previous daemon", "count", killMarked(strays))
+	}
+	// And no trial sandbox of Health is in use: remove what a daemon that
+	// died during one left.
+	if probes, _ := filepath.Glob(filepath.Join(cfg.Dir, probeDirPrefix+"*")); len(probes) > 0 {
+		for _, p := range probes {
+			_ = removeAllForce(p)
+		}
 	}
 	return b, nil
 }
@@ -216,6 +234,8 @@ func checkReachable(dir string, uid, gid int) error {
 	}
 }
 
+// canSearch reports whether uid/gid has the x bit of a file: search for a
+// directory, execute for a program.
 func canSearch(perm os.FileMode, ownerUID, ownerGID, uid, gid int) bool {
 	switch {
 	case ownerUID == uid:
@@ -255,7 +275,8 @@ func (b *Backend) Name() string { return Name }
 // Health checks that bwrap runs ("bwrap --version" within versionTimeout)
 // and, at most once per healthCacheTTL while it keeps succeeding, that it can
 // really build a sandbox with the credentials sandboxes use (user namespaces
-// enabled, the state directory reachable).
+// enabled, the state directory reachable, the daemon's executable runnable
+// as init) and run a command in it.
 func (b *Backend) Health(ctx context.Context) error {
 	if _, err := os.Stat(b.cfg.Dir); err != nil {
 		return fmt.Errorf("%w: state directory %s: %v; restart the daemon to recreate it", backend.ErrUnavailable, b.cfg.Dir, err)
@@ -269,16 +290,57 @@ func (b *Backend) Health(ctx context.Context) error {
 	if time.Now().Before(b.healthyUntil) {
 		return nil
 	}
-	args := []string{"--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-		"--clearenv", "--uid", fmt.Sprint(guestUID), "--gid", fmt.Sprint(guestGID),
-		"--ro-bind", "/usr", "/usr"}
-	args = append(args, b.rootLinks...)
-	args = append(args, "--proc", "/proc", "--dev", "/dev",
-		"--ro-bind", b.cfg.Dir, "/state", "--", timeoutPath, "5", "/bin/true")
-	if err := b.runCheck(ctx, probeTimeout, "a trial sandbox", args); err != nil {
+	if err := b.probe(ctx); err != nil {
 		return err
 	}
 	b.healthyUntil = time.Now().Add(healthCacheTTL)
+	return nil
+}
+
+// probeDirPrefix names the trial sandboxes Health makes in Dir. A leading
+// dot is never a valid id, so List and recovery never see one.
+const probeDirPrefix = ".probe-"
+
+// probe makes a trial sandbox, starts its init, runs /bin/true through it
+// and removes it all, within probeTimeout.
+func (b *Backend) probe(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	fail := func(err error) error {
+		if errors.Is(err, backend.ErrUnavailable) {
+			return err
+		}
+		return fmt.Errorf("%w: a trial sandbox failed: %v", backend.ErrUnavailable, err)
+	}
+	dir, err := os.MkdirTemp(b.cfg.Dir, probeDirPrefix)
+	if err != nil {
+		return fail(fmt.Errorf("cannot create it in %s: %w", b.cfg.Dir, err))
+	}
+	defer func() { _ = removeAllForce(dir) }()
+	if b.cfg.SandboxUID >= 0 {
+		if err := os.Chmod(dir, 0o711); err != nil {
+			return fail(err)
+		}
+	}
+	for _, name := range []string{workDirName, tmpDirName} {
+		if err := b.makeGuestDir(filepath.Join(dir, name)); err != nil {
+			return fail(err)
+		}
+	}
+	sb := newSandbox(filepath.Base(dir), dir, persistedSpec{Version: specVersion, Network: networkNone})
+	defer b.killInit(sb)
+	ip, err := b.acquireInit(ctx, sb, time.Now().Add(probeTimeout))
+	if err != nil {
+		return fail(err)
+	}
+	env, _ := mergeEnv(nil, nil)
+	res, err := b.execInit(ctx, ctx, sb, ip, backend.ExecRequest{MaxOutputBytes: probeOutputBytes}, b.budgeted([]string{"/bin/true"}, 5*time.Second), env, guestWorkspace, 5*time.Second)
+	switch {
+	case err != nil:
+		return fail(err)
+	case res.ExitCode != 0 || res.TimedOut || res.SandboxTerminated:
+		return fail(fmt.Errorf("/bin/true in it: exit %d, timed out %v, terminated %v, stderr %q", res.ExitCode, res.TimedOut, res.SandboxTerminated, firstLine(res.Stderr)))
+	}
 	return nil
 }
 
@@ -313,14 +375,69 @@ func (b *Backend) command(dir string, args []string) *exec.Cmd {
 		cmd.Env = []string{markerEnv + "=" + dir}
 	}
 	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{}
 	if b.cfg.SandboxUID >= 0 {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{
+		cmd.SysProcAttr.Credential = &syscall.Credential{
 			Uid:    uint32(b.cfg.SandboxUID),
 			Gid:    uint32(b.cfg.SandboxGID),
 			Groups: []uint32{},
-		}}
+		}
 	}
 	return cmd
+}
+
+// initExecutable returns the daemon's running executable, for bwrap to run
+// as each sandbox's init through an inherited descriptor: no path of the
+// host needs to be visible in the sandbox or reachable by its uid (the
+// binary may sit in a 0700 directory), and a package upgrade that replaces
+// the file on disk does not put a different version in the sandboxes.
+// When the sandbox uid cannot execute the file itself (its mode, or a
+// noexec mount), it is copied once into a sealed memfd instead.
+func initExecutable(sandboxUID, sandboxGID int) (*os.File, error) {
+	f, err := os.Open("/proc/self/exe")
+	if err != nil {
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	uid, gid := sandboxUID, sandboxGID
+	if uid < 0 {
+		uid, gid = os.Geteuid(), os.Getegid()
+	}
+	var fs unix.Statfs_t
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if ok && unix.Fstatfs(int(f.Fd()), &fs) == nil && fs.Flags&unix.ST_NOEXEC == 0 &&
+		(uid == 0 && fi.Mode().Perm()&0o111 != 0 || canSearch(fi.Mode().Perm(), int(st.Uid), int(st.Gid), uid, gid)) {
+		return f, nil
+	}
+	defer f.Close()
+	return sealedCopy(f, "sandbox-sidecar-init")
+}
+
+// sealedCopy copies f into a memfd that can no longer change.
+func sealedCopy(f *os.File, name string) (*os.File, error) {
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, fmt.Errorf("memfd_create: %w", err)
+	}
+	m := os.NewFile(uintptr(fd), name)
+	if _, err := io.Copy(m, f); err != nil {
+		m.Close()
+		return nil, err
+	}
+	if err := m.Chmod(0o555); err != nil {
+		m.Close()
+		return nil, err
+	}
+	seals := unix.F_SEAL_SEAL | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_WRITE
+	if _, err := unix.FcntlInt(m.Fd(), unix.F_ADD_SEALS, seals); err != nil {
+		m.Close()
+		return nil, fmt.Errorf("seal: %w", err)
+	}
+	return m, nil
 }
 
 func (b *Backend) runsAs() string {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path"
 	"sort"
 	"strconv"
@@ -39,7 +40,7 @@ const (
 	maxArgv          = 4096
 	maxGuestPathLen  = 4096
 	maxTimeout       = 24 * time.Hour // longest budget Exec accepts
-	outerKillGrace   = time.Second    // SIGTERM to SIGKILL for bwrap itself
+	outerKillGrace   = time.Second    // SIGTERM to SIGKILL for a command's own bwrap
 	exitTimedOut     = 124            // GNU timeout: the command got SIGTERM
 	exitKilledByTime = 137            // 128+SIGKILL: timeout had to escalate
 )
@@ -71,18 +72,24 @@ var (
 	etcHosts = "127.0.0.1\tlocalhost\n127.0.1.1\tsandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n"
 )
 
-// Exec runs one command in a fresh bwrap and returns its bounded output.
+// Exec runs one command in the sandbox and returns its bounded output.
 //
 // The command runs as uid 1000 ("sandbox") in /workspace (or req.Cwd) under
 // GNU timeout with req.Timeout (rounded up to whole milliseconds, at least
-// one) and KillGrace; the daemon kills bwrap itself if it outlives that by
+// one) and KillGrace; the daemon has it killed if it outlives that by
 // ExecGrace. Its environment is PATH, HOME, LANG, then the sandbox's Env,
 // then req.Env, and nothing else. A zero req.MaxOutputBytes keeps
 // capture.DefaultMaxOutputBytes of each stream.
 //
-// A command stopped because Destroy ran returns SandboxTerminated and no
-// error; one stopped because ctx ended returns the partial result and an
-// error wrapping ctx.Err().
+// The sandbox's init starts it (see initproc.go), and kills everything it
+// started when it ends. A second command while one runs gets a bubblewrap
+// of its own, as every command did before init existed, with the same
+// isolation and the same files.
+//
+// A command stopped because Destroy ran, or because the sandbox's init
+// died, returns SandboxTerminated and no error; the next Exec after an init
+// died returns an error wrapping backend.ErrNotFound. One stopped because
+// ctx ended returns the partial result and an error wrapping ctx.Err().
 func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) (backend.ExecResult, error) {
 	sb, err := b.lookup(id)
 	if err != nil {
@@ -97,6 +104,7 @@ func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 		return backend.ExecResult{}, err
 	}
 	applied := guestTimeout(req.Timeout)
+	argv = b.budgeted(argv, applied)
 
 	opCtx, done, err := sb.begin(ctx)
 	if err != nil {
@@ -104,16 +112,37 @@ func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 	}
 	defer done()
 
-	files, err := b.dataFiles(sb, env, cwd)
+	ip, err := b.acquireInit(opCtx, sb, time.Now().Add(applied+b.cfg.KillGrace+b.cfg.ExecGrace))
+	switch {
+	case err == nil:
+		defer sb.releaseInit(ip)
+		return b.execInit(ctx, opCtx, sb, ip, req, argv, env, cwd, applied)
+	case errors.Is(err, errInitBusy):
+		return b.execDirect(ctx, opCtx, sb, req, argv, env, cwd, applied)
+	case errors.Is(err, errInitDied), errors.Is(context.Cause(opCtx), errSandboxDestroyed):
+		b.log.With("sandbox", id).Info("command not run: the sandbox is terminated", "reason", err)
+		return backend.ExecResult{ExitCode: exitKilledByTime, SandboxTerminated: true, AppliedTimeout: applied}, nil
+	case ctx.Err() != nil:
+		return backend.ExecResult{AppliedTimeout: applied}, fmt.Errorf("command in sandbox %s was not run because the request ended: %w", id, ctx.Err())
+	}
+	return backend.ExecResult{}, err
+}
+
+// budgeted returns argv under GNU timeout with the applied budget and the
+// kill grace, as the guest runs it.
+func (b *Backend) budgeted(argv []string, applied time.Duration) []string {
+	return append([]string{timeoutPath, "--kill-after=" + seconds(guestTimeout(b.cfg.KillGrace)), "--", seconds(applied)}, argv...)
+}
+
+// execDirect runs one command in a bubblewrap of its own: the namespaces
+// built for it alone and torn down with it. It is the path for a command
+// that arrives while the sandbox's init is busy with another.
+func (b *Backend) execDirect(ctx, opCtx context.Context, sb *sandbox, req backend.ExecRequest, argv, env []string, cwd string, applied time.Duration) (backend.ExecResult, error) {
+	cmd, files, err := b.directCommand(sb, argv, env, cwd)
 	if err != nil {
-		return backend.ExecResult{}, fmt.Errorf("%w: prepare bwrap for sandbox %s: %v; the daemon may be out of memory or file descriptors", backend.ErrUnavailable, id, err)
+		return backend.ExecResult{}, fmt.Errorf("%w: prepare bwrap for sandbox %s: %v; the daemon may be out of memory or file descriptors", backend.ErrUnavailable, sb.id, err)
 	}
 	defer closeFiles(files)
-
-	args := append([]string{"--args", "3", "--", timeoutPath,
-		"--kill-after=" + seconds(guestTimeout(b.cfg.KillGrace)), "--", seconds(applied)}, argv...)
-	cmd := b.command(sb.dir, args)
-	cmd.ExtraFiles = files
 
 	res, runErr := capture.Run(opCtx, cmd, capture.Options{
 		Timeout:        applied + b.cfg.KillGrace + b.cfg.ExecGrace,
@@ -131,17 +160,17 @@ func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 		AppliedTimeout:  applied,
 		Duration:        res.Duration,
 	}
-	log := b.log.With("sandbox", id)
+	log := b.log.With("sandbox", sb.id)
 	switch {
 	case runErr == nil:
 	case ctx.Err() != nil:
-		return out, fmt.Errorf("command in sandbox %s was killed because the request ended: %w", id, runErr)
+		return out, fmt.Errorf("command in sandbox %s was killed because the request ended: %w", sb.id, runErr)
 	case errors.Is(context.Cause(opCtx), errSandboxDestroyed):
 		out.SandboxTerminated, out.TimedOut = true, false
 		log.Info("command killed: sandbox destroyed", "duration", res.Duration)
 		return out, nil
 	default:
-		return out, fmt.Errorf("%w: bwrap could not be started for sandbox %s (%v); check that %s is installed and executable", backend.ErrUnavailable, id, runErr, b.bwrap)
+		return out, fmt.Errorf("%w: bwrap could not be started for sandbox %s (%v); check that %s is installed and executable", backend.ErrUnavailable, sb.id, runErr, b.bwrap)
 	}
 	if res.TimedOut {
 		log.Warn("bwrap outlived the command's timeout and was killed", "timeout", applied, "duration", res.Duration)
@@ -151,9 +180,23 @@ func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 		// the same, so this is only logged, never turned into an error.
 		log.Warn("bwrap may have failed to set up the sandbox", "stderr", firstLine(res.Stderr))
 	}
-	log.Debug("command finished", "exit_code", out.ExitCode, "timed_out", out.TimedOut,
+	log.Debug("command finished in a bubblewrap of its own", "exit_code", out.ExitCode, "timed_out", out.TimedOut,
 		"duration", res.Duration, "stdout_bytes", res.StdoutTotal, "stderr_bytes", res.StderrTotal)
 	return out, nil
+}
+
+// directCommand builds the bubblewrap that runs argv (already under GNU
+// timeout) in a namespace of its own, with the same isolation the
+// sandbox's init has, and the memfds it reads; the caller closes them.
+func (b *Backend) directCommand(sb *sandbox, argv, env []string, cwd string) (*exec.Cmd, []*os.File, error) {
+	const firstDataFD = 3
+	files, err := dataFiles(b.bwrapOptions(sb, setenvOptions(env), cwd, firstDataFD, false))
+	if err != nil {
+		return nil, nil, err
+	}
+	cmd := b.command(sb.dir, append([]string{"--args", strconv.Itoa(firstDataFD), "--"}, argv...))
+	cmd.ExtraFiles = files
+	return cmd, files, nil
 }
 
 // checkExecRequest validates req and returns the argv to run under timeout
@@ -231,7 +274,7 @@ func validateEnv(env map[string]string, whose string) error {
 }
 
 // mergeEnv layers the base environment, the sandbox's and the request's, in
-// that order, and returns it as sorted "--setenv NAME VALUE" options.
+// that order, and returns it as sorted NAME=value entries.
 func mergeEnv(sandboxEnv, requestEnv map[string]string) ([]string, error) {
 	if err := validateEnv(requestEnv, "the command's"); err != nil {
 		return nil, err
@@ -250,21 +293,38 @@ func mergeEnv(sandboxEnv, requestEnv map[string]string) ([]string, error) {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
-	opts := make([]string, 0, 3*len(keys))
+	env := make([]string, 0, len(keys))
 	for _, k := range keys {
-		opts = append(opts, "--setenv", k, merged[k])
+		env = append(env, k+"="+merged[k])
 	}
-	return opts, nil
+	return env, nil
 }
 
-// bwrapOptions is everything bwrap is told about the sandbox. They travel
-// through --args (a memfd) rather than the command line, so environment
-// values never show in the host's process list. fd 4, 5 and 6 carry
-// /etc/passwd, /etc/group and /etc/hosts.
-func (b *Backend) bwrapOptions(sb *sandbox, env []string, cwd string) []string {
+// setenvOptions turns NAME=value entries into bwrap's --setenv options.
+func setenvOptions(env []string) []string {
+	opts := make([]string, 0, 3*len(env))
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		opts = append(opts, "--setenv", k, v)
+	}
+	return opts
+}
+
+// bwrapOptions is everything bwrap is told about the sandbox: the isolation
+// (every namespace unshared, no capabilities, a read-only /usr, synthetic
+// /etc files, the sandbox's /workspace and /tmp), env (as --setenv options)
+// and the working directory. They travel through --args (a memfd) rather
+// than the command line, so environment values never show in the host's
+// process list. The memfds with /etc/passwd, /etc/group and /etc/hosts are
+// fds firstDataFD+1, +2 and +3 (dataFiles' order). asInit makes the
+// command pid 1 of the sandbox's PID namespace, as its init must be.
+func (b *Backend) bwrapOptions(sb *sandbox, env []string, cwd string, firstDataFD int, asInit bool) []string {
 	o := []string{"--unshare-all"}
 	if sb.network == networkHost {
 		o = append(o, "--share-net")
+	}
+	if asInit {
+		o = append(o, "--as-pid-1")
 	}
 	o = append(o,
 		"--die-with-parent", "--new-session", "--cap-drop", "ALL",
@@ -279,14 +339,14 @@ func (b *Backend) bwrapOptions(sb *sandbox, env []string, cwd string) []string {
 		o = append(o, "--ro-bind-try", f, f)
 	}
 	o = append(o,
-		"--perms", "0644", "--ro-bind-data", "4", "/etc/passwd",
-		"--perms", "0644", "--ro-bind-data", "5", "/etc/group")
+		"--perms", "0644", "--ro-bind-data", strconv.Itoa(firstDataFD+1), "/etc/passwd",
+		"--perms", "0644", "--ro-bind-data", strconv.Itoa(firstDataFD+2), "/etc/group")
 	if sb.network == networkHost {
 		for _, f := range etcNetworkFiles {
 			o = append(o, "--ro-bind-try", f, f)
 		}
 	} else {
-		o = append(o, "--perms", "0644", "--ro-bind-data", "6", "/etc/hosts")
+		o = append(o, "--perms", "0644", "--ro-bind-data", strconv.Itoa(firstDataFD+3), "/etc/hosts")
 	}
 	return append(o,
 		"--proc", "/proc",
@@ -296,15 +356,15 @@ func (b *Backend) bwrapOptions(sb *sandbox, env []string, cwd string) []string {
 		"--chdir", cwd)
 }
 
-// dataFiles returns the memfds bwrap reads: its options (fd 3) and the
-// synthetic /etc files (fds 4, 5, 6). The caller closes them.
-func (b *Backend) dataFiles(sb *sandbox, env []string, cwd string) (files []*os.File, err error) {
+// dataFiles returns the memfds bwrap reads: its options, then the synthetic
+// /etc/passwd, /etc/group and /etc/hosts, in that order. The caller closes
+// them.
+func dataFiles(opts []string) (files []*os.File, err error) {
 	defer func() {
 		if err != nil {
 			closeFiles(files)
 		}
 	}()
-	opts := b.bwrapOptions(sb, env, cwd)
 	var args strings.Builder
 	for _, o := range opts {
 		args.WriteString(o)

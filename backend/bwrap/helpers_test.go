@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -152,4 +155,95 @@ func waitNoProcess(t *testing.T, limit time.Duration, argv ...string) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// processesContaining returns the pids on the host whose command line,
+// its arguments joined by spaces, contains s.
+func processesContaining(s string) []int {
+	matches, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	var pids []int
+	for _, m := range matches {
+		b, err := os.ReadFile(m)
+		if err != nil || !strings.Contains(strings.ReplaceAll(string(b), "\x00", " "), s) {
+			continue
+		}
+		if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(m))); err == nil && pid != os.Getpid() {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// waitProcessesContaining waits until at least n host processes' command
+// lines contain s.
+func waitProcessesContaining(t *testing.T, limit time.Duration, n int, s string) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for len(processesContaining(s)) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("fewer than %d processes %q appeared within %v: %v", n, s, limit, processesContaining(s))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// waitNoProcessContaining waits until no host process's command line
+// contains s.
+func waitNoProcessContaining(t *testing.T, limit time.Duration, s string) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for {
+		pids := processesContaining(s)
+		if len(pids) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("processes %q still running on the host after %v: pids %v", s, limit, pids)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// initPID returns the host pid of sandbox id's init, or 0 if it has none:
+// the process carrying both the init flag and the sandbox's marker.
+func initPID(t *testing.T, b *Backend, id string) int {
+	t.Helper()
+	dir := b.sandboxDir(id)
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		if err != nil {
+			continue
+		}
+		vars := strings.Split(string(env), "\x00")
+		if slices.Contains(vars, initEnv+"=1") && slices.Contains(vars, markerEnv+"="+dir) {
+			return pid
+		}
+	}
+	return 0
+}
+
+// sleepToken returns an argument for sleep that no other test uses, so
+// that the test can find its own sleeps among the host's processes.
+func sleepToken(t *testing.T) string {
+	t.Helper()
+	var n uint32
+	for _, c := range t.Name() + time.Now().String() {
+		n = n*31 + uint32(c)
+	}
+	return fmt.Sprintf("%d.%d", 2000+n%7000, time.Now().UnixNano()%1000)
+}
+
+// countFDs returns how many descriptors this process has open.
+func countFDs(t *testing.T) int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(entries) - 1 // the directory being read
 }

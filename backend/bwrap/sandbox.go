@@ -57,8 +57,9 @@ type persistedSpec struct {
 	Env     map[string]string `json:"env,omitempty"`
 }
 
-// sandbox is the in-memory state of one sandbox: its settings and the
-// operations in flight, so Destroy can stop them and wait for them.
+// sandbox is the in-memory state of one sandbox: its settings, the
+// operations in flight, so Destroy can stop them and wait for them, and its
+// init.
 type sandbox struct {
 	id, dir string
 	env     map[string]string
@@ -69,6 +70,16 @@ type sandbox struct {
 	active     map[uint64]context.CancelCauseFunc
 	nextOp     uint64
 	wg         sync.WaitGroup
+
+	// initMu guards the init. There is none until the first command of
+	// this process (a new sandbox, or one re-adopted after a restart,
+	// whose init died with the previous daemon). initGone means it died or
+	// was killed in this process: the sandbox is terminated for good, and
+	// goneReported that an Exec has told its caller so.
+	initMu       sync.Mutex
+	init         *initProc
+	initGone     bool
+	goneReported bool
 }
 
 func newSandbox(id, dir string, spec persistedSpec) *sandbox {
@@ -104,16 +115,19 @@ func (sb *sandbox) begin(ctx context.Context) (context.Context, func(), error) {
 	return opCtx, done, nil
 }
 
-// stop refuses new operations, cancels those in flight and waits for them
-// for at most limit or until ctx ends; it reports whether they all ended.
-func (sb *sandbox) stop(ctx context.Context, limit time.Duration) bool {
+// cancelAll refuses new operations and cancels those in flight.
+func (sb *sandbox) cancelAll() {
 	sb.mu.Lock()
+	defer sb.mu.Unlock()
 	sb.destroying = true
 	for _, cancel := range sb.active {
 		cancel(errSandboxDestroyed)
 	}
-	sb.mu.Unlock()
+}
 
+// wait waits for the operations in flight for at most limit or until ctx
+// ends; it reports whether they all ended.
+func (sb *sandbox) wait(ctx context.Context, limit time.Duration) bool {
 	finished := make(chan struct{})
 	go func() { sb.wg.Wait(); close(finished) }()
 	t := time.NewTimer(limit)
@@ -140,15 +154,21 @@ func (b *Backend) lookup(id string) (*sandbox, error) {
 		return nil, notFound(id)
 	}
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	if sb, ok := b.sandboxes[id]; ok {
-		if _, err := os.Stat(sb.workDir()); err != nil && !sb.destroying {
+		sb.mu.Lock()
+		destroying := sb.destroying
+		sb.mu.Unlock()
+		if _, err := os.Stat(sb.workDir()); err != nil && !destroying {
 			// Removed behind our back (an operator, a disk wipe).
 			delete(b.sandboxes, id)
+			b.mu.Unlock()
+			b.forget(sb)
 			return nil, notFound(id)
 		}
+		b.mu.Unlock()
 		return sb, nil
 	}
+	defer b.mu.Unlock()
 	spec, err := b.loadSpec(id)
 	if err != nil {
 		return nil, err
@@ -275,19 +295,30 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 // or being destroyed; an entry whose directory vanished is forgotten.
 func (b *Backend) knownAndPresent(id string) bool {
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	sb, ok := b.sandboxes[id]
 	if !ok {
+		b.mu.Unlock()
 		return false
 	}
 	sb.mu.Lock()
 	destroying := sb.destroying
 	sb.mu.Unlock()
 	if _, err := os.Lstat(sb.dir); err == nil || destroying {
+		b.mu.Unlock()
 		return true
 	}
 	delete(b.sandboxes, id)
+	b.mu.Unlock()
+	b.forget(sb)
 	return false
+}
+
+// forget stops what is left of a sandbox whose directory vanished behind
+// the daemon's back: its operations, and its init with everything in it.
+func (b *Backend) forget(sb *sandbox) {
+	sb.cancelAll()
+	b.killInit(sb)
+	b.log.With("sandbox", sb.id).Warn("the sandbox's directory was removed behind the daemon's back; its processes are stopped")
 }
 
 func (b *Backend) networkFor(spec backend.Spec) (string, error) {
@@ -381,7 +412,12 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	b.mu.Unlock()
 
 	log := b.log.With("sandbox", id)
-	if !sb.stop(ctx, destroyWait) {
+	// Cancel first, so a command in flight reads its init's death as the
+	// destroy it is; then kill init, which as pid 1 takes every process of
+	// the sandbox with it.
+	sb.cancelAll()
+	b.killInit(sb)
+	if !sb.wait(ctx, destroyWait) {
 		log.Warn("running commands did not all end in time; removing the files anyway", "waited_up_to", destroyWait)
 	}
 	if strays := findMarked(sb.dir, false); len(strays) > 0 {

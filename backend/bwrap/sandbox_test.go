@@ -20,6 +20,8 @@ import (
 const helperEnv = "BWRAP_TEST_HELPER"
 
 func TestMain(m *testing.M) {
+	// This binary is also every test sandbox's init, as the daemon's is.
+	InitMain()
 	switch os.Getenv(helperEnv) {
 	case "":
 		os.Exit(m.Run())

@@ -157,12 +157,19 @@ func TestMergeEnvLayers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if !slices.IsSorted(opts) {
+		t.Errorf("env %q is not sorted", opts)
+	}
 	got := map[string]string{}
-	for i := 0; i+2 < len(opts); i += 3 {
-		if opts[i] != "--setenv" {
-			t.Fatalf("unexpected option %q in %q", opts[i], opts)
+	for _, kv := range opts {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			t.Fatalf("entry %q in %q is not NAME=value", kv, opts)
 		}
-		got[opts[i+1]] = opts[i+2]
+		got[k] = v
+	}
+	if set := setenvOptions(opts); len(set) != 3*len(opts) || set[0] != "--setenv" || set[1] != "A" || set[2] != "sandbox" {
+		t.Errorf("setenvOptions(%q) = %q", opts, set)
 	}
 	want := map[string]string{"A": "sandbox", "B": "request", "PATH": "/opt/bin", "HOME": "/workspace", "LANG": "C.UTF-8"}
 	if len(got) != len(want) {

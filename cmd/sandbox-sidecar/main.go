@@ -10,6 +10,8 @@ import (
 	"io"
 	"os"
 	"sort"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -65,6 +67,9 @@ func usage(w io.Writer) {
 }
 
 func main() {
+	// In a sandbox's init process (the daemon's own binary, started by
+	// bubblewrap) this runs the init and never returns.
+	bwrap.InitMain()
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 

@@ -1,0 +1,146 @@
+package bwrap
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
+)
+
+// BenchmarkExecInterleaved compares, in one run and alternating every
+// iteration, three ways of running the same command:
+//
+//   - host: the program run directly on the host, no sandbox: the floor;
+//   - direct: a bubblewrap of its own with the sandbox's isolation, as
+//     every command ran before sandboxes had an init (execDirect);
+//   - init: Exec, through the sandbox's persistent init.
+//
+// It reports the p50 and p99 of each in milliseconds and init's p50 and
+// p99 as a fraction of direct's. Run it with a fixed count, for example
+//
+//	CI=true go test -run '^$' -bench ExecInterleaved -benchtime 300x ./backend/bwrap
+func BenchmarkExecInterleaved(b *testing.B) {
+	workloads := []struct {
+		name string
+		argv []string
+	}{
+		{"true", []string{"/bin/true"}},
+		// The pyenv python3 on PATH is not visible in the sandbox.
+		{"python", []string{"/usr/bin/python3", "-c", "pass"}},
+	}
+	for _, m := range allModes {
+		for _, w := range workloads {
+			b.Run(m.name+"/"+w.name, func(b *testing.B) {
+				be := newBenchBackend(b, m)
+				ctx := context.Background()
+				id := "bench-" + w.name
+				if _, err := be.Create(ctx, id, backend.Spec{}); err != nil {
+					b.Fatal(err)
+				}
+				defer be.Destroy(ctx, id)
+				sb, err := be.lookup(id)
+				if err != nil {
+					b.Fatal(err)
+				}
+				req := backend.ExecRequest{Argv: w.argv, Timeout: 30 * time.Second}
+				env, _ := mergeEnv(sb.env, nil)
+				applied := guestTimeout(req.Timeout)
+				argv := be.budgeted(w.argv, applied)
+				viaInit := func() {
+					res, err := be.Exec(ctx, id, req)
+					if err != nil || res.ExitCode != 0 {
+						b.Fatalf("Exec %q: %+v %v", w.argv, res, err)
+					}
+				}
+				direct := func() {
+					res, err := be.execDirect(ctx, ctx, sb, req, argv, env, guestWorkspace, applied)
+					if err != nil || res.ExitCode != 0 {
+						b.Fatalf("direct bwrap %q: %+v %v", w.argv, res, err)
+					}
+				}
+				host := func() {
+					res, err := capture.Run(ctx, exec.Command(w.argv[0], w.argv[1:]...), capture.Options{Timeout: req.Timeout})
+					if err != nil || res.ExitCode != 0 {
+						b.Fatalf("host %q: %+v %v", w.argv, res, err)
+					}
+				}
+				viaInit() // the first command starts init: not what is measured
+				runs := []struct {
+					name string
+					f    func()
+					d    []time.Duration
+				}{{"host", host, nil}, {"direct", direct, nil}, {"init", viaInit, nil}}
+				i := 0
+				for b.Loop() {
+					// Rotate the order so that no way always follows another.
+					for k := range runs {
+						r := &runs[(i+k)%len(runs)]
+						start := time.Now()
+						r.f()
+						r.d = append(r.d, time.Since(start))
+					}
+					i++
+				}
+				for _, r := range runs {
+					b.ReportMetric(ms(percentile(r.d, 50)), r.name+"-p50-ms")
+					b.ReportMetric(ms(percentile(r.d, 99)), r.name+"-p99-ms")
+				}
+				d, in := runs[1].d, runs[2].d
+				b.ReportMetric(float64(percentile(in, 50))/float64(percentile(d, 50)), "ratio-p50")
+				b.ReportMetric(float64(percentile(in, 99))/float64(percentile(d, 99)), "ratio-p99")
+				b.ReportMetric(0, "ns/op") // the sum of three ways means nothing
+			})
+		}
+	}
+}
+
+// percentile returns the p-th percentile of d (nearest rank).
+func percentile(d []time.Duration, p int) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[min(len(s)-1, (len(s)*p+99)/100-1)]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func newBenchBackend(b *testing.B, m testMode) *Backend {
+	if _, err := exec.LookPath("bwrap"); err != nil {
+		skipOrFail(b, "bubblewrap is not installed: %v", err)
+	}
+	if m.uid >= 0 && os.Geteuid() != 0 {
+		skipOrFail(b, "uid %d needs root", m.uid)
+	}
+	dir := filepath.Join(b.TempDir(), "state")
+	for p := filepath.Dir(dir); p != "/" && p != os.TempDir(); p = filepath.Dir(p) {
+		_ = os.Chmod(p, 0o711)
+	}
+	be, err := New(Config{Dir: dir, SandboxUID: m.uid, SandboxGID: m.uid})
+	if err != nil {
+		skipOrFail(b, "%v", err)
+	}
+	return be
+}
+
+func TestPercentile(t *testing.T) {
+	var d []time.Duration
+	for i := 1; i <= 100; i++ {
+		d = append(d, time.Duration(i))
+	}
+	for p, want := range map[int]time.Duration{50: 50, 99: 99, 100: 100, 1: 1} {
+		if got := percentile(d, p); got != want {
+			t.Errorf("percentile(1..100, %d) = %d, want %d", p, got, want)
+		}
+	}
+	if got := percentile([]time.Duration{7}, 99); got != 7 {
+		t.Errorf("percentile of one = %v", got)
+	}
+}

@@ -1,0 +1,554 @@
+package bwrap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+)
+
+// These tests need bubblewrap, and root for the uid-65534 mode: they skip
+// without them on a workstation and fail under CI=true.
+
+func TestBwrapInitPersistsAndIsPid1(t *testing.T) {
+	forEachMode(t, func(t *testing.T, b *Backend) {
+		id := create(t, b, backend.Spec{})
+		if pid := initPID(t, b, id); pid != 0 {
+			t.Fatalf("a sandbox that ran nothing has an init (pid %d); it should start with the first command", pid)
+		}
+		// The sandbox's /proc is its own PID namespace's: pid 1 is init,
+		// and a command's own pids are what /proc shows.
+		out := runOK(t, b, id, `cat /proc/1/comm; sleep 0.01 & p=$!; test -d /proc/$p && echo own-pid-visible; test "$(readlink /proc/self)" -gt 1 && echo self-ok`)
+		if out != "sandbox-init\nown-pid-visible\nself-ok\n" {
+			t.Errorf("inside the sandbox: %q", out)
+		}
+		first := initPID(t, b, id)
+		if first == 0 {
+			t.Fatal("no init after a command")
+		}
+		for range 3 {
+			runOK(t, b, id, "true")
+		}
+		if again := initPID(t, b, id); again != first {
+			t.Errorf("init changed from pid %d to %d between commands", first, again)
+		}
+		// Between commands only init lives in the sandbox.
+		if out := runOK(t, b, id, `for p in /proc/[0-9]*; do cat $p/comm; done 2>/dev/null | sort | uniq -c | awk '{print $2}' | tr '\n' ' '`); out != "cat sandbox-init sh sort timeout " && !strings.HasPrefix(out, "awk") {
+			// awk, tr and uniq may or may not have started when cat ran.
+			for _, name := range strings.Fields(out) {
+				switch name {
+				case "cat", "sandbox-init", "sh", "sort", "timeout", "uniq", "awk", "tr":
+				default:
+					t.Errorf("a process %q lives in the sandbox between commands: %q", name, out)
+				}
+			}
+		}
+	})
+}
+
+func TestBwrapTimeoutKillsEscapees(t *testing.T) {
+	forEachMode(t, func(t *testing.T, b *Backend) {
+		id := create(t, b, backend.Spec{})
+		tok := sleepToken(t)
+		// A new session, a double fork into a new session, and one that
+		// also ignores SIGTERM and SIGHUP: none may outlive the budget.
+		command := fmt.Sprintf(`setsid sleep %[1]s1 >/dev/null 2>&1 &
+(setsid sleep %[1]s2 >/dev/null 2>&1 &)
+(trap '' TERM HUP; exec setsid nohup sleep %[1]s3 >/dev/null 2>&1 &)
+echo started; sleep 60`, tok)
+		start := time.Now()
+		res, err := b.Exec(context.Background(), id, backend.ExecRequest{Command: command, Timeout: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.TimedOut || string(res.Stdout) != "started\n" || time.Since(start) > 4*time.Second {
+			t.Fatalf("TimedOut %v stdout %q after %v", res.TimedOut, res.Stdout, time.Since(start))
+		}
+		for i := 1; i <= 3; i++ {
+			waitNoProcessContaining(t, time.Second, fmt.Sprintf("sleep %s%d", tok, i))
+		}
+		runOK(t, b, id, "true")
+	})
+}
+
+func TestBwrapBackgroundProcessesEndWithTheirCommand(t *testing.T) {
+	forEachMode(t, func(t *testing.T, b *Backend) {
+		id := create(t, b, backend.Spec{})
+		tok := sleepToken(t)
+		start := time.Now()
+		out := runOK(t, b, id, fmt.Sprintf(`sleep %[1]s1 >/dev/null 2>&1 & setsid sleep %[1]s2 & (sleep %[1]s3 >&2 &); echo started`, tok))
+		if out != "started\n" || time.Since(start) > 2*time.Second {
+			t.Fatalf("printed %q after %v; want it back at once", out, time.Since(start))
+		}
+		// As documented: what a command leaves in the background ends
+		// when the command does, setsid or not.
+		for i := 1; i <= 3; i++ {
+			waitNoProcessContaining(t, time.Second, fmt.Sprintf("sleep %s%d", tok, i))
+		}
+		if out := runOK(t, b, id, "for p in /proc/[0-9]*; do cat $p/cmdline; done 2>/dev/null | tr '\\0' ' '"); strings.Contains(out, tok) {
+			t.Errorf("the next command sees the previous one's background processes: %q", out)
+		}
+	})
+}
+
+func TestBwrapForkFloodIsCleanedUp(t *testing.T) {
+	b := newTestBackend(t, nobodyUID)
+	id := create(t, b, backend.Spec{})
+	tok := sleepToken(t)
+	start := time.Now()
+	out := runOK(t, b, id, fmt.Sprintf(`i=0; while [ $i -lt 300 ]; do sleep %s & i=$((i+1)); done; echo spawned`, tok))
+	if out != "spawned\n" {
+		t.Fatalf("printed %q", out)
+	}
+	waitNoProcessContaining(t, 3*time.Second, "sleep "+tok)
+	t.Logf("300 background processes spawned and cleaned up in %v", time.Since(start))
+	runOK(t, b, id, "true")
+}
+
+func TestBwrapDestroyKillsEverything(t *testing.T) {
+	forEachMode(t, func(t *testing.T, b *Backend) {
+		id := create(t, b, backend.Spec{})
+		tok := sleepToken(t)
+		results := make(chan error, 2)
+		// One command through init, with escapees, and one in a bubblewrap
+		// of its own (init is busy by then).
+		go func() {
+			_, err := b.Exec(context.Background(), id, backend.ExecRequest{
+				Command: fmt.Sprintf(`sleep %[1]s1 & setsid sleep %[1]s2 & (setsid sleep %[1]s3 &); sleep %[1]s4`, tok),
+				Timeout: time.Minute,
+			})
+			results <- err
+		}()
+		waitProcessesContaining(t, 10*time.Second, 1, "sleep "+tok+"4")
+		go func() {
+			_, err := b.Exec(context.Background(), id, backend.ExecRequest{Command: "sleep " + tok + "5", Timeout: time.Minute})
+			results <- err
+		}()
+		waitProcessesContaining(t, 10*time.Second, 1, "sleep "+tok+"5")
+		waitProcessesContaining(t, 5*time.Second, 1, "sleep "+tok+"3")
+
+		start := time.Now()
+		if err := b.Destroy(context.Background(), id); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("Destroy took %v", time.Since(start))
+		for range 2 {
+			if err := <-results; err != nil {
+				t.Errorf("Exec under Destroy: %v", err)
+			}
+		}
+		waitNoProcessContaining(t, time.Second, tok)
+		if left := findMarked(b.sandboxDir(id), false); len(left) > 0 {
+			t.Errorf("processes of the sandbox survived Destroy: %+v", left)
+		}
+	})
+}
+
+func TestBwrapInitKilledMeansTerminated(t *testing.T) {
+	forEachMode(t, func(t *testing.T, b *Backend) {
+		ctx := context.Background()
+		id := create(t, b, backend.Spec{})
+		runOK(t, b, id, "echo kept > f")
+		pid := initPID(t, b, id)
+		if pid == 0 {
+			t.Fatal("no init")
+		}
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		res, err := b.Exec(ctx, id, backend.ExecRequest{Command: "true", Timeout: time.Minute})
+		if err != nil || !res.SandboxTerminated || res.TimedOut {
+			t.Fatalf("Exec after init died: %+v, %v; want SandboxTerminated and no error", res, err)
+		}
+		if elapsed := time.Since(start); elapsed > 2*time.Second {
+			t.Errorf("Exec took %v to notice", elapsed)
+		}
+		_, err = b.Exec(ctx, id, backend.ExecRequest{Command: "true", Timeout: time.Minute})
+		wantErr(t, err, backend.ErrNotFound)
+		if data, err := b.ReadFile(ctx, id, "f", 100); err != nil || string(data) != "kept\n" {
+			t.Errorf("files of a terminated sandbox until Destroy: %q, %v", data, err)
+		}
+		if err := b.Destroy(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		if left := findMarked(b.sandboxDir(id), false); len(left) > 0 {
+			t.Errorf("processes of the sandbox survived Destroy: %+v", left)
+		}
+	})
+}
+
+func TestBwrapInitKilledDuringCommand(t *testing.T) {
+	b := newTestBackend(t, nobodyUID)
+	id := create(t, b, backend.Spec{})
+	runOK(t, b, id, "true")
+	tok := sleepToken(t)
+	pid := initPID(t, b, id)
+	go func() {
+		waitProcessesContaining(t, 10*time.Second, 1, "sleep "+tok)
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}()
+	start := time.Now()
+	res, err := b.Exec(context.Background(), id, backend.ExecRequest{Command: "echo before; sleep " + tok, Timeout: time.Minute})
+	if err != nil || !res.SandboxTerminated || res.TimedOut {
+		t.Fatalf("Exec whose init was killed: %+v, %v; want SandboxTerminated and no error", res, err)
+	}
+	if string(res.Stdout) != "before\n" {
+		t.Errorf("the output before init died was lost: %q", res.Stdout)
+	}
+	if elapsed := time.Since(start); elapsed > 5*time.Second {
+		t.Errorf("Exec took %v", elapsed)
+	}
+	waitNoProcessContaining(t, time.Second, "sleep "+tok)
+	_, err = b.Exec(context.Background(), id, backend.ExecRequest{Command: "true", Timeout: time.Minute})
+	wantErr(t, err, backend.ErrNotFound)
+}
+
+func TestBwrapStoppedInitCannotHoldExec(t *testing.T) {
+	const killGrace, execGrace = 200 * time.Millisecond, 300 * time.Millisecond
+	forEachMode(t, func(t *testing.T, b *Backend) {
+		b.cfg.KillGrace, b.cfg.ExecGrace = killGrace, execGrace
+		ctx := context.Background()
+		for _, during := range []bool{false, true} {
+			t.Run(fmt.Sprintf("during-a-command=%v", during), func(t *testing.T) {
+				id := create(t, b, backend.Spec{})
+				runOK(t, b, id, "true")
+				pid := initPID(t, b, id)
+				tok := sleepToken(t)
+				if during {
+					go func() {
+						waitProcessesContaining(t, 10*time.Second, 1, "sleep "+tok)
+						_ = syscall.Kill(pid, syscall.SIGSTOP)
+					}()
+				} else if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+					t.Fatal(err)
+				}
+				defer syscall.Kill(pid, syscall.SIGKILL)
+				const budget = 500 * time.Millisecond
+				start := time.Now()
+				res, err := b.Exec(ctx, id, backend.ExecRequest{Command: "sleep " + tok, Timeout: budget})
+				elapsed := time.Since(start)
+				if err != nil || !res.SandboxTerminated {
+					t.Fatalf("Exec with a stopped init: %+v, %v; want SandboxTerminated", res, err)
+				}
+				limit := budget + killGrace + execGrace + initKillAnswer
+				if elapsed > limit+time.Second {
+					t.Errorf("Exec took %v, more than its deadline %v", elapsed, limit)
+				}
+				t.Logf("Exec with a stopped init returned after %v (deadline %v)", elapsed, limit)
+				start = time.Now()
+				if err := b.Destroy(ctx, id); err != nil {
+					t.Fatal(err)
+				}
+				if elapsed := time.Since(start); elapsed > 3*time.Second {
+					t.Errorf("Destroy of a sandbox with a stopped init took %v", elapsed)
+				}
+				waitNoProcessContaining(t, time.Second, "sleep "+tok)
+				if left := findMarked(b.sandboxDir(id), false); len(left) > 0 {
+					t.Errorf("processes of the sandbox survived Destroy: %+v", left)
+				}
+			})
+		}
+	})
+}
+
+// guestAttack is what a hostile command tries against init: every signal
+// (SIGKILL and SIGSTOP included), its descriptors and memory, and a flood
+// of signals for a second.
+const guestAttack = `
+for s in HUP INT QUIT ILL TRAP ABRT BUS FPE USR1 SEGV USR2 PIPE ALRM TERM STKFLT CHLD CONT TSTP TTIN TTOU URG XCPU XFSZ VTALRM PROF WINCH IO PWR SYS STOP KILL; do
+  kill -s $s 1 2>/dev/null
+done
+cat /proc/1/environ >/dev/null 2>&1 && echo environ-readable
+cat /proc/1/mem >/dev/null 2>&1 && echo mem-readable
+readlink /proc/1/fd/3 >/dev/null 2>&1 && echo control-socket-visible
+(exec 9<>/proc/1/fd/3) 2>/dev/null && echo control-socket-reachable
+end=$(( $(date +%s) + 1 ))
+while [ $(date +%s) -lt $end ]; do kill -USR1 1; kill -TERM 1; kill -CHLD 1; kill -SEGV 1; done 2>/dev/null
+echo survived
+`
+
+func TestBwrapGuestCannotHurtInit(t *testing.T) {
+	forEachMode(t, func(t *testing.T, b *Backend) {
+		id := create(t, b, backend.Spec{})
+		runOK(t, b, id, "true")
+		pid := initPID(t, b, id)
+		start := time.Now()
+		res, err := b.Exec(context.Background(), id, backend.ExecRequest{Command: guestAttack, Timeout: 20 * time.Second})
+		if err != nil || res.SandboxTerminated || string(res.Stdout) != "survived\n" {
+			t.Fatalf("the attack: %+v, %v", res, err)
+		}
+		t.Logf("the attack ran for %v", time.Since(start))
+		// kill -9 -1 kills everything the guest may signal: the command
+		// itself, never init.
+		res, err = b.Exec(context.Background(), id, backend.ExecRequest{Command: "kill -9 -1; echo unreachable", Timeout: 10 * time.Second})
+		if err != nil || res.SandboxTerminated || res.ExitCode != 137 {
+			t.Errorf("kill -9 -1: %+v, %v", res, err)
+		}
+		if out := runOK(t, b, id, "echo alive"); out != "alive\n" {
+			t.Errorf("after the attack: %q", out)
+		}
+		if again := initPID(t, b, id); again != pid {
+			t.Errorf("init changed from %d to %d", pid, again)
+		}
+	})
+}
+
+func TestBwrapConcurrentExecInDifferentSandboxes(t *testing.T) {
+	b := newTestBackend(t, nobodyUID)
+	const n = 6
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = create(t, b, backend.Spec{Env: map[string]string{"WHO": strconv.Itoa(i)}})
+	}
+	for round := range 3 {
+		var wg sync.WaitGroup
+		errs := make(chan error, n)
+		start := time.Now()
+		for i, id := range ids {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				res, err := b.Exec(context.Background(), id, backend.ExecRequest{Command: `sleep 1; echo "$WHO" >> who; cat who | wc -l; echo "$WHO"`, Timeout: 30 * time.Second})
+				if err != nil {
+					errs <- err
+					return
+				}
+				if want := fmt.Sprintf("%d\n%d\n", round+1, i); string(res.Stdout) != want {
+					errs <- fmt.Errorf("sandbox %d round %d printed %q, want %q", i, round, res.Stdout, want)
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+		if elapsed := time.Since(start); elapsed > n*time.Second {
+			t.Errorf("round %d: %d one-second commands in %d sandboxes took %v: not concurrent", round, n, n, elapsed)
+		}
+	}
+	pids := map[int]bool{}
+	for _, id := range ids {
+		pids[initPID(t, b, id)] = true
+	}
+	if len(pids) != n || pids[0] {
+		t.Errorf("init pids %v: want one per sandbox", pids)
+	}
+}
+
+func TestBwrapSequentialCommandsLeakNothing(t *testing.T) {
+	forEachMode(t, func(t *testing.T, b *Backend) {
+		id := create(t, b, backend.Spec{})
+		runOK(t, b, id, "true") // init and its spawner exist from here on
+		settle()
+		fds, goroutines := countFDs(t), runtime.NumGoroutine()
+		for i := range 100 {
+			req := backend.ExecRequest{Command: "echo out; echo err >&2", Timeout: 10 * time.Second}
+			switch i % 4 {
+			case 1:
+				req = backend.ExecRequest{Command: "cat", Stdin: []byte("in"), Timeout: 10 * time.Second}
+			case 2:
+				req = backend.ExecRequest{Command: "exit 3", Timeout: 10 * time.Second}
+			case 3:
+				req = backend.ExecRequest{Command: "sleep 10 & echo bg", Timeout: 10 * time.Second}
+			}
+			if _, err := b.Exec(context.Background(), id, req); err != nil {
+				t.Fatalf("command %d: %v", i, err)
+			}
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			settle()
+			gotFDs, gotG := countFDs(t), runtime.NumGoroutine()
+			if gotFDs <= fds && gotG <= goroutines {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("after 100 commands: %d descriptors (was %d), %d goroutines (was %d)", gotFDs, fds, gotG, goroutines)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	})
+}
+
+func settle() {
+	runtime.GC()
+	time.Sleep(20 * time.Millisecond)
+}
+
+func TestBwrapLiveSandboxesCostLittle(t *testing.T) {
+	b := newTestBackend(t, nobodyUID)
+	warm := create(t, b, backend.Spec{})
+	runOK(t, b, warm, "true")
+	settle()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	fds, goroutines := countFDs(t), runtime.NumGoroutine()
+
+	const n = 40
+	for range n {
+		runOK(t, b, create(t, b, backend.Spec{Env: map[string]string{"A": "b"}}), "true")
+	}
+	settle()
+	runtime.ReadMemStats(&after)
+	perSandbox := (int64(after.HeapAlloc) - int64(before.HeapAlloc)) / n
+	t.Logf("each live sandbox with an idle init costs the daemon %d bytes of heap, %.1f descriptors and %d goroutines",
+		perSandbox, float64(countFDs(t)-fds)/n, runtime.NumGoroutine()-goroutines)
+	if perSandbox > 64<<10 {
+		t.Errorf("each live sandbox costs %d bytes of the daemon's heap, more than 64 KiB", perSandbox)
+	}
+	if g := runtime.NumGoroutine(); g > goroutines {
+		t.Errorf("%d live sandboxes added %d goroutines", n, g-goroutines)
+	}
+	if d := countFDs(t) - fds; d > 3*n {
+		t.Errorf("%d live sandboxes hold %d descriptors, more than 3 each", n, d)
+	}
+	if status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", initPID(t, b, warm))); err == nil {
+		for _, line := range strings.Split(string(status), "\n") {
+			if strings.HasPrefix(line, "VmRSS") || strings.HasPrefix(line, "RssAnon") || strings.HasPrefix(line, "Threads") {
+				t.Logf("an idle init: %s", strings.Join(strings.Fields(line), " "))
+			}
+		}
+	}
+}
+
+func TestBwrapRestartStartsAFreshInit(t *testing.T) {
+	first := newTestBackend(t, nobodyUID)
+	id := create(t, first, backend.Spec{})
+	runOK(t, first, id, "echo data > f")
+	old := initPID(t, first, id)
+	// A restarted daemon over the same directory: the previous init (here
+	// still alive, as after a daemon that could not kill it) is a stray.
+	second, err := New(first.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for syscall.Kill(old, 0) == nil && processAlive(old) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the previous daemon's init %d survived New", old)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if out := runOK(t, second, id, "cat f"); out != "data\n" {
+		t.Errorf("re-adopted sandbox: %q", out)
+	}
+	if fresh := initPID(t, second, id); fresh == 0 || fresh == old {
+		t.Errorf("init after the restart: %d (before: %d)", fresh, old)
+	}
+}
+
+// processAlive reports whether pid exists and is not a zombie.
+func processAlive(pid int) bool {
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	i := strings.LastIndexByte(string(st), ')')
+	return i < 0 || !strings.HasPrefix(string(st[i+1:]), " Z")
+}
+
+func TestBwrapMissingWorkingDirectory(t *testing.T) {
+	b := newTestBackend(t, nobodyUID)
+	id := create(t, b, backend.Spec{})
+	runOK(t, b, id, "echo x > file")
+	for _, cwd := range []string{"/workspace/nope", "/workspace/file"} {
+		res, err := b.Exec(context.Background(), id, backend.ExecRequest{Command: "pwd", Cwd: cwd, Timeout: 10 * time.Second})
+		if err != nil || res.ExitCode != 1 || !strings.Contains(string(res.Stderr), "cannot change directory to "+cwd) {
+			t.Errorf("cwd %s: %+v, %v; want exit 1 saying why", cwd, res, err)
+		}
+	}
+	runOK(t, b, id, "true")
+}
+
+func TestInitRefusesMalformedMessages(t *testing.T) {
+	b := newTestBackend(t, nobodyUID)
+	id := create(t, b, backend.Spec{})
+	runOK(t, b, id, "true")
+	sb, err := b.lookup(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip, err := b.acquireInit(context.Background(), sb, time.Now().Add(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	good, err := memFile("req", string(runRequest{argv: []string{timeoutPath, "5", "/bin/true"}, env: []string{"A=b"}, cwd: "/"}.encode()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer good.Close()
+	bad, err := memFile("req", "not a request")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bad.Close()
+	unbudgeted, err := memFile("req", string(runRequest{argv: []string{"/bin/sh", "-c", "true"}, cwd: "/"}.encode()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unbudgeted.Close()
+	devNull, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer devNull.Close()
+	null := int(devNull.Fd())
+
+	cases := []struct {
+		name   string
+		header []byte
+		fds    func(status int) []int
+	}{
+		{"too few descriptors", initMsg{kind: msgRun}.encode(), func(s int) []int { return []int{s, int(good.Fd())} }},
+		{"too many descriptors", initMsg{kind: msgRun}.encode(), func(s int) []int { return []int{s, int(good.Fd()), null, null, null, null} }},
+		{"wrong magic", append([]byte("xxxx"), initMsg{kind: msgRun}.encode()[4:]...), func(s int) []int { return []int{s, int(good.Fd()), null, null, null} }},
+		{"wrong kind", initMsg{kind: msgExited}.encode(), func(s int) []int { return []int{s, int(good.Fd()), null, null, null} }},
+		{"short header", initMsg{kind: msgRun}.encode()[:10], func(s int) []int { return []int{s, int(good.Fd()), null, null, null} }},
+		{"garbage request", initMsg{kind: msgRun}.encode(), func(s int) []int { return []int{s, int(bad.Fd()), null, null, null} }},
+		{"request without timeout", initMsg{kind: msgRun}.encode(), func(s int) []int { return []int{s, int(unbudgeted.Fd()), null, null, null} }},
+		{"status is not a socket", initMsg{kind: msgRun}.encode(), func(s int) []int { return []int{null, int(good.Fd()), null, null, s} }},
+	}
+	for _, tc := range cases {
+		status, statusInit, err := seqpacketPair("test-status")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rc, _ := ip.ctrl.SyscallConn()
+		var sendErr error
+		_ = rc.Write(func(fd uintptr) bool {
+			sendErr = unix.Sendmsg(int(fd), tc.header, unix.UnixRights(tc.fds(int(statusInit.Fd()))...), nil, unix.MSG_NOSIGNAL)
+			return !errors.Is(sendErr, unix.EAGAIN)
+		})
+		statusInit.Close()
+		if sendErr != nil {
+			t.Fatalf("%s: send: %v", tc.name, sendErr)
+		}
+		_ = status.SetReadDeadline(time.Now().Add(5 * time.Second))
+		buf := make([]byte, 64)
+		n, err := status.Read(buf)
+		status.Close()
+		if n != 0 || err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Errorf("%s: init answered %q, %v; want the status socket closed without a word", tc.name, buf[:n], err)
+		}
+		if !ip.alive() {
+			t.Fatalf("%s: init died", tc.name)
+		}
+	}
+	sb.releaseInit(ip)
+	if out := runOK(t, b, id, "echo still-serving"); out != "still-serving\n" {
+		t.Errorf("after the malformed messages: %q", out)
+	}
+}

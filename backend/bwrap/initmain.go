@@ -1,0 +1,450 @@
+package bwrap
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"strconv"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// initEnv is set (to "1") in the environment bwrap gives a sandbox's init,
+// and nowhere else: it is how the daemon's binary, re-executed inside the
+// sandbox, knows it is init.
+const initEnv = "SANDBOX_SIDECAR_INIT"
+
+// initName is init's process name, as ps shows it inside and outside.
+const initName = "sandbox-init"
+
+// initReapInterval is how often init reaps leftovers while any remain.
+const initReapInterval = 1000 // milliseconds
+
+// IsInit reports whether this process is a sandbox's init: the daemon's own
+// binary, started by this package inside a sandbox's namespaces.
+func IsInit() bool { return os.Getenv(initEnv) == "1" }
+
+// InitMain runs a sandbox's init and never returns when IsInit is true;
+// otherwise it returns at once and does nothing. The daemon's main function
+// calls it first thing, before flags or logging, and so does every test
+// binary that creates sandboxes (in TestMain): the init of a sandbox is the
+// daemon's own executable, run again inside the sandbox.
+func InitMain() {
+	if !IsInit() {
+		return
+	}
+	os.Exit(runInit())
+}
+
+// What a hostile guest can do to init, and why it does not help it:
+//
+//   - See it: init is pid 1 of the sandbox's PID namespace, so ps shows it.
+//   - Signal it: the kernel delivers a signal sent from inside the namespace
+//     to its pid 1 only if pid 1 handles it, and never SIGKILL or SIGSTOP.
+//     Init routes every catchable signal to a channel it never reads
+//     (Notify, not SIG_IGN, which its commands would inherit), so none of
+//     them stops or kills it.
+//   - Read or trace it: init makes itself non-dumpable first thing, so its
+//     memory, descriptors, environment and ptrace need CAP_SYS_PTRACE in the
+//     sandbox's user namespace, which no guest process has (bwrap drops all
+//     capabilities and sets no_new_privs).
+//   - Talk to it: the control socket is a socketpair whose only end inside
+//     the sandbox is init's fd 3, close-on-exec, so no command inherits it
+//     and /proc/1/fd is closed to the guest. Each command's status socket
+//     is likewise init's alone.
+//   - Starve it: a command may fork or allocate until the kernel refuses;
+//     init then fails to start the next command and says so, or the OOM
+//     killer picks it and the sandbox is reported terminated. Everything a
+//     command started is killed when it ends, so no guest process lives
+//     between commands.
+//
+// Init still re-checks every message and descriptor it receives, bounds
+// what it reads, and runs only argv that begin with GNU timeout.
+
+// initState is init's whole state: the control socket and at most one
+// running command.
+type initState struct {
+	ctrl     int
+	cmd      *initCommand
+	children bool // some child may still be unreaped
+}
+
+// initCommand is the command init is running.
+type initCommand struct {
+	pid    int
+	pidfd  int // readable once it exits; -1 if the kernel gave none
+	status int // the command's status socket
+	killed bool
+}
+
+func runInit() int {
+	// Named first: once non-dumpable, init may no longer write its own
+	// /proc files.
+	_ = os.WriteFile("/proc/self/comm", []byte(initName), 0)
+	// Nothing in the sandbox may read init's memory, environment or
+	// descriptors, or trace it.
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return initFail("cannot make init non-dumpable: %v", err)
+	}
+	if os.Getpid() != 1 {
+		return initFail("init must be pid 1 of the sandbox's PID namespace, not %d", os.Getpid())
+	}
+	// Requests can be megabytes; keep the heap small between them.
+	debug.SetGCPercent(25)
+
+	sink := make(chan os.Signal, 1)
+	signal.Notify(sink, initShieldedSignals()...)
+
+	if err := checkControlSocket(initControlFD); err != nil {
+		return initFail("fd %d is not the control socket: %v", initControlFD, err)
+	}
+	if err := closeInheritedFDs(); err != nil {
+		return initFail("cannot close inherited descriptors: %v", err)
+	}
+	if _, err := unix.FcntlInt(initControlFD, unix.F_SETFD, unix.FD_CLOEXEC); err != nil {
+		return initFail("cannot mark the control socket close-on-exec: %v", err)
+	}
+	if err := unix.Chdir("/"); err != nil {
+		return initFail("chdir /: %v", err)
+	}
+	st := &initState{ctrl: initControlFD}
+	if err := unix.Sendmsg(st.ctrl, initMsg{kind: msgReady}.encode(), nil, nil, unix.MSG_NOSIGNAL); err != nil {
+		return initFail("cannot tell the daemon it is ready: %v", err)
+	}
+	for {
+		if st.cmd == nil {
+			if done := st.idle(); done {
+				return 0
+			}
+		} else {
+			st.busy()
+		}
+	}
+}
+
+func initFail(format string, args ...any) int {
+	fmt.Fprintf(os.Stderr, "sandbox init: "+format+"\n", args...)
+	return 2
+}
+
+// initShieldedSignals are the signals init handles (by dropping them), so
+// that the kernel delivers none of them with its default action: all of
+// 1-31 but SIGKILL and SIGSTOP (which it never delivers from inside),
+// SIGCHLD (init needs the default to reap), SIGURG and SIGPROF (the Go
+// runtime's own). Real-time signals need nothing: Go's handler ignores them.
+func initShieldedSignals() []os.Signal {
+	var sigs []os.Signal
+	for s := syscall.Signal(1); s <= 31; s++ {
+		switch s {
+		case syscall.SIGKILL, syscall.SIGSTOP, syscall.SIGCHLD, syscall.SIGURG, syscall.SIGPROF:
+			continue
+		}
+		sigs = append(sigs, s)
+	}
+	return sigs
+}
+
+func checkControlSocket(fd int) error {
+	typ, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
+	if err != nil {
+		return err
+	}
+	domain, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN)
+	if err != nil {
+		return err
+	}
+	if typ != unix.SOCK_SEQPACKET || domain != unix.AF_UNIX {
+		return fmt.Errorf("socket type %d domain %d", typ, domain)
+	}
+	return nil
+}
+
+// closeInheritedFDs closes every descriptor above the control socket that
+// init inherited (the executable bwrap ran, anything bwrap left open):
+// those without close-on-exec. The Go runtime's own are close-on-exec.
+func closeInheritedFDs() error {
+	d, err := os.Open("/proc/self/fd")
+	if err != nil {
+		return err
+	}
+	names, err := d.Readdirnames(-1)
+	dirFD := int(d.Fd())
+	if err != nil {
+		d.Close()
+		return err
+	}
+	for _, name := range names {
+		fd, err := strconv.Atoi(name)
+		if err != nil || fd <= initControlFD || fd == dirFD {
+			continue
+		}
+		flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
+		if err == nil && flags&unix.FD_CLOEXEC == 0 {
+			_ = unix.Close(fd)
+		}
+	}
+	return d.Close()
+}
+
+// idle waits for the next command. It reports true when the daemon has
+// gone (its end of the control socket closed), so init should exit.
+func (st *initState) idle() bool {
+	timeout := -1
+	if st.children {
+		timeout = initReapInterval
+	}
+	fds := []unix.PollFd{{Fd: int32(st.ctrl), Events: unix.POLLIN}}
+	if _, err := unix.Poll(fds, timeout); err != nil && !errors.Is(err, unix.EINTR) {
+		fmt.Fprintf(os.Stderr, "sandbox init: poll: %v\n", err)
+		return true
+	}
+	st.reap()
+	switch ev := fds[0].Revents; {
+	case ev&unix.POLLIN != 0:
+		return st.receive()
+	case ev&(unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0:
+		fmt.Fprintf(os.Stderr, "sandbox init: the control socket hung up (%#x); exiting\n", ev)
+		return true
+	}
+	return false
+}
+
+// busy waits for the running command to end or for the daemon to ask for
+// it to be killed, reaping as it goes.
+func (st *initState) busy() {
+	c := st.cmd
+	fds := make([]unix.PollFd, 0, 2)
+	if c.pidfd >= 0 {
+		fds = append(fds, unix.PollFd{Fd: int32(c.pidfd), Events: unix.POLLIN})
+	}
+	if !c.killed {
+		fds = append(fds, unix.PollFd{Fd: int32(c.status), Events: unix.POLLIN})
+	}
+	timeout := initReapInterval
+	if c.pidfd < 0 {
+		timeout = 20
+	}
+	if _, err := unix.Poll(fds, timeout); err != nil && !errors.Is(err, unix.EINTR) {
+		fmt.Fprintf(os.Stderr, "sandbox init: poll: %v\n", err)
+	}
+	for _, p := range fds {
+		if int(p.Fd) == c.status && p.Revents != 0 {
+			// The daemon shut down its side: the command's budget is spent
+			// or its request is gone. Whatever arrived, the answer is the
+			// same.
+			var buf [initMsgSize]byte
+			_, _, _ = unix.Recvfrom(c.status, buf[:], unix.MSG_DONTWAIT)
+			killAllButInit()
+			c.killed = true
+		}
+	}
+	st.reap()
+}
+
+// reap collects every exited child; the running command's status ends it.
+func (st *initState) reap() {
+	for {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG|unix.WALL, nil)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case errors.Is(err, unix.ECHILD):
+			st.children = false
+			return
+		case err != nil:
+			return
+		case pid == 0:
+			st.children = true
+			return
+		}
+		if st.cmd != nil && pid == st.cmd.pid {
+			st.finish(ws)
+		}
+	}
+}
+
+// finish reports the command's end, after killing everything it left.
+func (st *initState) finish(ws unix.WaitStatus) {
+	c := st.cmd
+	st.cmd = nil
+	// A command's processes end with it: background jobs, setsid and
+	// double-fork escapees alike. Only init and its children were in the
+	// namespace before it started.
+	killAllButInit()
+	st.children = true
+	m := initMsg{kind: msgExited}
+	switch {
+	case ws.Exited():
+		m.a, m.b = endExited, uint32(ws.ExitStatus())
+	case ws.Signaled() && ws.CoreDump():
+		m.a, m.b = endDumped, uint32(ws.Signal())
+	default:
+		m.a, m.b = endKilled, uint32(ws.Signal())
+	}
+	_ = unix.Sendmsg(c.status, m.encode(), nil, nil, unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT)
+	_ = unix.Close(c.status)
+	if c.pidfd >= 0 {
+		_ = unix.Close(c.pidfd)
+	}
+}
+
+// killAllButInit sends SIGKILL to every process of the namespace but init
+// itself. The kernel makes this race-free against fork: a process that is
+// forking when the signal arrives either has its child in the list already
+// or abandons the fork.
+func killAllButInit() { _ = unix.Kill(-1, unix.SIGKILL) }
+
+// receive reads one message from the control socket and starts the command
+// it asks for. It reports true when the daemon has gone.
+func (st *initState) receive() bool {
+	buf := make([]byte, 2*initMsgSize)
+	oob := make([]byte, unix.CmsgSpace(4*(initRunFDs+3)))
+	n, oobn, flags, _, err := unix.Recvmsg(st.ctrl, buf, oob, unix.MSG_CMSG_CLOEXEC|unix.MSG_DONTWAIT)
+	switch {
+	case errors.Is(err, unix.EAGAIN), errors.Is(err, unix.EINTR):
+		return false
+	case err != nil:
+		fmt.Fprintf(os.Stderr, "sandbox init: read the control socket: %v\n", err)
+		return true
+	case n == 0 && oobn == 0:
+		fmt.Fprintf(os.Stderr, "sandbox init: the daemon closed the control socket; exiting\n")
+		return true
+	}
+	fds := receivedFDs(oob[:oobn])
+	taken := make([]bool, len(fds))
+	defer func() {
+		for i, fd := range fds {
+			if !taken[i] {
+				_ = unix.Close(fd)
+			}
+		}
+	}()
+	m, err := decodeInitMsg(buf[:n])
+	switch {
+	case err != nil:
+	case m.kind != msgRun:
+		err = fmt.Errorf("%w: kind %d on the control socket", errBadMessage, m.kind)
+	case flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0:
+		err = fmt.Errorf("%w: truncated", errBadMessage)
+	case len(fds) != initRunFDs:
+		err = fmt.Errorf("%w: %d descriptors, want %d", errBadMessage, len(fds), initRunFDs)
+	}
+	if err != nil {
+		// Dropping the descriptors closes the status socket, which the
+		// daemon reads as a refusal.
+		fmt.Fprintf(os.Stderr, "sandbox init: ignoring a message: %v\n", err)
+		return false
+	}
+	status, reqFD, stdio := fds[0], fds[1], fds[2:5]
+	if err := checkStatusSocket(status); err != nil {
+		fmt.Fprintf(os.Stderr, "sandbox init: ignoring a request: %v\n", err)
+		return false
+	}
+	req, size, err := readRequest(reqFD)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "sandbox init: ignoring a request: %v\n", err)
+		return false
+	}
+	taken[0] = true
+	st.start(req, status, stdio)
+	if size > largeRequestBytes {
+		// Give the memory of a large request back now rather than keep
+		// it for the life of the sandbox.
+		debug.FreeOSMemory()
+	}
+	return false
+}
+
+// largeRequestBytes is the request size above which init returns memory
+// to the system at once.
+const largeRequestBytes = 256 << 10
+
+// receivedFDs returns every descriptor in SCM_RIGHTS messages of oob.
+func receivedFDs(oob []byte) []int {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil
+	}
+	var fds []int
+	for _, m := range msgs {
+		if got, err := unix.ParseUnixRights(&m); err == nil {
+			fds = append(fds, got...)
+		}
+	}
+	return fds
+}
+
+func checkStatusSocket(fd int) error {
+	typ, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
+	if err != nil || typ != unix.SOCK_SEQPACKET {
+		return fmt.Errorf("%w: the status descriptor is not a seqpacket socket", errBadMessage)
+	}
+	return nil
+}
+
+// readRequest reads the request memfd, refusing anything but a regular
+// file within maxRequestBytes.
+func readRequest(fd int) (runRequest, int64, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return runRequest{}, 0, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size < 0 || st.Size > maxRequestBytes {
+		return runRequest{}, 0, fmt.Errorf("%w: the request is not a regular file within %d bytes", errBadMessage, maxRequestBytes)
+	}
+	buf := make([]byte, st.Size)
+	for off := 0; off < len(buf); {
+		n, err := unix.Pread(fd, buf[off:], int64(off))
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return runRequest{}, 0, err
+		}
+		if n == 0 {
+			return runRequest{}, 0, fmt.Errorf("%w: the request ended early", errBadMessage)
+		}
+		off += n
+	}
+	req, err := decodeRunRequest(buf)
+	return req, st.Size, err
+}
+
+// start runs the request with stdio as its streams, in a session of its
+// own, and tells the daemon it started (or why it could not). It takes
+// ownership of status.
+func (st *initState) start(req runRequest, status int, stdio []int) {
+	fail := func(err error, format string, args ...any) {
+		msg := fmt.Sprintf("sandbox: "+format+"\n", args...)
+		_, _ = unix.Write(stdio[2], []byte(msg))
+		errno, _ := errors.AsType[unix.Errno](err)
+		_ = unix.Sendmsg(status, initMsg{kind: msgFailed, a: uint32(errno)}.encode(), nil, nil, unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT)
+		_ = unix.Close(status)
+	}
+	var fi unix.Stat_t
+	if err := unix.Stat(req.cwd, &fi); err != nil {
+		fail(err, "cannot change directory to %s: %v", req.cwd, err)
+		return
+	} else if fi.Mode&unix.S_IFMT != unix.S_IFDIR {
+		fail(unix.ENOTDIR, "cannot change directory to %s: not a directory", req.cwd)
+		return
+	}
+	pidfd := -1
+	pid, err := syscall.ForkExec(req.argv[0], req.argv, &syscall.ProcAttr{
+		Dir:   req.cwd,
+		Env:   req.env,
+		Files: []uintptr{uintptr(stdio[0]), uintptr(stdio[1]), uintptr(stdio[2])},
+		Sys:   &syscall.SysProcAttr{Setsid: true, PidFD: &pidfd},
+	})
+	if err != nil {
+		fail(err, "cannot start the command in %s: %v", req.cwd, err)
+		return
+	}
+	st.children = true
+	st.cmd = &initCommand{pid: pid, pidfd: pidfd, status: status}
+	_ = unix.Sendmsg(status, initMsg{kind: msgStarted, a: uint32(pid)}.encode(), nil, nil, unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT)
+}

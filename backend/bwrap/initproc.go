@@ -1,0 +1,592 @@
+package bwrap
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
+)
+
+// Bounds on the daemon's waits for a sandbox's init. None of them is ever
+// the only bound: each is cut short by the command's own deadline (its
+// timeout + KillGrace + ExecGrace) and by its context.
+const (
+	// initStartTimeout bounds bwrap and init's set-up, up to its ready
+	// message.
+	initStartTimeout = 10 * time.Second
+	// initAnswerTimeout bounds the wait for "started" after a command was
+	// handed over. An init that does not answer is wedged (stopped, or
+	// stuck on a process the kernel cannot kill) and the sandbox is
+	// terminated.
+	initAnswerTimeout = 10 * time.Second
+	// initKillAnswer bounds the wait for "exited" once the daemon asked
+	// init to kill a command.
+	initKillAnswer = 2 * time.Second
+	// initDeathWait is how long an EOF on a status socket may precede
+	// the control socket's hang-up when init died.
+	initDeathWait = 500 * time.Millisecond
+	// initReapWait bounds the wait for a killed init's bwrap to be reaped.
+	initReapWait = 5 * time.Second
+	// initStderrBytes caps what is read of init's stderr for a log line.
+	initStderrBytes = 4 << 10
+	// initDrainGrace is how long output is read after a command ended.
+	// Init has killed everything the command left by then, so the pipes
+	// reach EOF at once; the grace only covers a process the kernel is
+	// slow to tear down.
+	initDrainGrace = capture.DefaultDrainGrace
+)
+
+var (
+	// errInitBusy: the init runs another command; the caller uses a
+	// bubblewrap of its own for this one.
+	errInitBusy = errors.New("the sandbox's init is running another command")
+	// errInitDied: the init died (or was killed) since the last command;
+	// this Exec is the first to learn it and reports SandboxTerminated.
+	errInitDied = errors.New("the sandbox's init died")
+)
+
+// initProc is a sandbox's running init, as the daemon holds it: the bwrap
+// process (whose child it is), the daemon's end of the control socket and
+// the memfd bwrap's and init's stderr go to. That is all an idle sandbox
+// costs the daemon: no goroutine, three descriptors and a few hundred bytes.
+type initProc struct {
+	cmd    *exec.Cmd
+	ctrl   *os.File // non-blocking, in the runtime's poller
+	stderr *os.File
+	busy   bool // guarded by the sandbox's initMu
+
+	waitOnce sync.Once
+	reaping  atomic.Bool   // the reaping goroutine runs: bwrap's pid may be gone
+	exited   chan struct{} // closed once cmd.Wait has returned
+}
+
+// waited returns a channel closed once init's bwrap has been reaped,
+// starting the one goroutine that reaps it on first use (when init is
+// being stopped, never while it serves).
+func (ip *initProc) waited() <-chan struct{} {
+	ip.waitOnce.Do(func() {
+		ip.exited = make(chan struct{})
+		ip.reaping.Store(true)
+		go func() { _ = ip.cmd.Wait(); close(ip.exited) }()
+	})
+	return ip.exited
+}
+
+// spawner starts every init's bwrap from one goroutine locked to its OS
+// thread for the life of the daemon: the parent-death signal of a child is
+// tied to the thread that forked it, and this thread ends only with the
+// process. So an init dies with the daemon, never with a Go thread.
+var spawner struct {
+	once sync.Once
+	reqs chan spawnRequest
+}
+
+type spawnRequest struct {
+	cmd  *exec.Cmd
+	done chan error
+}
+
+func spawn(cmd *exec.Cmd) error {
+	spawner.once.Do(func() {
+		spawner.reqs = make(chan spawnRequest)
+		go func() {
+			runtime.LockOSThread() // never unlocked: the thread must outlive every init
+			for r := range spawner.reqs {
+				r.done <- r.cmd.Start()
+			}
+		}()
+	})
+	r := spawnRequest{cmd: cmd, done: make(chan error, 1)}
+	spawner.reqs <- r
+	return <-r.done
+}
+
+// seqpacketPair returns a connected pair of SOCK_SEQPACKET sockets, both
+// close-on-exec: the daemon's end non-blocking (so its reads and writes
+// take deadlines), the other end blocking, for init.
+func seqpacketPair(name string) (daemonEnd, initEnd *os.File, err error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("socketpair: %w", err)
+	}
+	if err := unix.SetNonblock(fds[0], true); err != nil {
+		unix.Close(fds[0])
+		unix.Close(fds[1])
+		return nil, nil, fmt.Errorf("socketpair: %w", err)
+	}
+	return os.NewFile(uintptr(fds[0]), name), os.NewFile(uintptr(fds[1]), name+"-init"), nil
+}
+
+// startInit starts sb's init and waits for it to say it is ready, until
+// deadline at most. On failure nothing of it is left running.
+func (b *Backend) startInit(ctx context.Context, sb *sandbox, deadline time.Time) (_ *initProc, err error) {
+	deadline = earliest(deadline, time.Now().Add(initStartTimeout))
+	budget := time.Until(deadline)
+	ctrl, ctrlInit, err := seqpacketPair("sandbox-control")
+	if err != nil {
+		return nil, fmt.Errorf("%w: start the init of sandbox %s: %v; the daemon may be out of file descriptors", backend.ErrUnavailable, sb.id, err)
+	}
+	defer ctrlInit.Close()
+	stderr, err := memFile("sandbox-init-stderr", "")
+	if err != nil {
+		ctrl.Close()
+		return nil, fmt.Errorf("%w: start the init of sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
+	}
+	ip := &initProc{ctrl: ctrl, stderr: stderr}
+	defer func() {
+		if err != nil {
+			b.stopInit(ip)
+		}
+	}()
+
+	env := []string{"--setenv", markerEnv, sb.dir, "--setenv", initEnv, "1", "--setenv", "GOMAXPROCS", "1"}
+	const firstDataFD = initExeFD + 1
+	files, err := dataFiles(b.bwrapOptions(sb, env, "/", firstDataFD, true))
+	if err != nil {
+		return nil, fmt.Errorf("%w: prepare bwrap for sandbox %s: %v; the daemon may be out of memory or file descriptors", backend.ErrUnavailable, sb.id, err)
+	}
+	defer closeFiles(files)
+	cmd := b.command(sb.dir, []string{"--args", fmt.Sprint(firstDataFD), "--", fmt.Sprintf("/proc/self/fd/%d", initExeFD)})
+	cmd.Stderr = stderr
+	cmd.ExtraFiles = append([]*os.File{ctrlInit, b.exe}, files...) // fds 3, 4, 5...
+	cmd.SysProcAttr.Setpgid = true
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	if err := capture.CloseInheritedOnExec(); err != nil {
+		return nil, fmt.Errorf("%w: not starting the init of sandbox %s: cannot keep the daemon's other file descriptors from leaking into it: %v", backend.ErrUnavailable, sb.id, err)
+	}
+	if err := spawn(cmd); err != nil {
+		return nil, fmt.Errorf("%w: bwrap could not be started for sandbox %s (%v); check that %s is installed and executable", backend.ErrUnavailable, sb.id, err, b.bwrap)
+	}
+	ip.cmd = cmd
+	// Only bwrap and init hold the other end now: when they are gone, the
+	// control socket hangs up.
+	ctrlInit.Close()
+
+	buf := make([]byte, 2*initMsgSize)
+	stop := context.AfterFunc(ctx, func() { _ = ctrl.SetReadDeadline(time.Now()) })
+	defer stop()
+	if err := ctrl.SetReadDeadline(deadline); err != nil {
+		return nil, fmt.Errorf("%w: start the init of sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("the init of sandbox %s was not started: %w", sb.id, err)
+	}
+	n, err := ctrl.Read(buf)
+	switch {
+	case err == nil:
+		if m, derr := decodeInitMsg(buf[:n]); derr != nil || m.kind != msgReady {
+			return nil, fmt.Errorf("%w: the init of sandbox %s said something unexpected (%v); is the daemon's binary the one that is running?", backend.ErrUnavailable, sb.id, derr)
+		}
+	case ctx.Err() != nil:
+		return nil, fmt.Errorf("the init of sandbox %s was not started: %w", sb.id, ctx.Err())
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return nil, fmt.Errorf("%w: the init of sandbox %s did not start within %v; the host may be overloaded", backend.ErrUnavailable, sb.id, budget.Round(time.Millisecond))
+	default:
+		b.reapInit(ip)
+		detail := ip.stderrTail()
+		if detail == "" {
+			detail = err.Error()
+		}
+		return nil, fmt.Errorf("%w: bubblewrap could not start sandbox %s: %s; check that bubblewrap works for uid %s, that unprivileged user namespaces are enabled, and that uid can execute the daemon's binary",
+			backend.ErrUnavailable, sb.id, detail, b.runsAs())
+	}
+	if err := ctrl.SetReadDeadline(time.Time{}); err != nil {
+		return nil, fmt.Errorf("%w: start the init of sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
+	}
+	return ip, nil
+}
+
+func earliest(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+// alive reports whether init still holds its end of the control socket:
+// once it and its bwrap are gone, the socket hangs up.
+func (ip *initProc) alive() bool {
+	rc, err := ip.ctrl.SyscallConn()
+	if err != nil {
+		return false
+	}
+	up := false
+	_ = rc.Control(func(fd uintptr) {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+		n, err := unix.Poll(fds, 0)
+		for errors.Is(err, unix.EINTR) { // the runtime's preemption signal
+			n, err = unix.Poll(fds, 0)
+		}
+		up = err == nil && (n == 0 || fds[0].Revents&(unix.POLLHUP|unix.POLLRDHUP|unix.POLLERR|unix.POLLNVAL) == 0)
+	})
+	return up
+}
+
+// waitDead waits up to limit for the control socket to hang up and
+// reports whether it did.
+func (ip *initProc) waitDead(limit time.Duration) bool {
+	deadline := time.Now().Add(limit)
+	for ip.alive() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return true
+}
+
+// send hands init one run message and its descriptors, waiting until
+// deadline at most for room on the socket.
+func (ip *initProc) send(fds []int, deadline time.Time) error {
+	if err := ip.ctrl.SetWriteDeadline(deadline); err != nil {
+		return err
+	}
+	rc, err := ip.ctrl.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var sendErr error
+	err = rc.Write(func(fd uintptr) bool {
+		sendErr = unix.Sendmsg(int(fd), initMsg{kind: msgRun}.encode(), unix.UnixRights(fds...), nil, unix.MSG_NOSIGNAL)
+		return !errors.Is(sendErr, unix.EAGAIN)
+	})
+	if err != nil {
+		return err
+	}
+	return sendErr
+}
+
+// stderrTail returns the last line or so of what bwrap and init wrote to
+// stderr, for a log line or an error message.
+func (ip *initProc) stderrTail() string {
+	fi, err := ip.stderr.Stat()
+	if err != nil || fi.Size() == 0 {
+		return ""
+	}
+	off := max(fi.Size()-initStderrBytes, 0)
+	buf := make([]byte, fi.Size()-off)
+	n, _ := ip.stderr.ReadAt(buf, off)
+	return string(bytes.TrimSpace(bytes.ToValidUTF8(buf[:n], []byte("?"))))
+}
+
+// stopInit kills init, reaps its bwrap within initReapWait and closes the
+// daemon's descriptors. Killing bwrap's process group takes init with it
+// (its parent-death signal), and with init, as pid 1, every process of the
+// sandbox.
+func (b *Backend) stopInit(ip *initProc) {
+	if ip.cmd != nil && ip.cmd.Process != nil {
+		if !ip.reaping.Load() {
+			// Unreaped, bwrap's pid (its group's id) cannot be anyone
+			// else's yet. The group holds bwrap alone (init has a session
+			// of its own) unless bwrap is not what it should be.
+			_ = syscall.Kill(-ip.cmd.Process.Pid, syscall.SIGKILL)
+		}
+		_ = ip.cmd.Process.Kill() // through its pidfd: safe whatever happened
+		b.reapInit(ip)
+		// Init dies of its parent-death signal, a moment after bwrap.
+		if !ip.waitDead(initReapWait) {
+			b.log.Warn("a sandbox's init is still alive after its bwrap was killed", "bwrap_pid", ip.cmd.Process.Pid)
+		}
+	}
+	_ = ip.ctrl.Close()
+	_ = ip.stderr.Close()
+}
+
+// reapInit waits (boundedly) for init's bwrap to exit and reports whether
+// it did. One that takes longer is left to the reaping goroutine; only a
+// process stuck in the kernel does.
+func (b *Backend) reapInit(ip *initProc) bool {
+	if ip.cmd == nil || ip.cmd.Process == nil {
+		return true
+	}
+	t := time.NewTimer(initReapWait)
+	defer t.Stop()
+	select {
+	case <-ip.waited():
+		return true
+	case <-t.C:
+		b.log.Warn("the bwrap of a sandbox's init did not exit after SIGKILL; it is reaped in the background", "pid", ip.cmd.Process.Pid)
+		return false
+	}
+}
+
+// acquireInit returns sb's init for one command, starting it if this
+// process has none yet (a new sandbox, or one re-adopted after a restart).
+// It fails with errInitBusy when init runs another command, errInitDied the
+// first time after init died, and an error wrapping ErrNotFound after that.
+func (b *Backend) acquireInit(ctx context.Context, sb *sandbox, deadline time.Time) (*initProc, error) {
+	sb.initMu.Lock()
+	defer sb.initMu.Unlock()
+	if ip := sb.init; ip != nil && !ip.alive() {
+		var status any = "unknown"
+		if b.reapInit(ip) {
+			status = ip.cmd.ProcessState
+		}
+		b.log.With("sandbox", sb.id).Warn("the sandbox's init died; the sandbox is terminated", "bwrap", status, "stderr", ip.stderrTail())
+		b.stopInit(ip)
+		sb.init, sb.initGone = nil, true
+	}
+	switch {
+	case sb.initGone && !sb.goneReported:
+		sb.goneReported = true
+		return nil, errInitDied
+	case sb.initGone:
+		return nil, fmt.Errorf("%w: sandbox %q was terminated (its init process died); destroy it and create a new one", backend.ErrNotFound, sb.id)
+	case sb.init == nil:
+		ip, err := b.startInit(ctx, sb, deadline)
+		if err != nil {
+			return nil, err
+		}
+		sb.init = ip
+	case sb.init.busy:
+		return nil, errInitBusy
+	}
+	sb.init.busy = true
+	return sb.init, nil
+}
+
+// releaseInit makes ip available for the next command.
+func (sb *sandbox) releaseInit(ip *initProc) {
+	sb.initMu.Lock()
+	defer sb.initMu.Unlock()
+	ip.busy = false
+}
+
+// terminate kills ip, if it is still sb's init, and marks the sandbox
+// terminated; reported says the caller tells its client so.
+func (b *Backend) terminate(sb *sandbox, ip *initProc, reported bool, why string) {
+	sb.initMu.Lock()
+	defer sb.initMu.Unlock()
+	if sb.init != ip {
+		return
+	}
+	b.log.With("sandbox", sb.id).Warn("sandbox terminated: "+why, "stderr", ip.stderrTail())
+	b.stopInit(ip)
+	sb.init, sb.initGone = nil, true
+	sb.goneReported = sb.goneReported || reported
+}
+
+// killInit stops sb's init for good (Destroy, or a sandbox that vanished).
+func (b *Backend) killInit(sb *sandbox) {
+	sb.initMu.Lock()
+	defer sb.initMu.Unlock()
+	if sb.init != nil {
+		b.stopInit(sb.init)
+		sb.init = nil
+	}
+	sb.initGone, sb.goneReported = true, true
+}
+
+// initOutcome is what the conversation about one command established.
+type initOutcome struct {
+	exitCode   int
+	exited     bool // init reported how the command ended
+	outerFired bool // the daemon's own deadline passed and it had init kill the command
+	terminated bool // init died or was killed: the sandbox is gone
+	refused    bool // init closed the status socket without an answer, yet lives
+	duration   time.Duration
+}
+
+// execInit runs one command through sb's init: it hands init the request
+// and the command's pipes, then reads the command's status socket until
+// init says how it ended, enforcing the deadline, ctx and Destroy itself.
+func (b *Backend) execInit(ctx, opCtx context.Context, sb *sandbox, ip *initProc, req backend.ExecRequest, argv, env []string, cwd string, applied time.Duration) (backend.ExecResult, error) {
+	log := b.log.With("sandbox", sb.id)
+	streams, err := capture.NewStreams(req.Stdin, req.MaxOutputBytes)
+	if err != nil {
+		return backend.ExecResult{}, fmt.Errorf("%w: cannot create pipes for a command in sandbox %s (is the daemon out of file descriptors?): %v", backend.ErrUnavailable, sb.id, err)
+	}
+	reqFile, err := memFile("sandbox-request", string(runRequest{argv: argv, env: env, cwd: cwd}.encode()))
+	if err != nil {
+		streams.Close()
+		return backend.ExecResult{}, fmt.Errorf("%w: prepare a command for sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
+	}
+	status, statusInit, err := seqpacketPair("sandbox-status")
+	if err != nil {
+		streams.Close()
+		reqFile.Close()
+		return backend.ExecResult{}, fmt.Errorf("%w: prepare a command for sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
+	}
+	defer status.Close()
+
+	if opCtx.Err() != nil {
+		// Cancelled (or destroyed) before init got it: nothing ran.
+		streams.Close()
+		reqFile.Close()
+		statusInit.Close()
+		if errors.Is(context.Cause(opCtx), errSandboxDestroyed) {
+			return backend.ExecResult{ExitCode: exitKilledByTime, SandboxTerminated: true, AppliedTimeout: applied}, nil
+		}
+		return backend.ExecResult{AppliedTimeout: applied}, fmt.Errorf("command in sandbox %s was not run because the request ended: %w", sb.id, opCtx.Err())
+	}
+	start := time.Now()
+	outer := start.Add(applied + b.cfg.KillGrace + b.cfg.ExecGrace)
+	child := streams.ChildFiles()
+	sendErr := ip.send([]int{int(statusInit.Fd()), int(reqFile.Fd()), int(child[0].Fd()), int(child[1].Fd()), int(child[2].Fd())},
+		earliest(outer, start.Add(initAnswerTimeout)))
+	statusInit.Close()
+	reqFile.Close()
+	streams.Start()
+
+	var o initOutcome
+	if sendErr != nil {
+		// Dead, or not reading its socket: either way unusable.
+		o.terminated = true
+		log.Warn("cannot hand the sandbox's init a command", "error", sendErr)
+	} else {
+		o = b.converse(opCtx, ip, status, start, outer)
+	}
+	if o.duration == 0 {
+		o.duration = time.Since(start)
+	}
+	if o.terminated {
+		b.terminate(sb, ip, true, "its init died or stopped answering")
+	}
+	out := streams.Finish(initDrainGrace)
+
+	res := backend.ExecResult{
+		ExitCode:        o.exitCode,
+		Stdout:          out.Stdout,
+		Stderr:          out.Stderr,
+		StdoutTruncated: out.StdoutTruncated,
+		StderrTruncated: out.StderrTruncated,
+		TimedOut:        o.exited && isTimeout(o.exitCode, o.duration, applied, o.outerFired),
+		AppliedTimeout:  applied,
+		Duration:        o.duration,
+	}
+	destroyed := errors.Is(context.Cause(opCtx), errSandboxDestroyed)
+	switch {
+	case destroyed || o.terminated:
+		res.SandboxTerminated, res.TimedOut = true, false
+		if !o.exited {
+			res.ExitCode = exitKilledByTime
+		}
+		log.Info("command ended with its sandbox", "destroyed", destroyed, "duration", o.duration)
+		return res, nil
+	case ctx.Err() != nil:
+		return res, fmt.Errorf("command in sandbox %s was killed because the request ended: %w", sb.id, ctx.Err())
+	case o.refused:
+		return res, fmt.Errorf("%w: the init of sandbox %s refused the command; the daemon's log has its reason", backend.ErrUnavailable, sb.id)
+	}
+	if o.outerFired {
+		log.Warn("the command outlived its timeout and was killed", "timeout", applied, "duration", o.duration)
+	}
+	log.Debug("command finished", "exit_code", res.ExitCode, "timed_out", res.TimedOut,
+		"duration", o.duration, "stdout_bytes", out.StdoutTotal, "stderr_bytes", out.StderrTotal)
+	return res, nil
+}
+
+// converse reads the command's status socket until init reports its end,
+// init dies, or a deadline makes the daemon give up on init. It is the
+// only place the daemon waits on init during a command, and every wait in
+// it has a deadline: the answer to the hand-over (initAnswerTimeout), the
+// command's own (outer), and once the daemon asked for a kill,
+// initKillAnswer.
+func (b *Backend) converse(opCtx context.Context, ip *initProc, status *os.File, start, outer time.Time) initOutcome {
+	var o initOutcome
+	wake := context.AfterFunc(opCtx, func() { _ = status.SetReadDeadline(time.Now()) })
+	defer wake()
+	var (
+		started   bool
+		cancelled bool
+		killBy    time.Time // set once the daemon asked init to kill the command
+		buf       = make([]byte, 2*initMsgSize)
+	)
+	askKill := func() {
+		killBy = time.Now().Add(initKillAnswer)
+		if rc, err := status.SyscallConn(); err == nil {
+			_ = rc.Control(func(fd uintptr) { _ = unix.Shutdown(int(fd), unix.SHUT_WR) })
+		}
+	}
+	for {
+		if opCtx.Err() != nil && !cancelled {
+			cancelled = true
+			if errors.Is(context.Cause(opCtx), errSandboxDestroyed) {
+				// Destroy kills init; wait (boundedly) to see it go.
+				killBy = time.Now().Add(initKillAnswer)
+			} else {
+				askKill()
+			}
+		}
+		deadline := outer
+		if !started {
+			deadline = earliest(deadline, start.Add(initAnswerTimeout))
+		}
+		if !killBy.IsZero() {
+			deadline = killBy
+		}
+		_ = status.SetReadDeadline(deadline)
+		if opCtx.Err() != nil && !cancelled {
+			continue // cancelled between the check and the deadline: handle it first
+		}
+		n, err := status.Read(buf)
+		now := time.Now()
+		switch {
+		case err == nil:
+			m, derr := decodeInitMsg(buf[:n])
+			switch {
+			case derr == nil && m.kind == msgStarted && !started:
+				started = true
+				continue
+			case derr == nil && m.kind == msgExited:
+				if code, cerr := m.exitCode(); cerr == nil {
+					o.exitCode, o.exited, o.duration = code, true, now.Sub(start)
+					return o
+				}
+			case derr == nil && m.kind == msgFailed && !started:
+				// Init could not start it and wrote why to its stderr,
+				// as bwrap did when it could not chdir.
+				o.exitCode, o.exited, o.duration = 1, true, now.Sub(start)
+				return o
+			}
+			// Init broke the protocol; it cannot be trusted with more.
+			o.terminated = true
+			return o
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			switch {
+			case opCtx.Err() != nil && !cancelled:
+				continue
+			case !killBy.IsZero() && !now.Before(killBy):
+				// Asked to kill (or, under Destroy, killed), init said
+				// nothing: it is wedged, or gone.
+				o.terminated = true
+				return o
+			case !started:
+				// Init never took the command (it answers within
+				// microseconds when it is well): there is nothing to ask
+				// it to kill.
+				o.outerFired = !now.Before(outer)
+				o.terminated = true
+				return o
+			case !now.Before(outer) && killBy.IsZero():
+				o.outerFired = true
+				askKill()
+			}
+		default:
+			// EOF (or an error): init closed the socket without a word,
+			// which it only does when it is dying or refuses a request.
+			if cancelled && errors.Is(context.Cause(opCtx), errSandboxDestroyed) {
+				o.terminated = true
+				return o
+			}
+			if ip.waitDead(initDeathWait) {
+				o.terminated = true
+			} else {
+				o.refused = true
+			}
+			return o
+		}
+	}
+}

@@ -1,0 +1,217 @@
+package bwrap
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"path"
+	"strings"
+)
+
+// The conversation between the daemon and a sandbox's init.
+//
+// The daemon and init share one Unix SOCK_SEQPACKET socket pair, the control
+// socket: init inherits its end as fd initControlFD and is the only process
+// in the sandbox holding it. Every message is a fixed-size header
+// (initMsgSize bytes, little-endian: magic, protocol version, kind, two
+// values); the variable part of a request travels in a memfd.
+//
+//	init → daemon, control:  ready                    once, when init is set up
+//	daemon → init, control:  run + SCM_RIGHTS [status socket, request memfd, stdin, stdout, stderr]
+//	init → daemon, status:   started (value: the command's pid in the sandbox)
+//	                         exited (values: how and with what status it ended), or
+//	                         failed (value: errno; the reason was written to its stderr)
+//	daemon → init, status:   shutdown(SHUT_WR): kill the command now
+//
+// The status socket is a fresh pair per command, so the daemon reads each
+// command's outcome on its own socket and needs no multiplexing; when init
+// dies, the daemon's end of every status socket reads EOF. Both sides check
+// every header they receive and never trust a length they did not bound.
+const (
+	initMsgSize     = 20
+	initMagic       = 0x74696e69 // "init"
+	initProtocol    = 1
+	initControlFD   = 3 // init's end of the control socket
+	initExeFD       = 4 // the daemon's executable, which bwrap runs as init
+	initRunFDs      = 5 // status, request, stdin, stdout, stderr
+	maxRequestBytes = 4 << 20
+	requestMagic    = 0x71657272 // "rreq"
+)
+
+// Message kinds.
+const (
+	msgReady   = 1
+	msgRun     = 2
+	msgStarted = 3
+	msgExited  = 4
+	msgFailed  = 5
+)
+
+// How a command ended (the si_code of waitid).
+const (
+	endExited = 1 // CLD_EXITED: the value is the exit status
+	endKilled = 2 // CLD_KILLED: the value is the signal
+	endDumped = 3 // CLD_DUMPED: the value is the signal
+)
+
+// initMsg is one header.
+type initMsg struct {
+	kind uint32
+	a, b uint32
+}
+
+func (m initMsg) encode() []byte {
+	buf := make([]byte, initMsgSize)
+	binary.LittleEndian.PutUint32(buf[0:], initMagic)
+	binary.LittleEndian.PutUint32(buf[4:], initProtocol)
+	binary.LittleEndian.PutUint32(buf[8:], m.kind)
+	binary.LittleEndian.PutUint32(buf[12:], m.a)
+	binary.LittleEndian.PutUint32(buf[16:], m.b)
+	return buf
+}
+
+var errBadMessage = errors.New("malformed message")
+
+// decodeInitMsg checks that buf is exactly one header of our protocol.
+func decodeInitMsg(buf []byte) (initMsg, error) {
+	if len(buf) != initMsgSize {
+		return initMsg{}, fmt.Errorf("%w: %d bytes, want %d", errBadMessage, len(buf), initMsgSize)
+	}
+	if binary.LittleEndian.Uint32(buf[0:]) != initMagic || binary.LittleEndian.Uint32(buf[4:]) != initProtocol {
+		return initMsg{}, fmt.Errorf("%w: wrong magic or protocol version", errBadMessage)
+	}
+	m := initMsg{
+		kind: binary.LittleEndian.Uint32(buf[8:]),
+		a:    binary.LittleEndian.Uint32(buf[12:]),
+		b:    binary.LittleEndian.Uint32(buf[16:]),
+	}
+	if m.kind < msgReady || m.kind > msgFailed {
+		return initMsg{}, fmt.Errorf("%w: unknown kind %d", errBadMessage, m.kind)
+	}
+	return m, nil
+}
+
+// exitCode turns an exited message into the status a shell would report:
+// the exit status, or 128+N for a command killed by signal N.
+func (m initMsg) exitCode() (int, error) {
+	switch {
+	case m.kind != msgExited:
+	case m.a == endExited && m.b <= 255:
+		return int(m.b), nil
+	case (m.a == endKilled || m.a == endDumped) && m.b >= 1 && m.b <= 64:
+		return 128 + int(m.b), nil
+	}
+	return 0, fmt.Errorf("%w: not a valid exit (kind %d, %d/%d)", errBadMessage, m.kind, m.a, m.b)
+}
+
+// runRequest is what init needs to start one command.
+type runRequest struct {
+	argv []string // argv[0] is timeoutPath: init only runs budgeted commands
+	env  []string // "NAME=value", the whole environment
+	cwd  string   // absolute, inside the sandbox
+}
+
+// Bounds init applies to a request, beyond the total size.
+const (
+	maxRequestArgv = maxArgv + 8 // the command's and timeout's own
+	maxRequestEnv  = 1 << 16
+)
+
+func (r runRequest) encode() []byte {
+	n := 4 * 4
+	for _, s := range r.argv {
+		n += 4 + len(s)
+	}
+	for _, s := range r.env {
+		n += 4 + len(s)
+	}
+	n += 4 + len(r.cwd)
+	buf := make([]byte, 0, n)
+	buf = binary.LittleEndian.AppendUint32(buf, requestMagic)
+	buf = binary.LittleEndian.AppendUint32(buf, uint32(len(r.argv)))
+	for _, s := range r.argv {
+		buf = binary.LittleEndian.AppendUint32(buf, uint32(len(s)))
+		buf = append(buf, s...)
+	}
+	buf = binary.LittleEndian.AppendUint32(buf, uint32(len(r.env)))
+	for _, s := range r.env {
+		buf = binary.LittleEndian.AppendUint32(buf, uint32(len(s)))
+		buf = append(buf, s...)
+	}
+	buf = binary.LittleEndian.AppendUint32(buf, uint32(len(r.cwd)))
+	return append(buf, r.cwd...)
+}
+
+// decodeRunRequest parses and checks a request: every count and length
+// within what is left, no NUL anywhere, argv starting with timeoutPath,
+// every environment entry NAME=value, an absolute clean cwd, nothing
+// trailing.
+func decodeRunRequest(buf []byte) (runRequest, error) {
+	bad := func(format string, args ...any) (runRequest, error) {
+		return runRequest{}, fmt.Errorf("%w: request: "+format, append([]any{errBadMessage}, args...)...)
+	}
+	if len(buf) > maxRequestBytes {
+		return bad("%d bytes, more than %d", len(buf), maxRequestBytes)
+	}
+	u32 := func() (uint32, bool) {
+		if len(buf) < 4 {
+			return 0, false
+		}
+		v := binary.LittleEndian.Uint32(buf)
+		buf = buf[4:]
+		return v, true
+	}
+	str := func() (string, bool) {
+		n, ok := u32()
+		if !ok || uint64(n) > uint64(len(buf)) {
+			return "", false
+		}
+		s := string(buf[:n])
+		buf = buf[n:]
+		return s, !strings.ContainsRune(s, 0)
+	}
+	list := func(limit uint32) ([]string, bool) {
+		n, ok := u32()
+		// Each entry takes at least its 4-byte length.
+		if !ok || n > limit || uint64(n)*4 > uint64(len(buf)) {
+			return nil, false
+		}
+		out := make([]string, 0, n)
+		for range n {
+			s, ok := str()
+			if !ok {
+				return nil, false
+			}
+			out = append(out, s)
+		}
+		return out, true
+	}
+	if magic, ok := u32(); !ok || magic != requestMagic {
+		return bad("wrong magic")
+	}
+	var r runRequest
+	var ok bool
+	if r.argv, ok = list(maxRequestArgv); !ok {
+		return bad("bad argv")
+	}
+	if r.env, ok = list(maxRequestEnv); !ok {
+		return bad("bad environment")
+	}
+	if r.cwd, ok = str(); !ok {
+		return bad("bad working directory")
+	}
+	switch {
+	case len(buf) != 0:
+		return bad("%d bytes trailing", len(buf))
+	case len(r.argv) < 2 || r.argv[0] != timeoutPath:
+		return bad("argv must run %s and a command", timeoutPath)
+	case !path.IsAbs(r.cwd) || path.Clean(r.cwd) != r.cwd || len(r.cwd) > maxGuestPathLen:
+		return bad("working directory %q is not a clean absolute path", r.cwd)
+	}
+	for _, kv := range r.env {
+		if k, _, found := strings.Cut(kv, "="); !found || k == "" {
+			return bad("environment entry without a name")
+		}
+	}
+	return r, nil
+}

@@ -1,0 +1,140 @@
+package bwrap
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestRunRequestRoundTrip(t *testing.T) {
+	r := runRequest{
+		argv: []string{timeoutPath, "--kill-after=2.000", "--", "1.000", "sh", "-c", "echo 'x y'\n", ""},
+		env:  []string{"A=", "B=c=d", "UNICODE=é"},
+		cwd:  "/workspace/sub dir",
+	}
+	got, err := decodeRunRequest(r.encode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got.argv, r.argv) || !slices.Equal(got.env, r.env) || got.cwd != r.cwd {
+		t.Errorf("round trip: %+v, want %+v", got, r)
+	}
+}
+
+func TestDecodeRunRequestRefuses(t *testing.T) {
+	ok := runRequest{argv: []string{timeoutPath, "1", "true"}, env: []string{"A=b"}, cwd: "/"}
+	cases := map[string][]byte{
+		"empty":            nil,
+		"wrong magic":      append([]byte("xxxx"), ok.encode()[4:]...),
+		"trailing byte":    append(ok.encode(), 0),
+		"truncated":        ok.encode()[:len(ok.encode())-1],
+		"no timeout":       runRequest{argv: []string{"/bin/sh", "-c", "true"}, cwd: "/"}.encode(),
+		"timeout alone":    runRequest{argv: []string{timeoutPath}, cwd: "/"}.encode(),
+		"relative cwd":     runRequest{argv: ok.argv, cwd: "workspace"}.encode(),
+		"unclean cwd":      runRequest{argv: ok.argv, cwd: "/workspace/../etc"}.encode(),
+		"NUL in argv":      runRequest{argv: []string{timeoutPath, "1", "a\x00b"}, cwd: "/"}.encode(),
+		"NUL in env":       runRequest{argv: ok.argv, env: []string{"A=\x00"}, cwd: "/"}.encode(),
+		"env without name": runRequest{argv: ok.argv, env: []string{"=x"}, cwd: "/"}.encode(),
+		"env without =":    runRequest{argv: ok.argv, env: []string{"PATH"}, cwd: "/"}.encode(),
+		"huge count":       binary.LittleEndian.AppendUint32(binary.LittleEndian.AppendUint32(nil, requestMagic), 1<<31),
+		"huge length": binary.LittleEndian.AppendUint32(binary.LittleEndian.AppendUint32(
+			binary.LittleEndian.AppendUint32(nil, requestMagic), 1), 1<<31),
+		"oversized": append(ok.encode(), make([]byte, maxRequestBytes)...),
+	}
+	for name, buf := range cases {
+		if _, err := decodeRunRequest(buf); !errors.Is(err, errBadMessage) {
+			t.Errorf("%s: err = %v, want errBadMessage", name, err)
+		}
+	}
+}
+
+func TestInitMsgs(t *testing.T) {
+	for _, m := range []initMsg{{kind: msgReady}, {kind: msgRun}, {kind: msgStarted, a: 42}, {kind: msgExited, a: endKilled, b: 9}, {kind: msgFailed, a: 2}} {
+		got, err := decodeInitMsg(m.encode())
+		if err != nil || got != m {
+			t.Errorf("decode(encode(%+v)) = %+v, %v", m, got, err)
+		}
+	}
+	for name, buf := range map[string][]byte{
+		"short":        initMsg{kind: msgReady}.encode()[:initMsgSize-1],
+		"long":         append(initMsg{kind: msgReady}.encode(), 0),
+		"magic":        append([]byte("nope"), initMsg{kind: msgReady}.encode()[4:]...),
+		"version":      slices.Concat(initMsg{kind: msgReady}.encode()[:4], []byte{9, 0, 0, 0}, initMsg{kind: msgReady}.encode()[8:]),
+		"unknown kind": initMsg{kind: 99}.encode(),
+		"kind zero":    initMsg{}.encode(),
+	} {
+		if _, err := decodeInitMsg(buf); !errors.Is(err, errBadMessage) {
+			t.Errorf("%s: err = %v, want errBadMessage", name, err)
+		}
+	}
+}
+
+func TestExitCodeFromInit(t *testing.T) {
+	cases := []struct {
+		m    initMsg
+		code int
+		ok   bool
+	}{
+		{initMsg{kind: msgExited, a: endExited, b: 0}, 0, true},
+		{initMsg{kind: msgExited, a: endExited, b: 124}, 124, true},
+		{initMsg{kind: msgExited, a: endExited, b: 255}, 255, true},
+		{initMsg{kind: msgExited, a: endKilled, b: 9}, 137, true},
+		{initMsg{kind: msgExited, a: endDumped, b: 11}, 139, true},
+		{initMsg{kind: msgExited, a: endExited, b: 256}, 0, false},
+		{initMsg{kind: msgExited, a: endKilled, b: 0}, 0, false},
+		{initMsg{kind: msgExited, a: endKilled, b: 65}, 0, false},
+		{initMsg{kind: msgExited, a: 7, b: 1}, 0, false},
+		{initMsg{kind: msgStarted, a: endExited, b: 0}, 0, false},
+	}
+	for _, tc := range cases {
+		code, err := tc.m.exitCode()
+		if (err == nil) != tc.ok || code != tc.code {
+			t.Errorf("exitCode(%+v) = %d, %v; want %d, ok %v", tc.m, code, err, tc.code, tc.ok)
+		}
+	}
+}
+
+func FuzzDecodeRunRequest(f *testing.F) {
+	f.Add(runRequest{argv: []string{timeoutPath, "1", "true"}, env: []string{"A=b"}, cwd: "/"}.encode())
+	f.Add([]byte("rreq"))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, buf []byte) {
+		r, err := decodeRunRequest(buf)
+		if err != nil {
+			return
+		}
+		// What decodes re-encodes to the same bytes, and is what init may
+		// run: budgeted, clean, no NUL.
+		if !bytes.Equal(r.encode(), buf) {
+			t.Fatalf("re-encoding %+v differs from the input", r)
+		}
+		if r.argv[0] != timeoutPath || !strings.HasPrefix(r.cwd, "/") {
+			t.Fatalf("accepted %+v", r)
+		}
+		for _, s := range slices.Concat(r.argv, r.env, []string{r.cwd}) {
+			if strings.IndexByte(s, 0) >= 0 {
+				t.Fatalf("accepted a NUL in %q", s)
+			}
+		}
+	})
+}
+
+func FuzzDecodeInitMsg(f *testing.F) {
+	f.Add(initMsg{kind: msgExited, a: endExited, b: 3}.encode())
+	f.Add([]byte("init"))
+	f.Fuzz(func(t *testing.T, buf []byte) {
+		m, err := decodeInitMsg(buf)
+		if err != nil {
+			return
+		}
+		if !bytes.Equal(m.encode(), buf) {
+			t.Fatalf("re-encoding %+v differs from the input", m)
+		}
+		if code, err := m.exitCode(); err == nil && (code < 0 || code > 255) {
+			t.Fatalf("exit code %d out of range from %+v", code, m)
+		}
+	})
+}

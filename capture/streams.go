@@ -1,0 +1,82 @@
+package capture
+
+import (
+	"os"
+	"time"
+)
+
+// Streams are the three standard streams of one process that the caller
+// starts some other way than Run: open them, hand ChildFiles to whatever
+// starts the process, Start, and Finish once the process has exited. Output
+// is kept exactly as Run keeps it (the tail of each stream, within its
+// limit, drained concurrently), stdin is fed in the background, and Finish
+// never waits for EOF longer than it is told: a process that left a
+// grandchild holding the pipes cannot hold the caller.
+//
+// Streams know nothing of the process: its budget, its signals and its exit
+// are the caller's.
+type Streams struct {
+	p              *pipes
+	stdout, stderr *Buffer
+	stdin          []byte
+	drained        <-chan struct{}
+}
+
+// NewStreams opens the pipes: stdin is a pipe fed with stdin, or /dev/null
+// when stdin is empty; stdout and stderr each keep the last maxOutputBytes
+// (zero means DefaultMaxOutputBytes, negative keeps nothing). The caller
+// must call Close, or Start and then Finish.
+func NewStreams(stdin []byte, maxOutputBytes int) (*Streams, error) {
+	p, err := openPipes(len(stdin) > 0)
+	if err != nil {
+		return nil, err
+	}
+	if maxOutputBytes == 0 {
+		maxOutputBytes = DefaultMaxOutputBytes
+	}
+	return &Streams{p: p, stdout: NewTail(maxOutputBytes), stderr: NewTail(maxOutputBytes), stdin: stdin}, nil
+}
+
+// ChildFiles returns the process's ends: its stdin, stdout and stderr. They
+// are close-on-exec and stay open until Start or Close. Hand them on by
+// their Fd, which also puts them in blocking mode, as a process expects of
+// its standard streams (os/exec does the same).
+func (s *Streams) ChildFiles() [3]*os.File {
+	return [3]*os.File{s.p.childIn, s.p.childOut, s.p.childErr}
+}
+
+// Start closes the caller's copies of the child ends (the process, or
+// whoever passed them on, holds its own by now), starts draining stdout and
+// stderr and starts feeding stdin. It must be called once, before Finish.
+func (s *Streams) Start() {
+	s.p.closeChildEnds()
+	s.drained = s.p.startDrains(s.stdout, s.stderr)
+	s.p.feedStdin(s.stdin)
+}
+
+// Finish waits at most drainGrace (DefaultDrainGrace if zero or less) for
+// both output streams to reach EOF, closes every pipe, which stops the
+// drains and a stdin feeder the process never read from, and returns what
+// was kept. Only the output fields of the Result are set.
+func (s *Streams) Finish(drainGrace time.Duration) Result {
+	if drainGrace <= 0 {
+		drainGrace = DefaultDrainGrace
+	}
+	t := time.NewTimer(drainGrace)
+	select {
+	case <-s.drained:
+	case <-t.C:
+	}
+	t.Stop()
+	s.p.closeParentEnds()
+	<-s.drained
+	return Result{
+		Stdout: s.stdout.Bytes(), StdoutTruncated: s.stdout.Truncated(), StdoutTotal: s.stdout.Total(),
+		Stderr: s.stderr.Bytes(), StderrTruncated: s.stderr.Truncated(), StderrTotal: s.stderr.Total(),
+	}
+}
+
+// Close closes every pipe that is still open. It is safe to call at any
+// time and more than once; after Start, call Finish rather than Close to
+// get the output.
+func (s *Streams) Close() { s.p.closeAll() }

@@ -1,0 +1,73 @@
+package capture
+
+import (
+	"bytes"
+	"os/exec"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestStreamsOfAProcessStartedElsewhere hands the child ends to a process
+// that Run does not start, as a sandbox's init gets them over a socket.
+func TestStreamsOfAProcessStartedElsewhere(t *testing.T) {
+	requireTools(t, "/bin/sh", "cat", "head")
+	in := bytes.Repeat([]byte("stdin line\n"), 20000) // more than a pipe holds
+	s, err := NewStreams(in, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := s.ChildFiles()
+	cmd := exec.Command("/bin/sh", "-c", "cat; head -c 5000 /dev/zero | tr '\\0' x; echo; echo end; echo to-stderr >&2")
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = files[0], files[1], files[2]
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	if err := cmd.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	res := s.Finish(0)
+	// The last 1000 bytes are 995 x's and "\nend\n": the partial line goes.
+	if !res.StdoutTruncated || res.StdoutTotal != int64(len(in))+5000+1+4 || string(res.Stdout) != "end\n" {
+		t.Errorf("stdout: %d bytes kept of %d, truncated %v, ends %q", len(res.Stdout), res.StdoutTotal, res.StdoutTruncated, res.Stdout[max(0, len(res.Stdout)-10):])
+	}
+	if string(res.Stderr) != "to-stderr\n" || res.StderrTruncated {
+		t.Errorf("stderr %q truncated %v", res.Stderr, res.StderrTruncated)
+	}
+}
+
+func TestStreamsFinishDoesNotWaitForAGrandchild(t *testing.T) {
+	requireTools(t, "/bin/sh", "sleep")
+	s, err := NewStreams(nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := s.ChildFiles()
+	cmd := exec.Command("/bin/sh", "-c", "sleep 1007 & echo started")
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = files[0], files[1], files[2]
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	_ = cmd.Wait()
+	start := time.Now()
+	res := s.Finish(100 * time.Millisecond)
+	if elapsed := time.Since(start); elapsed > time.Second {
+		t.Errorf("Finish took %v with a grandchild holding the pipes", elapsed)
+	}
+	if string(res.Stdout) != "started\n" {
+		t.Errorf("stdout %q", res.Stdout)
+	}
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // the grandchild, in the shell's group
+}
+
+func TestStreamsCloseWithoutStart(t *testing.T) {
+	s, err := NewStreams([]byte("x"), 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s.Close() // twice is fine
+}
