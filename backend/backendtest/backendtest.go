@@ -53,6 +53,18 @@ type Options struct {
 	// Slack is how much longer than its budget a command may take to come
 	// back, for the backend's own overhead (default 5 s).
 	Slack time.Duration
+	// KillsEscapeesAtTimeout says a timed-out command's processes are all
+	// killed, even those that left its process group or session (setsid, a
+	// double fork). A fake that runs commands on the host under GNU timeout
+	// cannot promise it.
+	KillsEscapeesAtTimeout bool
+	// HostProcesses, when set, lists the host's processes whose command
+	// line contains s (a backend whose guests are host processes sets it;
+	// a microVM backend leaves it nil and those checks are skipped).
+	HostProcesses func(s string) []int
+	// KillSandboxInit, when set, kills sandbox id's long-lived process (an
+	// init, a VM) the way a crash would.
+	KillSandboxInit func(b backend.Backend, id string) error
 }
 
 // opTimeout bounds every single backend call the suite makes, so a broken
@@ -105,6 +117,9 @@ func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend, opts Optio
 		{"FileErrors", testFileErrors},
 		{"FileTooLarge", testFileTooLarge},
 		{"ConcurrentSandboxes", testConcurrent},
+		{"TimeoutKillsEscapees", testTimeoutKillsEscapees},
+		{"DestroyKillsEverything", testDestroyKillsEverything},
+		{"CrashedSandboxIsTerminated", testCrashedSandboxIsTerminated},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -894,5 +909,97 @@ func testConcurrent(s *suite) {
 	}
 	if elapsed > n*nap-time.Second {
 		s.Errorf("%d commands of %v in %d sandboxes took %v: they did not run concurrently", n, nap, n, elapsed)
+	}
+}
+
+// countSleeps is a shell pipeline counting the processes whose whole command
+// line is "sleep [123]<tok>" (a shell whose script mentions them does not
+// count).
+func countSleeps(tok string) string {
+	return `for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -cE "^sleep [123]` + tok + ` $"`
+}
+
+// sleepToken is a number for sleep no other subtest uses ("sleep 1<tok>"
+// must be a valid interval, or the sleep exits at once and proves nothing).
+func sleepToken() string { return fmt.Sprint(100000 + time.Now().UnixNano()%900000) }
+
+func testTimeoutKillsEscapees(s *suite) {
+	if !s.opts.KillsEscapeesAtTimeout {
+		s.Skip("the backend does not promise to kill processes that left the command's session")
+	}
+	sb := s.create(backend.Spec{})
+	tok := sleepToken()
+	res := s.exec(sb, backend.ExecRequest{Timeout: 2 * time.Second, Command: fmt.Sprintf(
+		`setsid sleep 1%[1]s >/dev/null 2>&1 & (setsid sleep 2%[1]s >/dev/null 2>&1 &); (trap '' TERM HUP; exec setsid nohup sleep 3%[1]s >/dev/null 2>&1 &)
+sleep 0.5; %[2]s; sleep 60`, tok, countSleeps(tok))})
+	if !res.TimedOut || strings.TrimSpace(string(res.Stdout)) != "3" {
+		s.Fatalf("want a timeout with 3 escapees running before it: %+v", res)
+	}
+	// A setsid or a double fork must not escape the kill at the timeout.
+	deadline := time.Now().Add(2 * time.Second)
+	for strings.TrimSpace(string(s.exec(sb, backend.ExecRequest{Command: countSleeps(tok) + " || true"}).Stdout)) != "0" {
+		if time.Now().After(deadline) {
+			s.Fatalf("processes of a timed-out command survived it")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func testDestroyKillsEverything(s *suite) {
+	if s.opts.HostProcesses == nil {
+		s.Skip("the backend's guests are not host processes")
+	}
+	sb := s.create(backend.Spec{})
+	tok := sleepToken()
+	// Background processes may or may not outlive their command (a microVM
+	// keeps them; bwrap ends them with the command): Destroy ends them all.
+	s.runOK(sb, fmt.Sprintf(`sleep 1%[1]s >/dev/null 2>&1 & setsid sleep 2%[1]s >/dev/null 2>&1 & echo started`, tok))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.b.Exec(s.ctx(), sb.id, backend.ExecRequest{Command: "sleep 3" + tok, Timeout: time.Minute, MaxOutputBytes: 1024})
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for len(s.opts.HostProcesses("sleep 3"+tok)) == 0 {
+		if time.Now().After(deadline) {
+			s.Fatalf("the command never started, so nothing would be checked")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := s.b.Destroy(s.ctx(), sb.id); err != nil {
+		s.Fatal(err)
+	}
+	<-done
+	deadline = time.Now().Add(2 * time.Second)
+	for len(s.opts.HostProcesses(tok)) > 0 {
+		if time.Now().After(deadline) {
+			s.Fatalf("processes of a destroyed sandbox survived: %v", s.opts.HostProcesses(tok))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func testCrashedSandboxIsTerminated(s *suite) {
+	if s.opts.KillSandboxInit == nil {
+		s.Skip("the backend has no long-lived process to crash")
+	}
+	sb := s.create(backend.Spec{})
+	s.runOK(sb, "true")
+	if err := s.opts.KillSandboxInit(s.b, sb.id); err != nil {
+		s.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(s.ctx(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	res, err := s.b.Exec(ctx, sb.id, backend.ExecRequest{Command: "true", Timeout: time.Minute, MaxOutputBytes: 1024})
+	if time.Since(start) > 5*time.Second {
+		s.Errorf("Exec took %v to notice the crash", time.Since(start))
+	}
+	// Either is allowed: the next command reports the sandbox gone.
+	if !(err == nil && res.SandboxTerminated) && !errors.Is(err, backend.ErrNotFound) {
+		s.Errorf("Exec after a crash: %+v, %v; want SandboxTerminated or ErrNotFound", res, err)
+	}
+	if err := s.b.Destroy(s.ctx(), sb.id); err != nil {
+		s.Errorf("Destroy after a crash: %v", err)
 	}
 }

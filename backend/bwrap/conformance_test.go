@@ -1,6 +1,7 @@
 package bwrap
 
 import (
+	"syscall"
 	"testing"
 	"time"
 
@@ -25,6 +26,13 @@ func TestBwrapConformance(t *testing.T) {
 				RealIsolation:      true,
 				AcceptBlockNetwork: true,
 				KillGrace:          conformanceKillGrace,
+				// Each command runs alone in the sandbox's PID namespace
+				// and init ends everything when it ends.
+				KillsEscapeesAtTimeout: true,
+				HostProcesses:          processesContaining,
+				KillSandboxInit: func(b backend.Backend, id string) error {
+					return syscall.Kill(initPID(t, b.(*Backend), id), syscall.SIGKILL)
+				},
 			})
 		})
 	}
