@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -196,7 +197,12 @@ func TestBwrapInitKilledDuringCommand(t *testing.T) {
 	tok := sleepToken(t)
 	pid := initPID(t, b, id)
 	go func() {
-		waitProcessesContaining(t, 10*time.Second, 1, "sleep "+tok)
+		// Wait for the sleep itself (timeout's and sh's command lines
+		// mention it too, before echo has run): its whole command line.
+		deadline := time.Now().Add(10 * time.Second)
+		for time.Now().Before(deadline) && !processRunning("sleep\x00"+tok+"\x00") {
+			time.Sleep(10 * time.Millisecond)
+		}
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}()
 	start := time.Now()
@@ -551,4 +557,16 @@ func TestInitRefusesMalformedMessages(t *testing.T) {
 	if out := runOK(t, b, id, "echo still-serving"); out != "still-serving\n" {
 		t.Errorf("after the malformed messages: %q", out)
 	}
+}
+
+// processRunning reports whether a host process has exactly this command
+// line (NUL-separated, as in /proc/PID/cmdline).
+func processRunning(cmdline string) bool {
+	matches, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, m := range matches {
+		if b, err := os.ReadFile(m); err == nil && string(b) == cmdline {
+			return true
+		}
+	}
+	return false
 }
