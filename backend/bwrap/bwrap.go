@@ -35,6 +35,8 @@ import (
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/seccomp"
 )
 
 // Defaults for the zero fields of Config.
@@ -89,6 +91,11 @@ type Config struct {
 	// the host's network namespace. Off by default: without it such specs are
 	// refused, since this backend has no way to filter egress.
 	ShareHostNetwork bool
+	// Limits are every sandbox's limits. This backend enforces the
+	// rlimits (OpenFiles, FileSizeBytes, and always a zero core size) on
+	// each sandbox's init, which every command inherits; zero fields mean
+	// no limit. Give limits.Defaults() unless configured otherwise.
+	Limits limits.Limits
 	// Logger receives the backend's logs; nil discards them.
 	Logger hclog.Logger
 }
@@ -129,13 +136,25 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.ExecGrace == 0 {
 		cfg.ExecGrace = DefaultExecGrace
 	}
+	if err := cfg.Limits.Validate(); err != nil {
+		return nil, fmt.Errorf("bwrap backend: %w", err)
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.NewNullLogger()
 	}
+	cfg.Limits = clampToOwnHardLimits(cfg.Limits, cfg.Logger)
 
 	bin, err := findBwrap(cfg.BwrapPath)
 	if err != nil {
 		return nil, err
+	}
+	// Every sandbox runs under the guest's system-call filter; a kernel
+	// that cannot load one gets no sandboxes rather than unfiltered ones.
+	if err := seccomp.Supported(); err != nil {
+		return nil, fmt.Errorf("%w: %v", backend.ErrUnavailable, err)
+	}
+	if _, err := seccomp.Bytes(seccomp.Guest()); err != nil {
+		return nil, fmt.Errorf("bwrap backend: cannot build the sandboxes' seccomp filter: %w", err)
 	}
 
 	mode := os.FileMode(0o700)
@@ -167,6 +186,8 @@ func New(cfg Config) (*Backend, error) {
 		rootLinks: hostRootLinks("/"),
 		sandboxes: make(map[string]*sandbox),
 	}
+	b.log.Info("sandbox limits: seccomp and rlimits only; memory, processes, CPU and disk are not limited per sandbox",
+		"open_files", cfg.Limits.OpenFiles, "file_size_bytes", cfg.Limits.FileSizeBytes)
 	// No command of this backend runs yet, so any process still carrying
 	// the marker of one of its sandboxes was left by a daemon that died.
 	if strays := findMarked(cfg.Dir, true); len(strays) > 0 {
@@ -180,6 +201,31 @@ func New(cfg Config) (*Backend, error) {
 		}
 	}
 	return b, nil
+}
+
+// clampToOwnHardLimits lowers the rlimits in l that exceed the daemon's
+// own hard limits: bwrap inherits those, and nothing in a sandbox may raise
+// them, so the sandbox gets the daemon's (stricter) limit instead of failing
+// to start.
+func clampToOwnHardLimits(l limits.Limits, log hclog.Logger) limits.Limits {
+	for _, f := range []struct {
+		resource int
+		name     string
+		value    *uint64
+	}{
+		{unix.RLIMIT_NOFILE, "open files", &l.OpenFiles},
+		{unix.RLIMIT_FSIZE, "file size", &l.FileSizeBytes},
+	} {
+		var own unix.Rlimit
+		if err := unix.Getrlimit(f.resource, &own); err != nil || own.Max == unix.RLIM_INFINITY {
+			continue
+		}
+		if *f.value > own.Max {
+			log.Warn("a sandbox rlimit exceeds the daemon's own hard limit; sandboxes get the daemon's", "limit", f.name, "configured", *f.value, "applied", own.Max)
+			*f.value = own.Max
+		}
+	}
+	return l
 }
 
 func checkIDs(uid, gid int) error {

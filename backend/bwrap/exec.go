@@ -16,6 +16,7 @@ import (
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/seccomp"
 )
 
 // What the guest sees.
@@ -194,7 +195,10 @@ func (b *Backend) directCommand(sb *sandbox, argv, env []string, cwd string) (*e
 	if err != nil {
 		return nil, nil, err
 	}
-	cmd := b.command(sb.dir, append([]string{"--args", strconv.Itoa(firstDataFD), "--"}, argv...))
+	// No init to carry the sandbox's rlimits: prlimit sets them on the
+	// command itself.
+	args := append([]string{"--args", strconv.Itoa(firstDataFD), "--"}, b.cfg.Limits.PrlimitArgs()...)
+	cmd := b.command(sb.dir, append(args, argv...))
 	cmd.ExtraFiles = files
 	return cmd, files, nil
 }
@@ -348,6 +352,10 @@ func (b *Backend) bwrapOptions(sb *sandbox, env []string, cwd string, firstDataF
 	} else {
 		o = append(o, "--perms", "0644", "--ro-bind-data", strconv.Itoa(firstDataFD+3), "/etc/hosts")
 	}
+	// The system-call filter, last of the data files: bwrap loads it just
+	// before it execs the sandbox's first process, so it confines init and
+	// everything init starts.
+	o = append(o, "--seccomp", strconv.Itoa(firstDataFD+4))
 	return append(o,
 		"--proc", "/proc",
 		"--dev", "/dev",
@@ -357,8 +365,8 @@ func (b *Backend) bwrapOptions(sb *sandbox, env []string, cwd string, firstDataF
 }
 
 // dataFiles returns the memfds bwrap reads: its options, then the synthetic
-// /etc/passwd, /etc/group and /etc/hosts, in that order. The caller closes
-// them.
+// /etc/passwd, /etc/group and /etc/hosts, then the seccomp filter
+// (seccomp.Guest(), sealed), in that order. The caller closes them.
 func dataFiles(opts []string) (files []*os.File, err error) {
 	defer func() {
 		if err != nil {
@@ -382,7 +390,11 @@ func dataFiles(opts []string) (files []*os.File, err error) {
 		}
 		files = append(files, f)
 	}
-	return files, nil
+	filter, err := seccomp.Memfd(seccomp.Guest())
+	if err != nil {
+		return files, err
+	}
+	return append(files, filter), nil
 }
 
 // memFile returns an anonymous in-memory file holding data, positioned at

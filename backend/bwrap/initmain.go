@@ -101,6 +101,11 @@ func runInit() int {
 	if err := checkControlSocket(initControlFD); err != nil {
 		return initFail("fd %d is not the control socket: %v", initControlFD, err)
 	}
+	// The sandbox's rlimits, before any command: every command inherits
+	// them. (Lowering a limit needs no privilege.)
+	if err := applyOwnRlimits(os.Getenv(initRlimitsEnv)); err != nil {
+		return initFail("cannot set the sandbox's rlimits: %v", err)
+	}
 	if err := closeInheritedFDs(); err != nil {
 		return initFail("cannot close inherited descriptors: %v", err)
 	}

@@ -5,7 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 )
 
 // The conversation between the daemon and a sandbox's init.
@@ -214,4 +219,67 @@ func decodeRunRequest(buf []byte) (runRequest, error) {
 		}
 	}
 	return r, nil
+}
+
+// initRlimitsEnv carries the sandbox's rlimits to its init, which sets them
+// on itself before it says it is ready, so every command inherits them (and,
+// hard limits being equal to soft ones, cannot raise them). The value is
+// "resource=value" pairs (RLIMIT_* numbers) separated by commas.
+const initRlimitsEnv = "SANDBOX_SIDECAR_RLIMITS"
+
+// maxInitRlimits bounds what init accepts in initRlimitsEnv.
+const maxInitRlimits = 16
+
+// rlimNLimits is Linux's RLIM_NLIMITS: resources are 0..15.
+const rlimNLimits = 16
+
+func encodeRlimits(rls []limits.Rlimit) string {
+	parts := make([]string, 0, len(rls))
+	for _, r := range rls {
+		parts = append(parts, strconv.Itoa(r.Resource)+"="+strconv.FormatUint(r.Value, 10))
+	}
+	return strings.Join(parts, ",")
+}
+
+// decodeRlimits parses encodeRlimits' output.
+func decodeRlimits(s string) ([]limits.Rlimit, error) {
+	if s == "" {
+		return nil, nil
+	}
+	parts := strings.Split(s, ",")
+	if len(parts) > maxInitRlimits {
+		return nil, fmt.Errorf("%d rlimits, more than %d", len(parts), maxInitRlimits)
+	}
+	out := make([]limits.Rlimit, 0, len(parts))
+	for _, p := range parts {
+		k, v, ok := strings.Cut(p, "=")
+		res, err1 := strconv.Atoi(k)
+		val, err2 := strconv.ParseUint(v, 10, 64)
+		if !ok || err1 != nil || err2 != nil || res < 0 || res >= rlimNLimits {
+			return nil, fmt.Errorf("malformed rlimit %q", p)
+		}
+		out = append(out, limits.Rlimit{Resource: res, Value: val})
+	}
+	return out, nil
+}
+
+// applyOwnRlimits sets the rlimits in initRlimitsEnv on the calling process.
+func applyOwnRlimits(env string) error {
+	rls, err := decodeRlimits(env)
+	if err != nil {
+		return err
+	}
+	for _, r := range rls {
+		// A limit above the hard limit init was started with cannot be
+		// raised without privilege: keep the (stricter) hard limit.
+		var cur unix.Rlimit
+		if err := unix.Getrlimit(r.Resource, &cur); err == nil && r.Value > cur.Max {
+			r.Value = cur.Max
+		}
+		lim := unix.Rlimit{Cur: r.Value, Max: r.Value}
+		if err := unix.Setrlimit(r.Resource, &lim); err != nil {
+			return fmt.Errorf("setrlimit %d=%d: %w", r.Resource, r.Value, err)
+		}
+	}
+	return nil
 }

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 )
 
 func TestRunRequestRoundTrip(t *testing.T) {
@@ -137,4 +139,28 @@ func FuzzDecodeInitMsg(f *testing.F) {
 			t.Fatalf("exit code %d out of range from %+v", code, m)
 		}
 	})
+}
+
+func TestRlimitsEncoding(t *testing.T) {
+	in := limits.Limits{OpenFiles: 100, FileSizeBytes: 1 << 20}.Rlimits()
+	out, err := decodeRlimits(encodeRlimits(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out) != len(in) {
+		t.Fatalf("decoded %d rlimits, want %d", len(out), len(in))
+	}
+	for i := range in {
+		if out[i].Resource != in[i].Resource || out[i].Value != in[i].Value {
+			t.Errorf("rlimit %d: got %+v, want %+v", i, out[i], in[i])
+		}
+	}
+	if rls, err := decodeRlimits(""); err != nil || len(rls) != 0 {
+		t.Errorf(`decodeRlimits("") = %v, %v`, rls, err)
+	}
+	for _, bad := range []string{"x=1", "4=", "4=-1", "99=1", "4", "-1=0", strings.Repeat("4=0,", 20) + "4=0"} {
+		if _, err := decodeRlimits(bad); err == nil {
+			t.Errorf("decodeRlimits(%q) accepted it", bad)
+		}
+	}
 }

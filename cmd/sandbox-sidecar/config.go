@@ -15,6 +15,7 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/sbx"
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/lifecycle"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 	"github.com/sandbox-sidecar/sandbox-sidecar/service"
 )
 
@@ -71,6 +72,15 @@ type LimitsSection struct {
 	MaxFileBytes   int64    `toml:"max_file_bytes"`
 	MaxTimeout     Duration `toml:"max_timeout"`
 	DefaultTimeout Duration `toml:"default_timeout"`
+	// Per-sandbox rlimits (bwrap backend): RLIMIT_NOFILE and RLIMIT_FSIZE
+	// of every guest process; 0 means no limit.
+	OpenFiles uint64 `toml:"open_files"`
+	FileSize  uint64 `toml:"file_size"`
+}
+
+// sandboxLimits is what the [limits] section asks of each sandbox.
+func (l LimitsSection) sandboxLimits() limits.Limits {
+	return limits.Limits{OpenFiles: l.OpenFiles, FileSizeBytes: l.FileSize}
 }
 
 type BwrapSection struct {
@@ -113,6 +123,7 @@ func defaultConfig() Config {
 		Limits: LimitsSection{
 			MaxOutputBytes: service.DefaultMaxOutputBytes, MaxFileBytes: service.DefaultMaxFileBytes,
 			MaxTimeout: Duration(service.DefaultMaxTimeout), DefaultTimeout: Duration(service.DefaultTimeout),
+			OpenFiles: limits.Defaults().OpenFiles, FileSize: limits.Defaults().FileSizeBytes,
 		},
 		Bwrap: BwrapSection{SandboxUID: 65534, SandboxGID: 65534, KillGrace: Duration(2 * time.Second)},
 		Sbx: SbxSection{
@@ -260,6 +271,9 @@ func (c *Config) validate() error {
 	}
 	if c.Server.MaxFrameBytes > 0 && 2*int64(c.Limits.MaxOutputBytes) > int64(c.Server.MaxFrameBytes)-64<<10 {
 		bad("limits.max_output_bytes (%d, per stream) times two must fit in a frame (server.max_frame_bytes %d, minus 64 KiB)", c.Limits.MaxOutputBytes, c.Server.MaxFrameBytes)
+	}
+	if err := c.Limits.sandboxLimits().Validate(); err != nil {
+		bad("limits.open_files, limits.file_size: %v", err)
 	}
 	return errors.Join(errs...)
 }

@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 )
 
 func writeConfig(t *testing.T, text string) string {
@@ -39,6 +41,14 @@ func TestConfigValuesAndErrors(t *testing.T) {
 	assert.Equal(t, List{"1000", "root"}, cfg.Access.AllowUIDs)
 	assert.Equal(t, 24*time.Hour, cfg.Lifecycle.MaxLifetime.D(), "unset keys keep their defaults")
 	require.NoError(t, cfg.validate())
+	assert.Equal(t, limits.Defaults().OpenFiles, cfg.Limits.OpenFiles, "sandbox rlimits default to limits.Defaults()")
+	assert.Equal(t, limits.Defaults().FileSizeBytes, cfg.Limits.FileSize)
+
+	p = writeConfig(t, "[limits]\nopen_files = 4096\nfile_size = 0\n")
+	cfg = defaultConfig()
+	require.NoError(t, loadConfigFile(&cfg, p, true))
+	require.NoError(t, cfg.validate())
+	assert.Equal(t, limits.Limits{OpenFiles: 4096}, cfg.Limits.sandboxLimits())
 
 	for name, text := range map[string]string{
 		"bad duration": "[lifecycle]\nconn_grace = \"soon\"\n",
@@ -62,6 +72,7 @@ func TestConfigValuesAndErrors(t *testing.T) {
 		"bad host policy":   func(c *Config) { c.Sbx.HostPolicy = "sometimes" },
 		"bad log level":     func(c *Config) { c.Server.LogLevel = "loud" },
 		"unknown admin uid": func(c *Config) { c.Access.AdminUIDs = List{"no-such-user-here"} },
+		"open files tiny":   func(c *Config) { c.Limits.OpenFiles = 3 },
 	} {
 		cfg := defaultConfig()
 		mutate(&cfg)

@@ -63,6 +63,8 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	fs.Int64Var(&lim.MaxFileBytes, "max-file-bytes", lim.MaxFileBytes, "cap on one read_file or write_file")
 	fs.Var(&lim.MaxTimeout, "max-timeout", "cap on a command's timeout")
 	fs.Var(&lim.DefaultTimeout, "default-timeout", "a command's timeout when the request gives none")
+	fs.Uint64Var(&lim.OpenFiles, "limit-open-files", lim.OpenFiles, "RLIMIT_NOFILE of every sandbox process (bwrap; 0: no limit)")
+	fs.Uint64Var(&lim.FileSize, "limit-file-size", lim.FileSize, "RLIMIT_FSIZE, the largest file a sandbox process may write, in bytes (bwrap; 0: no limit)")
 	fs.IntVar(&bw.SandboxUID, "sandbox-uid", bw.SandboxUID, "host uid that runs sandboxes when the daemon runs as root")
 	fs.IntVar(&bw.SandboxGID, "sandbox-gid", bw.SandboxGID, "host gid that runs sandboxes when the daemon runs as root")
 	fs.BoolVar(&bw.ShareHostNetwork, "bwrap-share-host-network", bw.ShareHostNetwork, "let sandboxes that ask for block_network=false share the host's network (bwrap)")
@@ -376,6 +378,7 @@ func newBackend(cfg Config, log hclog.Logger) (backend.Backend, error) {
 			SandboxGID:       -1,
 			KillGrace:        cfg.Bwrap.KillGrace.D(),
 			ShareHostNetwork: cfg.Bwrap.ShareHostNetwork,
+			Limits:           cfg.Limits.sandboxLimits(),
 			Logger:           log.Named("bwrap"),
 		}
 		if os.Geteuid() == 0 {

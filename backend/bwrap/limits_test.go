@@ -1,0 +1,101 @@
+package bwrap
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
+)
+
+// limitsProbe prints what a command sees of its rlimits and seccomp state.
+const limitsProbe = `ulimit -n; ulimit -f; ulimit -c; grep '^Seccomp:' /proc/self/status`
+
+func wantLimits(t *testing.T, out string) {
+	t.Helper()
+	// ulimit -f counts 512-byte blocks in dash.
+	want := "100\n2048\n0\nSeccomp:\t2\n"
+	if out != want {
+		t.Errorf("rlimits and seccomp seen by a command = %q, want %q", out, want)
+	}
+}
+
+func TestLimitsApplyToEveryCommand(t *testing.T) {
+	for _, m := range allModes {
+		t.Run(m.name, func(t *testing.T) {
+			b := newTestBackend(t, m, func(c *Config) {
+				c.Limits = limits.Limits{OpenFiles: 100, FileSizeBytes: 1 << 20}
+			})
+			id := create(t, b, backend.Spec{})
+			// Through init, twice: the limits are init's, inherited.
+			wantLimits(t, runOK(t, b, id, limitsProbe))
+			wantLimits(t, runOK(t, b, id, limitsProbe))
+			// A file past the size limit is refused.
+			res := run(t, b, id, `dd if=/dev/zero of=/workspace/big bs=1M count=2 2>&1; echo rc=$?`)
+			if !strings.Contains(string(res.Stdout), "File too large") && !strings.Contains(string(res.Stdout), "rc=153") {
+				t.Errorf("writing past RLIMIT_FSIZE: %q", res.Stdout)
+			}
+		})
+	}
+}
+
+func TestLimitsApplyToADirectCommand(t *testing.T) {
+	b := newTestBackend(t, daemonUID, func(c *Config) {
+		c.Limits = limits.Limits{OpenFiles: 100, FileSizeBytes: 1 << 20}
+	})
+	id := create(t, b, backend.Spec{})
+	sb, err := b.lookup(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, _ := mergeEnv(nil, nil)
+	opCtx, done, err := sb.begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer done()
+	res, err := b.execDirect(context.Background(), opCtx, sb, backend.ExecRequest{MaxOutputBytes: 1 << 20},
+		b.budgeted([]string{"/bin/sh", "-c", limitsProbe}, 10*time.Second), env, guestWorkspace, 10*time.Second)
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("direct command: %+v %v (stderr %q)", res, err, res.Stderr)
+	}
+	wantLimits(t, string(res.Stdout))
+}
+
+func TestSeccompContainsGuestCommands(t *testing.T) {
+	b := newTestBackend(t, daemonUID)
+	id := create(t, b, backend.Spec{})
+	// unshare(CLONE_NEWUSER) and mount are refused by the filter; an
+	// ordinary command still runs.
+	res := run(t, b, id, `unshare -U true 2>&1; echo rc=$?; ulimit -c`)
+	out := string(res.Stdout)
+	if !strings.Contains(out, "Operation not permitted") || strings.Contains(out, "rc=0") {
+		t.Errorf("unshare -U in a sandbox: %q, want it refused", out)
+	}
+	if !strings.HasSuffix(out, "0\n") {
+		t.Errorf("core size in a sandbox: %q, want 0", out)
+	}
+}
+
+func TestNewRefusesInvalidLimits(t *testing.T) {
+	_, err := New(Config{Dir: t.TempDir(), SandboxUID: -1, SandboxGID: -1, Limits: limits.Limits{OpenFiles: 3}})
+	if err == nil || !strings.Contains(err.Error(), "open files") {
+		t.Fatalf("New with OpenFiles 3: %v, want a validation error", err)
+	}
+}
+
+func TestLimitsAboveTheDaemonsOwnAreClamped(t *testing.T) {
+	var own unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &own); err != nil || own.Max == unix.RLIM_INFINITY {
+		t.Skipf("no finite hard RLIMIT_NOFILE here (%v)", err)
+	}
+	l := clampToOwnHardLimits(limits.Limits{OpenFiles: own.Max + 1, FileSizeBytes: 0}, hclog.NewNullLogger())
+	if l.OpenFiles != own.Max || l.FileSizeBytes != 0 {
+		t.Errorf("clamped limits = %+v, want OpenFiles %d and FileSizeBytes 0 (no limit stays no limit)", l, own.Max)
+	}
+}
