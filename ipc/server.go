@@ -22,6 +22,13 @@ type Handler interface {
 	Handle(ctx context.Context, peer *Peer, req *Request) (any, error)
 }
 
+// Inliner is optionally implemented by a Handler whose cheap ops (ones
+// that never block) may be served on the connection's reader goroutine,
+// saving a goroutine hand-off per request.
+type Inliner interface {
+	Inline(op string) bool
+}
+
 // ConnObserver is optionally implemented by a Handler that needs to know
 // when a connection ends (after its last request has finished).
 type ConnObserver interface {
@@ -336,6 +343,12 @@ func (c *conn) serve() {
 		if closing {
 			<-sem
 			c.send(req.ID, nil, Errorf(CodeShuttingDown, "the daemon is shutting down; retry against its successor"))
+			continue
+		}
+		if in, ok := s.cfg.Handler.(Inliner); ok && in.Inline(req.Op) {
+			c.handle(ctx, &req)
+			<-sem
+			s.inFlight.Done()
 			continue
 		}
 		reqs.Add(1)

@@ -300,21 +300,43 @@ func (s *Service) backendHealth(ctx context.Context) error {
 	if cached != nil && time.Since(cached.at) < backendHealthTTL {
 		return cached.err
 	}
-	if !s.healthMu.TryLock() {
-		if cached != nil {
-			return cached.err
+	if cached != nil {
+		// Stale: refresh in the background and answer with what we have,
+		// so health never waits for a backend check.
+		if s.healthMu.TryLock() {
+			go func() {
+				defer s.healthMu.Unlock()
+				s.checkBackend(context.WithoutCancel(ctx))
+			}()
 		}
-		s.healthMu.Lock() // nobody has a result yet: wait for the first
+		return cached.err
 	}
+	s.healthMu.Lock() // nobody has a result yet: wait for the first
 	defer s.healthMu.Unlock()
 	if c := s.healthCache.Load(); c != nil && c != cached && time.Since(c.at) < backendHealthTTL {
 		return c.err
 	}
+	return s.checkBackend(ctx)
+}
+
+// checkBackend runs the backend's health check and caches its result.
+func (s *Service) checkBackend(ctx context.Context) error {
 	hctx, cancel := context.WithTimeout(ctx, DefaultHealthCheckTimeout)
 	defer cancel()
 	err := s.m.Backend().Health(hctx)
 	s.healthCache.Store(&backendHealth{err: err, at: time.Now()})
 	return err
+}
+
+// Inline implements ipc.Inliner: hello and health never block (health
+// answers from a cached backend check), so they are served on the
+// connection's reader goroutine.
+func (s *Service) Inline(op string) bool {
+	if op != ipc.OpHello && op != ipc.OpHealth {
+		return false
+	}
+	// The very first health waits for a backend check: not inline.
+	return op == ipc.OpHello || s.healthCache.Load() != nil
 }
 
 func (s *Service) create(ctx context.Context, c lifecycle.Caller, args *ipc.Args, a *audit) (any, error) {
