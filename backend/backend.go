@@ -163,21 +163,45 @@ func (e *FileTooLargeError) Error() string {
 	return fmt.Sprintf("%s is %d bytes, more than the %d allowed", e.Path, e.Size, e.MaxBytes)
 }
 
-// ValidateEnv checks environment variables as every backend must: names
-// non-empty without '=' or NUL, values without NUL. The error wraps
-// ErrInvalidArgument.
-func ValidateEnv(env map[string]string) error {
+// Bounds an environment must respect to be passed to a program: the
+// kernel's MAX_ARG_STRLEN for one entry, and a share of ARG_MAX in all.
+const (
+	maxEnvEntryBytes = 128<<10 - 1
+	maxEnvBytes      = 1 << 20
+)
+
+// ValidateEnv checks that env can be passed to a program, as every backend
+// must: names non-empty without '=' or NUL, values without NUL, each entry
+// and the whole within the kernel's limits. whose ("the sandbox's", "the
+// command's") starts the messages, which name the variable, never its
+// value. The error wraps ErrInvalidArgument.
+func ValidateEnv(env map[string]string, whose string) error {
+	total := 0
 	for k, v := range env {
 		switch {
-		case k == "":
-			return fmt.Errorf("%w: an environment variable has an empty name", ErrInvalidArgument)
-		case strings.ContainsAny(k, "=\x00"):
-			return fmt.Errorf("%w: environment variable name %q contains '=' or NUL", ErrInvalidArgument, k)
-		case strings.ContainsRune(v, 0):
-			return fmt.Errorf("%w: environment variable %s has a NUL byte in its value", ErrInvalidArgument, k)
+		case k == "" || strings.ContainsAny(k, "=\x00"):
+			return fmt.Errorf("%w: %s environment variable name %s is empty or contains '=' or NUL; rename it", ErrInvalidArgument, whose, ShortName(k))
+		case strings.IndexByte(v, 0) >= 0:
+			return fmt.Errorf("%w: %s environment variable %s has a NUL byte in its value, which cannot be passed to a program", ErrInvalidArgument, whose, ShortName(k))
+		case len(k)+1+len(v) > maxEnvEntryBytes:
+			return fmt.Errorf("%w: %s environment variable %s is %d bytes, more than the %d one variable may be; put the value in a file instead", ErrInvalidArgument, whose, ShortName(k), len(k)+1+len(v), maxEnvEntryBytes)
 		}
+		total += len(k) + len(v) + 2
+	}
+	if total > maxEnvBytes {
+		return fmt.Errorf("%w: %s environment totals %d bytes, more than the %d allowed; put large values in files instead", ErrInvalidArgument, whose, total, maxEnvBytes)
 	}
 	return nil
+}
+
+// ShortName quotes a name that came from a client or a guest for a
+// message: at most 64 bytes, valid UTF-8.
+func ShortName(s string) string {
+	const limit = 64
+	if len(s) > limit {
+		s = s[:limit] + "..."
+	}
+	return fmt.Sprintf("%q", strings.ToValidUTF8(s, "?"))
 }
 
 // validID is what a sandbox id may look like: it becomes a path component

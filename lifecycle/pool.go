@@ -29,7 +29,7 @@ func (m *Manager) claimPooled(c Caller, req CreateRequest) (sb Sandbox, ok bool,
 	if m.cfg.PoolSize <= 0 || !poolable(req.Spec) {
 		return Sandbox{}, false, nil
 	}
-	if err := backend.ValidateEnv(req.Spec.Env); err != nil {
+	if err := backend.ValidateEnv(req.Spec.Env, "the sandbox's"); err != nil {
 		return Sandbox{}, true, err
 	}
 	m.mu.Lock()

@@ -60,7 +60,7 @@ func resolveGuestPath(p string) (guestArea, error) {
 			return guestArea{name: a.name, rel: rel}, nil
 		}
 	}
-	return guestArea{}, fmt.Errorf("%w: %s is outside the sandbox's files; %s", backend.ErrBadPath, shortName(p), confined)
+	return guestArea{}, fmt.Errorf("%w: %s is outside the sandbox's files; %s", backend.ErrBadPath, backend.ShortName(p), confined)
 }
 
 // openArea resolves p and opens its area as an os.Root.
@@ -128,7 +128,7 @@ func (b *Backend) ReadFile(ctx context.Context, id, p string, maxBytes int64) ([
 	case fi.IsDir():
 		return nil, fileError(p, syscall.EISDIR)
 	case !fi.Mode().IsRegular():
-		return nil, fmt.Errorf("%w: %s is a %s, not a regular file; only regular files can be read this way, use run_command for others", backend.ErrBadPath, shortName(p), fileKind(fi.Mode()))
+		return nil, fmt.Errorf("%w: %s is a %s, not a regular file; only regular files can be read this way, use run_command for others", backend.ErrBadPath, backend.ShortName(p), fileKind(fi.Mode()))
 	case fi.Size() > maxBytes:
 		return nil, &backend.FileTooLargeError{Path: p, Size: fi.Size(), MaxBytes: maxBytes}
 	}
@@ -269,7 +269,7 @@ func (b *Backend) ListDirectory(ctx context.Context, id, p string, maxEntries in
 			out = append(out, backend.DirEntry{Name: e.Name(), IsDir: e.Type().IsDir()})
 		}
 		if len(out) > maxEntries {
-			return nil, fmt.Errorf("%w: %s has more than %d entries; list a subdirectory, or use run_command with find or ls | head", backend.ErrTooManyEntries, shortName(p), maxEntries)
+			return nil, fmt.Errorf("%w: %s has more than %d entries; list a subdirectory, or use run_command with find or ls | head", backend.ErrTooManyEntries, backend.ShortName(p), maxEntries)
 		}
 		if errors.Is(err, io.EOF) {
 			break
@@ -285,7 +285,7 @@ func (b *Backend) ListDirectory(ctx context.Context, id, p string, maxEntries in
 // fileError maps an error from a file operation on guest path p to the
 // backend's sentinels, in words that do not mention host paths.
 func fileError(p string, err error) error {
-	name := shortName(p)
+	name := backend.ShortName(p)
 	switch {
 	case isEscape(err):
 		return fmt.Errorf("%w: %s leads outside the sandbox's /workspace or /tmp through a symlink or '..'; file operations are confined to those directories and follow only symlinks that stay inside (relative ones); use run_command to read other paths", backend.ErrBadPath, name)

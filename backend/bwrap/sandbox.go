@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -213,7 +212,7 @@ func (b *Backend) loadSpec(id string) (persistedSpec, error) {
 	default:
 		return spec, fmt.Errorf("%w: sandbox %q has unknown network %q in its settings; destroy it and create a new one", backend.ErrNotFound, id, spec.Network)
 	}
-	if err := validateEnv(spec.Env, "the sandbox's"); err != nil {
+	if err := backend.ValidateEnv(spec.Env, "the sandbox's"); err != nil {
 		return spec, fmt.Errorf("sandbox %s has bad settings on disk (%w); destroy it and create a new one", id, err)
 	}
 	return spec, nil
@@ -233,7 +232,7 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	if err != nil {
 		return backend.Info{}, err
 	}
-	if err := validateEnv(spec.Env, "the sandbox's"); err != nil {
+	if err := backend.ValidateEnv(spec.Env, "the sandbox's"); err != nil {
 		return backend.Info{}, err
 	}
 	log := b.log.With("sandbox", id)
@@ -481,14 +480,4 @@ func (b *Backend) List(ctx context.Context) ([]string, error) {
 	}
 	sort.Strings(ids)
 	return ids, nil
-}
-
-// shortName quotes a guest-supplied name for an error message, cut to a
-// readable length.
-func shortName(s string) string {
-	const limit = 64
-	if len(s) > limit {
-		s = s[:limit] + "..."
-	}
-	return fmt.Sprintf("%q", strings.ToValidUTF8(s, "?"))
 }

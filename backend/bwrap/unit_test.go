@@ -132,22 +132,22 @@ func TestValidateEnvNeverEchoesValues(t *testing.T) {
 		{"A": strings.Repeat("s", maxArgBytes)},
 	}
 	for _, env := range bad {
-		err := validateEnv(env, "the test's")
+		err := backend.ValidateEnv(env, "the test's")
 		if !errors.Is(err, backend.ErrInvalidArgument) {
-			t.Errorf("validateEnv(%q) = %v, want ErrInvalidArgument", env, err)
+			t.Errorf("backend.ValidateEnv(%q) = %v, want ErrInvalidArgument", env, err)
 		}
 		if err != nil && strings.Contains(err.Error(), "secret") {
 			t.Errorf("the error quotes the value: %v", err)
 		}
 	}
-	if err := validateEnv(map[string]string{"A": "", "weird name-1.x": "v=w"}, "x"); err != nil {
+	if err := backend.ValidateEnv(map[string]string{"A": "", "weird name-1.x": "v=w"}, "x"); err != nil {
 		t.Errorf("valid env refused: %v", err)
 	}
 	many := map[string]string{}
 	for i := 0; i < 20; i++ {
 		many[strings.Repeat("K", i+1)] = strings.Repeat("v", 100<<10)
 	}
-	if err := validateEnv(many, "x"); !errors.Is(err, backend.ErrInvalidArgument) {
+	if err := backend.ValidateEnv(many, "x"); !errors.Is(err, backend.ErrInvalidArgument) {
 		t.Errorf("2 MB of environment accepted: %v", err)
 	}
 }

@@ -191,7 +191,7 @@ func checkExecRequest(req backend.ExecRequest, workdir string) (argv []string, c
 		case strings.IndexByte(req.Cwd, 0) >= 0:
 			return bad("the working directory contains a NUL byte")
 		case !path.IsAbs(req.Cwd):
-			return bad("the working directory %s must be an absolute path inside the sandbox, such as %s/project", shortName(req.Cwd), workdir)
+			return bad("the working directory %s must be an absolute path inside the sandbox, such as %s/project", backend.ShortName(req.Cwd), workdir)
 		case len(req.Cwd) > maxGuestPathLen:
 			return bad("the working directory is %d bytes long, more than the %d allowed", len(req.Cwd), maxGuestPathLen)
 		}
@@ -213,32 +213,10 @@ func checkArgvSize(args []string) error {
 	return nil
 }
 
-// validateEnv checks that env can be passed to a program: names non-empty
-// without '=' or NUL, values without NUL, each entry and the whole within the
-// kernel's limits. Messages name the variable, never its value.
-func validateEnv(env map[string]string, whose string) error {
-	total := 0
-	for k, v := range env {
-		switch {
-		case k == "" || strings.ContainsAny(k, "=\x00"):
-			return fmt.Errorf("%w: %s environment variable name %s is empty or contains '=' or NUL; rename it", backend.ErrInvalidArgument, whose, shortName(k))
-		case strings.IndexByte(v, 0) >= 0:
-			return fmt.Errorf("%w: %s environment variable %s has a NUL byte in its value, which cannot be passed to a program", backend.ErrInvalidArgument, whose, shortName(k))
-		case len(k)+1+len(v) > maxArgBytes:
-			return fmt.Errorf("%w: %s environment variable %s is %d bytes, more than the %d one variable may be; put the value in a file instead", backend.ErrInvalidArgument, whose, shortName(k), len(k)+1+len(v), maxArgBytes)
-		}
-		total += len(k) + len(v) + 2
-	}
-	if total > maxExecBytes {
-		return fmt.Errorf("%w: %s environment totals %d bytes, more than the %d allowed; put large values in files instead", backend.ErrInvalidArgument, whose, total, maxExecBytes)
-	}
-	return nil
-}
-
 // mergeEnv layers the sandbox's environment and the request's, in that
 // order, over the image's own, and returns it as sorted "NAME=value".
 func mergeEnv(sandboxEnv, requestEnv map[string]string) ([]string, error) {
-	if err := validateEnv(requestEnv, "the command's"); err != nil {
+	if err := backend.ValidateEnv(requestEnv, "the command's"); err != nil {
 		return nil, err
 	}
 	merged := make(map[string]string, len(sandboxEnv)+len(requestEnv))
@@ -247,7 +225,7 @@ func mergeEnv(sandboxEnv, requestEnv map[string]string) ([]string, error) {
 			merged[k] = v
 		}
 	}
-	if err := validateEnv(merged, "the combined"); err != nil {
+	if err := backend.ValidateEnv(merged, "the combined"); err != nil {
 		return nil, err
 	}
 	out := make([]string, 0, len(merged))

@@ -169,7 +169,7 @@ func guestPath(workdir, p string) (string, error) {
 			return clean, nil
 		}
 	}
-	return "", fmt.Errorf("%w: %s is outside the sandbox's files; %s", backend.ErrBadPath, shortName(p), confined)
+	return "", fmt.Errorf("%w: %s is outside the sandbox's files; %s", backend.ErrBadPath, backend.ShortName(p), confined)
 }
 
 // scriptResult is what a file script left: its stdout after the marker,
@@ -234,7 +234,7 @@ func (b *Backend) runScript(ctx context.Context, id, script string, stdin []byte
 
 // scriptError maps a file script's exit status to the backend's errors.
 func scriptError(id, p string, r scriptResult) error {
-	name := shortName(p)
+	name := backend.ShortName(p)
 	msg := firstLine(r.stderr)
 	switch r.code {
 	case codeEscapes:
@@ -330,7 +330,7 @@ func (b *Backend) WriteFile(ctx context.Context, id, p string, data []byte, mode
 		return err
 	}
 	if gp == workdir || gp == guestTmp {
-		return fmt.Errorf("%w: %s is a directory; give a file path", backend.ErrIsDirectory, shortName(p))
+		return fmt.Errorf("%w: %s is a directory; give a file path", backend.ErrIsDirectory, backend.ShortName(p))
 	}
 	if mode == 0 {
 		mode = 0o644
@@ -369,16 +369,16 @@ func (b *Backend) ListDirectory(ctx context.Context, id, p string, maxEntries in
 	switch r.code {
 	case 0:
 	case codeTooMany:
-		return nil, fmt.Errorf("%w: %s has more than %d entries; list a subdirectory, or use run_command with find or ls | head", backend.ErrTooManyEntries, shortName(p), maxEntries)
+		return nil, fmt.Errorf("%w: %s has more than %d entries; list a subdirectory, or use run_command with find or ls | head", backend.ErrTooManyEntries, backend.ShortName(p), maxEntries)
 	default:
 		return nil, scriptError(id, p, r)
 	}
 	entries, err := parseListing(r.out)
 	if err != nil {
-		return nil, fmt.Errorf("list %s in sandbox %s: %w", shortName(p), id, err)
+		return nil, fmt.Errorf("list %s in sandbox %s: %w", backend.ShortName(p), id, err)
 	}
 	if len(entries) > maxEntries {
-		return nil, fmt.Errorf("%w: %s has more than %d entries; list a subdirectory", backend.ErrTooManyEntries, shortName(p), maxEntries)
+		return nil, fmt.Errorf("%w: %s has more than %d entries; list a subdirectory", backend.ErrTooManyEntries, backend.ShortName(p), maxEntries)
 	}
 	return entries, nil
 }

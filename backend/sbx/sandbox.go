@@ -225,9 +225,9 @@ func (b *Backend) loadSpec(id string) (persistedSpec, error) {
 		return spec, fmt.Errorf("%w: settings of sandbox %q are unreadable or from another version (%v); destroy it and create a new one", backend.ErrNotFound, id, err)
 	}
 	if spec.SbxName != b.sbxName(id) {
-		return spec, fmt.Errorf("%w: sandbox %q was created under another marker (sbx name %s); destroy it and create a new one", backend.ErrNotFound, id, shortName(spec.SbxName))
+		return spec, fmt.Errorf("%w: sandbox %q was created under another marker (sbx name %s); destroy it and create a new one", backend.ErrNotFound, id, backend.ShortName(spec.SbxName))
 	}
-	if err := validateEnv(spec.Env, "the sandbox's"); err != nil {
+	if err := backend.ValidateEnv(spec.Env, "the sandbox's"); err != nil {
 		return spec, fmt.Errorf("sandbox %s has bad settings on disk (%w); destroy it and create a new one", id, err)
 	}
 	return spec, nil
@@ -283,7 +283,7 @@ func checkEgressHosts(hosts []string) ([]string, error) {
 	var out []string
 	for _, h := range hosts {
 		if len(h) > 253+6 || !egressHost.MatchString(h) {
-			return nil, fmt.Errorf("%w: allow_egress_to entry %s is not a hostname (letters, digits, '-', '.', an optional leading *. and :port)", backend.ErrInvalidArgument, shortName(h))
+			return nil, fmt.Errorf("%w: allow_egress_to entry %s is not a hostname (letters, digits, '-', '.', an optional leading *. and :port)", backend.ErrInvalidArgument, backend.ShortName(h))
 		}
 		out = append(out, strings.ToLower(h))
 	}
@@ -307,7 +307,7 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	if err != nil {
 		return backend.Info{}, err
 	}
-	if err := validateEnv(spec.Env, "the sandbox's"); err != nil {
+	if err := backend.ValidateEnv(spec.Env, "the sandbox's"); err != nil {
 		return backend.Info{}, err
 	}
 	log := b.log.With("sandbox", id)
@@ -612,7 +612,7 @@ func parseLs(out []byte) ([]lsEntry, error) {
 		}
 		rest = rest[i+1:]
 	}
-	return nil, fmt.Errorf("sbx ls --json printed no JSON listing of sandboxes (it began %s)", shortName(firstLine(out)))
+	return nil, fmt.Errorf("sbx ls --json printed no JSON listing of sandboxes (it began %s)", backend.ShortName(firstLine(out)))
 }
 
 func decodeLs(data []byte) ([]lsEntry, error) {

@@ -241,7 +241,7 @@ func New(cfg Config) (*Backend, error) {
 	}
 	for _, kv := range cfg.Env {
 		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" || strings.IndexByte(kv, 0) >= 0 {
-			return nil, fmt.Errorf("sbx backend: Env entry %q is not NAME=value", shortName(k))
+			return nil, fmt.Errorf("sbx backend: Env entry %q is not NAME=value", backend.ShortName(k))
 		}
 	}
 	if cfg.KVMDevice == "" {
@@ -426,14 +426,4 @@ func firstLine(b []byte) string {
 		}
 	}
 	return ""
-}
-
-// shortName quotes a guest-supplied name for an error message, cut to a
-// readable length.
-func shortName(s string) string {
-	const limit = 64
-	if len(s) > limit {
-		s = s[:limit] + "..."
-	}
-	return fmt.Sprintf("%q", strings.ToValidUTF8(s, "?"))
 }

@@ -295,7 +295,7 @@ func TestNamesCarryTheMarker(t *testing.T) {
 }
 
 func TestValidateEnvNeverEchoesValues(t *testing.T) {
-	err := validateEnv(map[string]string{"TOKEN": "s3cret\x00"}, "the sandbox's")
+	err := backend.ValidateEnv(map[string]string{"TOKEN": "s3cret\x00"}, "the sandbox's")
 	if !errors.Is(err, backend.ErrInvalidArgument) || strings.Contains(err.Error(), "s3cret") {
 		t.Errorf("validateEnv = %v; want ErrInvalidArgument without the value", err)
 	}
