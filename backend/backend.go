@@ -71,7 +71,29 @@ type Spec struct {
 	AllowEgressTo []string
 	// AllowEgressToCIDRs lists IPv4 CIDRs the sandbox may reach.
 	AllowEgressToCIDRs []string
+	// Resources asks for limits tighter than the daemon's; zero fields
+	// take the daemon's configured limits. Asking for more than the daemon
+	// allows, or for a limit the backend cannot enforce on this host, is
+	// refused with ErrSpecUnenforceable, never silently capped or dropped.
+	Resources Resources
 }
+
+// Resources are per-sandbox limits. Zero means "the daemon's default".
+type Resources struct {
+	// MemoryBytes caps the sandbox's memory; an allocation past it kills
+	// the guest process (ExecResult.OOMKilled).
+	MemoryBytes int64
+	// CPUs is a CPU quota in cores (1.5 = one and a half CPUs' time).
+	CPUs float64
+	// PIDs caps the sandbox's processes and threads.
+	PIDs int64
+	// DiskBytes caps what the sandbox's workspace and /tmp may hold;
+	// writes past it fail with ENOSPC inside.
+	DiskBytes int64
+}
+
+// IsZero reports whether nothing was asked for.
+func (r Resources) IsZero() bool { return r == Resources{} }
 
 // Info describes a sandbox just created.
 type Info struct {
@@ -112,9 +134,39 @@ type ExecResult struct {
 	// SandboxTerminated means the sandbox is gone (destroyed to stop the
 	// command, or it died); the caller must create a new one.
 	SandboxTerminated bool
+	// OOMKilled means the kernel killed the command, or the process it
+	// was waiting for, because the sandbox reached its memory limit;
+	// ExitCode is then 137. A command that only lost a child to the OOM
+	// killer and went on reports its own exit code and OOMKills > 0.
+	OOMKilled bool
+	// OOMKills counts the processes of the sandbox the kernel killed for
+	// memory while the command ran (0 where the backend cannot tell).
+	OOMKills uint64
 	// AppliedTimeout is the budget actually used.
 	AppliedTimeout time.Duration
 	Duration       time.Duration
+}
+
+// Why a command ended, as ExecResult.Reason reports it.
+const (
+	ReasonExited            = "exited"
+	ReasonTimedOut          = "timed_out"
+	ReasonOOMKilled         = "oom_killed"
+	ReasonSandboxTerminated = "sandbox_terminated"
+)
+
+// Reason is one word for why the command ended: sandbox_terminated,
+// timed_out, oom_killed or exited, in that order of precedence.
+func (r ExecResult) Reason() string {
+	switch {
+	case r.SandboxTerminated:
+		return ReasonSandboxTerminated
+	case r.TimedOut:
+		return ReasonTimedOut
+	case r.OOMKilled:
+		return ReasonOOMKilled
+	}
+	return ReasonExited
 }
 
 // DirEntry is one entry of a directory listing.

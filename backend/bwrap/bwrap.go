@@ -35,6 +35,7 @@ import (
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/seccomp"
 )
@@ -91,11 +92,25 @@ type Config struct {
 	// the host's network namespace. Off by default: without it such specs are
 	// refused, since this backend has no way to filter egress.
 	ShareHostNetwork bool
-	// Limits are every sandbox's limits. This backend enforces the
-	// rlimits (OpenFiles, FileSizeBytes, and always a zero core size) on
-	// each sandbox's init, which every command inherits; zero fields mean
-	// no limit. Give limits.Defaults() unless configured otherwise.
+	// Limits are every sandbox's limits, and the most a spec may ask for
+	// (backend.Spec.Resources asks for less). Zero fields mean no limit.
+	// The rlimits (OpenFiles, FileSizeBytes, and always a zero core size)
+	// are set by each sandbox's init, which every command inherits;
+	// MemoryBytes, PIDs, CPUs and CPUWeight need Cgroups; DiskBytes and
+	// DiskInodes need DiskCaps. Give limits.Defaults() unless configured
+	// otherwise.
 	Limits limits.Limits
+	// Cgroups gives every sandbox a control group of its own, made by this
+	// manager, with the memory, process and CPU limits of Limits; every
+	// process of the sandbox is born in it or moved there before it runs
+	// guest code. Nil: those limits are not enforced (New logs it) and a
+	// spec asking for one is refused.
+	Cgroups *cgroup.Manager
+	// DiskCaps gives every sandbox with a DiskBytes limit a filesystem of
+	// its own for /workspace and /tmp (a sparse ext4 image, loop-mounted:
+	// the daemon must be root). False: disk is not capped per sandbox and a
+	// spec asking for a cap is refused.
+	DiskCaps bool
 	// Logger receives the backend's logs; nil discards them.
 	Logger hclog.Logger
 }
