@@ -60,6 +60,15 @@ type Backend interface {
 	Health(ctx context.Context) error
 }
 
+// LimitReporter is implemented by backends that enforce per-sandbox
+// limits. LimitsInForce names, for each limit ("memory", "pids", "cpu",
+// "disk", "open_files", "file_size", "syscalls"), the mechanism enforcing
+// it on this host ("cgroup v2", "rlimit", "seccomp", "microvm", ...) or
+// "off" when it is not enforced; health reports it.
+type LimitReporter interface {
+	LimitsInForce() map[string]string
+}
+
 // Spec is what a client requires of a new sandbox. The zero value means
 // "no requirements stated": the backend's defaults apply (no network).
 type Spec struct {
