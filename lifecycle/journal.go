@@ -49,9 +49,19 @@ type journalRecord struct {
 	ConnBound bool              `json:"conn_bound"`
 	Pooled    bool              `json:"pooled,omitempty"`
 	Env       map[string]string `json:"env,omitempty"`
+	Resources journalResources  `json:"resources,omitzero"`
 	CreatedAt time.Time         `json:"created_at"`
 	ExpiresAt time.Time         `json:"expires_at"`
 	LastUsed  time.Time         `json:"last_used"`
+}
+
+// journalResources are the limits a create asked for, as journaled (for
+// list after a restart; the backend keeps what it enforces itself).
+type journalResources struct {
+	MemoryBytes int64   `json:"memory_bytes,omitempty"`
+	CPUs        float64 `json:"cpus,omitempty"`
+	PIDs        int64   `json:"pids,omitempty"`
+	DiskBytes   int64   `json:"disk_bytes,omitempty"`
 }
 
 // Journal is the crash-safe record of sandboxes. Its methods are safe for

@@ -144,6 +144,10 @@ type Sandbox struct {
 	// Env is the spec's environment when the backend did not apply it at
 	// create (a sandbox claimed from the pool); Exec adds it.
 	Env map[string]string
+	// Resources are the limits the create asked for (zero fields: the
+	// daemon's defaults). A record of the request only: the backend
+	// enforces them and keeps what it needs to go on doing so.
+	Resources backend.Resources
 }
 
 // record is a sandbox's live state, guarded by Manager.mu; jmu orders its
@@ -350,6 +354,7 @@ func (m *Manager) Create(ctx context.Context, c Caller, req CreateRequest) (Sand
 		Owner:     req.Owner,
 		Labels:    cloneMap(req.Labels),
 		NetSpec:   netSpecJSON(req.Spec),
+		Resources: req.Spec.Resources,
 		State:     StateCreating,
 		CreatedAt: now,
 		LastUsed:  now,
@@ -508,6 +513,7 @@ func (r *record) journalRecord() journalRecord {
 		Labels: cloneMap(r.Labels), Tags: cloneMap(r.Tags),
 		Network: r.Network, NetSpec: r.NetSpec, Workdir: r.Workdir,
 		State: r.State, ConnBound: r.ConnBound, Pooled: r.Pooled, Env: cloneMap(r.Env),
+		Resources: journalResources(r.Resources),
 		CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt, LastUsed: r.LastUsed,
 	}
 }
@@ -517,7 +523,7 @@ func fromJournal(jr journalRecord) *record {
 		ID: jr.ID, UID: jr.UID, Owner: jr.Owner, Holder: jr.Holder,
 		Labels: jr.Labels, Tags: jr.Tags, Network: jr.Network, NetSpec: jr.NetSpec,
 		Workdir: jr.Workdir, State: jr.State, ConnBound: jr.ConnBound, Pooled: jr.Pooled, Env: jr.Env,
-		CreatedAt: jr.CreatedAt, ExpiresAt: jr.ExpiresAt, LastUsed: jr.LastUsed,
+		Resources: backend.Resources(jr.Resources), CreatedAt: jr.CreatedAt, ExpiresAt: jr.ExpiresAt, LastUsed: jr.LastUsed,
 	})
 }
 

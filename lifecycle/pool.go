@@ -17,10 +17,13 @@ import (
 // handed to exactly one create: the claim happens under the manager's lock.
 
 // poolable reports whether a sandbox made with an empty spec can serve
-// spec: the same network (none), no egress rules. Env is fine: it is
-// recorded at claim and added to every command.
+// spec: the same network (none), no egress rules, and the daemon's default
+// limits (a pool member's memory, CPU, process and disk limits were set
+// when it was made). Env is fine: it is recorded at claim and added to
+// every command.
 func poolable(spec backend.Spec) bool {
-	return (spec.BlockNetwork == nil || *spec.BlockNetwork) && len(spec.AllowEgressTo) == 0 && len(spec.AllowEgressToCIDRs) == 0
+	return (spec.BlockNetwork == nil || *spec.BlockNetwork) && len(spec.AllowEgressTo) == 0 && len(spec.AllowEgressToCIDRs) == 0 &&
+		spec.Resources.IsZero()
 }
 
 // claimPooled turns a pool member into caller's sandbox. ok is false when
