@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"sort"
 	"strings"
@@ -37,6 +38,9 @@ func (b *memBackend) Create(ctx context.Context, id string, spec backend.Spec) (
 	if len(spec.AllowEgressTo) > 0 || len(spec.AllowEgressToCIDRs) > 0 || (spec.BlockNetwork != nil && !*spec.BlockNetwork) {
 		return backend.Info{}, fmt.Errorf("%w: no network here", backend.ErrSpecUnenforceable)
 	}
+	if spec.Resources.DiskBytes > 1<<40 || spec.Resources.CPUs > 64 {
+		return backend.Info{}, fmt.Errorf("%w: more disk or CPUs than allowed here", backend.ErrSpecUnenforceable)
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.files[id] = map[string][]byte{}
@@ -66,6 +70,9 @@ func (b *memBackend) Exec(ctx context.Context, id string, req backend.ExecReques
 	}
 	if (req.Command == "") == (len(req.Argv) == 0) || req.Timeout <= 0 {
 		return backend.ExecResult{}, fmt.Errorf("%w: command", backend.ErrInvalidArgument)
+	}
+	if req.Command == "oom" {
+		return backend.ExecResult{ExitCode: 137, OOMKilled: true, OOMKills: 1, AppliedTimeout: req.Timeout}, nil
 	}
 	return backend.ExecResult{Stdout: []byte(req.Command), AppliedTimeout: req.Timeout}, nil
 }
@@ -179,6 +186,14 @@ func FuzzHandle(f *testing.F) {
 	seed(ipc.OpHealth, nil)
 	seed(ipc.OpCreate, map[string]any{"spec": map[string]any{"env": map[string]string{"A": "b"}, "block_network": true, "owner": "dag/run"}, "labels": map[string]string{"task_id": "t"}, "ttl_s": 60.5})
 	seed(ipc.OpCreate, map[string]any{"spec": map[string]any{"allow_egress_to": []string{"example.com"}}})
+	seed(ipc.OpCreate, map[string]any{"resources": map[string]any{"memory_bytes": 256 << 20, "cpus": 1.5, "pids": 128, "disk_bytes": 1 << 30}, "ttl_s": 60})
+	seed(ipc.OpCreate, map[string]any{"resources": map[string]any{"cpus": 2, "memory_bytes": nil}})
+	seed(ipc.OpCreate, map[string]any{"resources": map[string]any{"disk_bytes": int64(1) << 41, "cpus": 100}})
+	seed(ipc.OpCreate, map[string]any{"resources": map[string]any{"memory_bytes": -1, "pids": 1.5, "cpus": "2", "memory": 1}})
+	seed(ipc.OpCreate, map[string]any{"resources": map[string]any{"cpus": math.NaN()}})
+	seed(ipc.OpCreate, map[string]any{"resources": map[string]any{"cpus": math.Inf(1), "memory_bytes": uint64(math.MaxUint64)}})
+	seed(ipc.OpCreate, map[string]any{"resources": []any{1, 2}})
+	seed(ipc.OpRunCommand, map[string]any{"sandbox": sb, "command": "oom"})
 	seed(ipc.OpRunCommand, map[string]any{"sandbox": sb, "command": "echo hi", "timeout_s": 1.5, "max_output_bytes": 10, "env": map[string]string{"X": "y"}, "cwd": "/workspace"})
 	seed(ipc.OpRunCommand, map[string]any{"sandbox": sb, "argv": []string{"ls", "-l"}, "stdin": []byte{0, 1, 2}, "cwd": []byte("/tmp")})
 	seed(ipc.OpRunCommand, map[string]any{"sandbox": sb, "command": "x", "timeout_s": -1})

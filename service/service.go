@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"slices"
@@ -31,7 +32,17 @@ const (
 	maxEnv                    = 256
 	maxArgv                   = 4096
 	maxEgress                 = 256
+	// maxCPUs and maxPIDs bound what a create's resources may name at
+	// all (the backend refuses more than the daemon allows): more CPUs
+	// than a kernel supports, more processes than PID_MAX_LIMIT.
+	maxCPUs = 8192
+	maxPIDs = 1 << 22
 )
+
+// Features lists what this daemon speaks beyond version 1 as first
+// published; hello reports it, so a client can tell before it asks.
+// "create_resources": create takes resources.
+var Features = []string{"create_resources"}
 
 // Limits bound what one request may ask for.
 type Limits struct {
@@ -100,6 +111,10 @@ type Service struct {
 
 	healthMu    sync.Mutex // held by the one caller refreshing the check
 	healthCache atomic.Pointer[backendHealth]
+
+	// limits is the backend's LimitsInForce, read once at New (it does not
+	// change while the daemon runs) and shared, read-only, by every health.
+	limits map[string]string
 }
 
 type backendHealth struct {
@@ -116,7 +131,11 @@ func New(cfg Config) *Service {
 	if cfg.Policy == nil {
 		cfg.Policy = &Policy{}
 	}
-	return &Service{m: cfg.Manager, policy: cfg.Policy, lim: cfg.Limits, log: cfg.Logger, version: cfg.Version, started: time.Now()}
+	s := &Service{m: cfg.Manager, policy: cfg.Policy, lim: cfg.Limits, log: cfg.Logger, version: cfg.Version, started: time.Now()}
+	if lr, ok := cfg.Manager.Backend().(backend.LimitReporter); ok {
+		s.limits = maps.Clone(lr.LimitsInForce())
+	}
+	return s
 }
 
 // Limits returns the effective limits.
@@ -234,6 +253,7 @@ func (s *Service) hello(c lifecycle.Caller, peer *ipc.Peer, args *ipc.Args) (any
 		"server_version": s.version,
 		"backend":        s.m.Backend().Name(),
 		"admin":          c.Admin,
+		"features":       Features,
 		"peer":           map[string]any{"uid": peer.UID, "gid": peer.GID, "pid": peer.PID},
 		"limits": map[string]any{
 			"max_frame_bytes":      s.lim.MaxFrame,
@@ -260,6 +280,9 @@ type HealthReport struct {
 	PendingDestroy int            `msgpack:"pending_destroy"`
 	Pooled         int            `msgpack:"pooled"`
 	Recovery       RecoveryReport `msgpack:"recovery"`
+	// Limits names, for each per-sandbox limit, what enforces it on this
+	// host or "off"; only from a backend that reports them. Read-only.
+	Limits map[string]string `msgpack:"limits,omitempty"`
 }
 
 // RecoveryReport is what start-up recovery did, as health reports it.
@@ -279,7 +302,8 @@ func (s *Service) Health(ctx context.Context) HealthReport {
 		Sandboxes: st.Sandboxes, Commands: st.Commands, UptimeSeconds: time.Since(s.started).Seconds(),
 		PendingDestroy: st.PendingDestroy, Pooled: st.Pooled,
 		Recovery: RecoveryReport{Adopted: st.Recovery.Adopted, Destroyed: st.Recovery.Destroyed, Swept: st.Recovery.Swept,
-			Failed: st.Recovery.Failed, MovedAside: st.Recovery.MovedAside, DurationS: st.Recovery.Duration.Seconds()}}
+			Failed: st.Recovery.Failed, MovedAside: st.Recovery.MovedAside, DurationS: st.Recovery.Duration.Seconds()},
+		Limits: s.limits}
 	if err := s.backendHealth(ctx); err != nil {
 		r.Status = "degraded"
 		r.BackendError = err.Error()
@@ -350,6 +374,11 @@ func (s *Service) create(ctx context.Context, c lifecycle.Caller, args *ipc.Args
 	if err := spec.Done("spec field"); err != nil {
 		return nil, err
 	}
+	res, rerr := resourcesArg(args)
+	if rerr != nil {
+		return nil, rerr
+	}
+	req.Spec.Resources = res
 	req.Labels = args.StringMap("labels", lifecycle.MaxLabels)
 	if args.Has("ttl_s") {
 		ttl := args.Float("ttl_s", 0)
@@ -362,6 +391,9 @@ func (s *Service) create(ctx context.Context, c lifecycle.Caller, args *ipc.Args
 		return nil, err
 	}
 	a.add("owner", req.Owner, "labels", req.Labels)
+	if !res.IsZero() {
+		a.add("resources", resourcesMap(res))
+	}
 	sb, err := s.m.Create(ctx, c, req)
 	if err != nil {
 		return nil, err
@@ -376,6 +408,72 @@ func (s *Service) create(ctx context.Context, c lifecycle.Caller, args *ipc.Args
 	}, nil
 }
 
+// resourcesArg reads create's optional resources map. Every key is
+// optional and, when given, must be positive: leaving it out (or null)
+// takes the daemon's default; 0 is refused rather than read as "default"
+// or "unlimited", which a client may mean by it.
+func resourcesArg(args *ipc.Args) (backend.Resources, *ipc.Error) {
+	var r backend.Resources
+	if !args.Has("resources") {
+		return r, nil
+	}
+	sub := args.Sub("resources")
+	if err := args.Err(); err != nil {
+		return r, err // not a map
+	}
+	r.MemoryBytes = positiveInt(sub, "memory_bytes", math.MaxInt64, "a number of bytes")
+	if sub.Err() == nil && sub.Has("cpus") {
+		r.CPUs = sub.Float("cpus", 0)
+		if sub.Err() == nil && (r.CPUs <= 0 || r.CPUs > maxCPUs) {
+			sub.Failf(`"cpus" must be greater than 0 and at most %d (a number of CPUs; 0.5 is half of one), got %v; leave it out for the daemon's default`, maxCPUs, r.CPUs)
+		}
+	}
+	r.PIDs = positiveInt(sub, "pids", maxPIDs, "a number of processes and threads")
+	r.DiskBytes = positiveInt(sub, "disk_bytes", math.MaxInt64, "a number of bytes")
+	if sub.Err() != nil {
+		return backend.Resources{}, ipc.Errorf(ipc.CodeBadRequest, "in \"resources\": %s", sub.Err().Message)
+	}
+	if err := sub.Done("resources key"); err != nil {
+		return backend.Resources{}, ipc.Errorf(ipc.CodeBadRequest, "%s; resources takes memory_bytes, cpus, pids and disk_bytes", err.Message)
+	}
+	return r, nil
+}
+
+// positiveInt reads one integer key of resources, 1 to max.
+func positiveInt(sub *ipc.Args, key string, max int64, what string) int64 {
+	if sub.Err() != nil || !sub.Has(key) {
+		return 0
+	}
+	n := sub.Int(key, 0, math.MinInt64, math.MaxInt64)
+	if sub.Err() == nil && (n <= 0 || n > max) {
+		bound := ""
+		if max < math.MaxInt64 {
+			bound = fmt.Sprintf(" and at most %d", max)
+		}
+		sub.Failf(`%q must be greater than 0%s (%s), got %d; leave it out for the daemon's default`, key, bound, what, n)
+	}
+	return n
+}
+
+// resourcesMap is resources on the wire (and in the audit trail): the
+// keys asked for, without the zero ones.
+func resourcesMap(r backend.Resources) map[string]any {
+	m := map[string]any{}
+	if r.MemoryBytes != 0 {
+		m["memory_bytes"] = r.MemoryBytes
+	}
+	if r.CPUs != 0 {
+		m["cpus"] = r.CPUs
+	}
+	if r.PIDs != 0 {
+		m["pids"] = r.PIDs
+	}
+	if r.DiskBytes != 0 {
+		m["disk_bytes"] = r.DiskBytes
+	}
+	return m
+}
+
 // ExecResult is run_command's result on the wire.
 type ExecResult struct {
 	ExitCode          int     `msgpack:"exit_code"`
@@ -385,6 +483,9 @@ type ExecResult struct {
 	StdoutTruncated   bool    `msgpack:"stdout_truncated"`
 	StderrTruncated   bool    `msgpack:"stderr_truncated"`
 	SandboxTerminated bool    `msgpack:"sandbox_terminated"`
+	OOMKilled         bool    `msgpack:"oom_killed"`
+	OOMKills          uint64  `msgpack:"oom_kills"`
+	Reason            string  `msgpack:"reason"`
 	AppliedTimeoutS   float64 `msgpack:"applied_timeout_s"`
 	DurationS         float64 `msgpack:"duration_s"`
 }
@@ -430,8 +531,8 @@ func (s *Service) runCommand(ctx context.Context, c lifecycle.Caller, args *ipc.
 	if err != nil {
 		return nil, err
 	}
-	a.add("exit_code", res.ExitCode, "timed_out", res.TimedOut, "sandbox_terminated", res.SandboxTerminated,
-		"command_duration_ms", res.Duration.Milliseconds())
+	a.add("exit_code", res.ExitCode, "reason", res.Reason(), "timed_out", res.TimedOut, "sandbox_terminated", res.SandboxTerminated,
+		"oom_killed", res.OOMKilled, "oom_kills", res.OOMKills, "command_duration_ms", res.Duration.Milliseconds())
 	return ExecResult{
 		ExitCode:          res.ExitCode,
 		Stdout:            nonNil(res.Stdout),
@@ -440,6 +541,9 @@ func (s *Service) runCommand(ctx context.Context, c lifecycle.Caller, args *ipc.
 		StdoutTruncated:   res.StdoutTruncated,
 		StderrTruncated:   res.StderrTruncated,
 		SandboxTerminated: res.SandboxTerminated,
+		OOMKilled:         res.OOMKilled,
+		OOMKills:          res.OOMKills,
+		Reason:            res.Reason(),
 		AppliedTimeoutS:   res.AppliedTimeout.Seconds(),
 		DurationS:         res.Duration.Seconds(),
 	}, nil
@@ -532,6 +636,7 @@ func (s *Service) list(c lifecycle.Caller, args *ipc.Args) (any, error) {
 			"last_used":   unixSeconds(b.LastUsed),
 			"remaining_s": max(b.ExpiresAt.Sub(now).Seconds(), 0),
 			"tags":        b.TagMap(),
+			"resources":   resourcesMap(b.Resources),
 		}
 	}
 	return map[string]any{"sandboxes": out}, nil
