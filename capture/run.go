@@ -77,6 +77,11 @@ type Options struct {
 	MaxOutputBytes int
 	// Stdin is fed to the process; nil means an empty stdin.
 	Stdin []byte
+	// Started, when set, is called once the process has started and
+	// before anything is written to it. An error kills the process group
+	// and Run returns that error (e.g. a sandbox that could not be placed
+	// in its cgroup must not run).
+	Started func() error
 }
 
 func (o Options) withDefaults() Options {
@@ -155,6 +160,15 @@ func Run(ctx context.Context, cmd *exec.Cmd, opts Options) (Result, error) {
 	if err := <-c.started; err != nil {
 		return Result{}, fmt.Errorf("capture: cannot start %s; check that it exists and is executable: %w", cmd.Path, err)
 	}
+	var hookErr error
+	if opts.Started != nil {
+		if hookErr = opts.Started(); hookErr != nil {
+			// supervise kills the group at once for an ended context.
+			killed, cancel := context.WithCancel(ctx)
+			cancel()
+			ctx = killed
+		}
+	}
 	s.Start()
 
 	res, ctxErr := c.supervise(ctx, opts)
@@ -164,6 +178,9 @@ func Run(ctx context.Context, cmd *exec.Cmd, opts Options) (Result, error) {
 	out := s.Finish(opts.DrainGrace)
 	res.Stdout, res.StdoutTruncated, res.StdoutTotal = out.Stdout, out.StdoutTruncated, out.StdoutTotal
 	res.Stderr, res.StderrTruncated, res.StderrTotal = out.Stderr, out.StderrTruncated, out.StderrTotal
+	if hookErr != nil {
+		return res, fmt.Errorf("capture: %s was killed as it started: %w", cmd.Path, hookErr)
+	}
 	if ctxErr != nil {
 		return res, fmt.Errorf("capture: %s was killed because its context ended: %w", cmd.Path, ctxErr)
 	}

@@ -360,3 +360,32 @@ func TestRunTimeoutReachesProcessThatLeftItsGroup(t *testing.T) {
 		t.Errorf("TimedOut %v Signal %v after %v; want the timeout to reach it", res.TimedOut, res.Signal, elapsed)
 	}
 }
+
+func TestRunStartedHook(t *testing.T) {
+	requireTools(t, "/bin/sh", "sleep")
+	t.Run("runs once the process exists, before it is fed", func(t *testing.T) {
+		cmd := sh(`cat`)
+		var pidSeen int
+		res, err := Run(context.Background(), cmd, Options{Timeout: 10 * time.Second, Stdin: []byte("in"), Started: func() error {
+			pidSeen = cmd.Process.Pid
+			return unix.Kill(pidSeen, 0)
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pidSeen == 0 || string(res.Stdout) != "in" || res.ExitCode != 0 {
+			t.Errorf("hook saw pid %d; result exit %d stdout %q", pidSeen, res.ExitCode, res.Stdout)
+		}
+	})
+	t.Run("an error kills the process and is returned", func(t *testing.T) {
+		refused := errors.New("not placed")
+		start := time.Now()
+		res, err := Run(context.Background(), sh(`exec sleep 30`), Options{Timeout: time.Minute, Started: func() error { return refused }})
+		if !errors.Is(err, refused) {
+			t.Fatalf("error %v, want one wrapping %v", err, refused)
+		}
+		if took := time.Since(start); took > 20*time.Second || res.Signal != syscall.SIGKILL {
+			t.Errorf("the process ran on: %v, signal %v", took, res.Signal)
+		}
+	})
+}

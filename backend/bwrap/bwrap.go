@@ -201,13 +201,14 @@ func New(cfg Config) (*Backend, error) {
 		rootLinks: hostRootLinks("/"),
 		sandboxes: make(map[string]*sandbox),
 	}
-	b.log.Info("sandbox limits: seccomp and rlimits only; memory, processes, CPU and disk are not limited per sandbox",
-		"open_files", cfg.Limits.OpenFiles, "file_size_bytes", cfg.Limits.FileSizeBytes)
+	b.logLimits()
 	// No command of this backend runs yet, so any process still carrying
 	// the marker of one of its sandboxes was left by a daemon that died.
 	if strays := findMarked(cfg.Dir, true); len(strays) > 0 {
 		b.log.Warn("killing sandbox processes left by a previous daemon", "count", killMarked(strays))
 	}
+	// Nor does any sandbox of this process have a cgroup yet.
+	b.sweepCgroups()
 	// And no trial sandbox of Health is in use: remove what a daemon that
 	// died during one left.
 	if probes, _ := filepath.Glob(filepath.Join(cfg.Dir, probeDirPrefix+"*")); len(probes) > 0 {
@@ -388,7 +389,13 @@ func (b *Backend) probe(ctx context.Context) error {
 			return fail(err)
 		}
 	}
-	sb := newSandbox(filepath.Base(dir), dir, persistedSpec{Version: specVersion, Network: networkNone})
+	sb := newSandbox(filepath.Base(dir), dir, persistedSpec{Version: specVersion, Network: networkNone}, b.cfg.Limits)
+	// Under the same cgroup limits as a sandbox: the trial also shows
+	// that the host still gives sandboxes their groups.
+	if err := b.makeCgroup(ctx, sb); err != nil {
+		return fail(err)
+	}
+	defer func() { _ = b.removeCgroup(sb) }()
 	defer b.killInit(sb)
 	ip, err := b.acquireInit(ctx, sb, time.Now().Add(probeTimeout))
 	if err != nil {

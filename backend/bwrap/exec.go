@@ -144,12 +144,20 @@ func (b *Backend) execDirect(ctx, opCtx context.Context, sb *sandbox, req backen
 		return backend.ExecResult{}, fmt.Errorf("%w: prepare bwrap for sandbox %s: %v; the daemon may be out of memory or file descriptors", backend.ErrUnavailable, sb.id, err)
 	}
 	defer closeFiles(files)
+	place := sb.placement()
+	// Closed once capture.Run has killed or reaped bwrap.
+	defer place.close()
+	if err := b.prepareCgroup(cmd, place); err != nil {
+		return backend.ExecResult{}, fmt.Errorf("%w: cannot place a command of sandbox %s in its cgroup: %v", backend.ErrUnavailable, sb.id, err)
+	}
 
+	oomBefore := sb.oomKills()
 	res, runErr := capture.Run(opCtx, cmd, capture.Options{
 		Timeout:        applied + b.cfg.KillGrace + b.cfg.ExecGrace,
 		KillGrace:      outerKillGrace,
 		MaxOutputBytes: req.MaxOutputBytes,
 		Stdin:          req.Stdin,
+		Started:        place.started,
 	})
 	out := backend.ExecResult{
 		ExitCode:        res.ExitCode,
@@ -161,6 +169,7 @@ func (b *Backend) execDirect(ctx, opCtx context.Context, sb *sandbox, req backen
 		AppliedTimeout:  applied,
 		Duration:        res.Duration,
 	}
+	sb.verdict(&out, oomBefore)
 	log := b.log.With("sandbox", sb.id)
 	switch {
 	case runErr == nil:

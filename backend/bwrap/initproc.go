@@ -145,6 +145,10 @@ func (b *Backend) startInit(ctx context.Context, sb *sandbox, deadline time.Time
 		return nil, fmt.Errorf("%w: start the init of sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
 	}
 	ip := &initProc{ctrl: ctrl, stderr: stderr}
+	// Closed after stopInit (defers run last-first): on v1 closing the
+	// gate unreleased lets bwrap go on, so it must be dead by then.
+	place := sb.placement()
+	defer place.close()
 	defer func() {
 		if err != nil {
 			b.stopInit(ip)
@@ -164,6 +168,9 @@ func (b *Backend) startInit(ctx context.Context, sb *sandbox, deadline time.Time
 	cmd.ExtraFiles = append([]*os.File{ctrlInit, b.exe}, files...) // fds 3, 4, 5...
 	cmd.SysProcAttr.Setpgid = true
 	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	if err := b.prepareCgroup(cmd, place); err != nil {
+		return nil, fmt.Errorf("%w: cannot place the init of sandbox %s in its cgroup: %v", backend.ErrUnavailable, sb.id, err)
+	}
 	if err := capture.CloseInheritedOnExec(); err != nil {
 		return nil, fmt.Errorf("%w: not starting the init of sandbox %s: cannot keep the daemon's other file descriptors from leaking into it: %v", backend.ErrUnavailable, sb.id, err)
 	}
@@ -174,6 +181,9 @@ func (b *Backend) startInit(ctx context.Context, sb *sandbox, deadline time.Time
 	// Only bwrap and init hold the other end now: when they are gone, the
 	// control socket hangs up.
 	ctrlInit.Close()
+	if err := place.started(); err != nil {
+		return nil, fmt.Errorf("%w: cannot place the init of sandbox %s in its cgroup (%v); it was not let run", backend.ErrUnavailable, sb.id, err)
+	}
 
 	buf := make([]byte, 2*initMsgSize)
 	stop := context.AfterFunc(ctx, func() { _ = ctrl.SetReadDeadline(time.Now()) })
@@ -432,6 +442,7 @@ func (b *Backend) execInit(ctx, opCtx context.Context, sb *sandbox, ip *initProc
 		}
 		return backend.ExecResult{AppliedTimeout: applied}, fmt.Errorf("command in sandbox %s was not run because the request ended: %w", sb.id, opCtx.Err())
 	}
+	oomBefore := sb.oomKills()
 	start := time.Now()
 	outer := start.Add(applied + b.cfg.KillGrace + b.cfg.ExecGrace)
 	child := streams.ChildFiles()
@@ -474,7 +485,8 @@ func (b *Backend) execInit(ctx, opCtx context.Context, sb *sandbox, ip *initProc
 		if !o.exited {
 			res.ExitCode = exitKilledByTime
 		}
-		log.Info("command ended with its sandbox", "destroyed", destroyed, "duration", o.duration)
+		sb.verdict(&res, oomBefore)
+		log.Info("command ended with its sandbox", "destroyed", destroyed, "duration", o.duration, "oom_kills", res.OOMKills)
 		return res, nil
 	case ctx.Err() != nil:
 		return res, fmt.Errorf("command in sandbox %s was killed because the request ended: %w", sb.id, ctx.Err())
@@ -483,6 +495,10 @@ func (b *Backend) execInit(ctx, opCtx context.Context, sb *sandbox, ip *initProc
 	}
 	if o.outerFired {
 		log.Warn("the command outlived its timeout and was killed", "timeout", applied, "duration", o.duration)
+	}
+	sb.verdict(&res, oomBefore)
+	if res.OOMKills > 0 {
+		log.Info("the sandbox reached its memory limit during the command", "oom_kills", res.OOMKills, "oom_killed", res.OOMKilled, "memory_bytes", sb.limits.MemoryBytes)
 	}
 	log.Debug("command finished", "exit_code", res.ExitCode, "timed_out", res.TimedOut,
 		"duration", o.duration, "stdout_bytes", out.StdoutTotal, "stderr_bytes", out.StderrTotal)

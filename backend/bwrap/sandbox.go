@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 )
 
 // Layout of Dir/<id>.
@@ -54,15 +56,25 @@ type persistedSpec struct {
 	Version int               `json:"version"`
 	Network string            `json:"network"`
 	Env     map[string]string `json:"env,omitempty"`
+	// Resources is what the spec asked for; the sandbox's limits are
+	// worked out again from it and the daemon's at every start.
+	Resources backend.Resources `json:"resources,omitempty"`
+	// Disk says /workspace and /tmp live on the sandbox's own filesystem
+	// (disk.img mounted on vol/).
+	Disk bool `json:"disk,omitempty"`
 }
 
 // sandbox is the in-memory state of one sandbox: its settings, the
 // operations in flight, so Destroy can stop them and wait for them, and its
 // init.
 type sandbox struct {
-	id, dir string
-	env     map[string]string
-	network string
+	id, dir   string
+	env       map[string]string
+	network   string
+	resources backend.Resources
+	limits    limits.Limits  // effective: the daemon's, lowered by the spec
+	disk      bool           // work/ and tmp/ are on the sandbox's own filesystem
+	cg        *cgroup.Cgroup // nil without cgroups; set before init starts
 
 	mu         sync.Mutex
 	destroying bool
@@ -81,12 +93,21 @@ type sandbox struct {
 	goneReported bool
 }
 
-func newSandbox(id, dir string, spec persistedSpec) *sandbox {
-	return &sandbox{id: id, dir: dir, env: spec.Env, network: spec.Network, active: make(map[uint64]context.CancelCauseFunc)}
+func newSandbox(id, dir string, spec persistedSpec, lim limits.Limits) *sandbox {
+	return &sandbox{id: id, dir: dir, env: spec.Env, network: spec.Network, resources: spec.Resources,
+		limits: lim, disk: spec.Disk, active: make(map[uint64]context.CancelCauseFunc)}
 }
 
-func (sb *sandbox) workDir() string { return filepath.Join(sb.dir, workDirName) }
-func (sb *sandbox) tmpDir() string  { return filepath.Join(sb.dir, tmpDirName) }
+// dataDir holds work/ and tmp/: the sandbox's directory, or the mount of
+// its own filesystem.
+func (sb *sandbox) dataDir() string {
+	if sb.disk {
+		return filepath.Join(sb.dir, diskMountName)
+	}
+	return sb.dir
+}
+func (sb *sandbox) workDir() string { return filepath.Join(sb.dataDir(), workDirName) }
+func (sb *sandbox) tmpDir() string  { return filepath.Join(sb.dataDir(), tmpDirName) }
 
 // begin registers one operation. The returned context ends when ctx does or
 // when Destroy cancels it; done must be called when the operation is over.
@@ -172,9 +193,24 @@ func (b *Backend) lookup(id string) (*sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	sb := newSandbox(id, b.sandboxDir(id), spec)
+	lim, err := b.effectiveLimits(spec.Resources)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s was created with limits this daemon no longer enforces (%w); destroy it and create a new one", id, err)
+	}
+	if spec.Disk && !b.cfg.DiskCaps {
+		return nil, fmt.Errorf("%w: sandbox %q has a disk of its own, which this daemon cannot mount (disk caps are off); destroy it and create a new one", backend.ErrSpecUnenforceable, id)
+	}
+	sb := newSandbox(id, b.sandboxDir(id), spec, lim)
+	// Re-adopted (the daemon restarted, or the host rebooted): mount its
+	// disk again and give it a fresh cgroup; New removed the old ones.
+	if err := b.mountDisk(sb); err != nil {
+		return nil, err
+	}
 	if _, err := os.Stat(sb.workDir()); err != nil {
 		return nil, notFound(id)
+	}
+	if err := b.makeCgroup(context.Background(), sb); err != nil {
+		return nil, err
 	}
 	b.sandboxes[id] = sb
 	return sb, nil
@@ -235,6 +271,10 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	if err := backend.ValidateEnv(spec.Env, "the sandbox's"); err != nil {
 		return backend.Info{}, err
 	}
+	lim, err := b.effectiveLimits(spec.Resources)
+	if err != nil {
+		return backend.Info{}, err
+	}
 	log := b.log.With("sandbox", id)
 
 	dir := b.sandboxDir(id)
@@ -251,8 +291,17 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 		}
 		return backend.Info{}, fmt.Errorf("create sandbox %s: %w; check that the state directory is writable", id, err)
 	}
+	saved := persistedSpec{Version: specVersion, Network: network, Env: copyEnv(spec.Env), Resources: spec.Resources,
+		Disk: b.cfg.DiskCaps && lim.DiskBytes > 0}
+	sb := newSandbox(id, dir, saved, lim)
 	defer func() {
 		if err != nil {
+			if rmErr := b.removeCgroup(sb); rmErr != nil {
+				log.Error("cannot remove the cgroup of a half-made sandbox", "error", rmErr)
+			}
+			if rmErr := unmountDisk(dir); rmErr != nil {
+				log.Error("cannot unmount the disk of a half-made sandbox", "error", rmErr)
+			}
 			if rmErr := removeAllForce(dir); rmErr != nil {
 				log.Error("cannot remove half-made sandbox", "error", rmErr)
 			}
@@ -261,12 +310,17 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	if err := os.Chmod(dir, mode); err != nil {
 		return backend.Info{}, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
-	for _, name := range []string{workDirName, tmpDirName} {
-		if err := b.makeGuestDir(filepath.Join(dir, name)); err != nil {
+	if err := b.makeDisk(ctx, sb); err != nil {
+		return backend.Info{}, err
+	}
+	for _, p := range []string{sb.workDir(), sb.tmpDir()} {
+		if err := b.makeGuestDir(p); err != nil {
 			return backend.Info{}, fmt.Errorf("create sandbox %s: %w", id, err)
 		}
 	}
-	saved := persistedSpec{Version: specVersion, Network: network, Env: copyEnv(spec.Env)}
+	if err := b.makeCgroup(ctx, sb); err != nil {
+		return backend.Info{}, err
+	}
 	if err := writeFileAtomic(filepath.Join(dir, specName), saved); err != nil {
 		return backend.Info{}, fmt.Errorf("create sandbox %s: save its settings: %w", id, err)
 	}
@@ -283,10 +337,11 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 			return backend.Info{}, fmt.Errorf("sandbox %q was destroyed while being created; create it again: %w", id, fs.ErrExist)
 		}
 	} else {
-		b.sandboxes[id] = newSandbox(id, dir, saved)
+		b.sandboxes[id] = sb
 		b.mu.Unlock()
 	}
-	log.Info("sandbox created", "network", network, "env_vars", len(spec.Env))
+	log.Info("sandbox created", "network", network, "env_vars", len(spec.Env), "memory_bytes", lim.MemoryBytes,
+		"pids", lim.PIDs, "cpus", lim.CPUs, "disk_bytes", saved.Disk && lim.DiskBytes > 0)
 	return backend.Info{Workdir: guestWorkspace, Network: network}, nil
 }
 
@@ -405,7 +460,7 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	b.mu.Lock()
 	sb, ok := b.sandboxes[id]
 	if !ok {
-		sb = newSandbox(id, b.sandboxDir(id), persistedSpec{})
+		sb = newSandbox(id, b.sandboxDir(id), persistedSpec{}, limits.Limits{})
 		b.sandboxes[id] = sb
 	}
 	b.mu.Unlock()
@@ -422,7 +477,14 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	if strays := findMarked(sb.dir, false); len(strays) > 0 {
 		log.Warn("killed processes of the sandbox that outlived their command", "count", killMarked(strays))
 	}
-	err := removeAllForce(sb.dir)
+	// The cgroup by name, not sb.cg: a sandbox never used by this
+	// process has none in memory, yet may have one on the host.
+	err := b.removeCgroup(sb)
+	if uerr := unmountDisk(sb.dir); uerr != nil {
+		err = errors.Join(err, fmt.Errorf("unmount its disk: %w", uerr))
+	} else if rerr := removeAllForce(sb.dir); rerr != nil {
+		err = errors.Join(err, rerr)
+	}
 
 	b.mu.Lock()
 	if b.sandboxes[id] == sb {

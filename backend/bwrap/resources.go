@@ -1,0 +1,351 @@
+package bwrap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/disk"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
+)
+
+// Per-sandbox resources: a cgroup (memory, processes, CPU) made when the
+// sandbox is created and re-made when a restarted daemon re-adopts it, into
+// which every bwrap of the sandbox is started; and, with DiskCaps, a
+// filesystem of its own holding /workspace and /tmp.
+
+// Layout of a capped sandbox: Dir/<id>/disk.img mounted on Dir/<id>/vol,
+// which holds work/ and tmp/.
+const (
+	diskImageName = "disk.img"
+	diskMountName = "vol"
+)
+
+// Named bounds.
+const (
+	// cgroupWait bounds killing and removing one sandbox's cgroup.
+	cgroupWait = 10 * time.Second
+	// diskCreateTimeout bounds making and formatting one sandbox's image.
+	diskCreateTimeout = 60 * time.Second
+)
+
+// probeCgroupPrefix names the trial sandbox's cgroup: a '.' is never in a
+// sandbox id, so it cannot collide with one.
+const probeCgroupPrefix = "probe."
+
+// effectiveLimits is what one sandbox gets: the daemon's limits, lowered
+// where its spec asked for less. It refuses more than the daemon allows and
+// a limit this host cannot enforce, with ErrSpecUnenforceable.
+func (b *Backend) effectiveLimits(r backend.Resources) (limits.Limits, error) {
+	l := b.cfg.Limits
+	var errs []error
+	lower := func(name string, asked, ceiling float64, enforced bool, set func()) {
+		switch {
+		case asked == 0:
+		case asked < 0:
+			errs = append(errs, fmt.Errorf("%s %v is negative", name, asked))
+		case !enforced:
+			errs = append(errs, fmt.Errorf("%s cannot be limited on this host (see the daemon's health: limits)", name))
+		case ceiling > 0 && asked > ceiling:
+			errs = append(errs, fmt.Errorf("%s %v exceeds the daemon's maximum %v", name, asked, ceiling))
+		default:
+			set()
+		}
+	}
+	cg := b.cfg.Cgroups != nil
+	lower("memory_bytes", float64(r.MemoryBytes), float64(l.MemoryBytes), cg, func() { l.MemoryBytes = r.MemoryBytes })
+	lower("cpus", r.CPUs, l.CPUs, cg, func() { l.CPUs = r.CPUs })
+	lower("pids", float64(r.PIDs), float64(l.PIDs), cg, func() { l.PIDs = r.PIDs })
+	lower("disk_bytes", float64(r.DiskBytes), float64(l.DiskBytes), b.cfg.DiskCaps, func() { l.DiskBytes = r.DiskBytes })
+	if err := errors.Join(errs...); err != nil {
+		return l, fmt.Errorf("%w: %v; ask for less, or leave the field out to get the daemon's default", backend.ErrSpecUnenforceable, err)
+	}
+	if err := l.Validate(); err != nil {
+		return l, fmt.Errorf("%w: %v", backend.ErrSpecUnenforceable, err)
+	}
+	return l, nil
+}
+
+func cgroupLimits(l limits.Limits) cgroup.Limits {
+	return cgroup.Limits{MemoryBytes: l.MemoryBytes, PIDs: l.PIDs, CPUs: l.CPUs, CPUWeight: l.CPUWeight}
+}
+
+// makeCgroup gives sb a fresh cgroup with its limits, replacing any group
+// of that name a previous daemon left (its processes are killed). Without a
+// manager it does nothing.
+func (b *Backend) makeCgroup(ctx context.Context, sb *sandbox) error {
+	if b.cfg.Cgroups == nil {
+		return nil
+	}
+	name := sb.cgroupName()
+	cg, err := b.cfg.Cgroups.Create(name, cgroupLimits(sb.limits))
+	if errors.Is(err, fs.ErrExist) {
+		rctx, cancel := context.WithTimeout(ctx, cgroupWait)
+		rmErr := b.cfg.Cgroups.Remove(rctx, name)
+		cancel()
+		if rmErr != nil {
+			return fmt.Errorf("%w: a stale cgroup of sandbox %s cannot be removed: %v", backend.ErrUnavailable, sb.id, rmErr)
+		}
+		cg, err = b.cfg.Cgroups.Create(name, cgroupLimits(sb.limits))
+	}
+	if err != nil {
+		return fmt.Errorf("%w: cannot give sandbox %s its cgroup: %v", backend.ErrUnavailable, sb.id, err)
+	}
+	sb.cg = cg
+	return nil
+}
+
+// removeCgroup kills whatever is left in sb's cgroup and removes it.
+func (b *Backend) removeCgroup(sb *sandbox) error {
+	if b.cfg.Cgroups == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cgroupWait)
+	defer cancel()
+	if err := b.cfg.Cgroups.Remove(ctx, sb.cgroupName()); err != nil {
+		return fmt.Errorf("remove the cgroup of sandbox %s: %w", sb.id, err)
+	}
+	return nil
+}
+
+// sweepCgroups removes every sandbox cgroup under the manager's base: New
+// calls it before any sandbox of this process runs, so each one was left by
+// a daemon that died, and whatever still runs in it is a stray. Sandboxes
+// that still exist get a new group when they are next used.
+func (b *Backend) sweepCgroups() {
+	if b.cfg.Cgroups == nil {
+		return
+	}
+	names, err := b.cfg.Cgroups.List()
+	if err != nil {
+		b.log.Warn("cannot list sandbox cgroups left by a previous daemon", "error", err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cgroupWait)
+	defer cancel()
+	removed := 0
+	for _, name := range names {
+		if err := b.cfg.Cgroups.Remove(ctx, name); err != nil {
+			b.log.Warn("cannot remove a sandbox cgroup left by a previous daemon", "cgroup", name, "error", err)
+			continue
+		}
+		removed++
+	}
+	if removed > 0 {
+		b.log.Info("removed sandbox cgroups left by a previous daemon", "count", removed)
+	}
+}
+
+// placement puts a bwrap command into sb's cgroup. On cgroup v2 the
+// process is born there (clone3 with CLONE_INTO_CGROUP), and so its
+// cgroup namespace is rooted at the sandbox's own group. On v1 bwrap is held
+// at --block-fd until its sandbox's first process is moved in. The caller
+// calls prepare before starting cmd (it adds descriptors from
+// firstFreeFD on, returning the bwrap options to add), started right after,
+// and close in every case.
+type placement struct {
+	cg     *cgroup.Cgroup
+	fd     *os.File
+	gate   *limits.Gate
+	placed bool
+}
+
+func (sb *sandbox) placement() *placement { return &placement{cg: sb.cg} }
+
+// prepare readies cmd; bwrap's ExtraFiles must already be set, and the
+// returned options go on bwrap's command line (before its --args).
+func (p *placement) prepare(cmd *exec.Cmd) ([]string, error) {
+	if p.cg == nil {
+		return nil, nil
+	}
+	if fd, err := p.cg.FD(); err == nil {
+		p.fd = fd
+		cmd.SysProcAttr.UseCgroupFD = true
+		cmd.SysProcAttr.CgroupFD = int(fd.Fd())
+		return nil, nil
+	}
+	g, err := limits.NewGate()
+	if err != nil {
+		return nil, err
+	}
+	p.gate = g
+	first := 3 + len(cmd.ExtraFiles)
+	cmd.ExtraFiles = append(cmd.ExtraFiles, g.Files()...)
+	return g.Args(first, first+1), nil
+}
+
+// prepareCgroup readies cmd (bwrap, its ExtraFiles set, its options
+// behind an --args) for place, putting any extra options first.
+func (b *Backend) prepareCgroup(cmd *exec.Cmd, place *placement) error {
+	extra, err := place.prepare(cmd)
+	if err != nil || len(extra) == 0 {
+		return err
+	}
+	cmd.Args = append(append([]string{cmd.Args[0]}, extra...), cmd.Args[1:]...)
+	return nil
+}
+
+// started finishes the placement once cmd runs: on v1, moves bwrap's
+// child into the group and lets it go on. An error means the sandbox's
+// process is outside its group: the caller kills bwrap.
+func (p *placement) started() error {
+	if p.gate == nil {
+		p.placed = p.cg != nil
+		return nil
+	}
+	pid, err := p.gate.ChildPID()
+	if err != nil {
+		return err
+	}
+	if err := p.cg.Add(pid); err != nil {
+		return err
+	}
+	p.placed = true
+	return p.gate.Release()
+}
+
+func (p *placement) close() {
+	if p.fd != nil {
+		p.fd.Close()
+	}
+	if p.gate != nil {
+		p.gate.Close()
+	}
+}
+
+// oomKills reads sb's cgroup OOM-kill counter (0 without one).
+func (sb *sandbox) oomKills() uint64 {
+	if sb.cg == nil {
+		return 0
+	}
+	n, _ := sb.cg.OOMKills()
+	return n
+}
+
+// verdict sets res.OOMKilled and res.OOMKills from the counter before the
+// command and now; a timed-out or terminated command is never oom_killed.
+func (sb *sandbox) verdict(res *backend.ExecResult, before uint64) {
+	if sb.cg == nil {
+		return
+	}
+	reason, kills := limits.Verdict(res.ExitCode, res.TimedOut, before, sb.oomKills())
+	res.OOMKills = kills
+	res.OOMKilled = reason == limits.ReasonOOMKilled && !res.SandboxTerminated
+}
+
+// makeDisk gives a new sandbox with a disk cap its filesystem, mounted on
+// dir/vol; work/ and tmp/ are then made inside it by the caller.
+func (b *Backend) makeDisk(ctx context.Context, sb *sandbox) error {
+	if !sb.disk {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, diskCreateTimeout)
+	defer cancel()
+	img := filepath.Join(sb.dir, diskImageName)
+	if err := disk.Create(ctx, img, disk.Options{Size: sb.limits.DiskBytes, Inodes: sb.limits.DiskInodes, UID: -1, GID: -1}); err != nil {
+		return fmt.Errorf("%w: cannot make the disk of sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
+	}
+	if err := os.Mkdir(sb.dataDir(), 0o755); err != nil {
+		return err
+	}
+	return b.mountDisk(sb)
+}
+
+// mountDisk mounts sb's image unless it already is (a restarted daemon,
+// or a reboot, re-adopting the sandbox).
+func (b *Backend) mountDisk(sb *sandbox) error {
+	if !sb.disk {
+		return nil
+	}
+	mounted, err := disk.Mounted(sb.dataDir())
+	if err != nil {
+		return fmt.Errorf("%w: cannot tell whether the disk of sandbox %s is mounted: %v", backend.ErrUnavailable, sb.id, err)
+	}
+	if mounted {
+		return nil
+	}
+	if err := disk.Mount(filepath.Join(sb.dir, diskImageName), sb.dataDir()); err != nil {
+		return fmt.Errorf("%w: cannot mount the disk of sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
+	}
+	return nil
+}
+
+// unmountDisk unmounts dir/vol if it is a mount (whatever the settings
+// say: a half-made sandbox may have no spec.json yet).
+func unmountDisk(dir string) error {
+	vol := filepath.Join(dir, diskMountName)
+	mounted, err := disk.Mounted(vol)
+	if err != nil || !mounted {
+		return err
+	}
+	return disk.Unmount(vol)
+}
+
+// cgroupName is the sandbox's id, or for Health's trial sandbox (whose
+// directory starts with a '.') a name no id can have.
+func (sb *sandbox) cgroupName() string {
+	base := filepath.Base(sb.dir)
+	if rest, ok := strings.CutPrefix(base, probeDirPrefix); ok {
+		return probeCgroupPrefix + rest
+	}
+	return base
+}
+
+// logLimits says once, at start, what is enforced and what is not.
+func (b *Backend) logLimits() {
+	in := b.LimitsInForce()
+	l := b.cfg.Limits
+	args := []any{"memory_bytes", l.MemoryBytes, "pids", l.PIDs, "cpus", l.CPUs, "disk_bytes", l.DiskBytes,
+		"open_files", l.OpenFiles, "file_size_bytes", l.FileSizeBytes}
+	for _, k := range []string{"memory", "pids", "cpu", "disk"} {
+		args = append(args, "enforced_"+k, in[k])
+	}
+	var off []string
+	for _, k := range []string{"memory", "pids", "cpu", "disk"} {
+		if in[k] == "off" {
+			off = append(off, k)
+		}
+	}
+	if len(off) > 0 {
+		b.log.Warn("some sandbox limits are not enforced on this host: "+strings.Join(off, ", ")+"; see docs/operations.md (Resource limits)", args...)
+		return
+	}
+	b.log.Info("sandbox limits", args...)
+}
+
+// LimitsInForce names the mechanism enforcing each limit on this host, or
+// "off" (not enforced) or "none" (configured without a limit).
+func (b *Backend) LimitsInForce() map[string]string {
+	l := b.cfg.Limits
+	mech := func(configured bool, on bool, how string) string {
+		switch {
+		case !on:
+			return "off"
+		case !configured:
+			return "none"
+		}
+		return how
+	}
+	cg := "off"
+	if b.cfg.Cgroups != nil {
+		cg = "cgroup v" + strconv.Itoa(int(b.cfg.Cgroups.Version()))
+	}
+	return map[string]string{
+		"memory":     mech(l.MemoryBytes > 0, b.cfg.Cgroups != nil, cg),
+		"pids":       mech(l.PIDs > 0, b.cfg.Cgroups != nil, cg),
+		"cpu":        mech(l.CPUs > 0 || l.CPUWeight > 0, b.cfg.Cgroups != nil, cg),
+		"disk":       mech(l.DiskBytes > 0, b.cfg.DiskCaps, "ext4 image"),
+		"open_files": mech(l.OpenFiles > 0, true, "rlimit"),
+		"file_size":  mech(l.FileSizeBytes > 0, true, "rlimit"),
+		"syscalls":   "seccomp",
+	}
+}

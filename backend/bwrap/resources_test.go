@@ -1,0 +1,297 @@
+package bwrap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/disk"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
+)
+
+// testCgroups returns a manager with a base of its own under the
+// hierarchy's root, removed when the test ends; it skips (fails in CI)
+// without root or cgroups.
+func testCgroups(t *testing.T) *cgroup.Manager {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		skipOrFail(t, "sandbox cgroups need root")
+	}
+	base := fmt.Sprintf("sandbox-sidecar-test-%d-%d", os.Getpid(), time.Now().UnixNano())
+	m, err := cgroup.New(cgroup.Options{Base: base, UnderRoot: true})
+	if err != nil {
+		skipOrFail(t, "cgroups unavailable: %v", err)
+	}
+	t.Cleanup(func() {
+		names, _ := m.List()
+		for _, n := range names {
+			_ = m.Remove(context.Background(), n)
+		}
+		for _, d := range m.Dirs() {
+			if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("the test's cgroup base %s is left behind: %v", d, err)
+			}
+		}
+	})
+	return m
+}
+
+func withCgroups(m *cgroup.Manager, l limits.Limits) func(*Config) {
+	return func(c *Config) { c.Cgroups, c.Limits = m, l }
+}
+
+// balloon allocates (and touches) n MiB in one process.
+func balloon(mib int) string {
+	return fmt.Sprintf(`exec /usr/bin/python3 -c 'b = bytearray(%d << 20); print(len(b))'`, mib)
+}
+
+func TestCgroupMemoryLimitKillsAndSaysSo(t *testing.T) {
+	m := testCgroups(t)
+	for _, mode := range allModes {
+		t.Run(mode.name, func(t *testing.T) {
+			b := newTestBackend(t, mode, withCgroups(m, limits.Limits{MemoryBytes: 64 << 20, PIDs: 64}))
+			id := create(t, b, backend.Spec{})
+			res := run(t, b, id, balloon(256))
+			if res.ExitCode != 137 || !res.OOMKilled || res.OOMKills == 0 || res.TimedOut || res.SandboxTerminated || res.Reason() != backend.ReasonOOMKilled {
+				t.Fatalf("a 256 MiB balloon under 64 MiB: exit %d oom_killed %v oom_kills %d timed_out %v terminated %v reason %s; stderr %q",
+					res.ExitCode, res.OOMKilled, res.OOMKills, res.TimedOut, res.SandboxTerminated, res.Reason(), res.Stderr)
+			}
+			// The sandbox goes on: its init was not the one killed.
+			if out := runOK(t, b, id, balloon(16)); out != "16777216\n" {
+				t.Errorf("a 16 MiB allocation after the kill printed %q", out)
+			}
+			res = run(t, b, id, "exit 137")
+			if res.OOMKilled || res.Reason() != backend.ReasonExited {
+				t.Errorf("a command that exits 137 by itself is not an OOM kill: %+v", res.Reason())
+			}
+		})
+	}
+}
+
+func TestCgroupHoldsEveryProcessOfTheSandbox(t *testing.T) {
+	m := testCgroups(t)
+	b := newTestBackend(t, nobodyUID, withCgroups(m, limits.Limits{MemoryBytes: 128 << 20, PIDs: 64}))
+	id := create(t, b, backend.Spec{})
+	sb, err := b.lookup(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A process that outlives the command (until init kills it) and one
+	// that runs in a bubblewrap of its own must both be in the group.
+	runOK(t, b, id, "true")
+	pids, err := sb.cg.PIDs()
+	if err != nil || len(pids) == 0 {
+		t.Fatalf("the sandbox's cgroup holds %v (%v): its init is not in it", pids, err)
+	}
+	sb.initMu.Lock()
+	initBwrap := sb.init.cmd.Process.Pid
+	sb.initMu.Unlock()
+	for _, pid := range pids {
+		if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err != nil || !strings.Contains(string(st), "\nUid:\t65534") {
+			t.Errorf("process %d in the sandbox's group is not the sandbox's: %v %.80q", pid, err, st)
+		}
+	}
+	if m.Version() == cgroup.V1 {
+		for _, pid := range pids {
+			if pid == initBwrap {
+				t.Errorf("on v1 only the sandbox's own processes move in, not bwrap %d itself", pid)
+			}
+		}
+	}
+
+	opCtx, done, err := sb.begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer done()
+	env, _ := mergeEnv(nil, nil)
+	res, err := b.execDirect(context.Background(), opCtx, sb, backend.ExecRequest{MaxOutputBytes: 1 << 20},
+		b.budgeted([]string{"/bin/sh", "-c", balloon(256)}, 30*time.Second), env, guestWorkspace, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.OOMKilled || res.ExitCode != 137 {
+		t.Errorf("a balloon in a bubblewrap of its own: exit %d oom_killed %v (%q): it escaped the sandbox's group", res.ExitCode, res.OOMKilled, res.Stderr)
+	}
+}
+
+func TestCgroupContainsAForkBomb(t *testing.T) {
+	m := testCgroups(t)
+	b := newTestBackend(t, nobodyUID, withCgroups(m, limits.Limits{MemoryBytes: 256 << 20, PIDs: 32}))
+	id := create(t, b, backend.Spec{})
+	sb, err := b.lookup(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := b.Exec(context.Background(), id, backend.ExecRequest{Command: `b() { b | b & }; b; sleep 2`, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := sb.cg.Stats()
+	if err != nil || st.PIDsLimitHits == 0 {
+		t.Errorf("the fork bomb never ran into pids.max (%+v, %v); exit %d", st, err, res.ExitCode)
+	}
+	// Contained: everything it started is gone, and the sandbox works.
+	if out := runOK(t, b, id, "echo alive"); out != "alive\n" {
+		t.Errorf("after the fork bomb: %q", out)
+	}
+	if pids, _ := sb.cg.PIDs(); len(pids) > 2 {
+		t.Errorf("after the fork bomb the group still holds %d processes", len(pids))
+	}
+}
+
+func TestCgroupLifecycle(t *testing.T) {
+	m := testCgroups(t)
+	lim := limits.Limits{MemoryBytes: 128 << 20, PIDs: 64, CPUs: 0.5, CPUWeight: 50}
+	dir := filepath.Join(t.TempDir(), "state")
+	b := newTestBackend(t, daemonUID, withCgroups(m, lim), func(c *Config) { c.Dir = dir })
+	kept := create(t, b, backend.Spec{})
+	gone := create(t, b, backend.Spec{})
+	runOK(t, b, kept, "true")
+	if _, err := m.Open(kept); err != nil {
+		t.Fatalf("a created sandbox has no cgroup: %v", err)
+	}
+	if err := b.Destroy(context.Background(), gone); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Open(gone); !errors.Is(err, cgroup.ErrNotFound) {
+		t.Errorf("a destroyed sandbox's cgroup is still there: %v", err)
+	}
+
+	// A leftover group with a process in it (as a daemon that died would
+	// leave), and a restart: New removes every group, and the sandbox that
+	// still exists gets a new one when it is used again.
+	orphan, err := m.Create("orphan-of-a-dead-daemon", cgroup.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Remove(context.Background(), "orphan-of-a-dead-daemon") })
+	b.killInit(mustLookup(t, b, kept)) // the previous daemon's init is gone with it
+	b2, err := New(Config{Dir: dir, SandboxUID: -1, SandboxGID: -1, Cgroups: m, Limits: lim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if names, _ := m.List(); len(names) != 0 {
+		t.Errorf("groups left after a restart: %v", names)
+	}
+	_ = orphan
+	if out := runOK(t, b2, kept, "echo readopted"); out != "readopted\n" {
+		t.Errorf("re-adopted sandbox: %q", out)
+	}
+	if _, err := m.Open(kept); err != nil {
+		t.Errorf("the re-adopted sandbox has no cgroup: %v", err)
+	}
+	if err := b2.Destroy(context.Background(), kept); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mustLookup(t *testing.T, b *Backend, id string) *sandbox {
+	t.Helper()
+	sb, err := b.lookup(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sb
+}
+
+func TestSpecResources(t *testing.T) {
+	m := testCgroups(t)
+	b := newTestBackend(t, daemonUID, withCgroups(m, limits.Limits{MemoryBytes: 256 << 20, PIDs: 64, CPUs: 1}))
+	for _, r := range []backend.Resources{
+		{MemoryBytes: 512 << 20}, {PIDs: 65}, {CPUs: 2},
+		{DiskBytes: 64 << 20}, // disk caps are off in this backend
+		{MemoryBytes: 1 << 20}, // below what an interpreter needs
+		{PIDs: -1},
+	} {
+		if _, err := b.Create(context.Background(), "refused", backend.Spec{Resources: r}); !errors.Is(err, backend.ErrSpecUnenforceable) {
+			t.Errorf("Create with %+v: %v, want ErrSpecUnenforceable", r, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(b.cfg.Dir, "refused")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a refused create left its directory: %v", err)
+	}
+	// Less than the daemon's is honoured: 64 MiB kills a 96 MiB balloon
+	// that the daemon's 256 MiB would allow.
+	id := create(t, b, backend.Spec{Resources: backend.Resources{MemoryBytes: 64 << 20}})
+	if res := run(t, b, id, balloon(96)); !res.OOMKilled {
+		t.Errorf("96 MiB under a 64 MiB spec: exit %d oom_killed %v", res.ExitCode, res.OOMKilled)
+	}
+	id = create(t, b, backend.Spec{})
+	if out := runOK(t, b, id, balloon(96)); out != "100663296\n" {
+		t.Errorf("96 MiB under the daemon's 256 MiB: %q", out)
+	}
+
+	// Without cgroups nothing can be asked for, and health says so.
+	plain := newTestBackend(t, daemonUID)
+	if _, err := plain.Create(context.Background(), "refused", backend.Spec{Resources: backend.Resources{MemoryBytes: 64 << 20}}); !errors.Is(err, backend.ErrSpecUnenforceable) {
+		t.Errorf("a memory limit without cgroups: %v", err)
+	}
+	if got := plain.LimitsInForce()["memory"]; got != "off" {
+		t.Errorf("LimitsInForce memory without cgroups = %q", got)
+	}
+	if got := b.LimitsInForce()["memory"]; !strings.HasPrefix(got, "cgroup v") {
+		t.Errorf("LimitsInForce memory with cgroups = %q", got)
+	}
+}
+
+func testDiskCaps(t *testing.T) {
+	t.Helper()
+	if err := disk.Check(); err != nil {
+		skipOrFail(t, "disk caps unavailable: %v", err)
+	}
+}
+
+func TestDiskCap(t *testing.T) {
+	testDiskCaps(t)
+	for _, mode := range allModes {
+		t.Run(mode.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "state")
+			lim := limits.Limits{DiskBytes: 32 << 20}
+			tweak := func(c *Config) { c.Dir, c.DiskCaps, c.Limits = dir, true, lim }
+			b := newTestBackend(t, mode, tweak)
+			id := create(t, b, backend.Spec{})
+			res := run(t, b, id, `dd if=/dev/zero of=/workspace/fill bs=1M count=64 2>&1; echo rc=$?; dd if=/dev/zero of=/tmp/fill bs=1M count=8 2>&1; echo rc=$?; echo kept > /workspace/kept`)
+			out := string(res.Stdout)
+			if !strings.Contains(out, "No space left on device") || strings.Count(out, "rc=1") != 2 {
+				t.Errorf("filling past a 32 MiB cap (workspace, then /tmp on the same cap): %q", out)
+			}
+			sb := mustLookup(t, b, id)
+			if fi, err := os.Stat(filepath.Join(sb.workDir(), "fill")); err != nil || fi.Size() > 32<<20 {
+				t.Errorf("the host holds %v of the fill (%v)", fi, err)
+			}
+			// The cap is the host's bound too: the image never grows past it.
+			if fi, err := os.Stat(filepath.Join(sb.dir, diskImageName)); err != nil || fi.Size() != 32<<20 {
+				t.Errorf("image: %v %v", fi, err)
+			}
+			// A reboot unmounts it; the sandbox is mounted again when used.
+			b.killInit(sb)
+			if err := disk.Unmount(sb.dataDir()); err != nil {
+				t.Fatal(err)
+			}
+			b2, err := New(Config{Dir: dir, SandboxUID: mode.uid, SandboxGID: mode.uid, DiskCaps: true, Limits: lim})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := runOK(t, b2, id, "rm /workspace/fill; cat /workspace/kept; dd if=/dev/zero of=/workspace/f bs=1M count=4 2>/dev/null && echo wrote"); got != "kept\nwrote\n" {
+				t.Errorf("after a remount: %q", got)
+			}
+			if err := b2.Destroy(context.Background(), id); err != nil {
+				t.Fatal(err)
+			}
+			if mounted, _ := disk.Mounted(sb.dataDir()); mounted {
+				t.Error("destroy left the sandbox's disk mounted")
+			}
+			if _, err := os.Stat(sb.dir); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("destroy left %s: %v", sb.dir, err)
+			}
+		})
+	}
+}
