@@ -207,7 +207,7 @@ func TestSpecResources(t *testing.T) {
 	b := newTestBackend(t, daemonUID, withCgroups(m, limits.Limits{MemoryBytes: 256 << 20, PIDs: 64, CPUs: 1}))
 	for _, r := range []backend.Resources{
 		{MemoryBytes: 512 << 20}, {PIDs: 65}, {CPUs: 2},
-		{DiskBytes: 64 << 20}, // disk caps are off in this backend
+		{DiskBytes: 64 << 20},  // disk caps are off in this backend
 		{MemoryBytes: 1 << 20}, // below what an interpreter needs
 		{PIDs: -1},
 	} {
