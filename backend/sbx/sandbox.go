@@ -15,6 +15,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -310,6 +311,10 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	if err := backend.ValidateEnv(spec.Env, "the sandbox's"); err != nil {
 		return backend.Info{}, err
 	}
+	resourceArgs, err := b.resourceArgs(spec.Resources)
+	if err != nil {
+		return backend.Info{}, err
+	}
 	log := b.log.With("sandbox", id)
 	name := b.sbxName(id)
 
@@ -360,10 +365,7 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 		return backend.Info{}, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 
-	args := []string{"create", "--name", name, "--memory", b.memory}
-	if b.cfg.CPUs > 0 {
-		args = append(args, "--cpus", fmt.Sprint(b.cfg.CPUs))
-	}
+	args := append([]string{"create", "--name", name}, resourceArgs...)
 	args = append(args, "--template", b.cfg.Template, "shell", ws)
 	created = true
 	start := time.Now()
@@ -714,4 +716,60 @@ func removeAllForce(path string) error {
 		return nil
 	})
 	return os.RemoveAll(path)
+}
+
+// resourceArgs turns the daemon's microVM size, lowered by what the spec
+// asked for, into sbx create's options. A microVM has a kernel of its own,
+// so its processes are bounded by its memory and CPUs rather than counted;
+// but its workspace is a directory of the host, so a disk cap, like a
+// process cap, is not something this backend can promise and is refused.
+func (b *Backend) resourceArgs(r backend.Resources) ([]string, error) {
+	var errs []string
+	memory, cpus := b.memory, b.cfg.CPUs
+	switch {
+	case r.MemoryBytes == 0:
+	case r.MemoryBytes < minMemoryBytes:
+		errs = append(errs, fmt.Sprintf("memory_bytes %d is less than 1 GiB, the smallest microVM sbx runs", r.MemoryBytes))
+	case r.MemoryBytes > b.memoryBytes:
+		errs = append(errs, fmt.Sprintf("memory_bytes %d exceeds the daemon's maximum %d", r.MemoryBytes, b.memoryBytes))
+	default:
+		memory = fmt.Sprintf("%dm", r.MemoryBytes>>20)
+	}
+	switch {
+	case r.CPUs == 0:
+	case r.CPUs < 1 || r.CPUs != float64(int(r.CPUs)):
+		errs = append(errs, fmt.Sprintf("cpus %v: a microVM gets whole CPUs", r.CPUs))
+	case b.cfg.CPUs > 0 && int(r.CPUs) > b.cfg.CPUs:
+		errs = append(errs, fmt.Sprintf("cpus %v exceeds the daemon's maximum %d", r.CPUs, b.cfg.CPUs))
+	default:
+		cpus = int(r.CPUs)
+	}
+	if r.PIDs != 0 {
+		errs = append(errs, "pids cannot be capped per microVM (its own kernel counts them; its memory bounds them)")
+	}
+	if r.DiskBytes != 0 {
+		errs = append(errs, "disk_bytes cannot be capped: a microVM's workspace is a directory of the host")
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("%w: %s; ask for less, or leave the field out", backend.ErrSpecUnenforceable, strings.Join(errs, "; "))
+	}
+	args := []string{"--memory", memory}
+	if cpus > 0 {
+		args = append(args, "--cpus", strconv.Itoa(cpus))
+	}
+	return args, nil
+}
+
+// LimitsInForce: memory and CPUs are the microVM's size; processes are
+// contained by its kernel; disk, open files and file sizes are not capped
+// by this backend.
+func (b *Backend) LimitsInForce() map[string]string {
+	cpu := "none"
+	if b.cfg.CPUs > 0 {
+		cpu = "microvm"
+	}
+	return map[string]string{
+		"memory": "microvm", "cpu": cpu, "pids": "microvm", "disk": "off",
+		"open_files": "microvm", "file_size": "off", "syscalls": "microvm",
+	}
 }

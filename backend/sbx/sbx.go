@@ -164,10 +164,11 @@ type Config struct {
 
 // Backend implements backend.Backend with sbx microVMs.
 type Backend struct {
-	cfg    Config
-	sbx    string
-	memory string // normalised for sbx --memory
-	log    hclog.Logger
+	cfg         Config
+	sbx         string
+	memory      string // normalised for sbx --memory
+	memoryBytes int64
+	log         hclog.Logger
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox // known sandboxes, loaded lazily from Dir
@@ -262,11 +263,12 @@ func New(cfg Config) (*Backend, error) {
 		return nil, fmt.Errorf("sbx backend: cannot set mode 0700 on %s: %w", cfg.Dir, err)
 	}
 	return &Backend{
-		cfg:       cfg,
-		sbx:       bin,
-		memory:    memory,
-		log:       cfg.Logger.Named(Name),
-		sandboxes: make(map[string]*sandbox),
+		cfg:         cfg,
+		sbx:         bin,
+		memory:      memory,
+		memoryBytes: bytes,
+		log:         cfg.Logger.Named(Name),
+		sandboxes:   make(map[string]*sandbox),
 	}, nil
 }
 

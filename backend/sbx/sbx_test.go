@@ -483,3 +483,24 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		t.Errorf("state directory: %v, %v; want mode 0700", fi, err)
 	}
 }
+
+func TestSbxSpecResources(t *testing.T) {
+	b, f := newFakeBackend(t, func(c *Config) { c.CPUs = 4; c.Memory = "4g" })
+	id, _ := create(t, b, backend.Spec{Resources: backend.Resources{MemoryBytes: 1536 << 20, CPUs: 2}})
+	if !f.called("create", "--name", b.sbxName(id), "--memory", "1536m", "--cpus", "2") {
+		t.Errorf("a smaller microVM was not asked of sbx: %q", f.calls())
+	}
+	for _, r := range []backend.Resources{
+		{MemoryBytes: 8 << 30}, {MemoryBytes: 512 << 20}, {CPUs: 1.5}, {CPUs: 8}, {PIDs: 64}, {DiskBytes: 1 << 30},
+	} {
+		if _, err := b.Create(context.Background(), "refused", backend.Spec{Resources: r}); !errors.Is(err, backend.ErrSpecUnenforceable) {
+			t.Errorf("Create with %+v: %v, want ErrSpecUnenforceable", r, err)
+		}
+	}
+	if f.called("create", "--name", b.sbxName("refused")) {
+		t.Error("a refused spec still reached sbx create")
+	}
+	if got := b.LimitsInForce(); got["memory"] != "microvm" || got["disk"] != "off" {
+		t.Errorf("LimitsInForce = %v", got)
+	}
+}
