@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -76,11 +77,83 @@ type LimitsSection struct {
 	// of every guest process; 0 means no limit.
 	OpenFiles uint64 `toml:"open_files"`
 	FileSize  uint64 `toml:"file_size"`
+	// Per-sandbox cgroup limits (bwrap backend; need Cgroups): memory in
+	// bytes, a CPU quota in cores, a CPU weight (1..10000), processes and
+	// threads. 0 means no limit.
+	Memory    int64   `toml:"memory"`
+	CPUs      float64 `toml:"cpus"`
+	CPUWeight int     `toml:"cpu_weight"`
+	PIDs      int64   `toml:"pids"`
+	// Per-sandbox disk cap (bwrap backend; needs DiskCaps): bytes and
+	// inodes of the sandbox's own filesystem. 0 means none (inodes: the
+	// filesystem's default).
+	Disk       int64 `toml:"disk"`
+	DiskInodes int64 `toml:"disk_inodes"`
+	// Cgroups and DiskCaps say what happens when the host cannot enforce
+	// those limits: auto (warn and run without), required (refuse to
+	// start), off (do not try).
+	Cgroups  string `toml:"cgroups"`
+	DiskCaps string `toml:"disk_caps"`
 }
+
+// How a mechanism behind [limits] is used: limits.cgroups and
+// limits.disk_caps.
+const (
+	enforceAuto     = "auto"
+	enforceRequired = "required"
+	enforceOff      = "off"
+)
+
+// maxCPUs bounds limits.cpus: more cores than any machine has is a typo.
+const maxCPUs = 8192
 
 // sandboxLimits is what the [limits] section asks of each sandbox.
 func (l LimitsSection) sandboxLimits() limits.Limits {
-	return limits.Limits{OpenFiles: l.OpenFiles, FileSizeBytes: l.FileSize}
+	return limits.Limits{
+		MemoryBytes: l.Memory, CPUs: l.CPUs, CPUWeight: l.CPUWeight, PIDs: l.PIDs,
+		OpenFiles: l.OpenFiles, FileSizeBytes: l.FileSize, DiskBytes: l.Disk, DiskInodes: l.DiskInodes,
+	}
+}
+
+// validate checks the per-sandbox limits one key at a time, so that each
+// message names the key it is about.
+func (l LimitsSection) validate() []error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	for _, f := range []struct {
+		key string
+		l   limits.Limits
+	}{
+		{"limits.memory", limits.Limits{MemoryBytes: l.Memory}},
+		{"limits.cpus", limits.Limits{CPUs: l.CPUs}},
+		{"limits.cpu_weight", limits.Limits{CPUWeight: l.CPUWeight}},
+		{"limits.pids", limits.Limits{PIDs: l.PIDs}},
+		{"limits.open_files", limits.Limits{OpenFiles: l.OpenFiles}},
+		{"limits.file_size", limits.Limits{FileSizeBytes: l.FileSize}},
+		{"limits.disk", limits.Limits{DiskBytes: l.Disk}},
+		{"limits.disk_inodes", limits.Limits{DiskInodes: l.DiskInodes}},
+	} {
+		if err := f.l.Validate(); err != nil {
+			bad("%s: %v", f.key, err)
+		}
+	}
+	if math.IsNaN(l.CPUs) || math.IsInf(l.CPUs, 0) || l.CPUs > maxCPUs {
+		bad("limits.cpus %v: give 0 (none) or a number of cores up to %d", l.CPUs, maxCPUs)
+	}
+	if l.DiskInodes > 0 && l.Disk == 0 {
+		bad("limits.disk_inodes needs limits.disk: an inode cap comes with the sandbox's own filesystem")
+	}
+	for key, mode := range map[string]string{"limits.cgroups": l.Cgroups, "limits.disk_caps": l.DiskCaps} {
+		switch mode {
+		case enforceAuto, enforceRequired, enforceOff:
+		default:
+			bad("%s %q: give auto (enforce when the host can, warn when not), required (refuse to start without) or off", key, mode)
+		}
+	}
+	if l.DiskCaps == enforceRequired && l.Disk == 0 {
+		bad("limits.disk_caps = required needs a cap: set limits.disk")
+	}
+	return errs
 }
 
 type BwrapSection struct {
@@ -124,6 +197,9 @@ func defaultConfig() Config {
 			MaxOutputBytes: service.DefaultMaxOutputBytes, MaxFileBytes: service.DefaultMaxFileBytes,
 			MaxTimeout: Duration(service.DefaultMaxTimeout), DefaultTimeout: Duration(service.DefaultTimeout),
 			OpenFiles: limits.Defaults().OpenFiles, FileSize: limits.Defaults().FileSizeBytes,
+			Memory: limits.Defaults().MemoryBytes, CPUs: limits.Defaults().CPUs, CPUWeight: limits.Defaults().CPUWeight,
+			PIDs: limits.Defaults().PIDs, Disk: limits.Defaults().DiskBytes, DiskInodes: limits.Defaults().DiskInodes,
+			Cgroups: enforceAuto, DiskCaps: enforceAuto,
 		},
 		Bwrap: BwrapSection{SandboxUID: 65534, SandboxGID: 65534, KillGrace: Duration(2 * time.Second)},
 		Sbx: SbxSection{
@@ -272,9 +348,7 @@ func (c *Config) validate() error {
 	if c.Server.MaxFrameBytes > 0 && 2*int64(c.Limits.MaxOutputBytes) > int64(c.Server.MaxFrameBytes)-64<<10 {
 		bad("limits.max_output_bytes (%d, per stream) times two must fit in a frame (server.max_frame_bytes %d, minus 64 KiB)", c.Limits.MaxOutputBytes, c.Server.MaxFrameBytes)
 	}
-	if err := c.Limits.sandboxLimits().Validate(); err != nil {
-		bad("limits.open_files, limits.file_size: %v", err)
-	}
+	errs = append(errs, c.Limits.validate()...)
 	return errors.Join(errs...)
 }
 

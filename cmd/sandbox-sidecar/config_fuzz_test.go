@@ -28,6 +28,8 @@ func FuzzLoadConfig(f *testing.F) {
 	f.Add([]byte("[bwrap]\nsandbox_uid = -1\nkill_grace = 5\n"))
 	f.Add([]byte("unknown = 1\n[[server]]\n"))
 	f.Add([]byte("[limits]\nmax_file_bytes = 9223372036854775807\nmax_output_bytes = -1\n"))
+	f.Add([]byte("[limits]\nmemory = 1073741824\ncpus = 1.5\ncpu_weight = 100\npids = 256\ndisk = 0\ncgroups = \"required\"\ndisk_caps = \"off\"\n"))
+	f.Add([]byte("[limits]\ncpus = nan\ndisk_inodes = 100\n"))
 
 	dir := f.TempDir()
 	f.Fuzz(func(t *testing.T, data []byte) {

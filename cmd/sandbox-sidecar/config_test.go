@@ -2,8 +2,12 @@ package main
 
 import (
 	"bytes"
+	"fmt"
+	"io"
+	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -48,7 +52,9 @@ func TestConfigValuesAndErrors(t *testing.T) {
 	cfg = defaultConfig()
 	require.NoError(t, loadConfigFile(&cfg, p, true))
 	require.NoError(t, cfg.validate())
-	assert.Equal(t, limits.Limits{OpenFiles: 4096}, cfg.Limits.sandboxLimits())
+	want := limits.Defaults()
+	want.OpenFiles, want.FileSizeBytes = 4096, 0
+	assert.Equal(t, want, cfg.Limits.sandboxLimits())
 
 	for name, text := range map[string]string{
 		"bad duration": "[lifecycle]\nconn_grace = \"soon\"\n",
@@ -110,4 +116,94 @@ func TestConfigCommand(t *testing.T) {
 	path, explicit = configPathFromArgs([]string{"--", "--config", p})
 	assert.False(t, explicit)
 	assert.Equal(t, DefaultConfigPath, path)
+}
+
+func TestConfigSandboxLimits(t *testing.T) {
+	// Defaults: limits.Defaults(), enforced when the host can.
+	cfg := defaultConfig()
+	require.NoError(t, cfg.validate())
+	want := limits.Defaults()
+	assert.Equal(t, want, cfg.Limits.sandboxLimits())
+	assert.Equal(t, enforceAuto, cfg.Limits.Cgroups)
+	assert.Equal(t, enforceAuto, cfg.Limits.DiskCaps)
+
+	// The file.
+	p := writeConfig(t, "[limits]\nmemory = 536870912\ncpus = 2\ncpu_weight = 50\npids = 128\ndisk = 268435456\ndisk_inodes = 10000\ncgroups = \"required\"\ndisk_caps = \"off\"\n")
+	cfg = defaultConfig()
+	require.NoError(t, loadConfigFile(&cfg, p, true))
+	require.NoError(t, cfg.validate())
+	assert.Equal(t, limits.Limits{MemoryBytes: 512 << 20, CPUs: 2, CPUWeight: 50, PIDs: 128, OpenFiles: want.OpenFiles,
+		FileSizeBytes: want.FileSizeBytes, DiskBytes: 256 << 20, DiskInodes: 10000}, cfg.Limits.sandboxLimits())
+	assert.Equal(t, enforceRequired, cfg.Limits.Cgroups)
+	assert.Equal(t, enforceOff, cfg.Limits.DiskCaps)
+
+	// The flags, over the file.
+	cfg, err := serveConfig([]string{"--config", p, "--limit-memory", "268435456", "--limit-cpus", "0.5", "--limit-cpu-weight", "200",
+		"--limit-pids", "64", "--limit-disk", "0", "--limit-disk-inodes", "0", "--limit-cgroups", "off", "--limit-disk-caps", "auto"}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, limits.Limits{MemoryBytes: 256 << 20, CPUs: 0.5, CPUWeight: 200, PIDs: 64, OpenFiles: want.OpenFiles,
+		FileSizeBytes: want.FileSizeBytes}, cfg.Limits.sandboxLimits())
+	assert.Equal(t, enforceOff, cfg.Limits.Cgroups)
+	assert.Equal(t, enforceAuto, cfg.Limits.DiskCaps)
+
+	// Every bad value is refused with its key.
+	for key, mutate := range map[string]func(*LimitsSection){
+		"limits.memory":      func(l *LimitsSection) { l.Memory = 1 << 20 },
+		"limits.cpus":        func(l *LimitsSection) { l.CPUs = 0.001 },
+		"limits.cpu_weight":  func(l *LimitsSection) { l.CPUWeight = 10001 },
+		"limits.pids":        func(l *LimitsSection) { l.PIDs = 3 },
+		"limits.disk":        func(l *LimitsSection) { l.Disk = 1 << 20 },
+		"limits.disk_inodes": func(l *LimitsSection) { l.DiskInodes = -1 },
+		"limits.open_files":  func(l *LimitsSection) { l.OpenFiles = 3 },
+		"limits.cgroups":     func(l *LimitsSection) { l.Cgroups = "yes" },
+		"limits.disk_caps":   func(l *LimitsSection) { l.DiskCaps = "" },
+	} {
+		cfg := defaultConfig()
+		mutate(&cfg.Limits)
+		err := cfg.validate()
+		if assert.Error(t, err, key) {
+			assert.Contains(t, err.Error(), key)
+			assert.Equal(t, 1, strings.Count(err.Error(), "\n")+1, "only %s is wrong: %v", key, err)
+		}
+	}
+	for name, mutate := range map[string]func(*LimitsSection){
+		"negative memory":            func(l *LimitsSection) { l.Memory = -1 },
+		"negative cpus":              func(l *LimitsSection) { l.CPUs = -1 },
+		"NaN cpus":                   func(l *LimitsSection) { l.CPUs = math.NaN() },
+		"infinite cpus":              func(l *LimitsSection) { l.CPUs = math.Inf(1) },
+		"absurd cpus":                func(l *LimitsSection) { l.CPUs = 1e12 },
+		"inodes without disk":        func(l *LimitsSection) { l.Disk, l.DiskInodes = 0, 1000 },
+		"disk caps required, no cap": func(l *LimitsSection) { l.Disk, l.DiskCaps = 0, enforceRequired },
+	} {
+		cfg := defaultConfig()
+		mutate(&cfg.Limits)
+		assert.ErrorContains(t, cfg.validate(), "limits.", name)
+	}
+	// Zero is "no limit" for every one of them.
+	cfg = defaultConfig()
+	cfg.Limits.Memory, cfg.Limits.CPUs, cfg.Limits.CPUWeight, cfg.Limits.PIDs, cfg.Limits.Disk = 0, 0, 0, 0, 0
+	assert.NoError(t, cfg.validate())
+
+	// A flag with a bad value: serve refuses to start, naming the key.
+	var stderr bytes.Buffer
+	assert.Equal(t, 2, run([]string{"serve", "--config", "/dev/null", "--limit-memory", "1000"}, io.Discard, &stderr))
+	assert.Contains(t, stderr.String(), "limits.memory")
+}
+
+func TestConfigShowAndCheckSandboxLimits(t *testing.T) {
+	var out, errOut bytes.Buffer
+	require.Equal(t, 0, run([]string{"config", "show", "--config", "/dev/null"}, &out, &errOut), errOut.String())
+	d := limits.Defaults()
+	for _, line := range []string{
+		fmt.Sprintf("memory = %d", d.MemoryBytes), "cpus = 1.0", fmt.Sprintf("cpu_weight = %d", d.CPUWeight),
+		fmt.Sprintf("pids = %d", d.PIDs), fmt.Sprintf("disk = %d", d.DiskBytes), "disk_inodes = 0",
+		"cgroups = 'auto'", "disk_caps = 'auto'",
+	} {
+		assert.Contains(t, out.String(), "\n"+line+"\n")
+	}
+	bad := writeConfig(t, "[limits]\ncgroups = \"always\"\npids = 2\n")
+	errOut.Reset()
+	assert.Equal(t, 1, run([]string{"config", "check", "--config", bad}, &out, &errOut))
+	assert.Contains(t, errOut.String(), `limits.cgroups "always"`)
+	assert.Contains(t, errOut.String(), "limits.pids")
 }

@@ -70,7 +70,9 @@ func runGC(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer lock.Unlock()
-	be, err := newBackend(c, log)
+	enf := gcEnforcement(realHost(), c, dryRun, log)
+	defer enf.release(log)
+	be, err := newBackend(c, log, enf)
 	if err != nil {
 		return err
 	}

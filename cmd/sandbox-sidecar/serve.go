@@ -26,10 +26,20 @@ import (
 )
 
 func runServe(args []string, stdout, stderr io.Writer) error {
+	cfg, err := serveConfig(args, stderr)
+	if err != nil {
+		return err
+	}
+	return serve(cfg, stderr)
+}
+
+// serveConfig is serve's configuration: the defaults, then the config file,
+// then the flags, validated.
+func serveConfig(args []string, stderr io.Writer) (Config, error) {
 	cfg := defaultConfig()
 	path, explicit := configPathFromArgs(args)
 	if err := loadConfigFile(&cfg, path, explicit); err != nil {
-		return &exitError{code: 2, err: err}
+		return cfg, &exitError{code: 2, err: err}
 	}
 	fs := newFlags("serve", "[--config PATH] [flags]", stderr)
 	fs.String("config", DefaultConfigPath, "config file (TOML; read when it exists; flags override it)")
@@ -65,6 +75,14 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	fs.Var(&lim.DefaultTimeout, "default-timeout", "a command's timeout when the request gives none")
 	fs.Uint64Var(&lim.OpenFiles, "limit-open-files", lim.OpenFiles, "RLIMIT_NOFILE of every sandbox process (bwrap; 0: no limit)")
 	fs.Uint64Var(&lim.FileSize, "limit-file-size", lim.FileSize, "RLIMIT_FSIZE, the largest file a sandbox process may write, in bytes (bwrap; 0: no limit)")
+	fs.Int64Var(&lim.Memory, "limit-memory", lim.Memory, "memory of each sandbox in bytes, page cache and tmpfs included; past it the kernel kills a process of the sandbox (bwrap, cgroup; 0: no limit)")
+	fs.Float64Var(&lim.CPUs, "limit-cpus", lim.CPUs, "CPU time of each sandbox, in cores: 1.5 is one and a half CPUs (bwrap, cgroup; 0: no limit)")
+	fs.IntVar(&lim.CPUWeight, "limit-cpu-weight", lim.CPUWeight, "each sandbox's share of contended CPU, 1..10000, 100 being a normal process's (bwrap, cgroup; 0: the kernel's default)")
+	fs.Int64Var(&lim.PIDs, "limit-pids", lim.PIDs, "processes and threads of each sandbox; a fork bomb stops there (bwrap, cgroup; 0: no limit)")
+	fs.Int64Var(&lim.Disk, "limit-disk", lim.Disk, "bytes each sandbox's /workspace and /tmp may hold, a filesystem of its own (bwrap, disk caps; 0: no cap)")
+	fs.Int64Var(&lim.DiskInodes, "limit-disk-inodes", lim.DiskInodes, "files and directories each sandbox may hold (bwrap, disk caps; 0: one per 16 KiB of limit-disk)")
+	fs.StringVar(&lim.Cgroups, "limit-cgroups", lim.Cgroups, "per-sandbox cgroups for memory, pids and CPU: auto (when the daemon is root or a systemd service with Delegate=yes; else a warning), required (refuse to start without) or off")
+	fs.StringVar(&lim.DiskCaps, "limit-disk-caps", lim.DiskCaps, "per-sandbox disk caps: auto (when the daemon is root and can loop-mount; else a warning), required (refuse to start without) or off")
 	fs.IntVar(&bw.SandboxUID, "sandbox-uid", bw.SandboxUID, "host uid that runs sandboxes when the daemon runs as root")
 	fs.IntVar(&bw.SandboxGID, "sandbox-gid", bw.SandboxGID, "host gid that runs sandboxes when the daemon runs as root")
 	fs.BoolVar(&bw.ShareHostNetwork, "bwrap-share-host-network", bw.ShareHostNetwork, "let sandboxes that ask for block_network=false share the host's network (bwrap)")
@@ -82,10 +100,10 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&sx.Marker, "sbx-marker", sx.Marker, "prefix of the sbx sandbox names this daemon makes (default: derived from the state directory)")
 	fs.StringVar(&sx.KVMDevice, "sbx-kvm-device", sx.KVMDevice, "the KVM device the health check looks at")
 	if err := parseFlags(fs, args); err != nil {
-		return err
+		return cfg, err
 	}
 	if fs.NArg() > 0 {
-		return &exitError{code: 2, err: fmt.Errorf("unexpected arguments %q", fs.Args())}
+		return cfg, &exitError{code: 2, err: fmt.Errorf("unexpected arguments %q", fs.Args())}
 	}
 	fs.Visit(func(f *flag.Flag) {
 		if f.Name == "kill-grace" {
@@ -93,9 +111,9 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		}
 	})
 	if err := cfg.validate(); err != nil {
-		return &exitError{code: 2, err: fmt.Errorf("invalid configuration:\n%w", err)}
+		return cfg, &exitError{code: 2, err: fmt.Errorf("invalid configuration:\n%w", err)}
 	}
-	return serve(cfg, stderr)
+	return cfg, nil
 }
 
 func newLogger(format, level string, w io.Writer) (hclog.Logger, error) {
@@ -234,7 +252,13 @@ func serve(cfg Config, stderr io.Writer) error {
 	}
 	defer lock.Unlock()
 
-	be, err := newBackend(cfg, log)
+	// The mechanisms behind [limits], before the backend that uses them.
+	enf, err := setupEnforcement(realHost(), cfg, log)
+	if err != nil {
+		return fail("%w", err)
+	}
+	defer enf.release(log)
+	be, err := newBackend(cfg, log, enf)
 	if err != nil {
 		return fail("backend %s: %w", cfg.Server.Backend, err)
 	}
@@ -369,10 +393,17 @@ func memberOf(gid uint32) bool {
 	return false
 }
 
-func newBackend(cfg Config, log hclog.Logger) (backend.Backend, error) {
+// newBackend makes the configured backend; enf is what the bwrap backend
+// may use to enforce [limits].
+func newBackend(cfg Config, log hclog.Logger, enf *enforcement) (backend.Backend, error) {
+	if enf == nil {
+		enf = &enforcement{}
+	}
 	switch cfg.Server.Backend {
 	case "bwrap":
 		bc := bwrap.Config{
+			Cgroups:          enf.cgroups,
+			DiskCaps:         enf.diskCaps,
 			Dir:              filepath.Join(cfg.Server.StateDir, "bwrap"),
 			SandboxUID:       -1,
 			SandboxGID:       -1,

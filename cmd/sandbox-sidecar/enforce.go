@@ -1,0 +1,427 @@
+package main
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/disk"
+)
+
+// How the daemon finds the mechanisms behind [limits]: a cgroup manager for
+// memory, pids and CPU, and loop-mounted filesystems for disk caps.
+//
+// Where sandbox cgroups go:
+//
+//  1. The daemon is a systemd service with Delegate=yes (it was started by
+//     systemd itself, and its own cgroup is delegated to it): the daemon
+//     moves into <service>/supervisor (a cgroup v2 parent may not hold
+//     processes and enable controllers for its children at once) and
+//     sandboxes go under <service>/sandboxes. They stay within the unit's
+//     MemoryMax=/TasksMax=, and die with the unit.
+//  2. Otherwise, as root: a directory of its own at the top of the
+//     hierarchy, "sandbox-sidecar" for the default state directory and
+//     "sandbox-sidecar-<hash of the state directory>" for any other, so that
+//     daemons with different state directories never see (and never sweep)
+//     each other's sandboxes.
+//  3. Otherwise nothing: a process that is neither root nor delegated a
+//     subtree may not make cgroups.
+//
+// cgroup.New picks cgroup v2 when its hierarchy has the memory, pids and
+// cpu controllers, and the v1 hierarchies on hosts that still mount those
+// controllers there.
+
+const (
+	// systemStateDir is the root daemon's (and the packaged service's)
+	// state directory; its daemon's cgroups are named plainly.
+	systemStateDir = "/var/lib/sandbox-sidecar"
+	// cgroupBaseName is the top-level cgroup of the default daemon.
+	cgroupBaseName = "sandbox-sidecar"
+	// delegatedBase and supervisorLeaf are the two children of a delegated
+	// service cgroup: the sandboxes and the daemon itself.
+	delegatedBase  = "sandboxes"
+	supervisorLeaf = "supervisor"
+)
+
+// host is what the placement decision looks at, injectable for tests.
+type host struct {
+	euid int
+	pid  int
+	// getenv reads the environment (INVOCATION_ID, SYSTEMD_EXEC_PID).
+	getenv func(string) string
+	// mountInfo and selfCgroup replace /proc/self/mountinfo and
+	// /proc/self/cgroup when set.
+	mountInfo, selfCgroup string
+	// diskCheck is disk.Check.
+	diskCheck func() error
+}
+
+func realHost() host {
+	return host{euid: os.Geteuid(), pid: os.Getpid(), getenv: os.Getenv, diskCheck: disk.Check}
+}
+
+func (h host) options(base string, underRoot bool) cgroup.Options {
+	return cgroup.Options{Base: base, UnderRoot: underRoot, MountInfo: h.mountInfo, SelfCgroup: h.selfCgroup}
+}
+
+// cgroupBase names the top-level cgroup of a root daemon with stateDir.
+func cgroupBase(stateDir string) string {
+	abs, err := filepath.Abs(stateDir)
+	if err != nil {
+		abs = filepath.Clean(stateDir)
+	}
+	if abs == systemStateDir {
+		return cgroupBaseName
+	}
+	sum := sha256.Sum256([]byte(abs))
+	return cgroupBaseName + "-" + hex.EncodeToString(sum[:4])
+}
+
+// placement is one place the sandbox cgroups may go.
+type placement struct {
+	what    string // for the log
+	prepare bool   // move the daemon into supervisorLeaf first
+	opts    cgroup.Options
+}
+
+// placements lists where sandbox cgroups may go, best first; when there is
+// nowhere, the reasons say why.
+func placements(h host, stateDir string) ([]placement, []string) {
+	var out []placement
+	var why []string
+	if dir, err := delegatedCgroup(h); err == nil {
+		out = append(out, placement{what: "delegated by systemd (" + dir + ")", prepare: true, opts: h.options(delegatedBase, false)})
+	} else {
+		why = append(why, err.Error())
+	}
+	if h.euid == 0 {
+		out = append(out, placement{what: "as root, at the top of the hierarchy", opts: h.options(cgroupBase(stateDir), true)})
+	} else {
+		why = append(why, fmt.Sprintf("the daemon does not run as root (uid %d)", h.euid))
+	}
+	return out, why
+}
+
+// errNotDelegated says why the daemon's own cgroup is not a delegated one.
+var errNotDelegated = errors.New("not a systemd service with Delegate=yes")
+
+// delegatedCgroup returns the directory of the daemon's own cgroup v2 when
+// systemd started the daemon as a service and delegated that cgroup to it
+// (Delegate=yes): systemd marks it with the trusted.delegate (or
+// user.delegate) attribute, and for a service with User= gives the
+// directory to that user.
+func delegatedCgroup(h host) (string, error) {
+	if h.getenv("INVOCATION_ID") == "" {
+		return "", fmt.Errorf("%w: not started by systemd", errNotDelegated)
+	}
+	if h.getenv("SYSTEMD_EXEC_PID") != strconv.Itoa(h.pid) {
+		return "", fmt.Errorf("%w: started under a systemd service, but not as its main process", errNotDelegated)
+	}
+	own, err := ownV2Cgroup(h.selfCgroup)
+	if err != nil || own == "/" {
+		return "", fmt.Errorf("%w: the daemon has no cgroup v2 of its own", errNotDelegated)
+	}
+	dir, err := v2Dir(h.mountInfo, own)
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", errNotDelegated, err)
+	}
+	if !delegated(dir, h.euid) {
+		return "", fmt.Errorf("%w: its cgroup %s is not delegated to it", errNotDelegated, dir)
+	}
+	if procs, err := os.ReadFile(filepath.Join(dir, "cgroup.procs")); err != nil {
+		return "", fmt.Errorf("%w: %v", errNotDelegated, err)
+	} else if others := strings.Fields(string(procs)); len(others) > 1 || (len(others) == 1 && others[0] != strconv.Itoa(h.pid)) {
+		// Preparing the subtree moves every process of the cgroup: only
+		// ever the daemon's own.
+		return "", fmt.Errorf("%w: its cgroup %s holds other processes too", errNotDelegated, dir)
+	}
+	return dir, nil
+}
+
+// delegated reports whether systemd delegated dir: the attribute it sets
+// (readable by root), or, for a service with User=, the directory and its
+// cgroup.procs being writable by the daemon.
+func delegated(dir string, euid int) bool {
+	for _, attr := range []string{"trusted.delegate", "user.delegate"} {
+		buf := make([]byte, 8)
+		if n, err := unix.Getxattr(dir, attr, buf); err == nil && string(buf[:n]) == "1" {
+			return true
+		}
+	}
+	return euid != 0 && unix.Access(dir, unix.W_OK) == nil && unix.Access(filepath.Join(dir, "cgroup.procs"), unix.W_OK) == nil
+}
+
+// ownV2Cgroup reads the "0::/path" line of /proc/self/cgroup.
+func ownV2Cgroup(selfCgroup string) (string, error) {
+	if selfCgroup == "" {
+		selfCgroup = "/proc/self/cgroup"
+	}
+	b, err := os.ReadFile(selfCgroup)
+	if err != nil {
+		return "", err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if p, ok := strings.CutPrefix(line, "0::"); ok {
+			return p, nil
+		}
+	}
+	return "", errors.New("no cgroup v2 entry")
+}
+
+// v2Dir maps a cgroup v2 path to its directory, through the cgroup2 mount
+// of mountinfo.
+func v2Dir(mountInfo, cgPath string) (string, error) {
+	if mountInfo == "" {
+		mountInfo = "/proc/self/mountinfo"
+	}
+	f, err := os.Open(mountInfo)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		before, after, ok := strings.Cut(sc.Text(), " - ")
+		fields, fstype := strings.Fields(before), strings.Fields(after)
+		if !ok || len(fields) < 5 || len(fstype) < 1 || fstype[0] != "cgroup2" {
+			continue
+		}
+		rel, err := filepath.Rel(unescapeOctal(fields[3]), cgPath)
+		if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+			continue
+		}
+		return filepath.Join(unescapeOctal(fields[4]), rel), nil
+	}
+	if err := sc.Err(); err != nil {
+		return "", err
+	}
+	return "", fmt.Errorf("cgroup %s is not under any cgroup2 mount", cgPath)
+}
+
+// unescapeOctal undoes mountinfo's escapes (\040 for a space).
+func unescapeOctal(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// cgroupMounts lists the mount points of every cgroup hierarchy.
+func cgroupMounts(mountInfo string) map[string]bool {
+	if mountInfo == "" {
+		mountInfo = "/proc/self/mountinfo"
+	}
+	out := map[string]bool{}
+	b, err := os.ReadFile(mountInfo)
+	if err != nil {
+		return out
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		before, after, ok := strings.Cut(line, " - ")
+		fields, fstype := strings.Fields(before), strings.Fields(after)
+		if ok && len(fields) >= 5 && len(fstype) >= 1 && (fstype[0] == "cgroup" || fstype[0] == "cgroup2") {
+			out[unescapeOctal(fields[4])] = true
+		}
+	}
+	return out
+}
+
+// enforcement is what the daemon can use to enforce [limits] on this host,
+// for the bwrap backend.
+type enforcement struct {
+	cgroups *cgroup.Manager
+	// cgroupsHow says where the sandbox cgroups are, for the log.
+	cgroupsHow string
+	diskCaps   bool
+}
+
+// release removes the manager's base directories when nothing is left in
+// them (expiring sandboxes stay for the next start).
+func (e *enforcement) release(log hclog.Logger) {
+	if e == nil || e.cgroups == nil {
+		return
+	}
+	for _, d := range e.cgroups.Dirs() {
+		err := unix.Rmdir(d)
+		if err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTEMPTY) && !errors.Is(err, unix.EBUSY) {
+			log.Warn("cannot remove the sandbox cgroup directory", "dir", d, "error", err)
+		}
+	}
+}
+
+// newCgroups makes the cgroup manager for serve, by limits.cgroups:
+// auto warns and returns nil when the host cannot give sandboxes cgroups,
+// required returns the error, off does not try.
+func newCgroups(h host, lim LimitsSection, stateDir string, log hclog.Logger) (*cgroup.Manager, string, error) {
+	if lim.Cgroups == enforceOff {
+		log.Info("per-sandbox memory, pids and CPU limits are off (limits.cgroups = off)")
+		return nil, "", nil
+	}
+	cands, why := placements(h, stateDir)
+	for _, p := range cands {
+		m, err := tryPlacement(h, p)
+		if err == nil {
+			how := fmt.Sprintf("%s, %s: %s", m.Version(), p.what, strings.Join(m.Dirs(), " "))
+			log.Info("sandbox cgroups", "version", m.Version().String(), "placement", p.what, "dirs", strings.Join(m.Dirs(), " "))
+			return m, how, nil
+		}
+		why = append(why, err.Error())
+	}
+	msg := fmt.Sprintf("per-sandbox memory, pids and CPU limits (limits.memory, limits.pids, limits.cpus, limits.cpu_weight) are NOT enforced: this daemon cannot make cgroups (%s). "+
+		"Run it as root, or as a systemd service with Delegate=yes (the packaged sandbox-sidecar.service has it) on a host whose cgroup v2 has the memory, pids and cpu controllers; "+
+		"or set limits.cgroups = \"off\"", strings.Join(why, "; "))
+	if lim.Cgroups == enforceRequired {
+		return nil, "", errors.New(msg + " (limits.cgroups = required)")
+	}
+	log.Warn(msg)
+	return nil, "", nil
+}
+
+// tryPlacement makes a manager at p.
+func tryPlacement(h host, p placement) (*cgroup.Manager, error) {
+	opts := p.opts
+	if p.prepare {
+		// Prepare moves the daemon into a leaf of its cgroup, and New places
+		// the sandboxes relative to the daemon's cgroup: give New the one
+		// from before the move.
+		before, err := snapshot(h.selfCgroup)
+		if err != nil {
+			return nil, err
+		}
+		defer before.Close()
+		opts.SelfCgroup = fmt.Sprintf("/proc/self/fd/%d", before.Fd())
+		if err := cgroup.Prepare(p.opts, supervisorLeaf); err != nil {
+			return nil, err
+		}
+	}
+	m, err := cgroup.New(opts)
+	if err != nil {
+		return nil, err
+	}
+	if !p.opts.UnderRoot {
+		// A delegated service whose cgroup has no place in a v1 hierarchy
+		// would put its sandboxes at that hierarchy's top, under a name
+		// every such daemon shares: not its own.
+		mounts := cgroupMounts(h.mountInfo)
+		for _, d := range m.Dirs() {
+			if mounts[filepath.Dir(d)] {
+				(&enforcement{cgroups: m}).release(hclog.NewNullLogger())
+				return nil, fmt.Errorf("%w: the service has no cgroup of its own in the hierarchy mounted at %s", cgroup.ErrUnavailable, filepath.Dir(d))
+			}
+		}
+	}
+	return m, nil
+}
+
+// snapshot copies /proc/self/cgroup (or the file given) into an anonymous
+// memory file.
+func snapshot(selfCgroup string) (*os.File, error) {
+	if selfCgroup == "" {
+		selfCgroup = "/proc/self/cgroup"
+	}
+	b, err := os.ReadFile(selfCgroup)
+	if err != nil {
+		return nil, err
+	}
+	fd, err := unix.MemfdCreate("self-cgroup", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("memfd: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "self-cgroup")
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// useDiskCaps decides, by limits.disk_caps, whether sandboxes get a
+// filesystem of their own: auto when the daemon is root, the host can
+// loop-mount (disk.Check) and there is a cap to enforce.
+func useDiskCaps(h host, lim LimitsSection, log hclog.Logger) (bool, error) {
+	switch {
+	case lim.DiskCaps == enforceOff:
+		log.Info("per-sandbox disk caps are off (limits.disk_caps = off)")
+		return false, nil
+	case lim.Disk == 0:
+		log.Info("per-sandbox disk caps are off (limits.disk = 0)")
+		return false, nil
+	}
+	err := h.diskCheck()
+	if err == nil && h.euid != 0 {
+		err = fmt.Errorf("%w: loop-mounting needs root", disk.ErrUnavailable)
+	}
+	if err == nil {
+		return true, nil
+	}
+	msg := fmt.Sprintf("per-sandbox disk caps (limits.disk, limits.disk_inodes) are NOT enforced: %v. "+
+		"They need the daemon to run as root, with e2fsprogs (mkfs.ext4) and the loop driver; or set limits.disk_caps = \"off\"", err)
+	if lim.DiskCaps == enforceRequired {
+		return false, errors.New(msg + " (limits.disk_caps = required)")
+	}
+	log.Warn(msg)
+	return false, nil
+}
+
+// setupEnforcement finds what serve can enforce. Only the bwrap backend
+// uses it (sbx sandboxes are microVMs with their own memory and CPUs).
+func setupEnforcement(h host, cfg Config, log hclog.Logger) (*enforcement, error) {
+	e := &enforcement{}
+	if cfg.Server.Backend != "bwrap" {
+		return e, nil
+	}
+	var err error
+	if e.cgroups, e.cgroupsHow, err = newCgroups(h, cfg.Limits, cfg.Server.StateDir, log); err != nil {
+		return nil, err
+	}
+	if e.diskCaps, err = useDiskCaps(h, cfg.Limits, log); err != nil {
+		e.release(log)
+		return nil, err
+	}
+	// The backend logs the limits in force.
+	return e, nil
+}
+
+// gcEnforcement is what the offline sweep needs: the root daemon's cgroups,
+// whose leftovers the backend removes (a delegated service's die with the
+// service), and disk caps as serve would have them. It never moves the
+// process, warns or fails.
+func gcEnforcement(h host, cfg Config, dryRun bool, log hclog.Logger) *enforcement {
+	e := &enforcement{}
+	if cfg.Server.Backend != "bwrap" {
+		return e
+	}
+	// The backend removes every cgroup under the base when it starts: not
+	// in a dry run.
+	if cfg.Limits.Cgroups != enforceOff && h.euid == 0 && !dryRun {
+		m, err := cgroup.New(h.options(cgroupBase(cfg.Server.StateDir), true))
+		if err != nil {
+			log.Debug("no sandbox cgroups to sweep", "error", err)
+		}
+		e.cgroups = m
+	}
+	e.diskCaps = cfg.Limits.DiskCaps != enforceOff && h.euid == 0 && h.diskCheck() == nil
+	return e
+}
