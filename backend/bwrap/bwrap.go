@@ -440,7 +440,7 @@ func (b *Backend) command(dir string, args []string) *exec.Cmd {
 	cmd := exec.Command(b.bwrap, args...)
 	cmd.Env = []string{}
 	if dir != "" {
-		cmd.Env = []string{markerEnv + "=" + dir}
+		cmd.Env = []string{markerEnv + "=" + marker(dir)}
 	}
 	cmd.Dir = "/"
 	cmd.SysProcAttr = &syscall.SysProcAttr{}

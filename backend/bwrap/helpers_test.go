@@ -220,7 +220,7 @@ func initPID(t *testing.T, b *Backend, id string) int {
 			continue
 		}
 		vars := strings.Split(string(env), "\x00")
-		if slices.Contains(vars, initEnv+"=1") && slices.Contains(vars, markerEnv+"="+dir) {
+		if slices.Contains(vars, initEnv+"=1") && slices.Contains(vars, markerEnv+"="+marker(dir)) {
 			return pid
 		}
 	}

@@ -155,7 +155,7 @@ func (b *Backend) startInit(ctx context.Context, sb *sandbox, deadline time.Time
 		}
 	}()
 
-	env := []string{"--setenv", markerEnv, sb.dir, "--setenv", initEnv, "1", "--setenv", "GOMAXPROCS", "1",
+	env := []string{"--setenv", markerEnv, marker(sb.dir), "--setenv", initEnv, "1", "--setenv", "GOMAXPROCS", "1",
 		"--setenv", initRlimitsEnv, encodeRlimits(b.cfg.Limits.Rlimits())}
 	const firstDataFD = initExeFD + 1
 	files, err := dataFiles(b.bwrapOptions(sb, env, "/", firstDataFD, true))

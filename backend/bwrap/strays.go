@@ -1,6 +1,8 @@
 package bwrap
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"bytes"
 	"errors"
 	"fmt"
@@ -15,11 +17,25 @@ import (
 
 // markerEnv is set in the environment of every bwrap process this backend
 // starts (never in the guest's: bwrap's --clearenv drops it), naming the
-// sandbox's directory. It is how strays are found: bubblewrap has a window
+// sandbox opaquely (see marker). It is how strays are found: bubblewrap has a window
 // at start-up in which its PID-namespace init does not yet carry the
 // parent-death signal, so a daemon killed at that moment can leave a
 // sandbox's init and its command running with nobody to reap them.
 const markerEnv = "SANDBOX_SIDECAR_SANDBOX"
+
+// marker is the value of markerEnv for the sandbox directory dir: a hash
+// of the backend's directory and the sandbox's name, so neither a host path
+// nor anything else of the host shows in it (a guest can read its init's
+// environment).
+func marker(dir string) string {
+	return markerPrefix(filepath.Dir(dir)) + filepath.Base(dir)
+}
+
+// markerPrefix starts the marker of every sandbox directory under dir.
+func markerPrefix(dir string) string {
+	sum := sha256.Sum256([]byte(filepath.Clean(dir)))
+	return hex.EncodeToString(sum[:8]) + "-"
+}
 
 // environBound caps what is read of one process's environment.
 const environBound = 64 << 10
@@ -29,12 +45,16 @@ const environBound = 64 << 10
 type markedProcess struct {
 	pid       int
 	startTime uint64
-	dir       string
+	marker    string
 }
 
 // findMarked lists processes whose marker names dir (or, with prefix, any
 // directory under dir).
 func findMarked(dir string, prefix bool) []markedProcess {
+	want := marker(dir)
+	if prefix {
+		want = markerPrefix(dir)
+	}
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil
@@ -45,18 +65,18 @@ func findMarked(dir string, prefix bool) []markedProcess {
 		if err != nil || pid == os.Getpid() {
 			continue
 		}
-		marker, ok := readMarker(pid)
+		got, ok := readMarker(pid)
 		if !ok {
 			continue
 		}
-		if marker != dir && !(prefix && strings.HasPrefix(marker, dir+string(filepath.Separator))) {
+		if got != want && !(prefix && strings.HasPrefix(got, want)) {
 			continue
 		}
 		st, err := startTime(pid)
 		if err != nil {
 			continue
 		}
-		out = append(out, markedProcess{pid: pid, startTime: st, dir: marker})
+		out = append(out, markedProcess{pid: pid, startTime: st, marker: got})
 	}
 	return out
 }

@@ -3,6 +3,7 @@ package bwrap
 import (
 	"os/exec"
 	"path/filepath"
+	"strings"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"syscall"
@@ -20,7 +21,7 @@ type marked struct {
 func startMarked(t *testing.T, dir string) *marked {
 	t.Helper()
 	cmd := exec.Command("sleep", "300")
-	cmd.Env = []string{markerEnv + "=" + dir}
+	cmd.Env = []string{markerEnv + "=" + marker(dir)}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -92,5 +93,16 @@ func TestStartTimeGuardsAgainstPidReuse(t *testing.T) {
 	}
 	if n := killMarked([]markedProcess{{pid: m.cmd.Process.Pid, startTime: st}}); n != 1 {
 		t.Fatal("the recorded process was not signalled")
+	}
+}
+
+func TestMarkerNamesNoHostPath(t *testing.T) {
+	dir := "/var/lib/sandbox-sidecar/bwrap/sc-0123"
+	m := marker(dir)
+	if strings.Contains(m, "/") || strings.Contains(m, "sandbox-sidecar") || !strings.HasSuffix(m, "-sc-0123") {
+		t.Errorf("marker(%q) = %q: it must name the sandbox without a host path", dir, m)
+	}
+	if !strings.HasPrefix(m, markerPrefix(filepath.Dir(dir))) || strings.HasPrefix(m, markerPrefix(dir+"x")) {
+		t.Errorf("marker prefixes do not separate directories: %q", m)
 	}
 }
