@@ -26,7 +26,9 @@ from sandbox_sidecar import (
     SandboxSpec,
     SandboxTerminalError,
     SidecarError,
+    SidecarExecResult,
     SidecarSandboxBackend,
+    check_resources,
     labels_from_context,
     to_sandbox_error,
 )
@@ -111,11 +113,14 @@ def test_constructor_refuses_bad_options():
 
 
 def test_copies_and_pickles_start_unconnected(fake_daemon):
-    daemon, backend = backend_for(fake_daemon, {"destroy": lambda a: {}}, ttl_s=30, labels={"team": "x"})
+    daemon, backend = backend_for(
+        fake_daemon, {"destroy": lambda a: {}}, ttl_s=30, labels={"team": "x"}, resources={"pids": 64}
+    )
     backend.destroy("sc-1")
     for clone in (copy.deepcopy(backend), pickle.loads(pickle.dumps(backend))):
         assert clone._client is None
         assert clone._ttl_s == 30 and clone._labels == {"team": "x"}
+        assert clone._resources == {"pids": 64}
         clone.destroy("sc-1")
         clone.close()
     backend.close()
@@ -158,6 +163,61 @@ def test_create_sends_the_spec_labels_and_ttl(fake_daemon):
         "allow_egress_to": ["pypi.org"],
         "allow_egress_to_cidrs": ["10.0.0.0/8"],
     }
+
+
+def test_create_sends_resources_from_the_constructor_and_the_call(fake_daemon):
+    daemon, backend = backend_for(
+        fake_daemon,
+        {"create": lambda a: {"sandbox": "sc-1"}},
+        resources={"memory_bytes": 512 << 20, "cpus": 1, "pids": None},
+    )
+    backend.create()
+    backend.create(spec=SandboxSpec(), resources={"cpus": 0.5, "disk_bytes": 1 << 30, "memory_bytes": None})
+    first, second = daemon.args_of("create")
+    assert first == {"resources": {"memory_bytes": 512 << 20, "cpus": 1}}
+    assert second == {
+        "spec": {"block_network": True},
+        "resources": {"memory_bytes": 512 << 20, "cpus": 0.5, "disk_bytes": 1 << 30},
+    }
+
+
+def test_unenforceable_resources_are_terminal(fake_daemon):
+    message = "memory_bytes is more than the 1073741824 this daemon allows; ask for less"
+    daemon, backend = backend_for(fake_daemon, {"create": failing("spec_unenforceable", message)})
+    with pytest.raises(SandboxTerminalError) as info:
+        backend.create(resources={"memory_bytes": 8 << 30})
+    assert info.value.code == "spec_unenforceable"
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize(
+    "resources, fragment",
+    [
+        ("1G", "must be a mapping"),
+        ({"memory": 1}, "unknown resources key 'memory'"),
+        ({"memory_bytes": 0}, "memory_bytes'\\] must be an integer greater than 0, got 0"),
+        ({"memory_bytes": -1}, "greater than 0"),
+        ({"memory_bytes": 1.5e9}, "must be an integer"),
+        ({"pids": True}, "must be an integer"),
+        ({"disk_bytes": "10G"}, "must be an integer"),
+        ({"cpus": float("nan")}, "positive finite"),
+        ({"cpus": float("inf")}, "positive finite"),
+        ({"cpus": 0}, "positive finite"),
+        ({"cpus": "2"}, "positive finite"),
+    ],
+)
+def test_bad_resources_are_refused_before_anything_is_sent(tmp_path, resources, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        SidecarSandboxBackend(str(tmp_path / "none.sock"), resources=resources)
+    backend = SidecarSandboxBackend(str(tmp_path / "none.sock"))
+    with pytest.raises(ValueError, match=fragment):
+        backend.create(resources=resources)
+    assert backend._client is None, "nothing connected"
+
+
+def test_check_resources_drops_nones_and_keeps_values():
+    assert check_resources(None) == {}
+    assert check_resources({"memory_bytes": 1, "cpus": 2.5, "pids": None}) == {"memory_bytes": 1, "cpus": 2.5}
 
 
 def test_create_without_spec_labels_or_ttl_sends_nothing_extra(fake_daemon):
@@ -218,9 +278,11 @@ def test_run_command_result_mapping(fake_daemon):
 
     daemon, backend = backend_for(fake_daemon, {"run_command": run})
     result = backend.run_command("sc-1", "python3 x.py", timeout=12, max_output_bytes=1000)
-    assert result == SandboxExecResult(
+    assert isinstance(result, SandboxExecResult)
+    assert result == SidecarExecResult(
         exit_code=3, stdout="café \ufffd", stderr="oops", stdout_truncated=True, applied_timeout=None
     )
+    assert (result.reason, result.oom_killed, result.oom_kills) == ("exited", False, 0)
     assert daemon.args_of("run_command") == [
         {"sandbox": "sc-1", "command": "python3 x.py", "timeout_s": 12.0, "max_output_bytes": 1000}
     ]
@@ -245,6 +307,50 @@ def test_run_command_reports_a_terminated_sandbox(fake_daemon):
     assert backend.run_command("sc-1", "x", timeout=5, max_output_bytes=10).sandbox_terminated
 
 
+def test_run_command_reports_an_oom_kill(fake_daemon):
+    daemon, backend = backend_for(
+        fake_daemon,
+        {"run_command": lambda a: {"exit_code": 137, "stdout": b"", "stderr": b"Killed", "timed_out": False,
+                                   "sandbox_terminated": False, "oom_killed": True, "oom_kills": 2,
+                                   "reason": "oom_killed", "applied_timeout_s": 5.0}},
+    )
+    result = backend.run_command("sc-1", "python3 balloon.py", timeout=5, max_output_bytes=10)
+    assert isinstance(result, SandboxExecResult)
+    assert (result.exit_code, result.timed_out, result.sandbox_terminated) == (137, False, False)
+    assert (result.reason, result.oom_killed, result.oom_kills) == ("oom_killed", True, 2)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.reason = "exited"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "flags, reason",
+    [
+        ({}, "exited"),
+        ({"oom_killed": True}, "oom_killed"),
+        ({"oom_killed": True, "timed_out": True}, "timed_out"),
+        ({"oom_killed": True, "timed_out": True, "sandbox_terminated": True}, "sandbox_terminated"),
+        ({"sandbox_terminated": True}, "sandbox_terminated"),
+    ],
+)
+def test_a_daemon_that_sends_no_reason_gets_one_from_its_flags(fake_daemon, flags, reason):
+    daemon, backend = backend_for(
+        fake_daemon, {"run_command": lambda a: {"exit_code": 137, "stdout": b"", "stderr": b"", **flags}}
+    )
+    result = backend.run_command("sc-1", "x", timeout=5, max_output_bytes=10)
+    assert result.reason == reason
+    assert result.oom_killed == bool(flags.get("oom_killed"))
+
+
+def test_a_reason_from_the_daemon_is_kept_and_a_bad_count_ignored(fake_daemon):
+    daemon, backend = backend_for(
+        fake_daemon,
+        {"run_command": lambda a: {"exit_code": 0, "stdout": b"", "stderr": b"", "reason": "something_new",
+                                   "oom_kills": -3}},
+    )
+    result = backend.run_command("sc-1", "x", timeout=5, max_output_bytes=10)
+    assert (result.reason, result.oom_kills) == ("something_new", 0)
+
+
 def test_run_command_when_the_daemon_hangs_destroys_the_sandbox(fake_daemon):
     def script(session: Session) -> None:
         session.answer_hello()
@@ -262,6 +368,7 @@ def test_run_command_when_the_daemon_hangs_destroys_the_sandbox(fake_daemon):
     result = backend.run_command("sc-1", "sleep 100", timeout=0.2, max_output_bytes=10)
     assert time.monotonic() - started < 2
     assert result.timed_out and result.sandbox_terminated
+    assert result.reason == "sandbox_terminated"
     assert daemon.args_of("destroy") == [{"sandbox": "sc-1"}]
     backend.close()
 

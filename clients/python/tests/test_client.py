@@ -82,6 +82,19 @@ def test_request_args_on_the_wire(fake_daemon):
     assert daemon.args_of("create") == [{"spec": {"block_network": True}, "labels": {"dag_id": "d"}, "ttl_s": 30}]
 
 
+def test_create_sends_resources_and_run_command_passes_the_new_fields_through(fake_daemon):
+    result = {"exit_code": 137, "stdout": b"", "stderr": b"", "oom_killed": True, "oom_kills": 1, "reason": "oom_killed"}
+    daemon = fake_daemon(
+        lambda s: s.serve({"create": lambda a: {"sandbox": "sc-1"}, "run_command": lambda a: result})
+    )
+    with SidecarClient(daemon.path) as client:
+        client.create(resources={"memory_bytes": 64 << 20, "cpus": 0.5})
+        client.create()
+        got = client.run_command("sc-1", "x", timeout_s=5)
+    assert daemon.args_of("create") == [{"resources": {"memory_bytes": 64 << 20, "cpus": 0.5}}, {}]
+    assert (got["reason"], got["oom_killed"], got["oom_kills"]) == ("oom_killed", True, 1)
+
+
 def test_error_response_becomes_exception_with_details(fake_daemon):
     def read_file(args):
         raise OpError("file_too_large", "it is big", size_bytes=5000, max_bytes=10)

@@ -105,7 +105,17 @@ assert type(err) is up.SandboxFileTooLargeError and err.size_bytes == 9
 assert isinstance(s.to_sandbox_error(s.SidecarError("bad_path", "x")), up.SandboxError)
 result = s.contract.make_exec_result(exit_code=0, stdout="", stderr="", applied_timeout=5.0)
 assert type(result) is up.SandboxExecResult
-print(getattr(result, "applied_timeout", "absent"))
+ours = s.contract.make_sidecar_result(exit_code=137, stdout="", stderr="", applied_timeout=1.0,
+                                      reason="oom_killed", oom_killed=True, oom_kills=2)
+assert isinstance(ours, up.SandboxExecResult) and issubclass(s.SidecarExecResult, up.SandboxExecResult)
+assert (ours.exit_code, ours.reason, ours.oom_killed, ours.oom_kills) == (137, "oom_killed", True, 2)
+try:
+    ours.reason = "exited"
+except AttributeError:  # dataclasses.FrozenInstanceError
+    pass
+else:
+    raise AssertionError("frozen like upstream's")
+print(getattr(result, "applied_timeout", "absent"), getattr(ours, "applied_timeout", "absent"))
 """
 
 
@@ -128,8 +138,8 @@ def run_with_stub(tmp_path: Path, extra_field: str) -> str:
 
 
 def test_upstream_classes_are_used_when_the_provider_is_importable(tmp_path):
-    assert run_with_stub(tmp_path, "applied_timeout: Optional[float] = None") == "5.0"
+    assert run_with_stub(tmp_path, "applied_timeout: Optional[float] = None") == "5.0 1.0"
 
 
 def test_an_older_provider_without_applied_timeout_still_works(tmp_path):
-    assert run_with_stub(tmp_path, "") == "absent"
+    assert run_with_stub(tmp_path, "") == "absent absent"

@@ -10,7 +10,16 @@
 
 from __future__ import annotations
 
-from .backend import ERROR_KINDS, MODEL, TERMINAL, SidecarSandboxBackend, labels_from_context, to_sandbox_error
+from .backend import (
+    ERROR_KINDS,
+    MODEL,
+    RESOURCE_KEYS,
+    TERMINAL,
+    SidecarSandboxBackend,
+    check_resources,
+    labels_from_context,
+    to_sandbox_error,
+)
 from .client import DEFAULT_SOCKET_PATH, SOCKET_ENV_VAR, SidecarClient, resolve_socket_path
 from .contract import (
     UPSTREAM,
@@ -22,6 +31,7 @@ from .contract import (
     SandboxFileTooLargeError,
     SandboxSpec,
     SandboxTerminalError,
+    SidecarExecResult,
 )
 from .errors import SidecarConnectionError, SidecarError, SidecarProtocolError, SidecarTimeoutError
 
@@ -31,6 +41,7 @@ __all__ = [
     "DEFAULT_SOCKET_PATH",
     "ERROR_KINDS",
     "MODEL",
+    "RESOURCE_KEYS",
     "SOCKET_ENV_VAR",
     "TERMINAL",
     "UPSTREAM",
@@ -45,9 +56,11 @@ __all__ = [
     "SidecarClient",
     "SidecarConnectionError",
     "SidecarError",
+    "SidecarExecResult",
     "SidecarProtocolError",
     "SidecarSandboxBackend",
     "SidecarTimeoutError",
+    "check_resources",
     "labels_from_context",
     "resolve_socket_path",
     "to_sandbox_error",

@@ -17,8 +17,10 @@ from .contract import (
     SandboxFileTooLargeError,
     SandboxSpec,
     SandboxTerminalError,
+    SidecarExecResult,
     decode_network_policy,
-    make_exec_result,
+    make_sidecar_result,
+    reason_of,
 )
 from .errors import (
     CLIENT_CLOSED,
@@ -37,6 +39,8 @@ __all__ = [
     "TERMINAL",
     "to_sandbox_error",
     "labels_from_context",
+    "check_resources",
+    "RESOURCE_KEYS",
 ]
 
 MODEL = "model"
@@ -174,6 +178,38 @@ def _name(value: Any) -> str:
     return str(value)
 
 
+RESOURCE_KEYS = ("memory_bytes", "cpus", "pids", "disk_bytes")
+"""The keys of ``create``'s ``resources``: bytes of memory, CPUs, processes and threads, bytes of disk."""
+
+
+def check_resources(resources: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+    """``resources`` as the daemon takes them, or ``ValueError`` saying what to fix.
+
+    Keys are :data:`RESOURCE_KEYS`; ``cpus`` is a number, the others integers,
+    all greater than 0. A ``None`` value is left out (the daemon's default).
+    Whether the daemon allows and can enforce them is for the daemon to say.
+    """
+    if resources is None:
+        return {}
+    if not isinstance(resources, Mapping):
+        raise ValueError(f"resources must be a mapping of {', '.join(RESOURCE_KEYS)}, got {type(resources).__name__}")
+    out: Dict[str, Any] = {}
+    for key, value in resources.items():
+        if key not in RESOURCE_KEYS:
+            raise ValueError(f"unknown resources key {key!r}; the keys are {', '.join(RESOURCE_KEYS)}")
+        if value is None:
+            continue
+        if key == "cpus":
+            if not _positive_finite(value):
+                raise ValueError(f"resources['cpus'] must be a positive finite number of CPUs, got {value!r}")
+            out[key] = value
+        else:
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"resources[{key!r}] must be an integer greater than 0, got {value!r}")
+            out[key] = value
+    return out
+
+
 def spec_to_wire(spec: SandboxSpec) -> Dict[str, Any]:
     """The ``create`` spec map for a :class:`SandboxSpec`.
 
@@ -209,6 +245,10 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
         connection-bound ones (a spec with an ``owner`` is always expiring).
     :param auto_labels: inside a running Airflow task, add its ``dag_id``,
         ``run_id``, ``task_id``, ``try_number`` and ``map_index`` as labels.
+    :param resources: limits tighter than the daemon's for every sandbox this
+        backend creates (Airflow's ``SandboxSpec`` has no resource fields):
+        ``memory_bytes``, ``cpus``, ``pids``, ``disk_bytes``. A limit the host
+        cannot enforce, or looser than the daemon allows, fails ``create``.
     :param connect_timeout: seconds to connect to the daemon.
     :param op_timeout: budget of the calls with no timeout of their own.
     :param grace: seconds allowed beyond a call's budget before giving up on
@@ -226,6 +266,7 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
         labels: Optional[Mapping[str, Any]] = None,
         ttl_s: Optional[float] = None,
         auto_labels: bool = True,
+        resources: Optional[Mapping[str, Any]] = None,
         connect_timeout: float = 5.0,
         op_timeout: float = 60.0,
         grace: float = 15.0,
@@ -237,6 +278,7 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
         self._labels = {str(k): str(v) for k, v in (labels or {}).items() if v is not None}
         self._ttl_s = ttl_s
         self._auto_labels = auto_labels
+        self._resources = check_resources(resources)
         self._client_options = {"connect_timeout": connect_timeout, "op_timeout": op_timeout, "grace": grace}
         check_timeouts(**self._client_options)
         self._client = client
@@ -260,6 +302,7 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
             "labels": dict(self._labels),
             "ttl_s": self._ttl_s,
             "auto_labels": self._auto_labels,
+            "resources": dict(self._resources),
             **self._client_options,
         }
 
@@ -295,21 +338,25 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
         spec: Optional[SandboxSpec] = None,
         labels: Optional[Mapping[str, Any]] = None,
         ttl_s: Optional[float] = None,
+        resources: Optional[Mapping[str, Any]] = None,
     ) -> str:
         """Provision a sandbox and return its id.
 
-        A spec this host cannot enforce raises ``SandboxTerminalError`` with
-        the daemon's explanation; nothing weaker is ever provisioned. ``labels``
-        and ``ttl_s`` add to (and override) the constructor's.
+        A spec (or resources) this host cannot enforce raises
+        ``SandboxTerminalError`` with the daemon's explanation; nothing weaker
+        is ever provisioned. ``labels``, ``ttl_s`` and ``resources`` add to
+        (and override) the constructor's, key by key.
         """
         merged: Dict[str, str] = _airflow_task_labels() if self._auto_labels else {}
         merged.update(self._labels)
         merged.update({str(k): str(v) for k, v in (labels or {}).items() if v is not None})
+        limits = {**self._resources, **check_resources(resources)}
         try:
             result = self.client.create(
                 spec_to_wire(spec) if spec is not None else None,
                 labels=merged or None,
                 ttl_s=ttl_s if ttl_s is not None else self._ttl_s,
+                resources=limits or None,
             )
         except SidecarError as exc:
             raise to_sandbox_error(exc, op="create") from exc
@@ -353,7 +400,14 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
         *,
         timeout: float,
         max_output_bytes: int,
-    ) -> SandboxExecResult:
+    ) -> SidecarExecResult:
+        """Run ``command`` with ``sh -c``; a :class:`SidecarExecResult` (a ``SandboxExecResult``).
+
+        Besides upstream's fields it carries ``reason``, ``oom_killed`` and
+        ``oom_kills``: a command the kernel killed for the sandbox's memory
+        limit comes back with ``exit_code`` 137, ``oom_killed=True`` and
+        ``reason="oom_killed"``, not ``timed_out``.
+        """
         if not isinstance(command, str):
             raise SandboxError(f"command must be a shell command string, got {type(command).__name__}")
         if not _positive_finite(timeout):
@@ -369,12 +423,13 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
             # The daemon did not answer within the budget plus a grace. The only
             # sure way to stop the command is to end its sandbox.
             self._destroy_quietly(sandbox)
-            return make_exec_result(
+            return make_sidecar_result(
                 exit_code=-1,
                 stdout="",
                 stderr="the sandbox-sidecar daemon did not answer in time; the sandbox was destroyed",
                 timed_out=True,
                 sandbox_terminated=True,
+                reason=reason_of(sandbox_terminated=True, timed_out=True, oom_killed=False),
             )
         except SidecarError as exc:
             raise to_sandbox_error(exc, op="run_command") from exc
@@ -383,15 +438,25 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
         if _positive_finite(applied) and abs(float(applied) - float(timeout)) > _TIMEOUT_EPSILON:
             applied_timeout = float(applied)
         exit_code = result.get("exit_code")
-        return make_exec_result(
+        timed_out = bool(result.get("timed_out"))
+        sandbox_terminated = bool(result.get("sandbox_terminated"))
+        oom_killed = bool(result.get("oom_killed"))
+        oom_kills = result.get("oom_kills")
+        reason = result.get("reason")
+        if not isinstance(reason, str) or not reason:
+            reason = reason_of(sandbox_terminated=sandbox_terminated, timed_out=timed_out, oom_killed=oom_killed)
+        return make_sidecar_result(
             exit_code=exit_code if isinstance(exit_code, int) else -1,
             stdout=_text(result.get("stdout")),
             stderr=_text(result.get("stderr")),
-            timed_out=bool(result.get("timed_out")),
+            timed_out=timed_out,
             stdout_truncated=bool(result.get("stdout_truncated")),
             stderr_truncated=bool(result.get("stderr_truncated")),
-            sandbox_terminated=bool(result.get("sandbox_terminated")),
+            sandbox_terminated=sandbox_terminated,
             applied_timeout=applied_timeout,
+            reason=reason,
+            oom_killed=oom_killed,
+            oom_kills=oom_kills if isinstance(oom_kills, int) and not isinstance(oom_kills, bool) and oom_kills >= 0 else 0,
         )
 
     def _command_lock(self, sandbox: str) -> threading.Lock:

@@ -546,15 +546,25 @@ class SidecarClient:
         *,
         labels: Optional[Mapping[str, str]] = None,
         ttl_s: Optional[float] = None,
+        resources: Optional[Mapping[str, Any]] = None,
         timeout: Optional[float] = None,
     ) -> dict:
         """Provision a sandbox. ``spec`` is the wire map (env, block_network, allow_egress_to, ...).
+
+        ``resources`` asks for limits tighter than the daemon's: ``memory_bytes``,
+        ``cpus``, ``pids``, ``disk_bytes`` (the daemon checks them; a limit it
+        cannot enforce is the error ``spec_unenforceable``).
 
         Returns ``sandbox``, ``workdir``, ``network``, ``expires_at``, ``conn_bound``.
         """
         return self.call(
             "create",
-            {"spec": dict(spec) if spec is not None else None, "labels": _opt_map(labels), "ttl_s": ttl_s},
+            {
+                "spec": dict(spec) if spec is not None else None,
+                "labels": _opt_map(labels),
+                "ttl_s": ttl_s,
+                "resources": dict(resources) if resources is not None else None,
+            },
             timeout=timeout,
         )
 

@@ -181,6 +181,47 @@ def make_exec_result(**fields: Any) -> SandboxExecResult:
     return SandboxExecResult(**{k: v for k, v in fields.items() if k in known})
 
 
+# Why a command ended, as SidecarExecResult.reason says it.
+REASON_EXITED = "exited"
+REASON_TIMED_OUT = "timed_out"
+REASON_OOM_KILLED = "oom_killed"
+REASON_SANDBOX_TERMINATED = "sandbox_terminated"
+
+
+@dataclass(frozen=getattr(getattr(SandboxExecResult, "__dataclass_params__", None), "frozen", True))
+class SidecarExecResult(SandboxExecResult):  # type: ignore[misc,valid-type]
+    """A :class:`SandboxExecResult` (upstream's when installed) that also says why the command ended.
+
+    ``reason`` is one of ``"sandbox_terminated"``, ``"timed_out"``,
+    ``"oom_killed"`` and ``"exited"``, the first that applies in that order.
+    ``oom_killed`` means the kernel killed the command because the sandbox
+    reached its memory limit (``exit_code`` is then 137, and ``timed_out`` is
+    not set for it); ``oom_kills`` counts the sandbox's processes killed for
+    memory while the command ran, including children it survived.
+    """
+
+    reason: str = REASON_EXITED
+    oom_killed: bool = False
+    oom_kills: int = 0
+
+
+def reason_of(*, sandbox_terminated: bool, timed_out: bool, oom_killed: bool) -> str:
+    """The ``reason`` the daemon gives for these flags (for a daemon too old to send one)."""
+    if sandbox_terminated:
+        return REASON_SANDBOX_TERMINATED
+    if timed_out:
+        return REASON_TIMED_OUT
+    if oom_killed:
+        return REASON_OOM_KILLED
+    return REASON_EXITED
+
+
+def make_sidecar_result(**fields: Any) -> SidecarExecResult:
+    """Build a :class:`SidecarExecResult`, leaving out fields an older upstream does not have."""
+    known = {f.name for f in dataclasses.fields(SidecarExecResult)}
+    return SidecarExecResult(**{k: v for k, v in fields.items() if k in known})
+
+
 def decode_network_policy(value: Optional[str]) -> Optional[SandboxSpec]:
     """Read an ``airflow_network`` tag back into a spec holding only the network fields.
 
@@ -218,5 +259,12 @@ __all__ = [
     "NETWORK_TAG",
     "WORKDIR_TAG",
     "make_exec_result",
+    "make_sidecar_result",
+    "reason_of",
+    "SidecarExecResult",
+    "REASON_EXITED",
+    "REASON_TIMED_OUT",
+    "REASON_OOM_KILLED",
+    "REASON_SANDBOX_TERMINATED",
     "decode_network_policy",
 ]
