@@ -7,6 +7,7 @@ import (
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/backendtest"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 )
 
 // conformanceKillGrace shortens the SIGTERM-to-SIGKILL grace so the
@@ -16,11 +17,32 @@ const conformanceKillGrace = 500 * time.Millisecond
 // TestBwrapConformance runs the shared backend suite in both ways the daemon
 // runs bwrap. It needs bubblewrap (and root for the uid-65534 mode): it skips
 // without them on a workstation and fails under CI=true.
+//
+// A third run adds every per-sandbox limit a root daemon enforces: a cgroup
+// per sandbox and /workspace and /tmp on a filesystem of its own, which
+// every file operation must reach as well.
 func TestBwrapConformance(t *testing.T) {
-	for _, mode := range allModes {
-		t.Run(mode.name, func(t *testing.T) {
+	type run struct {
+		name  string
+		mode  testMode
+		tweak func(t *testing.T, c *Config)
+	}
+	runs := []run{{name: daemonUID.name, mode: daemonUID}, {name: nobodyUID.name, mode: nobodyUID},
+		{name: nobodyUID.name + "-limits", mode: nobodyUID, tweak: func(t *testing.T, c *Config) {
+			testDiskCaps(t)
+			l := limits.Defaults()
+			l.DiskBytes = 64 << 20
+			c.Cgroups, c.Limits, c.DiskCaps = testCgroups(t), l, true
+		}}}
+	for _, r := range runs {
+		t.Run(r.name, func(t *testing.T) {
 			backendtest.Run(t, func(t *testing.T) backend.Backend {
-				return newTestBackend(t, mode, func(c *Config) { c.KillGrace = conformanceKillGrace })
+				return newTestBackend(t, r.mode, func(c *Config) {
+					c.KillGrace = conformanceKillGrace
+					if r.tweak != nil {
+						r.tweak(t, c)
+					}
+				})
 			}, backendtest.Options{
 				Workdir:            guestWorkspace,
 				RealIsolation:      true,

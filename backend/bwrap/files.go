@@ -69,7 +69,7 @@ func openArea(sb *sandbox, p string) (*os.Root, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	root, err := os.OpenRoot(filepath.Join(sb.dir, a.name))
+	root, err := os.OpenRoot(filepath.Join(sb.dataDir(), a.name))
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil, "", notFound(sb.id)
@@ -289,6 +289,8 @@ func fileError(p string, err error) error {
 	switch {
 	case isEscape(err):
 		return fmt.Errorf("%w: %s leads outside the sandbox's /workspace or /tmp through a symlink or '..'; file operations are confined to those directories and follow only symlinks that stay inside (relative ones); use run_command to read other paths", backend.ErrBadPath, name)
+	case errors.Is(err, syscall.ENAMETOOLONG):
+		return fmt.Errorf("%w: a component of %s is longer than the 255 bytes a file name may have; use a shorter name", backend.ErrBadPath, name)
 	case errors.Is(err, syscall.ELOOP):
 		return fmt.Errorf("%w: %s goes through too many symlinks; use the real path", backend.ErrBadPath, name)
 	case errors.Is(err, fs.ErrNotExist):

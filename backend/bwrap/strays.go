@@ -1,9 +1,9 @@
 package bwrap
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
