@@ -237,3 +237,15 @@ func TestBwrapFileOpsOnMissingSandbox(t *testing.T) {
 		t.Errorf("an id with '..' touched a path: %v", err)
 	}
 }
+
+func TestFileNameComponentTooLongIsBadPath(t *testing.T) {
+	b := newTestBackend(t, daemonUID)
+	id := create(t, b, backend.Spec{})
+	long := "/workspace/" + strings.Repeat("n", 300)
+	if err := b.WriteFile(context.Background(), id, long, []byte("x"), 0o644); !errors.Is(err, backend.ErrBadPath) {
+		t.Errorf("WriteFile with a 300-byte name: %v, want ErrBadPath", err)
+	}
+	if _, err := b.ReadFile(context.Background(), id, long, 1<<10); !errors.Is(err, backend.ErrBadPath) {
+		t.Errorf("ReadFile with a 300-byte name: %v, want ErrBadPath", err)
+	}
+}
