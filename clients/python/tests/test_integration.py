@@ -397,3 +397,80 @@ def test_unreachable_daemon_is_terminal(tmp_path):
     with pytest.raises(SandboxTerminalError) as info:
         b.create()
     assert info.value.code == "daemon_unreachable"
+
+
+# -- why commands end, and per-sandbox resources ------------------------------------
+
+
+def test_results_say_why_commands_ended(backend, sandbox):
+    result = backend.run_command(sandbox, "exit 3", timeout=10, max_output_bytes=100)
+    assert (result.exit_code, result.reason, result.oom_killed, result.oom_kills) == (3, "exited", False, 0)
+    result = backend.run_command(sandbox, "trap '' TERM; sleep 30", timeout=1, max_output_bytes=100)
+    assert (result.timed_out, result.reason, result.oom_killed) == (True, "timed_out", False)
+
+
+def test_the_daemon_refuses_malformed_resources_and_announces_them(sidecar_daemon):
+    with SidecarClient(sidecar_daemon.socket) as client:
+        assert "create_resources" in client.hello()["features"]
+        cases = [
+            ({"memory": 1}, 'unknown resources key "memory"'),
+            ({"cpus": float("nan")}, '"cpus" must be a finite number'),
+            ({"pids": -1}, '"pids" must be greater than 0'),
+            ({"memory_bytes": 1.5}, '"memory_bytes" must be an integer'),
+        ]
+        for resources, fragment in cases:
+            with pytest.raises(SidecarError) as info:
+                client.create(resources=resources)
+            assert info.value.code == "bad_request", resources
+            assert fragment in info.value.message
+        assert client.list_sandboxes() == [], "nothing was made"
+
+
+def limits_in_force(socket: str) -> dict:
+    with SidecarClient(socket) as client:
+        limits = client.health().get("limits")
+    assert isinstance(limits, dict) and all(isinstance(v, str) for v in limits.values()), limits
+    return limits
+
+
+def test_health_reports_the_limits_in_force(sidecar_daemon):
+    limits = limits_in_force(sidecar_daemon.socket)
+    assert {"memory", "pids", "cpu", "disk"} <= set(limits)
+
+
+def require_memory_limit(socket: str) -> None:
+    limits = limits_in_force(socket)
+    if limits.get("memory") in (None, "off"):
+        unavailable_here(f"this host cannot enforce a memory limit (health says {limits.get('memory')!r})")
+
+
+def unavailable_here(reason: str) -> None:
+    if CI:
+        pytest.fail(f"{reason} (CI=true: must run)", pytrace=False)
+    pytest.skip(reason)
+
+
+BALLOON = "python3 -c 'b = []\nwhile True: b.append(bytearray(1 << 20))'"
+
+
+def test_a_memory_balloon_past_its_limit_is_oom_killed(sidecar_daemon):
+    require_memory_limit(sidecar_daemon.socket)
+    with SidecarSandboxBackend(sidecar_daemon.socket, resources={"memory_bytes": 64 << 20}) as backend:
+        handle = backend.create()
+        try:
+            result = backend.run_command(handle, BALLOON, timeout=60, max_output_bytes=1000)
+            assert (result.reason, result.oom_killed, result.exit_code) == ("oom_killed", True, 137), result
+            assert not result.timed_out and result.oom_kills >= 1
+            listed = [s for s in backend.client.list_sandboxes() if s["sandbox"] == handle]
+            assert listed[0]["resources"] == {"memory_bytes": 64 << 20}
+        finally:
+            backend.destroy(handle)
+
+
+def test_resources_beyond_the_daemons_limits_are_refused(sidecar_daemon):
+    require_memory_limit(sidecar_daemon.socket)
+    with SidecarSandboxBackend(sidecar_daemon.socket) as backend:
+        with pytest.raises(SandboxTerminalError) as info:
+            backend.create(resources={"memory_bytes": 1 << 50})
+        assert info.value.code == "spec_unenforceable"
+        assert backend.client.list_sandboxes() == []
