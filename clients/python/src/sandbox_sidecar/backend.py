@@ -62,7 +62,7 @@ ERROR_KINDS: Mapping[str, Tuple[str, str]] = {
     # Nothing the model does can help: the task fails, Airflow retries it.
     "not_found": (TERMINAL, "the sandbox is gone (destroyed, expired, idle too long, or another user's)"),
     "unauthorized": (TERMINAL, "the worker's user may not use the daemon (socket group membership)"),
-    "spec_unenforceable": (TERMINAL, "this host cannot guarantee the SandboxSpec (e.g. allow_egress_to)"),
+    "spec_unenforceable": (TERMINAL, "this host cannot guarantee the SandboxSpec or resources (e.g. allow_egress_to)"),
     "quota_exceeded": (TERMINAL, "too many sandboxes or commands on this host, user or run"),
     "busy": (TERMINAL, "the daemon has too many connections"),
     "backend_unavailable": (TERMINAL, "the isolation backend cannot work on this host right now"),
