@@ -1,0 +1,129 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
+)
+
+// whyResult is run_command's result with why the command ended.
+type whyResult struct {
+	ExitCode          int    `msgpack:"exit_code"`
+	TimedOut          bool   `msgpack:"timed_out"`
+	SandboxTerminated bool   `msgpack:"sandbox_terminated"`
+	OOMKilled         bool   `msgpack:"oom_killed"`
+	OOMKills          uint64 `msgpack:"oom_kills"`
+	Reason            string `msgpack:"reason"`
+}
+
+func runWhy(t *testing.T, c *ipc.Client, id, command string, timeoutS float64) whyResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var res whyResult
+	require.NoError(t, c.Call(ctx, ipc.OpRunCommand, map[string]any{"sandbox": id, "command": command, "timeout_s": timeoutS}, &res))
+	return res
+}
+
+// requireMemoryLimit returns health's limits; a host that cannot enforce a memory
+// limit skips the test (fails it under CI=true).
+func requireMemoryLimit(t *testing.T, c *ipc.Client) map[string]any {
+	t.Helper()
+	limits, ok := call(t, c, ipc.OpHealth, nil)["limits"].(map[string]any)
+	require.True(t, ok, "the bwrap backend reports the limits in force")
+	if mem, _ := limits["memory"].(string); mem == "" || mem == "off" {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("this host cannot enforce a memory limit (health: %v), and CI=true forbids skipping", limits)
+		}
+		t.Skipf("this host cannot enforce a memory limit (health: %v)", limits)
+	}
+	return limits
+}
+
+// balloon allocates memory until something stops it.
+const balloon = `python3 -c 'b = []
+while True: b.append(bytearray(1 << 20))'`
+
+func TestOOMKillIsReportedAndAudited(t *testing.T) {
+	auditFile := filepath.Join(baseDir(t), "audit.jsonl")
+	d := startDaemon(t, "", "--audit-file", auditFile)
+	c := d.client(t)
+	limits := requireMemoryLimit(t, c)
+	for _, k := range []string{"memory", "pids", "cpu", "disk"} {
+		assert.Contains(t, limits, k)
+	}
+
+	id := create(t, c, map[string]any{"resources": map[string]any{"memory_bytes": 64 << 20}})
+	res := runWhy(t, c, id, balloon, 60)
+	assert.Equal(t, whyResult{ExitCode: 137, OOMKilled: true, OOMKills: res.OOMKills, Reason: "oom_killed"}, res)
+	assert.GreaterOrEqual(t, res.OOMKills, uint64(1))
+
+	res = runWhy(t, c, id, "exit 4", 10)
+	assert.Equal(t, whyResult{ExitCode: 4, Reason: "exited"}, res, "a later command in the same sandbox is not blamed")
+	res = runWhy(t, c, id, "trap '' TERM; sleep 30", 0.5)
+	assert.True(t, res.TimedOut)
+	assert.Equal(t, "timed_out", res.Reason)
+	assert.False(t, res.OOMKilled)
+
+	var listed map[string]any
+	for _, s := range call(t, c, ipc.OpList, nil)["sandboxes"].([]any) {
+		if s := s.(map[string]any); s["sandbox"] == id {
+			listed = s
+		}
+	}
+	require.NotNil(t, listed)
+	assert.EqualValues(t, 64<<20, listed["resources"].(map[string]any)["memory_bytes"])
+
+	b, err := os.ReadFile(auditFile)
+	require.NoError(t, err)
+	var reasons []any
+	var created map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &m), line)
+		switch {
+		case m["@message"] != "audit":
+		case m["op"] == "run_command":
+			reasons = append(reasons, m["reason"])
+		case m["op"] == "create":
+			created = m
+		}
+	}
+	assert.Equal(t, []any{"oom_killed", "exited", "timed_out"}, reasons)
+	require.NotNil(t, created)
+	assert.Equal(t, map[string]any{"memory_bytes": float64(64 << 20)}, created["resources"])
+}
+
+func TestResourcesOverTheWire(t *testing.T) {
+	d := startDaemon(t, "")
+	c := d.client(t)
+	requireMemoryLimit(t, c)
+	assert.Contains(t, call(t, c, ipc.OpHello, nil)["features"], "create_resources")
+
+	for _, tc := range []struct {
+		resources any
+		code      string
+		message   string
+	}{
+		{map[string]any{"memory_bytes": -1}, ipc.CodeBadRequest, `"memory_bytes" must be greater than 0`},
+		{map[string]any{"cpus": "two"}, ipc.CodeBadRequest, `"cpus" must be a number`},
+		{map[string]any{"swap_bytes": 1}, ipc.CodeBadRequest, `unknown resources key "swap_bytes"`},
+		{[]any{1}, ipc.CodeBadRequest, `"resources" must be a map`},
+		{map[string]any{"memory_bytes": int64(1) << 50}, ipc.CodeSpecUnenforceable, ""},
+	} {
+		e := callErr(t, c, ipc.OpCreate, map[string]any{"resources": tc.resources})
+		assert.Equal(t, tc.code, e.Code, "%v: %s", tc.resources, e.Message)
+		assert.Contains(t, e.Message, tc.message)
+	}
+	assert.Empty(t, call(t, c, ipc.OpList, nil)["sandboxes"], "no refused create left anything")
+	assert.Empty(t, d.workspaces(t))
+}
