@@ -287,7 +287,7 @@ func newCgroups(h host, lim LimitsSection, stateDir string, log hclog.Logger) (*
 			log.Info("sandbox cgroups", "version", m.Version().String(), "placement", p.what, "dirs", strings.Join(m.Dirs(), " "))
 			return m, how, nil
 		}
-		why = append(why, err.Error())
+		why = append(why, p.what+": "+err.Error())
 	}
 	msg := fmt.Sprintf("per-sandbox memory, pids and CPU limits (limits.memory, limits.pids, limits.cpus, limits.cpu_weight) are NOT enforced: this daemon cannot make cgroups (%s). "+
 		"Run it as root, or as a systemd service with Delegate=yes (the packaged sandbox-sidecar.service has it) on a host whose cgroup v2 has the memory, pids and cpu controllers; "+

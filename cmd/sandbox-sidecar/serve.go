@@ -80,7 +80,7 @@ func serveConfig(args []string, stderr io.Writer) (Config, error) {
 	fs.IntVar(&lim.CPUWeight, "limit-cpu-weight", lim.CPUWeight, "each sandbox's share of contended CPU, 1..10000, 100 being a normal process's (bwrap, cgroup; 0: the kernel's default)")
 	fs.Int64Var(&lim.PIDs, "limit-pids", lim.PIDs, "processes and threads of each sandbox; a fork bomb stops there (bwrap, cgroup; 0: no limit)")
 	fs.Int64Var(&lim.Disk, "limit-disk", lim.Disk, "bytes each sandbox's /workspace and /tmp may hold, a filesystem of its own (bwrap, disk caps; 0: no cap)")
-	fs.Int64Var(&lim.DiskInodes, "limit-disk-inodes", lim.DiskInodes, "files and directories each sandbox may hold (bwrap, disk caps; 0: one per 16 KiB of limit-disk)")
+	fs.Int64Var(&lim.DiskInodes, "limit-disk-inodes", lim.DiskInodes, "files and directories each sandbox may hold (bwrap, disk caps; 0: one per 16 KiB of the disk cap)")
 	fs.StringVar(&lim.Cgroups, "limit-cgroups", lim.Cgroups, "per-sandbox cgroups for memory, pids and CPU: auto (when the daemon is root or a systemd service with Delegate=yes; else a warning), required (refuse to start without) or off")
 	fs.StringVar(&lim.DiskCaps, "limit-disk-caps", lim.DiskCaps, "per-sandbox disk caps: auto (when the daemon is root and can loop-mount; else a warning), required (refuse to start without) or off")
 	fs.IntVar(&bw.SandboxUID, "sandbox-uid", bw.SandboxUID, "host uid that runs sandboxes when the daemon runs as root")
