@@ -19,6 +19,13 @@ the packaged service has no network of its own.'
   [sbx]='With backend = "sbx", install the drop-in that gives the service /dev/kvm
 and the network: /usr/share/doc/sandbox-sidecar/examples/sbx-backend.conf.'
   [server.audit_file]='The service may write under /var/log/sandbox-sidecar (LogsDirectory=).'
+  [limits.cgroups]='The service has Delegate=yes: sandboxes get cgroups of their own where the
+host'"'"'s cgroup v2 has the memory, pids and cpu controllers (Debian 12,
+Ubuntu 24.04); elsewhere the daemon warns at start and only the unit'"'"'s
+MemoryMax= and TasksMax= bound them, all together.'
+  [limits.disk_caps]='The service does not run as root, so it cannot loop-mount: each sandbox'"'"'s
+disk is not capped (the state directory'"'"'s filesystem bounds them all), and
+the daemon says so at start.'
 )
 
 # Values pinned for the packaged service. They must match the units:
@@ -47,11 +54,12 @@ flag_help() {
 
 # describe SECTION KEY finds the flag that sets SECTION.KEY: the key with
 # dashes, singular for lists (allow_uids: -allow-uid), or with the section
-# as prefix (bwrap.share_host_network: -bwrap-share-host-network).
+# as prefix (bwrap.share_host_network: -bwrap-share-host-network), singular
+# too (limits.open_files: -limit-open-files).
 describe() {
   local section=$1 key=$2 name d
   name=${key//_/-}
-  for cand in "$name" "${name%s}" "$section-$name"; do
+  for cand in "$name" "${name%s}" "$section-$name" "${section%s}-$name"; do
     d=$(flag_help "$cand")
     if [ -n "$d" ]; then
       printf '%s' "$d"
