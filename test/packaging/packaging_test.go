@@ -2,8 +2,8 @@
 // two versions of the .deb, checks them with lintian, boots a minimal Debian
 // bookworm with systemd-nspawn (debootstrapped once, then cached), and
 // drives it from the host with nsenter: install, socket activation, who may
-// connect, READY and STATUS, the watchdog killing a frozen daemon and
-// recovery after it, a daemon started by hand, restart, upgrade, remove and
+// connect, READY and STATUS, per-sandbox limits under Delegate=yes, the
+// watchdog killing a frozen daemon and recovery after it, a daemon started by hand, restart, upgrade, remove and
 // purge.
 //
 // It needs root, systemd-nspawn, debootstrap, dpkg-deb and lintian, and
@@ -37,7 +37,7 @@ const (
 
 	// maxExposure is the systemd-analyze security score recorded in
 	// docs/packaging.md: a unit change that weakens the sandbox fails here.
-	maxExposure = 1.8
+	maxExposure = 2.0
 
 	// aptTimeout bounds one apt-get run in the container.
 	aptTimeout = 3 * time.Minute
@@ -90,6 +90,9 @@ func TestDebianPackageOnSystemd(t *testing.T) {
 
 	step("READY and STATUS")
 	checkNotify(t, c)
+
+	step("per-sandbox limits")
+	checkLimits(t, c)
 
 	step("watchdog and recovery")
 	kept := checkWatchdog(t, c)
