@@ -349,3 +349,40 @@ func (b *Backend) LimitsInForce() map[string]string {
 		"syscalls":   "seccomp",
 	}
 }
+
+// Close is for a daemon that stops: it stops every sandbox's init (they
+// would die with the daemon anyway), removes every sandbox cgroup and
+// unmounts every sandbox's disk, so a stopped daemon leaves nothing on the
+// host but its state directory. The sandboxes' files stay; a daemon started
+// on the same directory re-adopts them (mounting their disks and making
+// their groups again). The backend must not be used afterwards.
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	boxes := make([]*sandbox, 0, len(b.sandboxes))
+	for _, sb := range b.sandboxes {
+		boxes = append(boxes, sb)
+	}
+	b.mu.Unlock()
+	for _, sb := range boxes {
+		sb.cancelAll()
+		b.killInit(sb)
+	}
+	var errs []error
+	if b.cfg.Cgroups != nil {
+		names, err := b.cfg.Cgroups.List()
+		errs = append(errs, err)
+		ctx, cancel := context.WithTimeout(context.Background(), cgroupWait)
+		defer cancel()
+		for _, name := range names {
+			errs = append(errs, b.cfg.Cgroups.Remove(ctx, name))
+		}
+	}
+	if b.cfg.DiskCaps {
+		ids, err := b.List(context.Background())
+		errs = append(errs, err)
+		for _, id := range ids {
+			errs = append(errs, unmountDisk(b.sandboxDir(id)))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -188,7 +188,21 @@ func TestCgroupLifecycle(t *testing.T) {
 	if _, err := m.Open(kept); err != nil {
 		t.Errorf("the re-adopted sandbox has no cgroup: %v", err)
 	}
-	if err := b2.Destroy(context.Background(), kept); err != nil {
+	// A daemon that stops leaves no group behind; the sandbox stays.
+	if err := b2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if names, _ := m.List(); len(names) != 0 {
+		t.Errorf("groups left after Close: %v", names)
+	}
+	b3, err := New(Config{Dir: dir, SandboxUID: -1, SandboxGID: -1, Cgroups: m, Limits: lim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out := runOK(t, b3, kept, "echo again"); out != "again\n" {
+		t.Errorf("after Close and a new start: %q", out)
+	}
+	if err := b3.Destroy(context.Background(), kept); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -283,7 +297,20 @@ func TestDiskCap(t *testing.T) {
 			if got := runOK(t, b2, id, "rm /workspace/fill; cat /workspace/kept; dd if=/dev/zero of=/workspace/f bs=1M count=4 2>/dev/null && echo wrote"); got != "kept\nwrote\n" {
 				t.Errorf("after a remount: %q", got)
 			}
-			if err := b2.Destroy(context.Background(), id); err != nil {
+			if err := b2.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if mounted, _ := disk.Mounted(sb.dataDir()); mounted {
+				t.Error("Close left the sandbox's disk mounted")
+			}
+			b3, err := New(Config{Dir: dir, SandboxUID: mode.uid, SandboxGID: mode.uid, DiskCaps: true, Limits: lim})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := runOK(t, b3, id, "cat /workspace/kept"); got != "kept\n" {
+				t.Errorf("after Close and a new start: %q", got)
+			}
+			if err := b3.Destroy(context.Background(), id); err != nil {
 				t.Fatal(err)
 			}
 			if mounted, _ := disk.Mounted(sb.dataDir()); mounted {
