@@ -251,10 +251,8 @@ func cgroupMounts(mountInfo string) map[string]bool {
 // enforcement is what the daemon can use to enforce [limits] on this host,
 // for the bwrap backend.
 type enforcement struct {
-	cgroups *cgroup.Manager
-	// cgroupsHow says where the sandbox cgroups are, for the log.
-	cgroupsHow string
-	diskCaps   bool
+	cgroups  *cgroup.Manager
+	diskCaps bool
 }
 
 // release removes the manager's base directories when nothing is left in
@@ -274,18 +272,17 @@ func (e *enforcement) release(log hclog.Logger) {
 // newCgroups makes the cgroup manager for serve, by limits.cgroups:
 // auto warns and returns nil when the host cannot give sandboxes cgroups,
 // required returns the error, off does not try.
-func newCgroups(h host, lim LimitsSection, stateDir string, log hclog.Logger) (*cgroup.Manager, string, error) {
+func newCgroups(h host, lim LimitsSection, stateDir string, log hclog.Logger) (*cgroup.Manager, error) {
 	if lim.Cgroups == enforceOff {
 		log.Info("per-sandbox memory, pids and CPU limits are off (limits.cgroups = off)")
-		return nil, "", nil
+		return nil, nil
 	}
 	cands, why := placements(h, stateDir)
 	for _, p := range cands {
 		m, err := tryPlacement(h, p)
 		if err == nil {
-			how := fmt.Sprintf("%s, %s: %s", m.Version(), p.what, strings.Join(m.Dirs(), " "))
 			log.Info("sandbox cgroups", "version", m.Version().String(), "placement", p.what, "dirs", strings.Join(m.Dirs(), " "))
-			return m, how, nil
+			return m, nil
 		}
 		why = append(why, p.what+": "+err.Error())
 	}
@@ -293,10 +290,10 @@ func newCgroups(h host, lim LimitsSection, stateDir string, log hclog.Logger) (*
 		"Run it as root, or as a systemd service with Delegate=yes (the packaged sandbox-sidecar.service has it) on a host whose cgroup v2 has the memory, pids and cpu controllers; "+
 		"or set limits.cgroups = \"off\"", strings.Join(why, "; "))
 	if lim.Cgroups == enforceRequired {
-		return nil, "", errors.New(msg + " (limits.cgroups = required)")
+		return nil, errors.New(msg + " (limits.cgroups = required)")
 	}
 	log.Warn(msg)
-	return nil, "", nil
+	return nil, nil
 }
 
 // tryPlacement makes a manager at p.
@@ -393,7 +390,7 @@ func setupEnforcement(h host, cfg Config, log hclog.Logger) (*enforcement, error
 		return e, nil
 	}
 	var err error
-	if e.cgroups, e.cgroupsHow, err = newCgroups(h, cfg.Limits, cfg.Server.StateDir, log); err != nil {
+	if e.cgroups, err = newCgroups(h, cfg.Limits, cfg.Server.StateDir, log); err != nil {
 		return nil, err
 	}
 	if e.diskCaps, err = useDiskCaps(h, cfg.Limits, log); err != nil {

@@ -197,9 +197,9 @@ func TestRootCgroupsPerStateDir(t *testing.T) {
 	mk := func(stateDir string) *cgroup.Manager {
 		lim := defaultConfig().Limits
 		lim.Cgroups = enforceRequired
-		m, how, err := newCgroups(h, lim, stateDir, hclog.NewNullLogger())
+		m, err := newCgroups(h, lim, stateDir, hclog.NewNullLogger())
 		require.NoError(t, err)
-		t.Logf("%s", how)
+		t.Logf("%s: %s", m.Version(), strings.Join(m.Dirs(), " "))
 		for _, d := range m.Dirs() {
 			assert.Equal(t, cgroupBase(stateDir), filepath.Base(d))
 			assert.DirExists(t, d)
