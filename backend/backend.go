@@ -63,8 +63,9 @@ type Backend interface {
 // LimitReporter is implemented by backends that enforce per-sandbox
 // limits. LimitsInForce names, for each limit ("memory", "pids", "cpu",
 // "disk", "open_files", "file_size", "syscalls"), the mechanism enforcing
-// it on this host ("cgroup v2", "rlimit", "seccomp", "microvm", ...) or
-// "off" when it is not enforced; health reports it.
+// it on this host ("cgroup v2", "rlimit", "seccomp", "microvm", ...),
+// "off" when it is not enforced, or "none" when it could be but the daemon
+// is configured without that limit; health reports it.
 type LimitReporter interface {
 	LimitsInForce() map[string]string
 }
