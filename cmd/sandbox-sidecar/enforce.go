@@ -255,11 +255,19 @@ type enforcement struct {
 	diskCaps bool
 }
 
-// release removes the manager's base directories when nothing is left in
-// them (expiring sandboxes stay for the next start).
+// release removes the sandbox cgroups no process is left in (the next
+// start makes new ones for the sandboxes it re-adopts), then the manager's
+// base directories when nothing is left in them. It never kills anything:
+// rmdir fails on a cgroup that holds a process.
 func (e *enforcement) release(log hclog.Logger) {
 	if e == nil || e.cgroups == nil {
 		return
+	}
+	names, _ := e.cgroups.List()
+	for _, base := range e.cgroups.Dirs() {
+		for _, name := range names {
+			_ = unix.Rmdir(filepath.Join(base, name))
+		}
 	}
 	for _, d := range e.cgroups.Dirs() {
 		err := unix.Rmdir(d)

@@ -220,12 +220,19 @@ func TestRootCgroupsPerStateDir(t *testing.T) {
 	assert.Equal(t, []string{"sc-enforcetest"}, la)
 	assert.Empty(t, lb, "another state directory's daemon sees none of them")
 
-	// A base still holding a sandbox stays; an empty one goes.
+	// A sandbox cgroup with a process stays, and so does its base; an
+	// empty one goes (a re-adopted sandbox gets a new one).
+	sleeper := exec.Command("sleep", "60")
+	require.NoError(t, sleeper.Start())
+	defer sleeper.Process.Kill()
+	require.NoError(t, cg.Add(sleeper.Process.Pid))
 	ea.release(hclog.NewNullLogger())
-	for _, d := range a.Dirs() {
+	for _, d := range cg.Dirs() {
 		assert.DirExists(t, d)
 	}
-	require.NoError(t, cg.Destroy(t.Context()))
+	sleeper.Process.Kill()
+	sleeper.Wait()
+	require.Eventually(t, func() bool { pids, err := cg.PIDs(); return err == nil && len(pids) == 0 }, 5*time.Second, 10*time.Millisecond)
 	ea.release(hclog.NewNullLogger())
 	eb.release(hclog.NewNullLogger())
 	for _, d := range append(a.Dirs(), b.Dirs()...) {
