@@ -328,10 +328,10 @@ func (b *Backend) LimitsInForce() map[string]string {
 	l := b.cfg.Limits
 	mech := func(configured bool, on bool, how string) string {
 		switch {
-		case !on:
-			return "off"
 		case !configured:
 			return "none"
+		case !on:
+			return "off"
 		}
 		return how
 	}

@@ -244,12 +244,15 @@ func TestSpecResources(t *testing.T) {
 	}
 
 	// Without cgroups nothing can be asked for, and health says so.
-	plain := newTestBackend(t, daemonUID)
+	plain := newTestBackend(t, daemonUID, func(c *Config) { c.Limits = limits.Defaults() })
 	if _, err := plain.Create(context.Background(), "refused", backend.Spec{Resources: backend.Resources{MemoryBytes: 64 << 20}}); !errors.Is(err, backend.ErrSpecUnenforceable) {
 		t.Errorf("a memory limit without cgroups: %v", err)
 	}
 	if got := plain.LimitsInForce()["memory"]; got != "off" {
 		t.Errorf("LimitsInForce memory without cgroups = %q", got)
+	}
+	if got := newTestBackend(t, daemonUID).LimitsInForce()["disk"]; got != "none" {
+		t.Errorf("LimitsInForce disk without a configured cap = %q, want none", got)
 	}
 	if got := b.LimitsInForce()["memory"]; !strings.HasPrefix(got, "cgroup v") {
 		t.Errorf("LimitsInForce memory with cgroups = %q", got)

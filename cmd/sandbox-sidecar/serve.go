@@ -213,6 +213,14 @@ func serve(cfg Config, stderr io.Writer) error {
 		notifyStatus(log, "failed to start: "+err.Error())
 		return &exitError{code: 1}
 	}
+	// Sandbox disks are mounted in a namespace of the daemon's own, so
+	// they never outlive it (see enterPrivateMounts). First of all: it
+	// replaces the process.
+	if os.Geteuid() == 0 && cfg.Server.Backend == "bwrap" && cfg.Limits.DiskCaps != enforceOff && cfg.Limits.Disk > 0 {
+		if err := enterPrivateMounts(); err != nil {
+			log.Warn("sandbox disks will be mounted in the host's mount namespace, where a daemon that dies leaves them mounted until it is started again", "error", err)
+		}
+	}
 
 	socketGID := -1
 	switch {
@@ -370,6 +378,14 @@ func serve(cfg Config, stderr io.Writer) error {
 	}
 	if err := mgr.Close(ctx); err != nil {
 		log.Error("some sandboxes could not be destroyed; the next start sweeps them", "error", err)
+	}
+	// What the backend holds on the host for the sandboxes that stay (the
+	// bwrap backend: their inits, cgroups and disk mounts); the next start
+	// re-adopts them from their files.
+	if c, ok := be.(interface{ Close() error }); ok {
+		if err := c.Close(); err != nil {
+			log.Warn("the backend did not release everything it held for the sandboxes that stay; the next start cleans up", "error", err)
+		}
 	}
 	log.Info("stopped")
 	if exit != 0 {
