@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -126,4 +127,57 @@ func TestResourcesOverTheWire(t *testing.T) {
 	}
 	assert.Empty(t, call(t, c, ipc.OpList, nil)["sandboxes"], "no refused create left anything")
 	assert.Empty(t, d.workspaces(t))
+}
+
+// mountsUnder counts the mounts below dir listed in a mountinfo-style file
+// (/proc/self/mounts, /proc/<pid>/mounts).
+func mountsUnder(t *testing.T, mounts, dir string) int {
+	t.Helper()
+	b, err := os.ReadFile(mounts)
+	require.NoError(t, err)
+	n := 0
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 1 && strings.HasPrefix(f[1], dir+"/") {
+			n++
+		}
+	}
+	return n
+}
+
+// A root daemon's sandbox disks live in its own mount namespace: the host
+// never sees them, a daemon killed with -9 leaves none behind, and a
+// restart mounts them again with the files intact.
+func TestSandboxDisksNeverOutliveTheDaemon(t *testing.T) {
+	d := startDaemon(t, "", "--limit-disk", "67108864")
+	c := d.client(t)
+	limits := call(t, c, ipc.OpHealth, nil)["limits"].(map[string]any)
+	if limits["disk"] != "ext4 image" {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("disk caps are not in force (health: %v), and CI=true forbids skipping", limits)
+		}
+		t.Skipf("disk caps are not in force here (health: %v)", limits)
+	}
+	id := create(t, c, map[string]any{"ttl_s": 600})
+	res := runWhy(t, c, id, `echo kept > /workspace/f; df -k /workspace | tail -1`, 30)
+	require.Equal(t, 0, res.ExitCode)
+	pid := d.cmd.Process.Pid
+	assert.Equal(t, 1, mountsUnder(t, fmt.Sprintf("/proc/%d/mounts", pid), d.stateDir), "the daemon sees its sandbox's disk")
+	assert.Zero(t, mountsUnder(t, "/proc/self/mounts", d.stateDir), "the host does not")
+
+	c.Close()
+	d.kill9()
+	assert.Zero(t, mountsUnder(t, "/proc/self/mounts", d.stateDir), "nothing stays mounted after kill -9")
+	d.restart()
+	c = d.client(t)
+	defer c.Close()
+	var out struct {
+		Stdout []byte `msgpack:"stdout"`
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	require.NoError(t, c.Call(ctx, ipc.OpRunCommand, map[string]any{"sandbox": id, "command": "cat /workspace/f", "timeout_s": 30}, &out))
+	assert.Equal(t, "kept\n", string(out.Stdout), "the re-adopted sandbox's disk is mounted again with its files")
+	call(t, c, ipc.OpDestroy, map[string]any{"sandbox": id})
+	_, err := os.Stat(filepath.Join(d.stateDir, "bwrap", id))
+	assert.True(t, os.IsNotExist(err), "destroy removed the sandbox and its image: %v", err)
 }
