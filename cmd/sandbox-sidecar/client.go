@@ -237,16 +237,49 @@ func envArg(e envFlag) map[string]any {
 	return m
 }
 
+// resourceFlags are a sandbox's limits below the daemon's (create's
+// resources); zero leaves the daemon's.
+type resourceFlags struct {
+	memory, pids, disk int64
+	cpus               float64
+}
+
+func (r *resourceFlags) register(fs *flag.FlagSet) {
+	fs.Int64Var(&r.memory, "memory", 0, "the sandbox's memory in bytes, at most the daemon's (0: the daemon's)")
+	fs.Float64Var(&r.cpus, "cpus", 0, "the sandbox's CPU quota in cores, at most the daemon's (0: the daemon's)")
+	fs.Int64Var(&r.pids, "pids", 0, "the sandbox's processes and threads, at most the daemon's (0: the daemon's)")
+	fs.Int64Var(&r.disk, "disk", 0, "bytes the sandbox's /workspace and /tmp may hold, at most the daemon's (0: the daemon's)")
+}
+
+// arg is create's resources argument, or nil when nothing was asked for.
+func (r *resourceFlags) arg() map[string]any {
+	m := map[string]any{}
+	for k, v := range map[string]int64{"memory_bytes": r.memory, "pids": r.pids, "disk_bytes": r.disk} {
+		if v != 0 {
+			m[k] = v
+		}
+	}
+	if r.cpus != 0 {
+		m["cpus"] = r.cpus
+	}
+	if len(m) == 0 {
+		return nil
+	}
+	return m
+}
+
 func runCreate(args []string, stdout, stderr io.Writer) error {
 	var cf clientFlags
 	var ttl time.Duration
 	var owner string
+	var res resourceFlags
 	env := envFlag{}
-	fs := newFlags("create", "[--ttl 1h] [--owner DAG_ID/RUN_ID] [--env K=V]", stderr)
+	fs := newFlags("create", "[--ttl 1h] [--owner DAG_ID/RUN_ID] [--env K=V] [--memory BYTES] [--cpus N] [--pids N] [--disk BYTES]", stderr)
 	cf.register(fs, 10*time.Minute)
 	fs.DurationVar(&ttl, "ttl", time.Hour, "how long the sandbox lives (capped by the daemon's --max-lifetime)")
 	fs.StringVar(&owner, "owner", "", "Airflow run that owns the sandbox (\"<dag_id>/<run_id>\")")
 	fs.Var(env, "env", "environment variable for every command (repeatable)")
+	res.register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -263,13 +296,17 @@ func runCreate(args []string, stdout, stderr io.Writer) error {
 	if owner != "" {
 		spec["owner"] = owner
 	}
-	var res struct {
+	createArgs := map[string]any{"spec": spec, "ttl_s": ttl.Seconds()}
+	if r := res.arg(); r != nil {
+		createArgs["resources"] = r
+	}
+	var created struct {
 		Sandbox string `msgpack:"sandbox"`
 	}
-	if err := cl.Call(ctx, ipc.OpCreate, map[string]any{"spec": spec, "ttl_s": ttl.Seconds()}, &res); err != nil {
+	if err := cl.Call(ctx, ipc.OpCreate, createArgs, &created); err != nil {
 		return err
 	}
-	fmt.Fprintln(stdout, res.Sandbox)
+	fmt.Fprintln(stdout, created.Sandbox)
 	return nil
 }
 
@@ -281,6 +318,7 @@ type execResult struct {
 	StdoutTruncated   bool    `msgpack:"stdout_truncated"`
 	StderrTruncated   bool    `msgpack:"stderr_truncated"`
 	SandboxTerminated bool    `msgpack:"sandbox_terminated"`
+	OOMKilled         bool    `msgpack:"oom_killed"`
 	AppliedTimeoutS   float64 `msgpack:"applied_timeout_s"`
 	DurationS         float64 `msgpack:"duration_s"`
 }
@@ -291,6 +329,7 @@ func runExec(args []string, stdout, stderr io.Writer) error {
 	var cmdTimeout time.Duration
 	var maxOut int
 	var stdin bool
+	var resources resourceFlags
 	env := envFlag{}
 	fs := newFlags("exec", "[--sandbox ID] [flags] -- COMMAND [ARG...]   (or --sh 'shell string')", stderr)
 	cf.register(fs, 0)
@@ -301,10 +340,14 @@ func runExec(args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&maxOut, "max-output-bytes", 1<<20, "per-stream output cap (the tail is kept)")
 	fs.BoolVar(&stdin, "stdin", false, "send this process's stdin to the command")
 	fs.Var(env, "env", "environment variable for the command (repeatable)")
+	resources.register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	argv := fs.Args()
+	if sandbox != "" && resources.arg() != nil {
+		return &exitError{code: 2, err: errors.New("--memory, --cpus, --pids and --disk size a throwaway sandbox; give them to create instead of --sandbox")}
+	}
 	if (shell == "") == (len(argv) == 0) {
 		return &exitError{code: 2, err: errors.New("give a command after --, or --sh 'string' (not both)")}
 	}
@@ -321,7 +364,11 @@ func runExec(args []string, stdout, stderr io.Writer) error {
 		var res struct {
 			Sandbox string `msgpack:"sandbox"`
 		}
-		if err := cl.Call(ctx, ipc.OpCreate, nil, &res); err != nil {
+		var createArgs map[string]any
+		if r := resources.arg(); r != nil {
+			createArgs = map[string]any{"resources": r}
+		}
+		if err := cl.Call(ctx, ipc.OpCreate, createArgs, &res); err != nil {
 			return err
 		}
 		sandbox = res.Sandbox
@@ -354,6 +401,8 @@ func runExec(args []string, stdout, stderr io.Writer) error {
 		return &exitError{code: 125, err: errors.New("the sandbox was terminated; create a new one")}
 	case res.TimedOut:
 		return &exitError{code: 124, err: fmt.Errorf("timed out after %.3gs", res.AppliedTimeoutS)}
+	case res.OOMKilled:
+		return &exitError{code: res.ExitCode, err: errors.New("killed: the sandbox reached its memory limit (oom_killed)")}
 	}
 	if res.StdoutTruncated || res.StderrTruncated {
 		fmt.Fprintf(stderr, "sandbox-sidecar exec: output truncated to the last %d bytes per stream\n", maxOut)

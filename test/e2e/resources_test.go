@@ -181,3 +181,18 @@ func TestSandboxDisksNeverOutliveTheDaemon(t *testing.T) {
 	_, err := os.Stat(filepath.Join(d.stateDir, "bwrap", id))
 	assert.True(t, os.IsNotExist(err), "destroy removed the sandbox and its image: %v", err)
 }
+
+func TestCLIResourcesAndOOMKill(t *testing.T) {
+	d := startDaemon(t, "")
+	c := d.client(t)
+	requireMemoryLimit(t, c)
+	c.Close()
+	_, stderr, code := d.cli(t, "exec", "--memory", "67108864", "--sh", balloon)
+	assert.Equal(t, 137, code, "exec exits with the command's 137")
+	assert.Contains(t, stderr, "oom_killed", "and says why")
+	_, stderr, code = d.cli(t, "create", "--memory", "1099511627776000")
+	assert.NotEqual(t, 0, code)
+	assert.Contains(t, stderr, "exceeds the daemon's maximum", "a sandbox larger than the daemon allows is refused")
+	_, stderr, code = d.cli(t, "exec", "--sandbox", "sc-0000000000000000", "--pids", "16", "--", "true")
+	assert.Equal(t, 2, code, "resources size a throwaway sandbox only: %s", stderr)
+}
