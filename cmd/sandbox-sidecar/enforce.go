@@ -308,18 +308,7 @@ func newCgroups(h host, lim LimitsSection, stateDir string, log hclog.Logger) (*
 func tryPlacement(h host, p placement) (*cgroup.Manager, error) {
 	opts := p.opts
 	if p.prepare {
-		// Prepare moves the daemon into a leaf of its cgroup, and New places
-		// the sandboxes relative to the daemon's cgroup: give New the one
-		// from before the move.
-		before, err := snapshot(h.selfCgroup)
-		if err != nil {
-			return nil, err
-		}
-		defer before.Close()
-		opts.SelfCgroup = fmt.Sprintf("/proc/self/fd/%d", before.Fd())
-		if err := cgroup.Prepare(p.opts, supervisorLeaf); err != nil {
-			return nil, err
-		}
+		opts.SupervisorLeaf = supervisorLeaf
 	}
 	m, err := cgroup.New(opts)
 	if err != nil {
@@ -338,28 +327,6 @@ func tryPlacement(h host, p placement) (*cgroup.Manager, error) {
 		}
 	}
 	return m, nil
-}
-
-// snapshot copies /proc/self/cgroup (or the file given) into an anonymous
-// memory file.
-func snapshot(selfCgroup string) (*os.File, error) {
-	if selfCgroup == "" {
-		selfCgroup = "/proc/self/cgroup"
-	}
-	b, err := os.ReadFile(selfCgroup)
-	if err != nil {
-		return nil, err
-	}
-	fd, err := unix.MemfdCreate("self-cgroup", unix.MFD_CLOEXEC)
-	if err != nil {
-		return nil, fmt.Errorf("memfd: %w", err)
-	}
-	f := os.NewFile(uintptr(fd), "self-cgroup")
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return nil, err
-	}
-	return f, nil
 }
 
 // useDiskCaps decides, by limits.disk_caps, whether sandboxes get a

@@ -14,7 +14,8 @@
 //
 // It owns only the directories it creates under its base (named by the
 // caller, e.g. "sandbox-sidecar"), never moves a process it was not handed
-// (except the daemon itself, once, in Prepare for a delegated v2 subtree),
+// (except the daemon itself, once, into Options.SupervisorLeaf of a
+// delegated v2 subtree),
 // and knows nothing of bubblewrap or the daemon.
 package cgroup
 
@@ -114,6 +115,12 @@ type Options struct {
 	UnderRoot bool
 	// Force selects a version instead of detecting it (tests).
 	Force Version
+	// SupervisorLeaf, for the delegated layout on cgroup v2 (not
+	// UnderRoot; systemd's Delegate=yes), names a leaf of the daemon's own
+	// cgroup that New first moves the daemon's processes into: a v2 cgroup
+	// that holds processes cannot also enable controllers for its children.
+	// Give it only in the daemon, whose cgroup is its own.
+	SupervisorLeaf string
 
 	// Paths, injectable for tests: where /proc/self/mountinfo and
 	// /proc/self/cgroup are read from.
@@ -170,11 +177,14 @@ type layout struct {
 }
 
 // New finds a usable hierarchy and creates the base directory in it. It
-// never moves the daemon: for a delegated v2 subtree whose cgroup holds the
-// daemon itself, call Prepare first.
+// moves no process, except the daemon's own into opts.SupervisorLeaf when
+// that is given for a delegated v2 subtree.
 func New(opts Options) (*Manager, error) {
 	if !validName.MatchString(opts.Base) {
 		return nil, fmt.Errorf("cgroup base %q must be a plain name (letters, digits, '.', '_', '-')", opts.Base)
+	}
+	if opts.SupervisorLeaf != "" && (!validName.MatchString(opts.SupervisorLeaf) || opts.SupervisorLeaf == opts.Base) {
+		return nil, fmt.Errorf("cgroup leaf %q must be a plain name other than the base's", opts.SupervisorLeaf)
 	}
 	lay, err := readLayout(opts)
 	if err != nil {
@@ -183,6 +193,11 @@ func New(opts Options) (*Manager, error) {
 	m, err := plan(lay, opts)
 	if err != nil {
 		return nil, err
+	}
+	if m.version == V2 && opts.SupervisorLeaf != "" && !opts.UnderRoot && lay.own[""] != "/" {
+		if err := m.moveSupervisor(opts.SupervisorLeaf); err != nil {
+			return nil, err
+		}
 	}
 	if m.version == V2 {
 		if err := m.prepareV2Base(); err != nil {
@@ -413,29 +428,15 @@ func readControllers(p string) []string {
 	return strings.Fields(string(b))
 }
 
-// Prepare readies a delegated v2 subtree (systemd Delegate=yes): a cgroup
-// that holds processes cannot also enable controllers for children, so the
-// daemon's own processes move into a leaf named supervisorLeaf first. It does
-// nothing on v1, or when the daemon's cgroup is the root. Call it once at
-// start-up, before New, and only in the daemon.
-func Prepare(opts Options, supervisorLeaf string) error {
-	if !validName.MatchString(supervisorLeaf) {
-		return fmt.Errorf("cgroup leaf %q must be a plain name", supervisorLeaf)
-	}
-	lay, err := readLayout(opts)
-	if err != nil {
-		return err
-	}
-	m, err := plan(lay, opts)
-	if err != nil || m.version != V2 || opts.UnderRoot || lay.own[""] == "/" {
-		return err
-	}
+// moveSupervisor moves every process of the daemon's own cgroup (the
+// base's parent) into its leaf, so the parent may enable controllers.
+func (m *Manager) moveSupervisor(leafName string) error {
 	own := filepath.Dir(m.v2Base)
 	procs, err := readPIDs(filepath.Join(own, "cgroup.procs"))
 	if err != nil || len(procs) == 0 {
 		return err
 	}
-	leaf := filepath.Join(own, supervisorLeaf)
+	leaf := filepath.Join(own, leafName)
 	if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 		return fmt.Errorf("%w: cannot create %s: %v; is the service started with Delegate=yes?", ErrUnavailable, leaf, err)
 	}
@@ -456,7 +457,7 @@ func (m *Manager) prepareV2Base() error {
 		enable = "+" + strings.Join(m.controllers, " +")
 	}
 	if err := m.enable(parent, enable); err != nil {
-		return fmt.Errorf("%w: cannot enable %s in %s: %v; the cgroup must be delegated to the daemon (systemd Delegate=yes) and hold no processes itself (see Prepare)",
+		return fmt.Errorf("%w: cannot enable %s in %s: %v; the cgroup must be delegated to the daemon (systemd Delegate=yes) and hold no processes itself (see Options.SupervisorLeaf)",
 			ErrUnavailable, enable, parent, err)
 	}
 	if err := os.Mkdir(m.v2Base, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {

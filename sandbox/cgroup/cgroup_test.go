@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -409,4 +410,35 @@ func TestRealV2Mechanics(t *testing.T) {
 func TestV1HasNoFD(t *testing.T) {
 	_, err := (&Cgroup{version: V1}).FD()
 	require.ErrorIs(t, err, ErrUnavailable)
+}
+
+// The delegated layout: the daemon's own v2 cgroup (systemd's, for the
+// service) holds the daemon; New moves it into the supervisor leaf and puts
+// the base beside that leaf, not inside it. cgroupfs is played by a
+// directory whose control files exist beforehand.
+func TestNewDelegatedMovesTheDaemonAndPutsTheBaseBesideIt(t *testing.T) {
+	root := t.TempDir()
+	svc := filepath.Join(root, "system.slice", "sandbox-sidecar.service")
+	for _, d := range []string{svc, filepath.Join(svc, "supervisor"), filepath.Join(svc, "sandboxes")} {
+		require.NoError(t, os.MkdirAll(d, 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(d, "cgroup.subtree_control"), nil, 0o644))
+		require.NoError(t, os.WriteFile(filepath.Join(d, "cgroup.procs"), nil, 0o644))
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(svc, "cgroup.controllers"), []byte("cpu memory pids\n"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(svc, "cgroup.procs"), []byte("4242\n"), 0o644))
+	mi := filepath.Join(t.TempDir(), "mountinfo")
+	require.NoError(t, os.WriteFile(mi, []byte("35 23 0:27 / "+root+" rw,nosuid shared:11 - cgroup2 cgroup2 rw,nsdelegate\n"), 0o644))
+	self := filepath.Join(t.TempDir(), "cgroup")
+	require.NoError(t, os.WriteFile(self, []byte("0::/system.slice/sandbox-sidecar.service\n"), 0o644))
+
+	m, err := New(Options{Base: "sandboxes", SupervisorLeaf: "supervisor", MountInfo: mi, SelfCgroup: self})
+	require.NoError(t, err)
+	assert.Equal(t, []string{filepath.Join(svc, "sandboxes")}, m.Dirs(), "the base is beside the supervisor leaf")
+	moved, _ := os.ReadFile(filepath.Join(svc, "supervisor", "cgroup.procs"))
+	assert.Equal(t, "4242", string(moved), "the daemon's process moved into the leaf")
+	enabled, _ := os.ReadFile(filepath.Join(svc, "cgroup.subtree_control"))
+	assert.Equal(t, "+memory +pids +cpu", string(enabled), "controllers enabled for the service's children")
+
+	_, err = New(Options{Base: "sandboxes", SupervisorLeaf: "sandboxes", MountInfo: mi, SelfCgroup: self})
+	assert.Error(t, err, "the leaf cannot be the base")
 }
