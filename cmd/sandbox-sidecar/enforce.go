@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -12,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
@@ -178,72 +178,46 @@ func ownV2Cgroup(selfCgroup string) (string, error) {
 	return "", errors.New("no cgroup v2 entry")
 }
 
-// v2Dir maps a cgroup v2 path to its directory, through the cgroup2 mount
-// of mountinfo.
-func v2Dir(mountInfo, cgPath string) (string, error) {
+// cgroupMountInfo reads the cgroup and cgroup2 mounts of mountinfo
+// (/proc/self/mountinfo when empty).
+func cgroupMountInfo(mountInfo string) ([]*mountinfo.Info, error) {
 	if mountInfo == "" {
 		mountInfo = "/proc/self/mountinfo"
 	}
 	f, err := os.Open(mountInfo)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		before, after, ok := strings.Cut(sc.Text(), " - ")
-		fields, fstype := strings.Fields(before), strings.Fields(after)
-		if !ok || len(fields) < 5 || len(fstype) < 1 || fstype[0] != "cgroup2" {
+	return mountinfo.GetMountsFromReader(f, mountinfo.FSTypeFilter("cgroup", "cgroup2"))
+}
+
+// v2Dir maps a cgroup v2 path to its directory, through the cgroup2 mount
+// of mountinfo.
+func v2Dir(mountInfo, cgPath string) (string, error) {
+	mounts, err := cgroupMountInfo(mountInfo)
+	if err != nil {
+		return "", err
+	}
+	for _, m := range mounts {
+		if m.FSType != "cgroup2" {
 			continue
 		}
-		rel, err := filepath.Rel(unescapeOctal(fields[3]), cgPath)
+		rel, err := filepath.Rel(m.Root, cgPath)
 		if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
 			continue
 		}
-		return filepath.Join(unescapeOctal(fields[4]), rel), nil
-	}
-	if err := sc.Err(); err != nil {
-		return "", err
+		return filepath.Join(m.Mountpoint, rel), nil
 	}
 	return "", fmt.Errorf("cgroup %s is not under any cgroup2 mount", cgPath)
 }
 
-// unescapeOctal undoes mountinfo's escapes (\040 for a space).
-func unescapeOctal(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
 // cgroupMounts lists the mount points of every cgroup hierarchy.
 func cgroupMounts(mountInfo string) map[string]bool {
-	if mountInfo == "" {
-		mountInfo = "/proc/self/mountinfo"
-	}
 	out := map[string]bool{}
-	b, err := os.ReadFile(mountInfo)
-	if err != nil {
-		return out
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		before, after, ok := strings.Cut(line, " - ")
-		fields, fstype := strings.Fields(before), strings.Fields(after)
-		if ok && len(fields) >= 5 && len(fstype) >= 1 && (fstype[0] == "cgroup" || fstype[0] == "cgroup2") {
-			out[unescapeOctal(fields[4])] = true
-		}
+	mounts, _ := cgroupMountInfo(mountInfo)
+	for _, m := range mounts {
+		out[m.Mountpoint] = true
 	}
 	return out
 }

@@ -36,6 +36,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
@@ -334,66 +335,34 @@ func parseMountInfo(p string) ([]mount, error) {
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	defer f.Close()
-	var out []mount
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		if mt, ok := parseMountLine(sc.Text()); ok {
-			out = append(out, mt)
-		}
+	infos, err := mountinfo.GetMountsFromReader(f, mountinfo.FSTypeFilter("cgroup", "cgroup2"))
+	if err != nil {
+		return nil, fmt.Errorf("%w: read %s: %v", ErrUnavailable, p, err)
 	}
-	return out, sc.Err()
+	out := make([]mount, 0, len(infos))
+	for _, info := range infos {
+		out = append(out, mountOf(info))
+	}
+	return out, nil
 }
 
-// parseMountLine reads one line of mountinfo:
-// "36 25 0:32 / /sys/fs/cgroup/memory rw,relatime shared:15 - cgroup cgroup rw,memory".
-func parseMountLine(line string) (mount, bool) {
-	before, after, ok := strings.Cut(line, " - ")
-	if !ok {
-		return mount{}, false
+// mountOf is one cgroup mount: a v1 hierarchy's controllers are the names
+// among its superblock options ("rw,memory").
+func mountOf(info *mountinfo.Info) mount {
+	mt := mount{root: info.Root, point: info.Mountpoint, v2: info.FSType == "cgroup2"}
+	if mt.v2 {
+		return mt
 	}
-	f := strings.Fields(before)
-	g := strings.Fields(after)
-	if len(f) < 5 || len(g) < 3 {
-		return mount{}, false
-	}
-	mt := mount{root: unescapeMount(f[3]), point: unescapeMount(f[4])}
-	switch g[0] {
-	case "cgroup2":
-		mt.v2 = true
-	case "cgroup":
-		for _, o := range strings.Split(g[2], ",") {
-			switch o {
-			case "rw", "ro", "relatime", "noatime", "nosuid", "nodev", "noexec", "clone_children", "xattr", "nsdelegate":
-			default:
-				if !strings.Contains(o, "=") {
-					mt.controllers = append(mt.controllers, o)
-				}
+	for _, o := range strings.Split(info.VFSOptions, ",") {
+		switch o {
+		case "", "rw", "ro", "relatime", "noatime", "nosuid", "nodev", "noexec", "clone_children", "xattr", "nsdelegate":
+		default:
+			if !strings.Contains(o, "=") {
+				mt.controllers = append(mt.controllers, o)
 			}
 		}
-	default:
-		return mount{}, false
 	}
-	return mt, true
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
+	return mt
 }
 
 // parseSelfCgroup reads /proc/self/cgroup: "4:memory:/a/b", "0::/c".

@@ -35,7 +35,7 @@ func uniqueName(prefix string) string {
 	return prefix + "-" + hex.EncodeToString(b[:])
 }
 
-func TestParseMountLine(t *testing.T) {
+func TestParseMountInfo(t *testing.T) {
 	cases := []struct {
 		line string
 		want mount
@@ -52,13 +52,22 @@ func TestParseMountLine(t *testing.T) {
 		{`31 25 0:27 / /mnt/with\040space rw - cgroup2 cgroup2 rw`,
 			mount{point: "/mnt/with space", root: "/", v2: true}, true},
 		{"22 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw", mount{}, false},
-		{"garbage", mount{}, false},
 	}
 	for _, c := range cases {
-		got, ok := parseMountLine(c.line)
-		require.Equal(t, c.ok, ok, c.line)
-		require.Equal(t, c.want, got, c.line)
+		p := filepath.Join(t.TempDir(), "mountinfo")
+		require.NoError(t, os.WriteFile(p, []byte(c.line+"\n"), 0o644))
+		got, err := parseMountInfo(p)
+		require.NoError(t, err, c.line)
+		if !c.ok {
+			require.Empty(t, got, c.line)
+			continue
+		}
+		require.Equal(t, []mount{c.want}, got, c.line)
 	}
+	p := filepath.Join(t.TempDir(), "mountinfo")
+	require.NoError(t, os.WriteFile(p, []byte("garbage\n"), 0o644))
+	_, err := parseMountInfo(p)
+	require.ErrorIs(t, err, ErrUnavailable, "a mountinfo that is not one is refused")
 }
 
 func TestPlanChoosesTheHierarchy(t *testing.T) {

@@ -15,7 +15,6 @@
 package disk
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -27,6 +26,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
@@ -230,44 +230,21 @@ func Unmount(dir string) error {
 	return nil
 }
 
-// Mounted reports whether a filesystem is mounted exactly on dir, from
-// /proc/self/mountinfo.
+// Mounted reports whether a filesystem is mounted exactly on dir (in this
+// process's mount namespace). A dir that does not exist is not mounted.
 func Mounted(dir string) (bool, error) {
-	clean, err := filepath.Abs(dir)
+	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return false, err
 	}
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	real, err := filepath.EvalSymlinks(abs)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
 	if err != nil {
 		return false, err
 	}
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) > 4 && unescape(f[4]) == clean {
-			return true, nil
-		}
-	}
-	return false, sc.Err()
-}
-
-func unescape(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
+	return mountinfo.Mounted(real)
 }
 
 // Usage is what a mounted cap holds.

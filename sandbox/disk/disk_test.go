@@ -36,9 +36,21 @@ func TestCreateValidates(t *testing.T) {
 	require.True(t, errors.Is(err, os.ErrNotExist))
 }
 
-func TestUnescape(t *testing.T) {
-	require.Equal(t, "/a b", unescape(`/a\040b`))
-	require.Equal(t, `/a\x`, unescape(`/a\x`))
+func TestMounted(t *testing.T) {
+	requireHost(t)
+	dir := filepath.Join(t.TempDir(), "with space")
+	require.NoError(t, os.Mkdir(dir, 0o700))
+	got, err := Mounted(dir)
+	require.NoError(t, err)
+	require.False(t, got, "a plain directory")
+	got, err = Mounted(filepath.Join(dir, "missing"))
+	require.NoError(t, err)
+	require.False(t, got, "a directory that does not exist")
+	require.NoError(t, unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"))
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	got, err = Mounted(dir)
+	require.NoError(t, err)
+	require.True(t, got, "a mount point whose name mountinfo escapes")
 }
 
 // capped makes and mounts a 32 MiB cap with 256 inodes owned by 65534, and
