@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -321,6 +322,51 @@ func TestDiskCap(t *testing.T) {
 			}
 			if _, err := os.Stat(sb.dir); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("destroy left %s: %v", sb.dir, err)
+			}
+		})
+	}
+}
+
+// The cgroup v2 path (production hosts): every bwrap of the sandbox is born
+// in its group, so its cgroup namespace is rooted there. This host's v2
+// hierarchy may have no controllers, so the group carries no limits here;
+// what is checked is the placement, with real bubblewrap, in both uid modes.
+func TestCgroupV2SandboxIsBornInItsGroup(t *testing.T) {
+	if os.Geteuid() != 0 {
+		skipOrFail(t, "sandbox cgroups need root")
+	}
+	m, err := cgroup.New(cgroup.Options{Base: fmt.Sprintf("sandbox-sidecar-test-v2-%d", os.Getpid()), Force: cgroup.V2, UnderRoot: true, Controllers: []string{}})
+	if err != nil {
+		skipOrFail(t, "no cgroup v2 hierarchy: %v", err)
+	}
+	t.Cleanup(func() {
+		for _, d := range m.Dirs() {
+			_ = os.Remove(d)
+		}
+	})
+	for _, mode := range allModes {
+		t.Run(mode.name, func(t *testing.T) {
+			b := newTestBackend(t, mode, func(c *Config) { c.Cgroups = m })
+			id := create(t, b, backend.Spec{})
+			if out := runOK(t, b, id, "grep '^0::' /proc/self/cgroup"); out != "0::/\n" {
+				t.Errorf("inside, the sandbox's v2 cgroup is %q: it was not born in its own group", out)
+			}
+			sb := mustLookup(t, b, id)
+			pids, err := sb.cg.PIDs()
+			if err != nil {
+				t.Fatal(err)
+			}
+			sb.initMu.Lock()
+			bwrapPID := sb.init.cmd.Process.Pid
+			sb.initMu.Unlock()
+			if !slices.Contains(pids, bwrapPID) || len(pids) < 2 {
+				t.Errorf("the group holds %v: want init's bwrap %d and init", pids, bwrapPID)
+			}
+			if err := b.Destroy(context.Background(), id); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := m.Open(id); !errors.Is(err, cgroup.ErrNotFound) {
+				t.Errorf("destroy left the group: %v", err)
 			}
 		})
 	}

@@ -127,14 +127,16 @@ type Options struct {
 	// /proc/self/cgroup are read from.
 	MountInfo, SelfCgroup string
 
-	// controllers replaces requiredControllers (tests on hosts whose v2
-	// hierarchy has none of them).
-	controllers []string
+	// Controllers replaces the controllers every group needs (memory,
+	// pids, cpu) when not nil. Only for tests on hosts whose v2 hierarchy
+	// has none of them: a manager with fewer cannot enforce the limits of
+	// the ones it lacks (Create refuses them).
+	Controllers []string
 }
 
 func (o Options) required() []string {
-	if o.controllers != nil {
-		return o.controllers
+	if o.Controllers != nil {
+		return o.Controllers
 	}
 	return requiredControllers
 }

@@ -372,7 +372,7 @@ func TestRealOpenListRemove(t *testing.T) {
 // hierarchy, whatever controllers it has.
 func TestRealV2Mechanics(t *testing.T) {
 	requireCI(t, os.Geteuid() == 0, "root")
-	m, err := New(Options{Base: uniqueName("sidecar-cgtest-v2"), Force: V2, UnderRoot: true, controllers: []string{}})
+	m, err := New(Options{Base: uniqueName("sidecar-cgtest-v2"), Force: V2, UnderRoot: true, Controllers: []string{}})
 	requireCI(t, err == nil, "a cgroup v2 mount ("+errString(err)+")")
 	t.Cleanup(func() {
 		for _, d := range m.Dirs() {
