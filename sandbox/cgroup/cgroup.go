@@ -507,7 +507,16 @@ func (m *Manager) Create(name string, l Limits) (_ *Cgroup, err error) {
 		}
 	}()
 	for _, d := range c.Dirs() {
-		if err := os.Mkdir(d, 0o755); err == nil {
+		err := os.Mkdir(d, 0o755)
+		if errors.Is(err, fs.ErrNotExist) {
+			// The base is gone (removed behind the daemon's back): make
+			// it again, as New did.
+			if rerr := m.remakeBase(filepath.Dir(d)); rerr != nil {
+				return nil, rerr
+			}
+			err = os.Mkdir(d, 0o755)
+		}
+		if err == nil {
 			made = append(made, d)
 		} else {
 			if errors.Is(err, fs.ErrExist) {
@@ -525,6 +534,17 @@ func (m *Manager) Create(name string, l Limits) (_ *Cgroup, err error) {
 		}
 	}
 	return c, nil
+}
+
+// remakeBase recreates a base directory that disappeared.
+func (m *Manager) remakeBase(base string) error {
+	if m.version == V2 {
+		return m.prepareV2Base()
+	}
+	if err := os.Mkdir(base, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("%w: cannot recreate %s: %v", ErrUnavailable, base, err)
+	}
+	return nil
 }
 
 // Open returns the existing group for name (a restarted daemon finding its

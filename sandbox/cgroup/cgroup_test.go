@@ -451,3 +451,24 @@ func TestNewDelegatedMovesTheDaemonAndPutsTheBaseBesideIt(t *testing.T) {
 	_, err = New(Options{Base: "sandboxes", SupervisorLeaf: "sandboxes", MountInfo: mi, SelfCgroup: self})
 	assert.Error(t, err, "the leaf cannot be the base")
 }
+
+func TestCreateRemakesAVanishedBase(t *testing.T) {
+	requireCI(t, os.Geteuid() == 0, "root")
+	m, err := New(Options{Base: uniqueName("sidecar-cgtest-base"), UnderRoot: true})
+	requireCI(t, err == nil, "cgroups ("+errString(err)+")")
+	t.Cleanup(func() {
+		_ = m.Remove(context.Background(), "g")
+		for _, d := range m.Dirs() {
+			_ = syscall.Rmdir(d)
+		}
+	})
+	for _, d := range m.Dirs() {
+		require.NoError(t, syscall.Rmdir(d))
+	}
+	cg, err := m.Create("g", Limits{PIDs: 16})
+	require.NoError(t, err, "the base is made again")
+	for _, d := range cg.Dirs() {
+		_, err := os.Stat(d)
+		require.NoError(t, err)
+	}
+}
