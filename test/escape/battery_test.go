@@ -159,12 +159,14 @@ func hostFiles(b *battery) {
 	secret := "secret-" + token()
 	require.NoError(t, h.call(ipc.OpWriteFile, map[string]any{"sandbox": other, "path": secret, "data": []byte(secret)}, nil))
 	hostPath := filepath.Join(h.stateDir, "bwrap", other, "work", secret)
-	if _, err := os.Stat(filepath.Join(h.stateDir, "bwrap", other, "vol")); err == nil {
-		// A disk cap: the sandbox's files are on its own filesystem.
+	// The daemon's view of the host: with disk caps the sandbox's files
+	// are on its own filesystem, mounted in the daemon's mount namespace.
+	daemonView := fmt.Sprintf("/proc/%d/root", h.cmd.Process.Pid)
+	if _, err := os.Stat(daemonView + filepath.Join(h.stateDir, "bwrap", other, "vol")); err == nil {
 		hostPath = filepath.Join(h.stateDir, "bwrap", other, "vol", "work", secret)
 	}
-	_, err := os.Stat(hostPath)
-	require.NoError(t, err, "the secret exists on the host at %s", hostPath)
+	_, err := os.Stat(daemonView + hostPath)
+	require.NoError(t, err, "the secret exists on the host at %s (as the daemon sees it)", hostPath)
 	r = h.run(id, fmt.Sprintf("cat %s >/dev/null 2>&1 && echo READ-OTHER; find / -xdev -name %s 2>/dev/null; grep -rl %s /tmp /workspace 2>/dev/null; echo done", hostPath, secret, secret), 60)
 	b.record(g, "read another sandbox's workspace (by its host path, find, grep)", "not visible", r.out(), judge(r.out() == "done"))
 
