@@ -35,11 +35,16 @@ go vet ./...
 echo "== go test -race"
 go test -race -count=1 -timeout 30m ./...
 
-echo "== fuzz every decoder for ${FUZZTIME:=15s} each"
-go test -run '^$' -fuzz '^FuzzDecodeFrame$' -fuzztime "$FUZZTIME" ./ipc
-go test -run '^$' -fuzz '^FuzzClientResponses$' -fuzztime "$FUZZTIME" ./ipc
-go test -run '^$' -fuzz '^FuzzHandle$' -fuzztime "$FUZZTIME" ./service
-go test -run '^$' -fuzz '^FuzzLoadConfig$' -fuzztime "$FUZZTIME" ./cmd/sandbox-sidecar
+# Budgets are execution counts (about 15 s each on an idle 2-core machine),
+# not durations: a -fuzztime duration races Go's fuzzing coordinator against
+# its workers and fails with a bare "context deadline exceeded" on a loaded
+# machine. FUZZTIME (e.g. 5m) overrides them all for a longer run.
+echo "== fuzz every decoder"
+fuzz() { go test -run '^$' -fuzz "^$1\$" -fuzztime "${FUZZTIME:-$2}" "$3"; }
+fuzz FuzzDecodeFrame 300000x ./ipc
+fuzz FuzzClientResponses 80000x ./ipc
+fuzz FuzzHandle 150000x ./service
+fuzz FuzzLoadConfig 40000x ./cmd/sandbox-sidecar
 
 echo "== benchmark tool smoke run (small counts; measurements are 'make bench')"
 mkdir -p bin
