@@ -223,6 +223,25 @@ func benchCommand(o options, rep *report) error {
 	if err != nil {
 		return err
 	}
+	// The same daemon without per-sandbox cgroups, interleaved too: what
+	// a sandbox's cgroup costs each command (placement is per init, the
+	// OOM counter is read around every command).
+	var cPlain *ipc.Client
+	var idPlain string
+	if o.socket == "" {
+		dp, err := startDaemon(o, "--limit-cgroups", "off", "--limit-disk-caps", "off")
+		if err != nil {
+			return err
+		}
+		defer dp.stop()
+		if cPlain, err = dp.client(); err != nil {
+			return err
+		}
+		defer cPlain.Close()
+		if idPlain, err = create(cPlain, map[string]any{"ttl_s": 3600}); err != nil {
+			return err
+		}
+	}
 	dir, err := os.MkdirTemp("", "bench-direct")
 	if err != nil {
 		return err
@@ -238,13 +257,22 @@ func benchCommand(o options, rep *report) error {
 		n = 10
 	}
 	for _, argv := range [][]string{{"/bin/true"}, {"/usr/bin/python3", "-c", "pass"}} {
-		var side, direct []time.Duration
+		var side, plain, direct []time.Duration
 		for i := 0; i < n+3; i++ { // interleaved; the first 3 of each warm up
 			start := time.Now()
 			if _, err := runCmd(c, id, argv); err != nil {
 				return err
 			}
 			s := time.Since(start)
+			if cPlain != nil {
+				start = time.Now()
+				if _, err := runCmd(cPlain, idPlain, argv); err != nil {
+					return err
+				}
+				if i >= 3 {
+					plain = append(plain, time.Since(start))
+				}
+			}
 			start = time.Now()
 			if err := directBwrap(dir, argv); err != nil {
 				return fmt.Errorf("direct bwrap: %w", err)
@@ -258,6 +286,11 @@ func benchCommand(o options, rep *report) error {
 		rep.add("command", fmt.Sprintf("run_command %v via sidecar", argv), map[string]float64{"p50_ms": ms(sp50), "p99_ms": ms(percentile(side, 99))}, "")
 		rep.add("command", fmt.Sprintf("direct bwrap %v", argv), map[string]float64{"p50_ms": ms(dp50), "p99_ms": ms(percentile(direct, 99))}, "")
 		rep.add("command", fmt.Sprintf("ratio sidecar/direct %v", argv), map[string]float64{"p50_ratio": float64(sp50) / float64(dp50)}, "target ≤ 0.5")
+		if len(plain) > 0 {
+			pp50 := percentile(plain, 50)
+			rep.add("command", fmt.Sprintf("run_command %v via sidecar, no per-sandbox cgroup", argv), map[string]float64{"p50_ms": ms(pp50), "p99_ms": ms(percentile(plain, 99))}, "")
+			rep.add("command", fmt.Sprintf("ratio sidecar without cgroup/direct %v", argv), map[string]float64{"p50_ratio": float64(pp50) / float64(dp50)}, "direct bwrap has no cgroup either")
+		}
 	}
 	return nil
 }

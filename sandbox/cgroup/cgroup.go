@@ -717,11 +717,19 @@ func (c *Cgroup) Stats() (Stats, error) {
 	return s, nil
 }
 
-// OOMKills is Stats().OOMKills: compare it before and after a command to
-// tell whether the kernel killed something of it for memory.
+// OOMKills is Stats().OOMKills, read from its one control file: compare it
+// before and after a command to tell whether the kernel killed something of
+// it for memory.
 func (c *Cgroup) OOMKills() (uint64, error) {
-	s, err := c.Stats()
-	return s.OOMKills, err
+	p := filepath.Join(c.dir, "memory.events")
+	if c.version == V1 {
+		p = filepath.Join(c.dirs["memory"], "memory.oom_control")
+	}
+	b, err := readBounded(p)
+	if err != nil {
+		return 0, err
+	}
+	return parseKeyed(b)["oom_kill"], nil
 }
 
 // Kill SIGKILLs every process in the group and waits (at most killWait,
@@ -856,11 +864,12 @@ func readInt(p string) (int64, error) {
 
 // readKeyed reads "key value" lines (memory.events, memory.oom_control).
 func readKeyed(p string) map[string]uint64 {
+	b, _ := readBounded(p)
+	return parseKeyed(b)
+}
+
+func parseKeyed(b []byte) map[string]uint64 {
 	out := map[string]uint64{}
-	b, err := readBounded(p)
-	if err != nil {
-		return out
-	}
 	for _, line := range strings.Split(string(b), "\n") {
 		k, v, ok := strings.Cut(strings.TrimSpace(line), " ")
 		if !ok {
