@@ -50,7 +50,7 @@ func BenchmarkExecInterleaved(b *testing.B) {
 				}
 				req := backend.ExecRequest{Argv: w.argv, Timeout: 30 * time.Second}
 				env, _ := mergeEnv(sb.env, nil)
-				applied := guestTimeout(req.Timeout)
+				applied := backend.GuestTimeout(req.Timeout)
 				argv := be.budgeted(w.argv, applied)
 				viaInit := func() {
 					res, err := be.Exec(ctx, id, req)

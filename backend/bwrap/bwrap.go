@@ -34,6 +34,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/statedir"
 	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
@@ -213,7 +214,7 @@ func New(cfg Config) (*Backend, error) {
 	// died during one left.
 	if probes, _ := filepath.Glob(filepath.Join(cfg.Dir, probeDirPrefix+"*")); len(probes) > 0 {
 		for _, p := range probes {
-			_ = removeAllForce(p)
+			_ = statedir.RemoveAll(p)
 		}
 	}
 	return b, nil
@@ -378,7 +379,7 @@ func (b *Backend) probe(ctx context.Context) error {
 	if err != nil {
 		return fail(fmt.Errorf("cannot create it in %s: %w", b.cfg.Dir, err))
 	}
-	defer func() { _ = removeAllForce(dir) }()
+	defer func() { _ = statedir.RemoveAll(dir) }()
 	if b.cfg.SandboxUID >= 0 {
 		if err := os.Chmod(dir, 0o711); err != nil {
 			return fail(err)

@@ -32,19 +32,8 @@ const (
 	shellPath   = "/bin/sh"
 )
 
-// Limits on a request, from the kernel's exec limits: one argument or
-// environment string may not exceed MAX_ARG_STRLEN (128 KiB), and all of
-// them together must stay well below ARG_MAX (typically 2 MiB).
-const (
-	maxArgBytes      = 128<<10 - 1
-	maxExecBytes     = 1 << 20
-	maxArgv          = 4096
-	maxGuestPathLen  = 4096
-	maxTimeout       = 24 * time.Hour // longest budget Exec accepts
-	outerKillGrace   = time.Second    // SIGTERM to SIGKILL for a command's own bwrap
-	exitTimedOut     = 124            // GNU timeout: the command got SIGTERM
-	exitKilledByTime = 137            // 128+SIGKILL: timeout had to escalate
-)
+// outerKillGrace is SIGTERM to SIGKILL for a command's own bwrap.
+const outerKillGrace = time.Second
 
 // Files bound into every sandbox's /etc, read-only, when the host has them:
 // what an interpreter and a TLS client need, nothing that names the host.
@@ -104,7 +93,7 @@ func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 	if err != nil {
 		return backend.ExecResult{}, err
 	}
-	applied := guestTimeout(req.Timeout)
+	applied := backend.GuestTimeout(req.Timeout)
 	argv = b.budgeted(argv, applied)
 
 	opCtx, done, err := sb.begin(ctx)
@@ -122,7 +111,7 @@ func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 		return b.execDirect(ctx, opCtx, sb, req, argv, env, cwd, applied)
 	case errors.Is(err, errInitDied), errors.Is(context.Cause(opCtx), errSandboxDestroyed):
 		b.log.With("sandbox", id).Info("command not run: the sandbox is terminated", "reason", err)
-		return backend.ExecResult{ExitCode: exitKilledByTime, SandboxTerminated: true, AppliedTimeout: applied}, nil
+		return backend.ExecResult{ExitCode: backend.ExitKilled, SandboxTerminated: true, AppliedTimeout: applied}, nil
 	case ctx.Err() != nil:
 		return backend.ExecResult{AppliedTimeout: applied}, fmt.Errorf("command in sandbox %s was not run because the request ended: %w", id, ctx.Err())
 	}
@@ -132,7 +121,7 @@ func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 // budgeted returns argv under GNU timeout with the applied budget and the
 // kill grace, as the guest runs it.
 func (b *Backend) budgeted(argv []string, applied time.Duration) []string {
-	return append([]string{timeoutPath, "--kill-after=" + seconds(guestTimeout(b.cfg.KillGrace)), "--", seconds(applied)}, argv...)
+	return append([]string{timeoutPath, "--kill-after=" + backend.TimeoutSeconds(backend.GuestTimeout(b.cfg.KillGrace)), "--", backend.TimeoutSeconds(applied)}, argv...)
 }
 
 // execDirect runs one command in a bubblewrap of its own: the namespaces
@@ -221,8 +210,8 @@ func checkExecRequest(req backend.ExecRequest) (argv []string, cwd string, err e
 	switch {
 	case req.Timeout <= 0:
 		return bad("the timeout must be positive, got %v", req.Timeout)
-	case req.Timeout > maxTimeout:
-		return bad("the timeout %v is longer than the %v allowed; split the work into shorter commands", req.Timeout, maxTimeout)
+	case req.Timeout > backend.MaxTimeout:
+		return bad("the timeout %v is longer than the %v allowed; split the work into shorter commands", req.Timeout, backend.MaxTimeout)
 	case req.Command != "" && len(req.Argv) > 0:
 		return bad("set either a command string or an argv, not both")
 	case req.Command != "":
@@ -232,21 +221,21 @@ func checkExecRequest(req backend.ExecRequest) (argv []string, cwd string, err e
 	default:
 		return bad("the command is empty; give a command to run")
 	}
-	if len(argv) > maxArgv {
-		return bad("argv has %d elements, more than the %d allowed; write a script with write_file and run it", len(argv), maxArgv)
+	if len(argv) > backend.MaxArgv {
+		return bad("argv has %d elements, more than the %d allowed; write a script with write_file and run it", len(argv), backend.MaxArgv)
 	}
 	total := 0
 	for _, a := range argv {
 		if strings.IndexByte(a, 0) >= 0 {
 			return bad("the command contains a NUL byte, which cannot be passed to a program; remove it")
 		}
-		if len(a) > maxArgBytes {
-			return bad("the command is %d bytes, more than the %d a single argument may be; write it to a file with write_file and run that file", len(a), maxArgBytes)
+		if len(a) > backend.MaxArgBytes {
+			return bad("the command is %d bytes, more than the %d a single argument may be; write it to a file with write_file and run that file", len(a), backend.MaxArgBytes)
 		}
 		total += len(a) + 1
 	}
-	if total > maxExecBytes {
-		return bad("the command's arguments total %d bytes, more than the %d allowed; write them to a file with write_file", total, maxExecBytes)
+	if total > backend.MaxExecBytes {
+		return bad("the command's arguments total %d bytes, more than the %d allowed; write them to a file with write_file", total, backend.MaxExecBytes)
 	}
 
 	cwd = guestWorkspace
@@ -256,8 +245,8 @@ func checkExecRequest(req backend.ExecRequest) (argv []string, cwd string, err e
 			return bad("the working directory contains a NUL byte")
 		case !path.IsAbs(req.Cwd):
 			return bad("the working directory %s must be an absolute path inside the sandbox, such as /workspace/project", backend.ShortName(req.Cwd))
-		case len(req.Cwd) > maxGuestPathLen:
-			return bad("the working directory is %d bytes long, more than the %d allowed", len(req.Cwd), maxGuestPathLen)
+		case len(req.Cwd) > backend.MaxGuestPathLen:
+			return bad("the working directory is %d bytes long, more than the %d allowed", len(req.Cwd), backend.MaxGuestPathLen)
 		}
 		cwd = path.Clean(req.Cwd)
 	}
@@ -409,20 +398,6 @@ func closeFiles(files []*os.File) {
 	}
 }
 
-// guestTimeout rounds d up to a whole number of milliseconds, at least one:
-// GNU timeout reads 0 as "no timeout", so a tiny budget must not become 0.
-func guestTimeout(d time.Duration) time.Duration {
-	d = min(d, maxTimeout)
-	ms := (d + time.Millisecond - 1) / time.Millisecond
-	return max(ms, 1) * time.Millisecond
-}
-
-// seconds formats d (whole milliseconds) as GNU timeout reads it: "1.500".
-func seconds(d time.Duration) string {
-	ms := d.Milliseconds()
-	return fmt.Sprintf("%d.%03d", ms/1000, ms%1000)
-}
-
 // isTimeout decides whether a command timed out. GNU timeout exits 124 when
 // the command died to its SIGTERM and 137 when it had to SIGKILL it; a
 // command can exit 124 by itself and an OOM kill is also 137, so either
@@ -432,7 +407,7 @@ func isTimeout(exitCode int, elapsed, applied time.Duration, outerFired bool) bo
 	if outerFired {
 		return true
 	}
-	return (exitCode == exitTimedOut || exitCode == exitKilledByTime) && elapsed >= applied
+	return (exitCode == backend.ExitTimedOut || exitCode == backend.ExitKilled) && elapsed >= applied
 }
 
 func firstLine(b []byte) string {

@@ -292,7 +292,7 @@ func TestBwrapTimeouts(t *testing.T) {
 			if elapsed < tc.min || elapsed > tc.max {
 				t.Errorf("took %v, want between %v and %v", elapsed, tc.min, tc.max)
 			}
-			if want := guestTimeout(tc.timeout); res.AppliedTimeout != want {
+			if want := backend.GuestTimeout(tc.timeout); res.AppliedTimeout != want {
 				t.Errorf("AppliedTimeout %v, want %v", res.AppliedTimeout, want)
 			}
 		})

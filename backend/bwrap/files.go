@@ -44,8 +44,8 @@ func resolveGuestPath(p string) (guestArea, error) {
 		return guestArea{}, fmt.Errorf("%w: the path is empty; %s", backend.ErrBadPath, confined)
 	case strings.IndexByte(p, 0) >= 0:
 		return guestArea{}, fmt.Errorf("%w: the path contains a NUL byte; %s", backend.ErrBadPath, confined)
-	case len(p) > maxGuestPathLen:
-		return guestArea{}, fmt.Errorf("%w: the path is %d bytes long, more than the %d allowed", backend.ErrBadPath, len(p), maxGuestPathLen)
+	case len(p) > backend.MaxGuestPathLen:
+		return guestArea{}, fmt.Errorf("%w: the path is %d bytes long, more than the %d allowed", backend.ErrBadPath, len(p), backend.MaxGuestPathLen)
 	}
 	clean := p
 	if !path.IsAbs(clean) {

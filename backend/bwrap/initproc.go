@@ -438,7 +438,7 @@ func (b *Backend) execInit(ctx, opCtx context.Context, sb *sandbox, ip *initProc
 		reqFile.Close()
 		statusInit.Close()
 		if errors.Is(context.Cause(opCtx), errSandboxDestroyed) {
-			return backend.ExecResult{ExitCode: exitKilledByTime, SandboxTerminated: true, AppliedTimeout: applied}, nil
+			return backend.ExecResult{ExitCode: backend.ExitKilled, SandboxTerminated: true, AppliedTimeout: applied}, nil
 		}
 		return backend.ExecResult{AppliedTimeout: applied}, fmt.Errorf("command in sandbox %s was not run because the request ended: %w", sb.id, opCtx.Err())
 	}
@@ -483,7 +483,7 @@ func (b *Backend) execInit(ctx, opCtx context.Context, sb *sandbox, ip *initProc
 	case destroyed || o.terminated:
 		res.SandboxTerminated, res.TimedOut = true, false
 		if !o.exited {
-			res.ExitCode = exitKilledByTime
+			res.ExitCode = backend.ExitKilled
 		}
 		sb.verdict(&res, oomBefore)
 		log.Info("command ended with its sandbox", "destroyed", destroyed, "duration", o.duration, "oom_kills", res.OOMKills)

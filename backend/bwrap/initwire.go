@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 )
 
@@ -118,7 +119,7 @@ type runRequest struct {
 
 // Bounds init applies to a request, beyond the total size.
 const (
-	maxRequestArgv = maxArgv + 8 // the command's and timeout's own
+	maxRequestArgv = backend.MaxArgv + 8 // the command's and timeout's own
 	maxRequestEnv  = 1 << 16
 )
 
@@ -210,7 +211,7 @@ func decodeRunRequest(buf []byte) (runRequest, error) {
 		return bad("%d bytes trailing", len(buf))
 	case len(r.argv) < 2 || r.argv[0] != timeoutPath:
 		return bad("argv must run %s and a command", timeoutPath)
-	case !path.IsAbs(r.cwd) || path.Clean(r.cwd) != r.cwd || len(r.cwd) > maxGuestPathLen:
+	case !path.IsAbs(r.cwd) || path.Clean(r.cwd) != r.cwd || len(r.cwd) > backend.MaxGuestPathLen:
 		return bad("working directory %q is not a clean absolute path", r.cwd)
 	}
 	for _, kv := range r.env {

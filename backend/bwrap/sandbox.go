@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"sort"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/statedir"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 )
@@ -291,7 +293,7 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 		}
 		return backend.Info{}, fmt.Errorf("create sandbox %s: %w; check that the state directory is writable", id, err)
 	}
-	saved := persistedSpec{Version: specVersion, Network: network, Env: copyEnv(spec.Env), Resources: spec.Resources,
+	saved := persistedSpec{Version: specVersion, Network: network, Env: maps.Clone(spec.Env), Resources: spec.Resources,
 		Disk: b.cfg.DiskCaps && lim.DiskBytes > 0}
 	sb := newSandbox(id, dir, saved, lim)
 	defer func() {
@@ -302,7 +304,7 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 			if rmErr := unmountDisk(dir); rmErr != nil {
 				log.Error("cannot unmount the disk of a half-made sandbox", "error", rmErr)
 			}
-			if rmErr := removeAllForce(dir); rmErr != nil {
+			if rmErr := statedir.RemoveAll(dir); rmErr != nil {
 				log.Error("cannot remove half-made sandbox", "error", rmErr)
 			}
 		}
@@ -321,7 +323,7 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	if err := b.makeCgroup(ctx, sb); err != nil {
 		return backend.Info{}, err
 	}
-	if err := writeFileAtomic(filepath.Join(dir, specName), saved); err != nil {
+	if err := statedir.WriteJSON(filepath.Join(dir, specName), saved); err != nil {
 		return backend.Info{}, fmt.Errorf("create sandbox %s: save its settings: %w", id, err)
 	}
 
@@ -400,54 +402,6 @@ func (b *Backend) makeGuestDir(path string) error {
 	return nil
 }
 
-// writeFileAtomic writes v as JSON to path through a temporary file, fsyncs
-// it, renames it into place and fsyncs the directory.
-func writeFileAtomic(path string, v any) (err error) {
-	data, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			_ = os.Remove(tmp)
-		}
-	}()
-	if _, err = f.Write(data); err == nil {
-		err = f.Sync()
-	}
-	if closeErr := f.Close(); err == nil {
-		err = closeErr
-	}
-	if err != nil {
-		return err
-	}
-	if err = os.Rename(tmp, path); err != nil {
-		return err
-	}
-	d, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
-}
-
-func copyEnv(env map[string]string) map[string]string {
-	if len(env) == 0 {
-		return nil
-	}
-	out := make(map[string]string, len(env))
-	for k, v := range env {
-		out[k] = v
-	}
-	return out
-}
-
 // Destroy kills the sandbox's running commands, waits (boundedly) for them
 // and removes Dir/<id>. It is idempotent, and an id that is not a valid id
 // succeeds without touching any path. The files are removed even when ctx
@@ -482,7 +436,7 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	err := b.removeCgroup(sb)
 	if uerr := unmountDisk(sb.dir); uerr != nil {
 		err = errors.Join(err, fmt.Errorf("unmount its disk: %w", uerr))
-	} else if rerr := removeAllForce(sb.dir); rerr != nil {
+	} else if rerr := statedir.RemoveAll(sb.dir); rerr != nil {
 		err = errors.Join(err, rerr)
 	}
 
@@ -498,30 +452,6 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 		log.Info("sandbox destroyed")
 	}
 	return nil
-}
-
-// removeAllForce removes path even when the guest left directories without
-// write or search permission (chmod 000), which stop os.RemoveAll for a
-// daemon that is not root.
-func removeAllForce(path string) error {
-	err := os.RemoveAll(path)
-	if err == nil {
-		return nil
-	}
-	// WalkDir calls fn for a directory before reading it, so fixing the mode
-	// there lets the walk descend. Only real directories are touched (the
-	// entry type comes from lstat-like information, never a symlink). The
-	// guest's processes are dead by now, so nothing swaps a directory for a
-	// symlink between the check and the chmod.
-	_ = filepath.WalkDir(path, func(p string, d fs.DirEntry, walkErr error) error {
-		if d != nil && d.IsDir() {
-			if fi, err := os.Lstat(p); err == nil && fi.IsDir() && fi.Mode().Perm()&0o700 != 0o700 {
-				_ = os.Chmod(p, fi.Mode().Perm()|0o700)
-			}
-		}
-		return nil
-	})
-	return os.RemoveAll(path)
 }
 
 // List returns the ids of the sandboxes in Dir, complete or not: every

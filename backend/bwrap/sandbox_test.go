@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -17,26 +16,10 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 )
 
-const helperEnv = "BWRAP_TEST_HELPER"
-
 func TestMain(m *testing.M) {
 	// This binary is also every test sandbox's init, as the daemon's is.
 	InitMain()
-	switch os.Getenv(helperEnv) {
-	case "":
-		os.Exit(m.Run())
-	case "remove-all":
-		if err := os.RemoveAll(os.Getenv("BWRAP_TEST_DIR")); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-	case "remove-all-force":
-		if err := removeAllForce(os.Getenv("BWRAP_TEST_DIR")); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-	}
-	os.Exit(0)
+	os.Exit(m.Run())
 }
 
 func boolPtr(v bool) *bool { return &v }
@@ -206,74 +189,6 @@ func TestBwrapDestroyInvalidIDTouchesNothing(t *testing.T) {
 	}
 	if _, err := os.Stat(b.cfg.Dir); err != nil {
 		t.Fatalf("Destroy with a bad id removed the state directory: %v", err)
-	}
-}
-
-// TestRemoveAllForceUnprivileged runs as uid 65534 what a non-root daemon
-// faces: a tree it owns but cannot enter or modify.
-func TestRemoveAllForceUnprivileged(t *testing.T) {
-	if os.Geteuid() != 0 {
-		skipOrFail(t, "switching to uid 65534 needs root")
-	}
-	parent := t.TempDir()
-	if err := os.Chmod(filepath.Dir(parent), 0o711); err != nil {
-		t.Fatal(err)
-	}
-	build := func() string {
-		base := filepath.Join(parent, "tree")
-		for _, d := range []string{"a/b/c", "ro"} {
-			if err := os.MkdirAll(filepath.Join(base, d), 0o755); err != nil {
-				t.Fatal(err)
-			}
-		}
-		for _, f := range []string{"a/b/c/f", "ro/f"} {
-			if err := os.WriteFile(filepath.Join(base, f), []byte("x"), 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
-		_ = filepath.WalkDir(parent, func(p string, _ fs.DirEntry, _ error) error { return os.Lchown(p, 65534, 65534) })
-		for p, mode := range map[string]os.FileMode{"a/b": 0, "a/b/c": 0, "ro": 0o500} {
-			if err := os.Chmod(filepath.Join(base, p), mode); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return base
-	}
-	// The test binary sits in a 0700 build directory; uid 65534 needs a copy
-	// it can execute.
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(filepath.Dir(parent), "helper.test")
-	if data, err := os.ReadFile(self); err != nil || os.WriteFile(bin, data, 0o755) != nil {
-		t.Fatalf("copy the test binary: %v", err)
-	}
-	helper := func(mode, dir string) error {
-		cmd := exec.Command(bin)
-		cmd.Env = []string{helperEnv + "=" + mode, "BWRAP_TEST_DIR=" + dir}
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534, Groups: []uint32{}}}
-		out, err := cmd.CombinedOutput()
-		var exitErr *exec.ExitError
-		if err != nil && !errors.As(err, &exitErr) {
-			t.Fatalf("the helper did not run: %v", err)
-		}
-		if err != nil {
-			return fmt.Errorf("%v: %s", err, out)
-		}
-		return nil
-	}
-	base := build()
-	if err := helper("remove-all", base); err == nil {
-		t.Fatal("plain os.RemoveAll removed the tree, so this test proves nothing")
-	} else {
-		t.Logf("as expected, plain os.RemoveAll fails: %v", err)
-	}
-	if err := helper("remove-all-force", base); err != nil {
-		t.Fatalf("removeAllForce as uid 65534: %v", err)
-	}
-	if _, err := os.Lstat(base); !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("the tree is still there: %v", err)
 	}
 }
 

@@ -14,20 +14,12 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
 )
 
-// Limits on a request, from the kernel's exec limits: every argument of
-// sbx exec, environment included, is an argument of a host process, so one
-// may not exceed MAX_ARG_STRLEN (128 KiB) and all together must stay well
-// below ARG_MAX (typically 2 MiB).
+// Every argument of sbx exec, environment included, is an argument of a
+// host process: the backend's exec limits (backend.MaxArgBytes, ...) bound
+// them all.
 const (
-	maxArgBytes      = 128<<10 - 1
-	maxExecBytes     = 1 << 20
-	maxArgv          = 4096
-	maxGuestPathLen  = 4096
-	maxTimeout       = 24 * time.Hour // longest budget Exec accepts
-	exitTimedOut     = 124            // GNU timeout: the command got SIGTERM
-	exitKilledByTime = 137            // 128+SIGKILL: timeout had to escalate
-	shellPath        = "/bin/sh"
-	guestTmp         = "/tmp"
+	shellPath = "/bin/sh"
+	guestTmp  = "/tmp"
 )
 
 // Exec runs one command in the sandbox's microVM:
@@ -65,8 +57,8 @@ func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 	if err != nil {
 		return backend.ExecResult{}, err
 	}
-	applied := guestTimeout(req.Timeout)
-	killAfter := guestTimeout(b.cfg.KillAfter)
+	applied := backend.GuestTimeout(req.Timeout)
+	killAfter := backend.GuestTimeout(b.cfg.KillAfter)
 
 	args := []string{"exec"}
 	if len(req.Stdin) > 0 {
@@ -76,7 +68,7 @@ func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 		args = append(args, "-e", kv)
 	}
 	args = append(args, "-w", cwd, "--", sb.name,
-		"timeout", "--kill-after="+seconds(killAfter), "--", seconds(applied))
+		"timeout", "--kill-after="+backend.TimeoutSeconds(killAfter), "--", backend.TimeoutSeconds(applied))
 	args = append(args, argv...)
 	if err := checkArgvSize(args); err != nil {
 		return backend.ExecResult{}, err
@@ -163,8 +155,8 @@ func checkExecRequest(req backend.ExecRequest, workdir string) (argv []string, c
 	switch {
 	case req.Timeout <= 0:
 		return bad("the timeout must be positive, got %v", req.Timeout)
-	case req.Timeout > maxTimeout:
-		return bad("the timeout %v is longer than the %v allowed; split the work into shorter commands", req.Timeout, maxTimeout)
+	case req.Timeout > backend.MaxTimeout:
+		return bad("the timeout %v is longer than the %v allowed; split the work into shorter commands", req.Timeout, backend.MaxTimeout)
 	case req.Command != "" && len(req.Argv) > 0:
 		return bad("set either a command string or an argv, not both")
 	case req.Command != "":
@@ -174,15 +166,15 @@ func checkExecRequest(req backend.ExecRequest, workdir string) (argv []string, c
 	default:
 		return bad("the command is empty; give a command to run")
 	}
-	if len(argv) > maxArgv {
-		return bad("argv has %d elements, more than the %d allowed; write a script with write_file and run it", len(argv), maxArgv)
+	if len(argv) > backend.MaxArgv {
+		return bad("argv has %d elements, more than the %d allowed; write a script with write_file and run it", len(argv), backend.MaxArgv)
 	}
 	for _, a := range argv {
 		if strings.IndexByte(a, 0) >= 0 {
 			return bad("the command contains a NUL byte, which cannot be passed to a program; remove it")
 		}
-		if len(a) > maxArgBytes {
-			return bad("the command is %d bytes, more than the %d a single argument may be; write it to a file with write_file and run that file", len(a), maxArgBytes)
+		if len(a) > backend.MaxArgBytes {
+			return bad("the command is %d bytes, more than the %d a single argument may be; write it to a file with write_file and run that file", len(a), backend.MaxArgBytes)
 		}
 	}
 	cwd = workdir
@@ -192,8 +184,8 @@ func checkExecRequest(req backend.ExecRequest, workdir string) (argv []string, c
 			return bad("the working directory contains a NUL byte")
 		case !path.IsAbs(req.Cwd):
 			return bad("the working directory %s must be an absolute path inside the sandbox, such as %s/project", backend.ShortName(req.Cwd), workdir)
-		case len(req.Cwd) > maxGuestPathLen:
-			return bad("the working directory is %d bytes long, more than the %d allowed", len(req.Cwd), maxGuestPathLen)
+		case len(req.Cwd) > backend.MaxGuestPathLen:
+			return bad("the working directory is %d bytes long, more than the %d allowed", len(req.Cwd), backend.MaxGuestPathLen)
 		}
 		cwd = path.Clean(req.Cwd)
 	}
@@ -207,8 +199,8 @@ func checkArgvSize(args []string) error {
 	for _, a := range args {
 		total += len(a) + 1
 	}
-	if total > maxExecBytes {
-		return fmt.Errorf("%w: the command and its environment total %d bytes, more than the %d allowed; write large values to files with write_file", backend.ErrInvalidArgument, total, maxExecBytes)
+	if total > backend.MaxExecBytes {
+		return fmt.Errorf("%w: the command and its environment total %d bytes, more than the %d allowed; write large values to files with write_file", backend.ErrInvalidArgument, total, backend.MaxExecBytes)
 	}
 	return nil
 }
@@ -236,20 +228,6 @@ func mergeEnv(sandboxEnv, requestEnv map[string]string) ([]string, error) {
 	return out, nil
 }
 
-// guestTimeout rounds d up to a whole number of milliseconds, at least one:
-// GNU timeout reads 0 as "no timeout", so a tiny budget must not become 0.
-func guestTimeout(d time.Duration) time.Duration {
-	d = min(d, maxTimeout)
-	ms := (d + time.Millisecond - 1) / time.Millisecond
-	return max(ms, 1) * time.Millisecond
-}
-
-// seconds formats d (whole milliseconds) as GNU timeout reads it: "1.500".
-func seconds(d time.Duration) string {
-	ms := d.Milliseconds()
-	return fmt.Sprintf("%d.%03d", ms/1000, ms%1000)
-}
-
 // isTimeout decides whether a command timed out. GNU timeout exits 124 when
 // the command died to its SIGTERM, and 137 when it had to SIGKILL it after
 // killAfter; a command can exit 124 by itself and an OOM kill is also 137,
@@ -258,9 +236,9 @@ func seconds(d time.Duration) string {
 // host, which starts before and ends after the guest's timeout.
 func isTimeout(exitCode int, elapsed, applied, killAfter time.Duration) bool {
 	switch exitCode {
-	case exitTimedOut:
+	case backend.ExitTimedOut:
 		return elapsed >= applied
-	case exitKilledByTime:
+	case backend.ExitKilled:
 		return elapsed >= applied+killAfter
 	}
 	return false

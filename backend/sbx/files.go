@@ -156,8 +156,8 @@ func guestPath(workdir, p string) (string, error) {
 		return "", fmt.Errorf("%w: the path is empty; %s", backend.ErrBadPath, confined)
 	case strings.IndexByte(p, 0) >= 0:
 		return "", fmt.Errorf("%w: the path contains a NUL byte; %s", backend.ErrBadPath, confined)
-	case len(p) > maxGuestPathLen:
-		return "", fmt.Errorf("%w: the path is %d bytes long, more than the %d allowed", backend.ErrBadPath, len(p), maxGuestPathLen)
+	case len(p) > backend.MaxGuestPathLen:
+		return "", fmt.Errorf("%w: the path is %d bytes long, more than the %d allowed", backend.ErrBadPath, len(p), backend.MaxGuestPathLen)
 	}
 	clean := p
 	if !path.IsAbs(clean) {

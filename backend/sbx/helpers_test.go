@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/statedir"
 )
 
 // The fake sbx (./sbxfake), built once per test binary by TestMain.
@@ -100,7 +101,7 @@ func testRoot(t testing.TB) string {
 	if err != nil {
 		return t.TempDir()
 	}
-	t.Cleanup(func() { _ = removeAllForce(dir) })
+	t.Cleanup(func() { _ = statedir.RemoveAll(dir) })
 	return dir
 }
 

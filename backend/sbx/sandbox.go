@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -23,6 +24,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/statedir"
 )
 
 // Layout of Dir/<id>.
@@ -345,7 +347,7 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 				return
 			}
 		}
-		if rmErr := removeAllForce(dir); rmErr != nil {
+		if rmErr := statedir.RemoveAll(dir); rmErr != nil {
 			log.Error("cannot remove the half-made sandbox's directory", "error", rmErr)
 		}
 	}()
@@ -354,10 +356,10 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	if err := os.Mkdir(ws, 0o755); err != nil {
 		return backend.Info{}, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
-	saved := persistedSpec{Version: specVersion, SbxName: name, Network: network, AllowEgressTo: hosts, Env: copyEnv(spec.Env)}
+	saved := persistedSpec{Version: specVersion, SbxName: name, Network: network, AllowEgressTo: hosts, Env: maps.Clone(spec.Env)}
 	// Before the microVM exists: a crash from here on leaves a directory
 	// List reports, and the record names the microVM to remove.
-	if err := writeFileAtomic(filepath.Join(dir, specName), saved); err != nil {
+	if err := statedir.WriteJSON(filepath.Join(dir, specName), saved); err != nil {
 		return backend.Info{}, fmt.Errorf("create sandbox %s: save its settings: %w", id, err)
 	}
 	token, err := writeProbeToken(ws)
@@ -493,7 +495,7 @@ func (b *Backend) destroyStopped(ctx context.Context, id string, log hclog.Logge
 	}
 	dir := b.sandboxDir(id)
 	_, statErr := os.Lstat(dir)
-	if err := removeAllForce(dir); err != nil {
+	if err := statedir.RemoveAll(dir); err != nil {
 		return fmt.Errorf("destroy sandbox %s: its microVM is removed but its files could not all be (%w); call destroy again to retry", id, err)
 	}
 	if statErr == nil {
@@ -648,74 +650,6 @@ func decodeLs(data []byte) ([]lsEntry, error) {
 		}
 	}
 	return out, nil
-}
-
-// writeFileAtomic writes v as JSON to path through a temporary file, fsyncs
-// it, renames it into place and fsyncs the directory.
-func writeFileAtomic(path string, v any) (err error) {
-	data, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			_ = os.Remove(tmp)
-		}
-	}()
-	if _, err = f.Write(data); err == nil {
-		err = f.Sync()
-	}
-	if closeErr := f.Close(); err == nil {
-		err = closeErr
-	}
-	if err != nil {
-		return err
-	}
-	if err = os.Rename(tmp, path); err != nil {
-		return err
-	}
-	d, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
-}
-
-func copyEnv(env map[string]string) map[string]string {
-	if len(env) == 0 {
-		return nil
-	}
-	out := make(map[string]string, len(env))
-	for k, v := range env {
-		out[k] = v
-	}
-	return out
-}
-
-// removeAllForce removes path even when the guest left directories without
-// write or search permission (chmod 000), which stop os.RemoveAll for a
-// daemon that is not root. It never follows a symlink: the workspace is
-// the guest's, and may hold links to anywhere on the host.
-func removeAllForce(path string) error {
-	err := os.RemoveAll(path)
-	if err == nil {
-		return nil
-	}
-	_ = filepath.WalkDir(path, func(p string, d fs.DirEntry, walkErr error) error {
-		if d != nil && d.IsDir() {
-			if fi, err := os.Lstat(p); err == nil && fi.IsDir() && fi.Mode().Perm()&0o700 != 0o700 {
-				_ = os.Chmod(p, fi.Mode().Perm()|0o700)
-			}
-		}
-		return nil
-	})
-	return os.RemoveAll(path)
 }
 
 // resourceArgs turns the daemon's microVM size, lowered by what the spec

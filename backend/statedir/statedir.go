@@ -1,0 +1,74 @@
+// Package statedir holds what every backend does to its state directory on
+// the host: write a sandbox's settings so that a crash never leaves half of
+// them, and remove a sandbox's files even when its guest made them hard to
+// remove.
+package statedir
+
+import (
+	"encoding/json"
+	"io/fs"
+	"os"
+	"path/filepath"
+)
+
+// WriteJSON writes v as JSON to path through a temporary file, fsyncs it,
+// renames it into place and fsyncs the directory: afterwards path holds
+// either the old contents or all of the new, whatever crashes.
+func WriteJSON(path string, v any) (err error) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			_ = os.Remove(tmp)
+		}
+	}()
+	if _, err = f.Write(data); err == nil {
+		err = f.Sync()
+	}
+	if closeErr := f.Close(); err == nil {
+		err = closeErr
+	}
+	if err != nil {
+		return err
+	}
+	if err = os.Rename(tmp, path); err != nil {
+		return err
+	}
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// RemoveAll removes path even when the guest left directories without
+// write or search permission (chmod 000), which stop os.RemoveAll for a
+// daemon that is not root. Call it once the guest's processes are gone.
+func RemoveAll(path string) error {
+	err := os.RemoveAll(path)
+	if err == nil {
+		return nil
+	}
+	// WalkDir calls fn for a directory before reading it, so fixing the mode
+	// there lets the walk descend. Only real directories are touched (the
+	// entry type comes from lstat-like information, never a symlink). The
+	// guest's processes are dead by now, so nothing swaps a directory for a
+	// symlink between the check and the chmod.
+	_ = filepath.WalkDir(path, func(p string, d fs.DirEntry, walkErr error) error {
+		if d != nil && d.IsDir() {
+			if fi, err := os.Lstat(p); err == nil && fi.IsDir() && fi.Mode().Perm()&0o700 != 0o700 {
+				_ = os.Chmod(p, fi.Mode().Perm()|0o700)
+			}
+		}
+		return nil
+	})
+	return os.RemoveAll(path)
+}
