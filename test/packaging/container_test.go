@@ -152,6 +152,25 @@ func (c *container) command(ctx context.Context, args ...string) *exec.Cmd {
 	return cmd
 }
 
+// background is a command started in the container and left running.
+type background struct {
+	done chan error      // gets the command's Wait result
+	out  strings.Builder // its combined output; read once done has delivered
+}
+
+// background starts args in the container, bound to the test's context.
+func (c *container) background(t *testing.T, args ...string) *background {
+	t.Helper()
+	b := &background{done: make(chan error, 1)}
+	cmd := c.command(t.Context(), args...)
+	cmd.Stdout, cmd.Stderr = &b.out, &b.out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { b.done <- cmd.Wait() }()
+	return b
+}
+
 // runTimeout runs args in the container within limit and returns its
 // combined output; err is an *exec.ExitError for a non-zero exit.
 func (c *container) runTimeout(limit time.Duration, args ...string) (string, error) {

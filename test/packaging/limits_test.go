@@ -85,14 +85,7 @@ func checkLimits(t *testing.T, c *container) {
 
 	// Where a sandbox's processes run.
 	id := strings.TrimSpace(c.sh(as(worker, "sandbox-sidecar create --ttl 5m --owner etl/limits")))
-	bg := c.command(t.Context(), "bash", "-c", as(worker, "sandbox-sidecar exec --sandbox "+id+" --command-timeout 2m -- sleep 601"))
-	var bgOut strings.Builder
-	bg.Stdout, bg.Stderr = &bgOut, &bgOut
-	if err := bg.Start(); err != nil {
-		t.Fatal(err)
-	}
-	bgDone := make(chan error, 1)
-	go func() { bgDone <- bg.Wait() }()
+	bg := c.background(t, "bash", "-c", as(worker, "sandbox-sidecar exec --sandbox "+id+" --command-timeout 2m -- sleep 601"))
 	c.waitFor(30*time.Second, "the sandboxed sleep running", "pgrep -x -f 'sleep 601'")
 	sleepCg := strings.TrimSpace(c.sh("sed -n 's/^0:://p' /proc/$(pgrep -x -f 'sleep 601' | head -1)/cgroup"))
 	sbDir := dir + "/sandboxes/" + id
@@ -106,9 +99,9 @@ func checkLimits(t *testing.T, c *container) {
 	}
 	c.sh(as(worker, "sandbox-sidecar rm "+id))
 	select {
-	case <-bgDone:
+	case <-bg.done:
 	case <-time.After(30 * time.Second):
-		t.Errorf("the command of a destroyed sandbox still runs:\n%s", bgOut.String())
+		t.Errorf("the command of a destroyed sandbox still runs:\n%s", bg.out.String())
 	}
 	c.sh("! pgrep -x -f 'sleep 601' && ! test -e " + sbDir)
 }

@@ -316,14 +316,7 @@ func contains(list []string, s string) bool {
 // of the second. It returns the expiring sandbox's id.
 func checkWatchdog(t *testing.T, c *container) string {
 	kept := strings.TrimSpace(c.sh(as(worker, "sandbox-sidecar create --ttl 30m --owner etl/pkgtest")))
-	bg := c.command(t.Context(), "bash", "-c", as(worker, "sandbox-sidecar exec --command-timeout 10m -- sleep 600"))
-	var bgOut strings.Builder
-	bg.Stdout, bg.Stderr = &bgOut, &bgOut
-	if err := bg.Start(); err != nil {
-		t.Fatal(err)
-	}
-	bgDone := make(chan error, 1)
-	go func() { bgDone <- bg.Wait() }()
+	bg := c.background(t, "bash", "-c", as(worker, "sandbox-sidecar exec --command-timeout 10m -- sleep 600"))
 	c.waitFor(30*time.Second, "the sandboxed sleep running", "pgrep -x -f 'sleep 600'")
 	var doomed string
 	for _, id := range listed(t, c) {
@@ -348,12 +341,12 @@ func checkWatchdog(t *testing.T, c *container) string {
 	expectContains(t, "journal", journal, "Watchdog timeout")
 
 	select {
-	case err := <-bgDone:
+	case err := <-bg.done:
 		if err == nil {
-			t.Errorf("the client whose daemon was killed exited 0:\n%s", bgOut.String())
+			t.Errorf("the client whose daemon was killed exited 0:\n%s", bg.out.String())
 		}
 	case <-time.After(30 * time.Second):
-		t.Errorf("the client of the killed daemon still waits:\n%s", bgOut.String())
+		t.Errorf("the client of the killed daemon still waits:\n%s", bg.out.String())
 	}
 
 	// Recovery: the expiring sandbox is re-adopted, the connection-bound
