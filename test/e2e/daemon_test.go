@@ -23,48 +23,16 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
+	"github.com/sandbox-sidecar/sandbox-sidecar/test/internal/testdaemon"
 )
 
 var daemonBin string // the daemon daemonBin built by TestMain
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "sidecar-e2e-bin")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	os.Chmod(dir, 0o755) // other uids (setpriv tests) run it too
-	daemonBin = filepath.Join(dir, "sandbox-sidecar")
-	build := exec.Command("go", "build", "-o", daemonBin, "github.com/sandbox-sidecar/sandbox-sidecar/cmd/sandbox-sidecar")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building the daemon:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testdaemon.Main(m, &daemonBin) }
 
 // requireHost skips (or, under CI=true, fails) when the host cannot run
 // these tests.
-func requireHost(t *testing.T) {
-	t.Helper()
-	var missing []string
-	if os.Geteuid() != 0 {
-		missing = append(missing, "root")
-	}
-	if _, err := exec.LookPath("bwrap"); err != nil {
-		missing = append(missing, "bubblewrap (apt-get install bubblewrap)")
-	}
-	if len(missing) == 0 {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("this test needs %s, and CI=true forbids skipping", strings.Join(missing, " and "))
-	}
-	t.Skipf("needs %s", strings.Join(missing, " and "))
-}
+func requireHost(t *testing.T) { testdaemon.RequireHost(t) }
 
 // baseDir returns a fresh directory every uid may search (the sandbox uid
 // must reach the state directory inside it).

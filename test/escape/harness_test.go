@@ -42,6 +42,7 @@ import (
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
+	"github.com/sandbox-sidecar/sandbox-sidecar/test/internal/testdaemon"
 )
 
 var (
@@ -76,50 +77,12 @@ var daemonBin string
 
 func TestMain(m *testing.M) {
 	flag.Parse()
-	dir, err := os.MkdirTemp("", "sidecar-escape-bin")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	os.Chmod(dir, 0o755)
-	daemonBin = filepath.Join(dir, "sandbox-sidecar")
 	// SANDBOX_SIDECAR_BIN runs the battery against a daemon built
 	// elsewhere (a release binary, another revision).
-	if prebuilt := os.Getenv("SANDBOX_SIDECAR_BIN"); prebuilt != "" {
-		daemonBin = prebuilt
-	} else {
-		build := exec.Command("go", "build", "-o", daemonBin, "github.com/sandbox-sidecar/sandbox-sidecar/cmd/sandbox-sidecar")
-		build.Stdout, build.Stderr = os.Stderr, os.Stderr
-		if err := build.Run(); err != nil {
-			fmt.Fprintln(os.Stderr, "building the daemon:", err)
-			os.Exit(1)
-		}
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	testdaemon.Main(m, &daemonBin)
 }
 
-func requireHost(t *testing.T) {
-	t.Helper()
-	var missing []string
-	if os.Geteuid() != 0 {
-		missing = append(missing, "root")
-	}
-	if _, err := exec.LookPath("bwrap"); err != nil {
-		missing = append(missing, "bubblewrap (apt-get install bubblewrap)")
-	}
-	if _, err := os.Stat("/usr/bin/python3"); err != nil {
-		missing = append(missing, "/usr/bin/python3 (apt-get install python3)")
-	}
-	if len(missing) == 0 {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("this test needs %s, and CI=true forbids skipping", strings.Join(missing, " and "))
-	}
-	t.Skipf("needs %s", strings.Join(missing, " and "))
-}
+func requireHost(t *testing.T) { testdaemon.RequireHost(t, "/usr/bin/python3") }
 
 func token() string {
 	var b [6]byte
