@@ -2,6 +2,9 @@ package backend
 
 import (
 	"fmt"
+	"path"
+	"sort"
+	"strings"
 	"time"
 )
 
@@ -20,6 +23,9 @@ const (
 	// MaxTimeout is the longest budget a backend accepts.
 	MaxTimeout = 24 * time.Hour
 )
+
+// ShellPath runs a request's command string (sh -c) in every guest.
+const ShellPath = "/bin/sh"
 
 // GNU timeout's exit codes.
 const (
@@ -44,4 +50,84 @@ func GuestTimeout(d time.Duration) time.Duration {
 func TimeoutSeconds(d time.Duration) string {
 	ms := d.Milliseconds()
 	return fmt.Sprintf("%d.%03d", ms/1000, ms%1000)
+}
+
+// CheckExecRequest validates req and returns the argv to run under timeout
+// and the working directory (workdir when req has none). Every refusal
+// wraps ErrInvalidArgument and says what to do instead.
+func CheckExecRequest(req ExecRequest, workdir string) (argv []string, cwd string, err error) {
+	bad := func(format string, args ...any) ([]string, string, error) {
+		return nil, "", fmt.Errorf("%w: "+format, append([]any{ErrInvalidArgument}, args...)...)
+	}
+	switch {
+	case req.Timeout <= 0:
+		return bad("the timeout must be positive, got %v", req.Timeout)
+	case req.Timeout > MaxTimeout:
+		return bad("the timeout %v is longer than the %v allowed; split the work into shorter commands", req.Timeout, MaxTimeout)
+	case req.Command != "" && len(req.Argv) > 0:
+		return bad("set either a command string or an argv, not both")
+	case req.Command != "":
+		argv = []string{ShellPath, "-c", req.Command}
+	case len(req.Argv) > 0:
+		argv = req.Argv
+	default:
+		return bad("the command is empty; give a command to run")
+	}
+	if len(argv) > MaxArgv {
+		return bad("argv has %d elements, more than the %d allowed; write a script with write_file and run it", len(argv), MaxArgv)
+	}
+	total := 0
+	for _, a := range argv {
+		if strings.IndexByte(a, 0) >= 0 {
+			return bad("the command contains a NUL byte, which cannot be passed to a program; remove it")
+		}
+		if len(a) > MaxArgBytes {
+			return bad("the command is %d bytes, more than the %d a single argument may be; write it to a file with write_file and run that file", len(a), MaxArgBytes)
+		}
+		total += len(a) + 1
+	}
+	if total > MaxExecBytes {
+		return bad("the command's arguments total %d bytes, more than the %d allowed; write them to a file with write_file", total, MaxExecBytes)
+	}
+
+	cwd = workdir
+	if req.Cwd != "" {
+		switch {
+		case strings.IndexByte(req.Cwd, 0) >= 0:
+			return bad("the working directory contains a NUL byte")
+		case !path.IsAbs(req.Cwd):
+			return bad("the working directory %s must be an absolute path inside the sandbox, such as %s/project", ShortName(req.Cwd), workdir)
+		case len(req.Cwd) > MaxGuestPathLen:
+			return bad("the working directory is %d bytes long, more than the %d allowed", len(req.Cwd), MaxGuestPathLen)
+		}
+		cwd = path.Clean(req.Cwd)
+	}
+	return argv, cwd, nil
+}
+
+// MergeEnv layers base, the sandbox's environment and the request's, in
+// that order, and returns it as NAME=value entries sorted by name.
+func MergeEnv(base, sandboxEnv, requestEnv map[string]string) ([]string, error) {
+	if err := ValidateEnv(requestEnv, "the command's"); err != nil {
+		return nil, err
+	}
+	merged := make(map[string]string, len(base)+len(sandboxEnv)+len(requestEnv))
+	for _, layer := range []map[string]string{base, sandboxEnv, requestEnv} {
+		for k, v := range layer {
+			merged[k] = v
+		}
+	}
+	if err := ValidateEnv(merged, "the combined"); err != nil {
+		return nil, err
+	}
+	keys := make([]string, 0, len(merged))
+	for k := range merged {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	env := make([]string, 0, len(keys))
+	for _, k := range keys {
+		env = append(env, k+"="+merged[k])
+	}
+	return env, nil
 }

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -29,7 +27,6 @@ const (
 	guestPath      = "/usr/local/bin:/usr/bin:/bin"
 
 	timeoutPath = "/usr/bin/timeout" // GNU coreutils, under the bound /usr
-	shellPath   = "/bin/sh"
 )
 
 // outerKillGrace is SIGTERM to SIGKILL for a command's own bwrap.
@@ -85,7 +82,7 @@ func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 	if err != nil {
 		return backend.ExecResult{}, err
 	}
-	argv, cwd, err := checkExecRequest(req)
+	argv, cwd, err := backend.CheckExecRequest(req, guestWorkspace)
 	if err != nil {
 		return backend.ExecResult{}, err
 	}
@@ -201,83 +198,14 @@ func (b *Backend) directCommand(sb *sandbox, argv, env []string, cwd string) (*e
 	return cmd, files, nil
 }
 
-// checkExecRequest validates req and returns the argv to run under timeout
-// and the working directory.
-func checkExecRequest(req backend.ExecRequest) (argv []string, cwd string, err error) {
-	bad := func(format string, args ...any) ([]string, string, error) {
-		return nil, "", fmt.Errorf("%w: "+format, append([]any{backend.ErrInvalidArgument}, args...)...)
-	}
-	switch {
-	case req.Timeout <= 0:
-		return bad("the timeout must be positive, got %v", req.Timeout)
-	case req.Timeout > backend.MaxTimeout:
-		return bad("the timeout %v is longer than the %v allowed; split the work into shorter commands", req.Timeout, backend.MaxTimeout)
-	case req.Command != "" && len(req.Argv) > 0:
-		return bad("set either a command string or an argv, not both")
-	case req.Command != "":
-		argv = []string{shellPath, "-c", req.Command}
-	case len(req.Argv) > 0:
-		argv = req.Argv
-	default:
-		return bad("the command is empty; give a command to run")
-	}
-	if len(argv) > backend.MaxArgv {
-		return bad("argv has %d elements, more than the %d allowed; write a script with write_file and run it", len(argv), backend.MaxArgv)
-	}
-	total := 0
-	for _, a := range argv {
-		if strings.IndexByte(a, 0) >= 0 {
-			return bad("the command contains a NUL byte, which cannot be passed to a program; remove it")
-		}
-		if len(a) > backend.MaxArgBytes {
-			return bad("the command is %d bytes, more than the %d a single argument may be; write it to a file with write_file and run that file", len(a), backend.MaxArgBytes)
-		}
-		total += len(a) + 1
-	}
-	if total > backend.MaxExecBytes {
-		return bad("the command's arguments total %d bytes, more than the %d allowed; write them to a file with write_file", total, backend.MaxExecBytes)
-	}
+// baseEnv is every command's environment before the sandbox's and the
+// request's.
+var baseEnv = map[string]string{"PATH": guestPath, "HOME": guestWorkspace, "LANG": "C.UTF-8"}
 
-	cwd = guestWorkspace
-	if req.Cwd != "" {
-		switch {
-		case strings.IndexByte(req.Cwd, 0) >= 0:
-			return bad("the working directory contains a NUL byte")
-		case !path.IsAbs(req.Cwd):
-			return bad("the working directory %s must be an absolute path inside the sandbox, such as /workspace/project", backend.ShortName(req.Cwd))
-		case len(req.Cwd) > backend.MaxGuestPathLen:
-			return bad("the working directory is %d bytes long, more than the %d allowed", len(req.Cwd), backend.MaxGuestPathLen)
-		}
-		cwd = path.Clean(req.Cwd)
-	}
-	return argv, cwd, nil
-}
-
-// mergeEnv layers the base environment, the sandbox's and the request's, in
-// that order, and returns it as sorted NAME=value entries.
+// mergeEnv is the command's environment: baseEnv, then the sandbox's, then
+// the request's.
 func mergeEnv(sandboxEnv, requestEnv map[string]string) ([]string, error) {
-	if err := backend.ValidateEnv(requestEnv, "the command's"); err != nil {
-		return nil, err
-	}
-	merged := map[string]string{"PATH": guestPath, "HOME": guestWorkspace, "LANG": "C.UTF-8"}
-	for _, layer := range []map[string]string{sandboxEnv, requestEnv} {
-		for k, v := range layer {
-			merged[k] = v
-		}
-	}
-	if err := backend.ValidateEnv(merged, "the combined"); err != nil {
-		return nil, err
-	}
-	keys := make([]string, 0, len(merged))
-	for k := range merged {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	env := make([]string, 0, len(keys))
-	for _, k := range keys {
-		env = append(env, k+"="+merged[k])
-	}
-	return env, nil
+	return backend.MergeEnv(baseEnv, sandboxEnv, requestEnv)
 }
 
 // setenvOptions turns NAME=value entries into bwrap's --setenv options.

@@ -75,11 +75,11 @@ func TestResolveGuestPath(t *testing.T) {
 
 func TestCheckExecRequest(t *testing.T) {
 	ok := backend.ExecRequest{Command: "true", Timeout: time.Second}
-	argv, cwd, err := checkExecRequest(ok)
+	argv, cwd, err := backend.CheckExecRequest(ok, guestWorkspace)
 	if err != nil || !slices.Equal(argv, []string{"/bin/sh", "-c", "true"}) || cwd != "/workspace" {
 		t.Fatalf("checkExecRequest(%+v) = %q, %q, %v", ok, argv, cwd, err)
 	}
-	argv, cwd, err = checkExecRequest(backend.ExecRequest{Argv: []string{"-x", "y"}, Cwd: "/tmp/../tmp/d/", Timeout: time.Second})
+	argv, cwd, err = backend.CheckExecRequest(backend.ExecRequest{Argv: []string{"-x", "y"}, Cwd: "/tmp/../tmp/d/", Timeout: time.Second}, guestWorkspace)
 	if err != nil || !slices.Equal(argv, []string{"-x", "y"}) || cwd != "/tmp/d" {
 		t.Fatalf("argv request: %q, %q, %v", argv, cwd, err)
 	}
@@ -96,7 +96,7 @@ func TestCheckExecRequest(t *testing.T) {
 		"many args":      {Argv: make([]string, backend.MaxArgv+1), Timeout: time.Second},
 	}
 	for name, req := range bad {
-		if _, _, err := checkExecRequest(req); !errors.Is(err, backend.ErrInvalidArgument) {
+		if _, _, err := backend.CheckExecRequest(req, guestWorkspace); !errors.Is(err, backend.ErrInvalidArgument) {
 			t.Errorf("%s: err = %v, want ErrInvalidArgument", name, err)
 		}
 	}

@@ -5,9 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path"
-	"sort"
-	"strings"
 	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
@@ -18,7 +15,7 @@ import (
 // host process: the backend's exec limits (backend.MaxArgBytes, ...) bound
 // them all.
 const (
-	shellPath = "/bin/sh"
+	shellPath = backend.ShellPath
 	guestTmp  = "/tmp"
 )
 
@@ -49,7 +46,7 @@ func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 	if err != nil {
 		return backend.ExecResult{}, err
 	}
-	argv, cwd, err := checkExecRequest(req, sb.workspace())
+	argv, cwd, err := backend.CheckExecRequest(req, sb.workspace())
 	if err != nil {
 		return backend.ExecResult{}, err
 	}
@@ -146,52 +143,6 @@ func looksLikeMissingSandbox(res capture.Result) bool {
 	return false
 }
 
-// checkExecRequest validates req and returns the argv to run under timeout
-// and the working directory (workdir unless req.Cwd is set).
-func checkExecRequest(req backend.ExecRequest, workdir string) (argv []string, cwd string, err error) {
-	bad := func(format string, args ...any) ([]string, string, error) {
-		return nil, "", fmt.Errorf("%w: "+format, append([]any{backend.ErrInvalidArgument}, args...)...)
-	}
-	switch {
-	case req.Timeout <= 0:
-		return bad("the timeout must be positive, got %v", req.Timeout)
-	case req.Timeout > backend.MaxTimeout:
-		return bad("the timeout %v is longer than the %v allowed; split the work into shorter commands", req.Timeout, backend.MaxTimeout)
-	case req.Command != "" && len(req.Argv) > 0:
-		return bad("set either a command string or an argv, not both")
-	case req.Command != "":
-		argv = []string{shellPath, "-c", req.Command}
-	case len(req.Argv) > 0:
-		argv = req.Argv
-	default:
-		return bad("the command is empty; give a command to run")
-	}
-	if len(argv) > backend.MaxArgv {
-		return bad("argv has %d elements, more than the %d allowed; write a script with write_file and run it", len(argv), backend.MaxArgv)
-	}
-	for _, a := range argv {
-		if strings.IndexByte(a, 0) >= 0 {
-			return bad("the command contains a NUL byte, which cannot be passed to a program; remove it")
-		}
-		if len(a) > backend.MaxArgBytes {
-			return bad("the command is %d bytes, more than the %d a single argument may be; write it to a file with write_file and run that file", len(a), backend.MaxArgBytes)
-		}
-	}
-	cwd = workdir
-	if req.Cwd != "" {
-		switch {
-		case strings.IndexByte(req.Cwd, 0) >= 0:
-			return bad("the working directory contains a NUL byte")
-		case !path.IsAbs(req.Cwd):
-			return bad("the working directory %s must be an absolute path inside the sandbox, such as %s/project", backend.ShortName(req.Cwd), workdir)
-		case len(req.Cwd) > backend.MaxGuestPathLen:
-			return bad("the working directory is %d bytes long, more than the %d allowed", len(req.Cwd), backend.MaxGuestPathLen)
-		}
-		cwd = path.Clean(req.Cwd)
-	}
-	return argv, cwd, nil
-}
-
 // checkArgvSize checks the whole sbx exec command line against the
 // kernel's limits.
 func checkArgvSize(args []string) error {
@@ -205,27 +156,10 @@ func checkArgvSize(args []string) error {
 	return nil
 }
 
-// mergeEnv layers the sandbox's environment and the request's, in that
-// order, over the image's own, and returns it as sorted "NAME=value".
+// mergeEnv is the command's environment: the sandbox's, then the
+// request's, over the image's own (which sbx exec keeps).
 func mergeEnv(sandboxEnv, requestEnv map[string]string) ([]string, error) {
-	if err := backend.ValidateEnv(requestEnv, "the command's"); err != nil {
-		return nil, err
-	}
-	merged := make(map[string]string, len(sandboxEnv)+len(requestEnv))
-	for _, layer := range []map[string]string{sandboxEnv, requestEnv} {
-		for k, v := range layer {
-			merged[k] = v
-		}
-	}
-	if err := backend.ValidateEnv(merged, "the combined"); err != nil {
-		return nil, err
-	}
-	out := make([]string, 0, len(merged))
-	for k, v := range merged {
-		out = append(out, k+"="+v)
-	}
-	sort.Strings(out)
-	return out, nil
+	return backend.MergeEnv(nil, sandboxEnv, requestEnv)
 }
 
 // isTimeout decides whether a command timed out. GNU timeout exits 124 when
