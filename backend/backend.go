@@ -270,5 +270,10 @@ func ShortName(s string) string {
 // and a process name, so it is short and plain.
 var validID = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
 
+// NotFound is the error for a sandbox id this host does not have.
+func NotFound(id string) error {
+	return fmt.Errorf("%w: sandbox %q does not exist on this host (destroyed, or never created); create a new one", ErrNotFound, id)
+}
+
 // ValidID reports whether id may name a sandbox.
 func ValidID(id string) bool { return validID.MatchString(id) }

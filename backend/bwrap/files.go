@@ -72,7 +72,7 @@ func openArea(sb *sandbox, p string) (*os.Root, string, error) {
 	root, err := os.OpenRoot(filepath.Join(sb.dataDir(), a.name))
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return nil, "", notFound(sb.id)
+			return nil, "", backend.NotFound(sb.id)
 		}
 		return nil, "", fmt.Errorf("open the files of sandbox %s: %w", sb.id, err)
 	}

@@ -2,10 +2,8 @@ package bwrap
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"maps"
 	"os"
@@ -117,7 +115,7 @@ func (sb *sandbox) begin(ctx context.Context) (context.Context, func(), error) {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	if sb.destroying {
-		return nil, nil, notFound(sb.id)
+		return nil, nil, backend.NotFound(sb.id)
 	}
 	if len(sb.active) >= maxActivePerSandbox {
 		return nil, nil, fmt.Errorf("%w: sandbox %s already has %d commands and file operations in flight; wait for one to finish", backend.ErrUnavailable, sb.id, maxActivePerSandbox)
@@ -163,17 +161,13 @@ func (sb *sandbox) wait(ctx context.Context, limit time.Duration) bool {
 	return false
 }
 
-func notFound(id string) error {
-	return fmt.Errorf("%w: sandbox %q does not exist on this host (destroyed, or never created); create a new one", backend.ErrNotFound, id)
-}
-
 func (b *Backend) sandboxDir(id string) string { return filepath.Join(b.cfg.Dir, id) }
 
 // lookup returns the sandbox id, loading it from disk when this process has
 // not seen it yet (a restarted daemon re-adopting its sandboxes).
 func (b *Backend) lookup(id string) (*sandbox, error) {
 	if !backend.ValidID(id) {
-		return nil, notFound(id)
+		return nil, backend.NotFound(id)
 	}
 	b.mu.Lock()
 	if sb, ok := b.sandboxes[id]; ok {
@@ -185,7 +179,7 @@ func (b *Backend) lookup(id string) (*sandbox, error) {
 			delete(b.sandboxes, id)
 			b.mu.Unlock()
 			b.forget(sb)
-			return nil, notFound(id)
+			return nil, backend.NotFound(id)
 		}
 		b.mu.Unlock()
 		return sb, nil
@@ -209,7 +203,7 @@ func (b *Backend) lookup(id string) (*sandbox, error) {
 		return nil, err
 	}
 	if _, err := os.Stat(sb.workDir()); err != nil {
-		return nil, notFound(id)
+		return nil, backend.NotFound(id)
 	}
 	if err := b.makeCgroup(context.Background(), sb); err != nil {
 		return nil, err
@@ -220,26 +214,11 @@ func (b *Backend) lookup(id string) (*sandbox, error) {
 
 func (b *Backend) loadSpec(id string) (persistedSpec, error) {
 	var spec persistedSpec
-	f, err := os.Open(filepath.Join(b.sandboxDir(id), specName))
-	if errors.Is(err, fs.ErrNotExist) {
-		if _, statErr := os.Stat(b.sandboxDir(id)); statErr == nil {
-			return spec, fmt.Errorf("%w: sandbox %q was never completely created (no %s); destroy it and create a new one", backend.ErrNotFound, id, specName)
-		}
-		return spec, notFound(id)
+	if err := statedir.ReadSettings(b.sandboxDir(id), specName, id, maxSpecFileBytes, &spec); err != nil {
+		return spec, err
 	}
-	if err != nil {
-		return spec, fmt.Errorf("read settings of sandbox %s: %w", id, err)
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxSpecFileBytes+1))
-	if err != nil {
-		return spec, fmt.Errorf("read settings of sandbox %s: %w", id, err)
-	}
-	if len(data) > maxSpecFileBytes {
-		return spec, fmt.Errorf("%w: settings of sandbox %q are larger than %d bytes, so not ours; destroy it and create a new one", backend.ErrNotFound, id, maxSpecFileBytes)
-	}
-	if err := json.Unmarshal(data, &spec); err != nil || spec.Version != specVersion {
-		return spec, fmt.Errorf("%w: settings of sandbox %q are unreadable or from another version (%v); destroy it and create a new one", backend.ErrNotFound, id, err)
+	if spec.Version != specVersion {
+		return spec, fmt.Errorf("%w: settings of sandbox %q are from another version (%d); destroy it and create a new one", backend.ErrNotFound, id, spec.Version)
 	}
 	switch spec.Network {
 	case networkNone:

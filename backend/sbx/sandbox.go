@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"maps"
 	"os"
@@ -107,7 +106,7 @@ func (sb *sandbox) begin(ctx context.Context) (context.Context, func(), error) {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	if sb.destroying {
-		return nil, nil, notFound(sb.id)
+		return nil, nil, backend.NotFound(sb.id)
 	}
 	if len(sb.active) >= maxActivePerSandbox {
 		return nil, nil, fmt.Errorf("%w: sandbox %s already has %d commands and file operations in flight; wait for one to finish", backend.ErrUnavailable, sb.id, maxActivePerSandbox)
@@ -153,10 +152,6 @@ func (sb *sandbox) stop(ctx context.Context, limit time.Duration) bool {
 	return false
 }
 
-func notFound(id string) error {
-	return fmt.Errorf("%w: sandbox %q does not exist on this host (destroyed, or never created); create a new one", backend.ErrNotFound, id)
-}
-
 func vanished(id string) error {
 	return fmt.Errorf("%w: the microVM of sandbox %q is gone (sbx no longer lists it: removed behind the daemon's back, or sbx lost it); create a new sandbox", backend.ErrNotFound, id)
 }
@@ -181,14 +176,14 @@ func (b *Backend) idFromName(name string) (string, bool) {
 // sbx: a microVM that vanished is noticed when a command fails.
 func (b *Backend) lookup(id string) (*sandbox, error) {
 	if !backend.ValidID(id) {
-		return nil, notFound(id)
+		return nil, backend.NotFound(id)
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if sb, ok := b.sandboxes[id]; ok {
 		if _, err := os.Stat(sb.workspace()); err != nil && !sb.destroying {
 			delete(b.sandboxes, id)
-			return nil, notFound(id)
+			return nil, backend.NotFound(id)
 		}
 		return sb, nil
 	}
@@ -198,7 +193,7 @@ func (b *Backend) lookup(id string) (*sandbox, error) {
 	}
 	sb := newSandbox(id, b.sandboxDir(id), spec)
 	if _, err := os.Stat(sb.workspace()); err != nil {
-		return nil, notFound(id)
+		return nil, backend.NotFound(id)
 	}
 	b.sandboxes[id] = sb
 	return sb, nil
@@ -206,26 +201,11 @@ func (b *Backend) lookup(id string) (*sandbox, error) {
 
 func (b *Backend) loadSpec(id string) (persistedSpec, error) {
 	var spec persistedSpec
-	f, err := os.Open(filepath.Join(b.sandboxDir(id), specName))
-	if errors.Is(err, fs.ErrNotExist) {
-		if _, statErr := os.Stat(b.sandboxDir(id)); statErr == nil {
-			return spec, fmt.Errorf("%w: sandbox %q was never completely created (no %s); destroy it and create a new one", backend.ErrNotFound, id, specName)
-		}
-		return spec, notFound(id)
+	if err := statedir.ReadSettings(b.sandboxDir(id), specName, id, maxSpecFileBytes, &spec); err != nil {
+		return spec, err
 	}
-	if err != nil {
-		return spec, fmt.Errorf("read settings of sandbox %s: %w", id, err)
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxSpecFileBytes+1))
-	if err != nil {
-		return spec, fmt.Errorf("read settings of sandbox %s: %w", id, err)
-	}
-	if len(data) > maxSpecFileBytes {
-		return spec, fmt.Errorf("%w: settings of sandbox %q are larger than %d bytes, so not ours; destroy it and create a new one", backend.ErrNotFound, id, maxSpecFileBytes)
-	}
-	if err := json.Unmarshal(data, &spec); err != nil || spec.Version != specVersion {
-		return spec, fmt.Errorf("%w: settings of sandbox %q are unreadable or from another version (%v); destroy it and create a new one", backend.ErrNotFound, id, err)
+	if spec.Version != specVersion {
+		return spec, fmt.Errorf("%w: settings of sandbox %q are from another version (%d); destroy it and create a new one", backend.ErrNotFound, id, spec.Version)
 	}
 	if spec.SbxName != b.sbxName(id) {
 		return spec, fmt.Errorf("%w: sandbox %q was created under another marker (sbx name %s); destroy it and create a new one", backend.ErrNotFound, id, backend.ShortName(spec.SbxName))

@@ -6,9 +6,14 @@ package statedir
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 )
 
 // WriteJSON writes v as JSON to path through a temporary file, fsyncs it,
@@ -71,4 +76,35 @@ func RemoveAll(path string) error {
 		return nil
 	})
 	return os.RemoveAll(path)
+}
+
+// ReadSettings reads the settings file name of sandbox id, in its directory
+// dir, into v (JSON of at most maxBytes). A sandbox without one (never
+// completely created), one whose file is too large or unreadable, and a
+// directory that does not exist are all errors wrapping backend.ErrNotFound
+// that tell the caller to create a new sandbox; an I/O error is returned as
+// such.
+func ReadSettings(dir, name, id string, maxBytes int, v any) error {
+	f, err := os.Open(filepath.Join(dir, name))
+	if errors.Is(err, fs.ErrNotExist) {
+		if _, statErr := os.Stat(dir); statErr == nil {
+			return fmt.Errorf("%w: sandbox %q was never completely created (no %s); destroy it and create a new one", backend.ErrNotFound, id, name)
+		}
+		return backend.NotFound(id)
+	}
+	if err != nil {
+		return fmt.Errorf("read settings of sandbox %s: %w", id, err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, int64(maxBytes)+1))
+	if err != nil {
+		return fmt.Errorf("read settings of sandbox %s: %w", id, err)
+	}
+	if len(data) > maxBytes {
+		return fmt.Errorf("%w: settings of sandbox %q are larger than %d bytes, so not ours; destroy it and create a new one", backend.ErrNotFound, id, maxBytes)
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return fmt.Errorf("%w: settings of sandbox %q are unreadable (%v); destroy it and create a new one", backend.ErrNotFound, id, err)
+	}
+	return nil
 }

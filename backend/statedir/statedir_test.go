@@ -7,8 +7,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 )
 
 const helperEnv = "STATEDIR_TEST_HELPER"
@@ -125,5 +128,32 @@ func TestRemoveAllUnprivileged(t *testing.T) {
 	}
 	if _, err := os.Lstat(base); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("the tree is still there: %v", err)
+	}
+}
+
+func TestReadSettingsRefusesWhatIsNotOurs(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "sc-1")
+	var v map[string]int
+	if err := ReadSettings(dir, "spec.json", "sc-1", 64, &v); !errors.Is(err, backend.ErrNotFound) {
+		t.Errorf("no directory: %v", err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for name, content := range map[string]string{"": "", "too large": `{"a":` + strings.Repeat(" ", 100) + `1}`, "garbage": "\x00{"} {
+		if content != "" {
+			if err := os.WriteFile(filepath.Join(dir, "spec.json"), []byte(content), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := ReadSettings(dir, "spec.json", "sc-1", 64, &v); !errors.Is(err, backend.ErrNotFound) || !strings.Contains(err.Error(), "create a new one") {
+			t.Errorf("%q: %v, want ErrNotFound saying what to do", name, err)
+		}
+	}
+	if err := WriteJSON(filepath.Join(dir, "spec.json"), map[string]int{"a": 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ReadSettings(dir, "spec.json", "sc-1", 64, &v); err != nil || v["a"] != 1 {
+		t.Errorf("round trip: %v %v", v, err)
 	}
 }
