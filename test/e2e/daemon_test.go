@@ -5,17 +5,14 @@
 package e2e
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -47,17 +44,13 @@ func baseDir(t *testing.T) string {
 
 type daemon struct {
 	t        *testing.T
-	cmd      *exec.Cmd
+	proc     *testdaemon.Process // the running (or last) daemon
+	cmd      *exec.Cmd           // proc.Cmd
 	base     string
 	socket   string
 	stateDir string
 	args     []string
 	env      []string
-
-	mu   sync.Mutex
-	logs bytes.Buffer
-	done chan struct{}
-	err  error
 }
 
 // startDaemon runs `sandbox-sidecar serve` with a temp socket and state
@@ -76,72 +69,31 @@ func startDaemon(t *testing.T, base string, extra ...string) *daemon {
 }
 
 func (d *daemon) start() {
-	t := d.t
-	t.Helper()
-	d.cmd = exec.Command(daemonBin, d.args...)
-	d.cmd.Env = append(os.Environ(), d.env...)
-	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	stderr, err := d.cmd.StderrPipe()
-	require.NoError(t, err)
-	require.NoError(t, d.cmd.Start())
-	ready := make(chan struct{})
-	d.done = make(chan struct{})
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		once := sync.Once{}
-		for sc.Scan() {
-			line := sc.Text()
-			d.mu.Lock()
-			d.logs.WriteString(line + "\n")
-			d.mu.Unlock()
-			if strings.Contains(line, "is listening on") {
-				once.Do(func() { close(ready) })
-			}
-		}
-		io.Copy(io.Discard, stderr)
-		d.err = d.cmd.Wait()
-		close(d.done)
-	}()
-	select {
-	case <-ready:
-	case <-d.done:
-		t.Fatalf("daemon exited before serving: %v\n%s", d.err, d.Logs())
-	case <-time.After(30 * time.Second):
-		t.Fatalf("daemon did not serve within 30s\n%s", d.Logs())
-	}
+	d.t.Helper()
+	cmd := exec.Command(daemonBin, d.args...)
+	cmd.Env = append(os.Environ(), d.env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	d.proc = testdaemon.Start(d.t, cmd, 30*time.Second, nil)
+	d.cmd = cmd
 }
 
 // Logs returns everything the daemon wrote to stderr so far.
-func (d *daemon) Logs() string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.logs.String()
-}
-
-func (d *daemon) running() bool {
-	select {
-	case <-d.done:
-		return false
-	default:
-		return true
-	}
-}
+func (d *daemon) Logs() string { return d.proc.Logs() }
 
 // stop sends SIGTERM and expects a clean exit 0.
 func (d *daemon) stop() {
-	if !d.running() {
+	if !d.proc.Running() {
 		return
 	}
 	d.cmd.Process.Signal(syscall.SIGTERM)
 	select {
-	case <-d.done:
-		if d.err != nil {
-			d.t.Errorf("daemon did not exit cleanly after SIGTERM: %v\n%s", d.err, d.Logs())
+	case <-d.proc.Done():
+		if err := d.proc.Err(); err != nil {
+			d.t.Errorf("daemon did not exit cleanly after SIGTERM: %v\n%s", err, d.Logs())
 		}
 	case <-time.After(60 * time.Second):
 		d.cmd.Process.Kill()
-		<-d.done
+		<-d.proc.Done()
 		d.t.Errorf("daemon did not stop within 60s of SIGTERM\n%s", d.Logs())
 	}
 }
@@ -149,16 +101,11 @@ func (d *daemon) stop() {
 // kill9 kills the daemon as a crash would.
 func (d *daemon) kill9() {
 	d.cmd.Process.Signal(syscall.SIGKILL)
-	<-d.done
+	<-d.proc.Done()
 }
 
 // restart starts the daemon again on the same state directory.
-func (d *daemon) restart() {
-	d.mu.Lock()
-	d.logs.Reset()
-	d.mu.Unlock()
-	d.start()
-}
+func (d *daemon) restart() { d.start() }
 
 func (d *daemon) client(t *testing.T) *ipc.Client {
 	t.Helper()

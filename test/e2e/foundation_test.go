@@ -302,7 +302,7 @@ func TestBadInputOverRawSocket(t *testing.T) {
 
 	// Through all of that the daemon kept serving everyone else.
 	assert.Equal(t, "ok\n", string(run(t, c, id, "echo ok").Stdout))
-	assert.True(t, d.running())
+	assert.True(t, d.proc.Running())
 }
 
 func TestPeerCredentials(t *testing.T) {

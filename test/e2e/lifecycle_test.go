@@ -102,7 +102,7 @@ func TestCrashAtEveryPhase(t *testing.T) {
 					go c.Call(context.Background(), ipc.OpCreate, args, nil)
 				}
 				select {
-				case <-d.done:
+				case <-d.proc.Done():
 				case <-time.After(20 * time.Second):
 					t.Fatalf("iteration %d: the daemon did not hit failpoint %s", i, phase)
 				}

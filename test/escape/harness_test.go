@@ -18,21 +18,17 @@
 package escape
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -99,11 +95,7 @@ type harness struct {
 	cg       *cgroup.Cgroup
 	cgm      *cgroup.Manager
 	cmd      *exec.Cmd
-	done     chan struct{}
-	waitErr  error
-
-	mu   sync.Mutex
-	logs bytes.Buffer
+	proc     *testdaemon.Process
 
 	client *ipc.Client
 	bounds string // what the harness verified, for the report
@@ -207,61 +199,20 @@ func (h *harness) start() {
 	h.cmd.ExtraFiles = []*os.File{gateR}
 	h.cmd.Env = os.Environ()
 	h.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	stderr, err := h.cmd.StderrPipe()
-	require.NoError(t, err)
-	require.NoError(t, h.cmd.Start())
-	require.NoError(t, h.cg.Add(h.cmd.Process.Pid))
-	pids, err := h.cg.PIDs()
-	require.NoError(t, err)
-	require.Contains(t, pids, h.cmd.Process.Pid, "the daemon must be inside the harness before it runs")
-	_, err = gateW.Write([]byte("go\n"))
-	require.NoError(t, err)
-	gateW.Close()
-
-	ready := make(chan struct{})
-	h.done = make(chan struct{})
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		once := sync.Once{}
-		for sc.Scan() {
-			line := sc.Text()
-			h.mu.Lock()
-			if h.logs.Len() < 8<<20 {
-				h.logs.WriteString(line + "\n")
-			}
-			h.mu.Unlock()
-			if strings.Contains(line, "is listening on") {
-				once.Do(func() { close(ready) })
-			}
-		}
-		io.Copy(io.Discard, stderr)
-		h.waitErr = h.cmd.Wait()
-		close(h.done)
-	}()
-	select {
-	case <-ready:
-	case <-h.done:
-		t.Fatalf("daemon exited before serving: %v\n%s", h.waitErr, h.Logs())
-	case <-time.After(daemonStartMax):
-		t.Fatalf("daemon did not serve within %v\n%s", daemonStartMax, h.Logs())
-	}
+	h.proc = testdaemon.Start(t, h.cmd, daemonStartMax, func() {
+		require.NoError(t, h.cg.Add(h.cmd.Process.Pid))
+		pids, err := h.cg.PIDs()
+		require.NoError(t, err)
+		require.Contains(t, pids, h.cmd.Process.Pid, "the daemon must be inside the harness before it runs")
+		_, err = gateW.Write([]byte("go\n"))
+		require.NoError(t, err)
+		gateW.Close()
+	})
 }
 
-func (h *harness) Logs() string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.logs.String()
-}
+func (h *harness) Logs() string { return h.proc.Logs() }
 
-func (h *harness) running() bool {
-	select {
-	case <-h.done:
-		return false
-	default:
-		return true
-	}
-}
+func (h *harness) running() bool { return h.proc.Running() }
 
 func (h *harness) stop() {
 	if !h.running() {
@@ -269,10 +220,10 @@ func (h *harness) stop() {
 	}
 	h.cmd.Process.Signal(syscall.SIGTERM)
 	select {
-	case <-h.done:
+	case <-h.proc.Done():
 	case <-time.After(60 * time.Second):
 		h.cmd.Process.Kill()
-		<-h.done
+		<-h.proc.Done()
 		h.t.Errorf("daemon did not stop within 60s of SIGTERM")
 	}
 }
@@ -343,7 +294,7 @@ func (h *harness) fileErr(op string, args map[string]any, out any) string {
 // command normally.
 func (h *harness) healthy() error {
 	if !h.running() {
-		return fmt.Errorf("the daemon exited: %v", h.waitErr)
+		return fmt.Errorf("the daemon exited: %v", h.proc.Err())
 	}
 	var res struct {
 		Status string `msgpack:"status"`

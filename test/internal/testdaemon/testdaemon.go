@@ -1,15 +1,20 @@
 // Package testdaemon is what the tests that run the real daemon share:
-// building its binary once per test binary, and deciding whether this host
-// can run them at all.
+// building its binary once per test binary, deciding whether this host can
+// run them at all, and starting the daemon and keeping its log.
 package testdaemon
 
 import (
+	"bufio"
+	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 // BinEnv names a daemon built elsewhere (a release binary, another
@@ -66,4 +71,95 @@ func RequireHost(t testing.TB, files ...string) {
 		t.Fatalf("this test needs %s, and CI=true forbids skipping", strings.Join(missing, " and "))
 	}
 	t.Skipf("needs %s", strings.Join(missing, " and "))
+}
+
+// What Start watches for, and how much of the daemon's stderr it keeps.
+const (
+	readyLine = "is listening on"
+	logCap    = 8 << 20
+)
+
+// Process is a daemon a test started: its stderr is kept (the first
+// logCap bytes) and watched for the line that says it serves.
+type Process struct {
+	Cmd *exec.Cmd
+
+	done chan struct{} // closed once Cmd.Wait has returned
+	err  error         // Cmd.Wait's, once done
+
+	mu   sync.Mutex
+	logs bytes.Buffer
+}
+
+// Start starts cmd, taking over its stderr, runs started (when not nil)
+// right after the process exists, then waits until the daemon says it
+// serves. It fails t if the daemon exits first or says nothing within
+// limit, with what the daemon wrote.
+func Start(t testing.TB, cmd *exec.Cmd, limit time.Duration, started func()) *Process {
+	t.Helper()
+	p := &Process{Cmd: cmd, done: make(chan struct{})}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if started != nil {
+		started()
+	}
+	ready := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		once := sync.Once{}
+		for sc.Scan() {
+			line := sc.Text()
+			p.mu.Lock()
+			if p.logs.Len() < logCap {
+				p.logs.WriteString(line + "\n")
+			}
+			p.mu.Unlock()
+			if strings.Contains(line, readyLine) {
+				once.Do(func() { close(ready) })
+			}
+		}
+		_, _ = io.Copy(io.Discard, stderr)
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	select {
+	case <-ready:
+	case <-p.done:
+		t.Fatalf("daemon exited before serving: %v\n%s", p.err, p.Logs())
+	case <-time.After(limit):
+		t.Fatalf("daemon did not serve within %v\n%s", limit, p.Logs())
+	}
+	return p
+}
+
+// Logs returns what the daemon wrote to stderr so far.
+func (p *Process) Logs() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.logs.String()
+}
+
+// Done is closed once the daemon has exited and been reaped.
+func (p *Process) Done() <-chan struct{} { return p.done }
+
+// Err is how the daemon exited; meaningful once Done is closed.
+func (p *Process) Err() error {
+	<-p.done
+	return p.err
+}
+
+// Running reports whether the daemon has not exited yet.
+func (p *Process) Running() bool {
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
 }
