@@ -148,3 +148,15 @@ func (d *daemon) resetPeak() {
 		os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", d.pid), []byte("5"), 0)
 	}
 }
+
+// startWithClient is startDaemon and one client of it; stop closes both.
+func startWithClient(o options, extra ...string) (d *daemon, c *ipc.Client, stop func(), err error) {
+	if d, err = startDaemon(o, extra...); err != nil {
+		return nil, nil, nil, err
+	}
+	if c, err = d.client(); err != nil {
+		d.stop()
+		return nil, nil, nil, err
+	}
+	return d, c, func() { c.Close(); d.stop() }, nil
+}

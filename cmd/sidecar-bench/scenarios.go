@@ -56,16 +56,11 @@ func runCmd(c *ipc.Client, id string, argv []string) (execResult, error) {
 // --- 1. RPC floor -----------------------------------------------------
 
 func benchRPC(o options, rep *report) error {
-	d, err := startDaemon(o)
+	d, c, stop, err := startWithClient(o)
 	if err != nil {
 		return err
 	}
-	defer d.stop()
-	c, err := d.client()
-	if err != nil {
-		return err
-	}
-	defer c.Close()
+	defer stop()
 	n := 5000
 	if o.quick {
 		n = 200
@@ -209,16 +204,11 @@ func directBwrap(dir string, argv []string) error {
 }
 
 func benchCommand(o options, rep *report) error {
-	d, err := startDaemon(o)
+	_, c, stop, err := startWithClient(o)
 	if err != nil {
 		return err
 	}
-	defer d.stop()
-	c, err := d.client()
-	if err != nil {
-		return err
-	}
-	defer c.Close()
+	defer stop()
 	id, err := create(c, map[string]any{"ttl_s": 3600})
 	if err != nil {
 		return err
@@ -229,15 +219,12 @@ func benchCommand(o options, rep *report) error {
 	var cPlain *ipc.Client
 	var idPlain string
 	if o.socket == "" {
-		dp, err := startDaemon(o, "--limit-cgroups", "off", "--limit-disk-caps", "off")
+		_, cp, stopPlain, err := startWithClient(o, "--limit-cgroups", "off", "--limit-disk-caps", "off")
 		if err != nil {
 			return err
 		}
-		defer dp.stop()
-		if cPlain, err = dp.client(); err != nil {
-			return err
-		}
-		defer cPlain.Close()
+		defer stopPlain()
+		cPlain = cp
 		if idPlain, err = create(cPlain, map[string]any{"ttl_s": 3600}); err != nil {
 			return err
 		}
@@ -316,44 +303,41 @@ func benchProvision(o options, rep *report) error {
 		{4, "warm pool of 4, cgroup + 1 GiB disk cap", nil},
 	}
 	for _, v := range variants {
-		pool := v.pool
-		d, err := startDaemon(o, append([]string{"--pool-size", fmt.Sprint(pool)}, v.flags...)...)
+		creates, firsts, err := provisionRuns(o, n, v.pool, v.flags)
 		if err != nil {
 			return err
 		}
-		c, err := d.client()
-		if err != nil {
-			d.stop()
-			return err
-		}
-		var creates, firsts []time.Duration
-		for i := 0; i < n; i++ {
-			if pool > 0 {
-				waitPooled(c, 1)
-			}
-			start := time.Now()
-			id, err := create(c, nil)
-			if err != nil {
-				c.Close()
-				d.stop()
-				return err
-			}
-			creates = append(creates, time.Since(start))
-			if _, err := runCmd(c, id, []string{"/bin/true"}); err != nil {
-				c.Close()
-				d.stop()
-				return err
-			}
-			firsts = append(firsts, time.Since(start))
-			call(c, ipc.OpDestroy, map[string]any{"sandbox": id}, nil)
-		}
-		name := v.name
-		rep.add("provision", "create, "+name, map[string]float64{"p50_ms": ms(percentile(creates, 50)), "p99_ms": ms(percentile(creates, 99))}, "")
-		rep.add("provision", "create → first command result, "+name, map[string]float64{"p50_ms": ms(percentile(firsts, 50)), "p99_ms": ms(percentile(firsts, 99))}, "")
-		c.Close()
-		d.stop()
+		rep.add("provision", "create, "+v.name, map[string]float64{"p50_ms": ms(percentile(creates, 50)), "p99_ms": ms(percentile(creates, 99))}, "")
+		rep.add("provision", "create → first command result, "+v.name, map[string]float64{"p50_ms": ms(percentile(firsts, 50)), "p99_ms": ms(percentile(firsts, 99))}, "")
 	}
 	return nil
+}
+
+// provisionRuns times n creates (and each one's first command) on a daemon
+// of its own with a pool of pool sandboxes and the given flags.
+func provisionRuns(o options, n, pool int, flags []string) (creates, firsts []time.Duration, err error) {
+	_, c, stop, err := startWithClient(o, append([]string{"--pool-size", fmt.Sprint(pool)}, flags...)...)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer stop()
+	for i := 0; i < n; i++ {
+		if pool > 0 {
+			waitPooled(c, 1)
+		}
+		start := time.Now()
+		id, err := create(c, nil)
+		if err != nil {
+			return nil, nil, err
+		}
+		creates = append(creates, time.Since(start))
+		if _, err := runCmd(c, id, []string{"/bin/true"}); err != nil {
+			return nil, nil, err
+		}
+		firsts = append(firsts, time.Since(start))
+		call(c, ipc.OpDestroy, map[string]any{"sandbox": id}, nil)
+	}
+	return creates, firsts, nil
 }
 
 func waitPooled(c *ipc.Client, n int) {
@@ -372,16 +356,11 @@ func waitPooled(c *ipc.Client, n int) {
 // --- 4. Output --------------------------------------------------------
 
 func benchOutput(o options, rep *report) error {
-	d, err := startDaemon(o)
+	d, c, stop, err := startWithClient(o)
 	if err != nil {
 		return err
 	}
-	defer d.stop()
-	c, err := d.client()
-	if err != nil {
-		return err
-	}
-	defer c.Close()
+	defer stop()
 	id, err := create(c, nil)
 	if err != nil {
 		return err
