@@ -133,7 +133,7 @@ func (b *Backend) execDirect(ctx, opCtx context.Context, sb *sandbox, req backen
 	place := sb.placement()
 	// Closed once capture.Run has killed or reaped bwrap.
 	defer place.close()
-	if err := b.prepareCgroup(cmd, place); err != nil {
+	if err := place.prepare(cmd); err != nil {
 		return backend.ExecResult{}, fmt.Errorf("%w: cannot place a command of sandbox %s in its cgroup: %v", backend.ErrUnavailable, sb.id, err)
 	}
 

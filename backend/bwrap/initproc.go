@@ -168,7 +168,7 @@ func (b *Backend) startInit(ctx context.Context, sb *sandbox, deadline time.Time
 	cmd.ExtraFiles = append([]*os.File{ctrlInit, b.exe}, files...) // fds 3, 4, 5...
 	cmd.SysProcAttr.Setpgid = true
 	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
-	if err := b.prepareCgroup(cmd, place); err != nil {
+	if err := place.prepare(cmd); err != nil {
 		return nil, fmt.Errorf("%w: cannot place the init of sandbox %s in its cgroup: %v", backend.ErrUnavailable, sb.id, err)
 	}
 	if err := capture.CloseInheritedOnExec(); err != nil {

@@ -149,48 +149,36 @@ func (b *Backend) sweepCgroups() {
 // process is born there (clone3 with CLONE_INTO_CGROUP), and so its
 // cgroup namespace is rooted at the sandbox's own group. On v1 bwrap is held
 // at --block-fd until its sandbox's first process is moved in. The caller
-// calls prepare before starting cmd (it adds descriptors from
-// firstFreeFD on, returning the bwrap options to add), started right after,
-// and close in every case.
+// calls prepare before starting cmd, started right after, and close in
+// every case, once bwrap is dead or running on its own.
 type placement struct {
-	cg     *cgroup.Cgroup
-	fd     *os.File
-	gate   *limits.Gate
-	placed bool
+	cg   *cgroup.Cgroup
+	fd   *os.File
+	gate *limits.Gate
 }
 
 func (sb *sandbox) placement() *placement { return &placement{cg: sb.cg} }
 
-// prepare readies cmd; bwrap's ExtraFiles must already be set, and the
-// returned options go on bwrap's command line (before its --args).
-func (p *placement) prepare(cmd *exec.Cmd) ([]string, error) {
+// prepare readies cmd, a bwrap whose ExtraFiles are set: on v1 it adds the
+// gate's descriptors after them and its options first on the command line.
+func (p *placement) prepare(cmd *exec.Cmd) error {
 	if p.cg == nil {
-		return nil, nil
+		return nil
 	}
 	if fd, err := p.cg.FD(); err == nil {
 		p.fd = fd
 		cmd.SysProcAttr.UseCgroupFD = true
 		cmd.SysProcAttr.CgroupFD = int(fd.Fd())
-		return nil, nil
+		return nil
 	}
 	g, err := limits.NewGate()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	p.gate = g
 	first := 3 + len(cmd.ExtraFiles)
 	cmd.ExtraFiles = append(cmd.ExtraFiles, g.Files()...)
-	return g.Args(first, first+1), nil
-}
-
-// prepareCgroup readies cmd (bwrap, its ExtraFiles set, its options
-// behind an --args) for place, putting any extra options first.
-func (b *Backend) prepareCgroup(cmd *exec.Cmd, place *placement) error {
-	extra, err := place.prepare(cmd)
-	if err != nil || len(extra) == 0 {
-		return err
-	}
-	cmd.Args = append(append([]string{cmd.Args[0]}, extra...), cmd.Args[1:]...)
+	cmd.Args = append(append([]string{cmd.Args[0]}, g.Args(first, first+1)...), cmd.Args[1:]...)
 	return nil
 }
 
@@ -199,7 +187,6 @@ func (b *Backend) prepareCgroup(cmd *exec.Cmd, place *placement) error {
 // process is outside its group: the caller kills bwrap.
 func (p *placement) started() error {
 	if p.gate == nil {
-		p.placed = p.cg != nil
 		return nil
 	}
 	pid, err := p.gate.ChildPID()
@@ -209,7 +196,6 @@ func (p *placement) started() error {
 	if err := p.cg.Add(pid); err != nil {
 		return err
 	}
-	p.placed = true
 	return p.gate.Release()
 }
 
