@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Install what the tests need (as root) and run the whole suite: formatting,
 # go vet, every Go test under the race detector (including the fuzz seed
-# corpus and the end-to-end tests against the real daemon and bubblewrap),
-# a short fuzzing run, and the Python client's tests against the real daemon.
+# corpus, the end-to-end tests and the escape battery against the real
+# daemon and bubblewrap), a short fuzzing run of every decoder, a smoke run
+# of the benchmark tool, the Python client's tests against the real daemon,
+# and the Debian package's test in a booted container.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"
