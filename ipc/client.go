@@ -97,7 +97,7 @@ func (c *Client) readLoop() {
 			c.nc.Close()
 			return
 		}
-		if err := checkShape(body); err != nil {
+		if err := checkShape(body, 0); err != nil {
 			c.fail(fmt.Errorf("malformed frame from the daemon: %w", err))
 			c.nc.Close()
 			return

@@ -2,6 +2,7 @@ package ipc
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -15,12 +16,58 @@ import (
 // of nested one-element arrays exhaust the stack.
 const MaxDepth = 32
 
+// The decoding budget. A msgpack item (a map, an array, a key, a value)
+// can be a single byte on the wire and still cost tens of bytes once
+// decoded (an empty map is a Go map header), so a frame may hold only as
+// many items as its size justifies: ItemBudget. What decoding costs is then
+// bounded by RequestCost, which the server charges against its request
+// budget before it reads the frame's body.
+const (
+	// MaxItemsPerFrame is the ceiling on msgpack items in one request
+	// frame, whatever its size (docs/protocol.md, "Frames").
+	MaxItemsPerFrame = 1 << 16
+	// baseItemsPerFrame items are allowed in any frame, plus one for every
+	// itemBytes bytes of it.
+	baseItemsPerFrame = 256
+	itemBytes         = 2
+	// DecodedBytesPerItem bounds what decoding one item costs beside the
+	// bytes it carries (measured: a one-entry map costs ~370 bytes for its
+	// three items, an empty array ~45, a nil ~21; TestDecodeCostWithinBound
+	// holds decoding to it).
+	DecodedBytesPerItem = 128
+	// SmallResponseBytes of each request's charge pay for a response that
+	// reserved nothing (ReserveResponse): most results are a few hundred
+	// bytes.
+	SmallResponseBytes = 4 << 10
+)
+
+// ItemBudget is how many msgpack items a request frame of n bytes may
+// hold: 256 plus one per 2 bytes, at most MaxItemsPerFrame.
+func ItemBudget(n int) int { return min(MaxItemsPerFrame, baseItemsPerFrame+n/itemBytes) }
+
+// RequestCost bounds the bytes a request frame of n bytes holds from its
+// arrival until its response is written: the body, what decoding makes of
+// it (copies of its strings and binaries, and DecodedBytesPerItem per
+// item), and a small response.
+func RequestCost(n int) int64 {
+	return 2*int64(n) + int64(ItemBudget(n))*DecodedBytesPerItem + SmallResponseBytes
+}
+
+// errTooManyItems: a frame holds more items than its budget.
+var errTooManyItems = errors.New("too many msgpack items")
+
 // Request is a decoded request envelope.
 type Request struct {
 	V    uint64
 	ID   uint64
 	Op   string
 	Args Args
+
+	// Set by the server: the connection it came on, and what it holds
+	// of the server's budgets until its response is written.
+	c        *conn
+	charge   int64 // of the request budget
+	reserved int64 // of the connection's and the server's response budgets
 }
 
 // Response is what the server writes for one request.
@@ -43,12 +90,20 @@ type Event struct {
 
 // DecodeRequest decodes one frame body. On failure it returns the id it
 // managed to read (0 if none) and a bad_request *Error saying what is wrong.
+// A frame may hold at most ItemBudget(len(body)) items.
 func DecodeRequest(body []byte) (Request, *Error) {
 	var req Request
-	if err := checkShape(body); err != nil {
+	if err := checkShape(body, ItemBudget(len(body))); err != nil {
+		if errors.Is(err, errTooManyItems) {
+			return req, Errorf(CodeBadRequest, "the frame holds more msgpack items than its size allows (%d for %d bytes: 256 plus one per 2 bytes, at most %d); send fewer, larger values",
+				ItemBudget(len(body)), len(body), MaxItemsPerFrame).With("max_items", ItemBudget(len(body)))
+		}
 		return req, Errorf(CodeBadRequest, "malformed frame: %v", err)
 	}
-	d := msgpack.NewDecoder(bytes.NewReader(body))
+	r := bytes.NewReader(body)
+	d := msgpack.NewDecoder(r)
+	var vr bytes.Reader
+	vd := msgpack.NewDecoder(&vr)
 	n, err := d.DecodeMapLen()
 	if err != nil || n < 0 {
 		return req, Errorf(CodeBadRequest, "a frame must hold one msgpack map")
@@ -63,11 +118,14 @@ func DecodeRequest(body []byte) (Request, *Error) {
 		// Take each value whole (checkShape proved it complete) and decode
 		// it on its own, so a mistyped field never leaves the main decoder
 		// mid-value: the other fields, the id above all, are still read.
-		raw, err := d.DecodeRaw()
-		if err != nil {
+		// The value is a slice of body, not a copy: the decoder reads the
+		// *bytes.Reader directly, so its position is exact.
+		start := len(body) - r.Len()
+		if err := d.Skip(); err != nil {
 			return req, Errorf(CodeBadRequest, "malformed envelope field %q: %v", key, err)
 		}
-		vd := msgpack.NewDecoder(bytes.NewReader(raw))
+		vr.Reset(body[start : len(body)-r.Len()])
+		vd.Reset(&vr)
 		switch key {
 		case "v":
 			req.V, err = decodeUint(vd)
@@ -120,8 +178,11 @@ func DecodeRequest(body []byte) (Request, *Error) {
 }
 
 // checkShape walks body without recursion and checks that it is exactly one
-// msgpack map, nested at most MaxDepth deep, with nothing after it.
-func checkShape(body []byte) error {
+// msgpack map, nested at most MaxDepth deep, with nothing after it, and
+// (when maxItems > 0) holding at most maxItems items: a container is
+// refused as soon as its announced length would pass the budget, before
+// anything is made for it.
+func checkShape(body []byte, maxItems int) error {
 	r := bytes.NewReader(body)
 	d := msgpack.NewDecoder(r)
 	c, err := d.PeekCode()
@@ -131,7 +192,9 @@ func checkShape(body []byte) error {
 	if !isMap(c) {
 		return fmt.Errorf("the body is not a msgpack map (first byte 0x%02x)", c)
 	}
-	remaining := []int{1} // items left to read at each open level
+	var stack [MaxDepth + 1]int
+	remaining := append(stack[:0], 1) // items left to read at each open level
+	items := 1
 	for len(remaining) > 0 {
 		top := len(remaining) - 1
 		if remaining[top] == 0 {
@@ -158,6 +221,14 @@ func checkShape(body []byte) error {
 			return truncated(err)
 		}
 		if n >= 0 {
+			if n > r.Len() {
+				// Every item takes at least a byte: a length that
+				// announces more than are left is a lie.
+				return errors.New("truncated msgpack value")
+			}
+			if items += n; maxItems > 0 && items > maxItems {
+				return errTooManyItems
+			}
 			if len(remaining) >= MaxDepth {
 				return fmt.Errorf("containers nested more than %d deep", MaxDepth)
 			}
@@ -212,6 +283,16 @@ func isArray(c byte) bool {
 
 // EncodeResponse encodes a success (err == nil) or error response.
 func EncodeResponse(id uint64, result any, err *Error) ([]byte, error) {
+	frame, e := encodeResponseFrame(id, result, err)
+	if e != nil {
+		return nil, e
+	}
+	return frame[headerSize:], nil
+}
+
+// encodeResponseFrame encodes a response as a whole frame, length prefix
+// included, in one buffer: written with one Write, never copied.
+func encodeResponseFrame(id uint64, result any, err *Error) ([]byte, error) {
 	resp := Response{V: ProtocolVersion, ID: id}
 	if err == nil {
 		resp.OK = true
@@ -227,16 +308,26 @@ func EncodeResponse(id uint64, result any, err *Error) ([]byte, error) {
 		resp.Error["code"] = err.Code
 		resp.Error["message"] = err.Message
 	}
-	return marshal(resp)
+	buf := bytes.NewBuffer(make([]byte, headerSize, 512))
+	if err := encodeTo(buf, resp); err != nil {
+		return nil, err
+	}
+	frame := buf.Bytes()
+	binary.BigEndian.PutUint32(frame, uint32(len(frame)-headerSize))
+	return frame, nil
 }
 
 func marshal(v any) ([]byte, error) {
 	var buf bytes.Buffer
-	enc := msgpack.NewEncoder(&buf)
-	enc.UseCompactInts(true)
-	enc.UseCompactFloats(false)
-	if err := enc.Encode(v); err != nil {
+	if err := encodeTo(&buf, v); err != nil {
 		return nil, err
 	}
 	return buf.Bytes(), nil
+}
+
+func encodeTo(buf *bytes.Buffer, v any) error {
+	enc := msgpack.NewEncoder(buf)
+	enc.UseCompactInts(true)
+	enc.UseCompactFloats(false)
+	return enc.Encode(v)
 }

@@ -40,18 +40,34 @@ const readBufferSize = 4 << 10
 
 // Defaults for ServerConfig's zero values.
 const (
-	DefaultMaxConns         = 4096
-	DefaultMaxInFlight      = 64
-	DefaultFrameReadTimeout = 30 * time.Second
-	DefaultWriteTimeout     = 30 * time.Second
+	DefaultMaxConns          = 4096
+	DefaultMaxInFlight       = 64
+	DefaultFrameReadTimeout  = 30 * time.Second
+	DefaultWriteTimeout      = 30 * time.Second
+	DefaultFirstFrameTimeout = 10 * time.Second
+	// DefaultMaxRequestBytes bounds what all requests together hold from
+	// the arrival of their frame until their response is written.
+	DefaultMaxRequestBytes = 256 << 20
+	// DefaultMaxResponseBytes bounds what all responses together hold
+	// (reserved by their handler, encoded, not yet written).
+	DefaultMaxResponseBytes = 256 << 20
+	// DefaultMaxConnResponseBytes is the same per connection: room for
+	// the largest response twice over (the data and its encoding).
+	DefaultMaxConnResponseBytes = 3 * DefaultMaxFrame
 )
+
+// DefaultMaxConnsPerUID is the per-uid share of maxConns: three quarters,
+// so that on a host where every client is one uid (an Airflow worker)
+// little is lost, and on a shared one a uid cannot take every slot.
+func DefaultMaxConnsPerUID(maxConns int) int { return max(1, maxConns*3/4) }
 
 // ServerConfig configures a Server. Zero values take the defaults above.
 type ServerConfig struct {
 	Handler Handler
 	// Authorize decides whether a peer may talk to the server at all. A
 	// non-nil error refuses the connection; its text is logged as the
-	// reason and sent to the peer in an unauthorized error frame.
+	// reason. The peer is told only that it is not allowed: the policy
+	// (who is) is none of its business.
 	Authorize func(*Peer) error
 	Logger    hclog.Logger
 	// MaxFrame bounds a frame body in either direction.
@@ -59,6 +75,25 @@ type ServerConfig struct {
 	// MaxConns bounds open connections; the next one gets a busy error
 	// frame and is closed.
 	MaxConns int
+	// MaxConnsPerUID bounds the open connections of one peer uid, refused
+	// the same way (default DefaultMaxConnsPerUID(MaxConns)).
+	MaxConnsPerUID int
+	// FirstFrameTimeout bounds how long a new connection may stay silent:
+	// one that has sent no frame by then is closed. A connection that has
+	// sent a frame may be idle for as long as it likes.
+	FirstFrameTimeout time.Duration
+	// MaxRequestBytes bounds the bytes held for requests, all connections
+	// together: each frame is charged RequestCost of its length before its
+	// body is read, until its response is written. A frame that does not
+	// fit waits (its connection is not read meanwhile).
+	MaxRequestBytes int64
+	// MaxResponseBytes bounds the bytes held for responses not yet
+	// written, all connections together; MaxConnResponseBytes the same for
+	// one connection. A response waits for room (Request.ReserveResponse,
+	// or at most WriteTimeout once encoded: past that the connection is
+	// closed, with the reason logged).
+	MaxResponseBytes     int64
+	MaxConnResponseBytes int64
 	// MaxInFlight bounds concurrent requests on one connection; past it
 	// the server stops reading that connection until one finishes.
 	MaxInFlight int
@@ -82,7 +117,11 @@ type Server struct {
 	mu        sync.Mutex
 	listeners map[net.Listener]struct{}
 	conns     map[*conn]struct{}
+	uidConns  map[uint32]int // open connections per peer uid
 	closing   bool
+
+	requests  *Budget // bytes held for requests (RequestCost of each)
+	responses *Budget // bytes held for responses not yet written
 
 	nextConnID atomic.Uint64
 	inFlight   sync.WaitGroup // requests being handled
@@ -106,6 +145,26 @@ func NewServer(cfg ServerConfig) *Server {
 	if cfg.WriteTimeout <= 0 {
 		cfg.WriteTimeout = DefaultWriteTimeout
 	}
+	if cfg.MaxConnsPerUID <= 0 {
+		cfg.MaxConnsPerUID = DefaultMaxConnsPerUID(cfg.MaxConns)
+	}
+	if cfg.FirstFrameTimeout <= 0 {
+		cfg.FirstFrameTimeout = DefaultFirstFrameTimeout
+	}
+	// Each budget must hold the largest thing charged to it, or that
+	// thing would wait forever.
+	if cfg.MaxRequestBytes <= 0 {
+		cfg.MaxRequestBytes = DefaultMaxRequestBytes
+	}
+	cfg.MaxRequestBytes = max(cfg.MaxRequestBytes, RequestCost(cfg.MaxFrame))
+	if cfg.MaxConnResponseBytes <= 0 {
+		cfg.MaxConnResponseBytes = DefaultMaxConnResponseBytes
+	}
+	cfg.MaxConnResponseBytes = max(cfg.MaxConnResponseBytes, int64(cfg.MaxFrame)+headerSize)
+	if cfg.MaxResponseBytes <= 0 {
+		cfg.MaxResponseBytes = DefaultMaxResponseBytes
+	}
+	cfg.MaxResponseBytes = max(cfg.MaxResponseBytes, cfg.MaxConnResponseBytes)
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.NewNullLogger()
 	}
@@ -117,7 +176,20 @@ func NewServer(cfg ServerConfig) *Server {
 		hardStop:  cancel,
 		listeners: map[net.Listener]struct{}{},
 		conns:     map[*conn]struct{}{},
+		uidConns:  map[uint32]int{},
+		requests:  NewBudget(cfg.MaxRequestBytes),
+		responses: NewBudget(cfg.MaxResponseBytes),
 	}
+}
+
+// Config is the server's configuration with the defaults filled in: the
+// figures its memory bound is made of.
+func (s *Server) Config() ServerConfig { return s.cfg }
+
+// Held reports the bytes held now against the request and the response
+// budgets.
+func (s *Server) Held() (requests, responses int64) {
+	return s.requests.InUse(), s.responses.InUse()
 }
 
 // ErrServerClosed is returned by Serve after Shutdown.
@@ -218,6 +290,11 @@ type conn struct {
 	nc   *net.UnixConn
 	peer *Peer
 	log  hclog.Logger
+	ctx  context.Context // cancelled when the connection's reader ends
+
+	// responses bounds what this connection's responses hold until they
+	// are written (within the server's budget of the same name).
+	responses *Budget
 
 	writeMu sync.Mutex
 	broken  atomic.Bool // a write failed; stop using the connection
@@ -225,6 +302,14 @@ type conn struct {
 
 func (s *Server) startConn(nc *net.UnixConn) {
 	id := s.nextConnID.Add(1)
+	// Who it is first (one getsockopt), so the per-uid limit can count it.
+	peer, err := PeerOf(nc)
+	if err != nil {
+		s.log.Error("connection refused: no peer credentials", "conn", id, "error", err)
+		nc.Close()
+		return
+	}
+	peer.ConnID = id
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
@@ -233,12 +318,21 @@ func (s *Server) startConn(nc *net.UnixConn) {
 	}
 	if len(s.conns) >= s.cfg.MaxConns {
 		s.mu.Unlock()
-		s.log.Warn("connection refused: too many connections", "limit", s.cfg.MaxConns)
+		s.log.Warn("connection refused: too many connections", "conn", id, "peer_uid", peer.UID, "limit", s.cfg.MaxConns)
 		refuse(nc, Errorf(CodeBusy, "the daemon already has %d connections open; retry later or raise max_connections", s.cfg.MaxConns), s.cfg)
 		return
 	}
-	c := &conn{s: s, nc: nc}
+	if s.uidConns[peer.UID] >= s.cfg.MaxConnsPerUID {
+		s.mu.Unlock()
+		s.log.Warn("connection refused: too many connections of one uid", "conn", id, "peer_uid", peer.UID, "limit", s.cfg.MaxConnsPerUID)
+		refuse(nc, Errorf(CodeBusy, "uid %d already has %d connections open, the most one uid may; close some, or retry later", peer.UID, s.cfg.MaxConnsPerUID).
+			With("max_connections_per_uid", s.cfg.MaxConnsPerUID), s.cfg)
+		return
+	}
+	c := &conn{s: s, nc: nc, peer: peer, responses: NewBudget(s.cfg.MaxConnResponseBytes)}
+	c.log = s.log.With("conn", id, "peer_uid", peer.UID, "peer_pid", peer.PID)
 	s.conns[c] = struct{}{}
+	s.uidConns[peer.UID]++
 	s.connWG.Add(1)
 	s.mu.Unlock()
 
@@ -247,21 +341,17 @@ func (s *Server) startConn(nc *net.UnixConn) {
 		defer func() {
 			s.mu.Lock()
 			delete(s.conns, c)
+			if s.uidConns[peer.UID]--; s.uidConns[peer.UID] <= 0 {
+				delete(s.uidConns, peer.UID)
+			}
 			s.mu.Unlock()
 			nc.Close()
 		}()
-		peer, err := PeerOf(nc)
-		if err != nil {
-			s.log.Error("connection refused: no peer credentials", "conn", id, "error", err)
-			return
-		}
-		peer.ConnID = id
-		c.peer = peer
-		c.log = s.log.With("conn", id, "peer_uid", peer.UID, "peer_pid", peer.PID)
 		if s.cfg.Authorize != nil {
 			if err := s.cfg.Authorize(peer); err != nil {
+				// The reason (the policy) stays in the log.
 				c.log.Warn("connection refused", "peer_gid", peer.GID, "reason", err.Error())
-				refuse(nc, Errorf(CodeUnauthorized, "%v", err), s.cfg)
+				refuse(nc, Errorf(CodeUnauthorized, "uid %d may not use this daemon; ask its operator to let this user in (docs/operations.md, \"Who may connect\")", peer.UID), s.cfg)
 				return
 			}
 		}
@@ -282,6 +372,7 @@ func refuse(nc net.Conn, e *Error, cfg ServerConfig) {
 func (c *conn) serve() {
 	s := c.s
 	ctx, cancel := context.WithCancel(s.base)
+	c.ctx = ctx
 	var reqs sync.WaitGroup
 	sem := make(chan struct{}, s.cfg.MaxInFlight)
 	defer func() {
@@ -296,16 +387,30 @@ func (c *conn) serve() {
 	// One read syscall usually brings a whole small frame (length and
 	// body); 4 KiB per connection keeps idle connections cheap.
 	br := bufio.NewReaderSize(c.nc, readBufferSize)
+	// A connection that has sent nothing may not hold its slot for long;
+	// one that has sent a frame may stay idle as long as it likes (an agent
+	// thinks for minutes between commands).
+	c.nc.SetReadDeadline(time.Now().Add(s.cfg.FirstFrameTimeout))
+	silent := true
 	for {
 		n, err := ReadHeader(br, s.cfg.MaxFrame)
+		if silent {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				c.log.Warn("closing a connection that sent nothing", "first_frame_timeout", s.cfg.FirstFrameTimeout)
+				c.sendQuick(Errorf(CodeBadRequest, "no request within %s of connecting; connect when there is something to send", s.cfg.FirstFrameTimeout))
+				return
+			}
+			silent = false
+			c.nc.SetReadDeadline(time.Time{})
+		}
 		switch {
 		case errors.Is(err, ErrEmptyFrame):
 			// The stream is still in step: answer and read on.
-			c.send(0, nil, Errorf(CodeBadRequest, "zero-length frame; a frame holds one msgpack map"))
+			c.send(nil, 0, nil, Errorf(CodeBadRequest, "zero-length frame; a frame holds one msgpack map"))
 			continue
 		case errors.Is(err, ErrFrameTooLarge):
 			c.log.Warn("frame too large; closing connection", "announced", n, "limit", s.cfg.MaxFrame)
-			c.send(0, nil, Errorf(CodeFrameTooLarge, "%v", err).With("max_frame_bytes", s.cfg.MaxFrame))
+			c.send(nil, 0, nil, Errorf(CodeFrameTooLarge, "%v", err).With("max_frame_bytes", s.cfg.MaxFrame))
 			return
 		case err != nil:
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
@@ -313,23 +418,37 @@ func (c *conn) serve() {
 			}
 			return
 		}
+		// The frame is paid for before its body is read: the body, what
+		// decoding makes of it, and a small response, until the response
+		// is written. A frame that does not fit waits, unread.
+		charge := RequestCost(n)
+		if !s.requests.TryAcquire(charge) {
+			c.log.Debug("waiting for room in the request budget", "bytes", charge, "budget", s.cfg.MaxRequestBytes)
+			if s.requests.Acquire(ctx, charge) != nil {
+				return
+			}
+		}
 		c.nc.SetReadDeadline(time.Now().Add(s.cfg.FrameReadTimeout))
 		body, err := ReadBody(br, n)
 		c.nc.SetReadDeadline(time.Time{})
 		if err != nil {
+			s.requests.Release(charge)
 			c.log.Warn("truncated frame; closing connection", "announced", n, "error", err)
-			c.send(0, nil, Errorf(CodeBadRequest, "truncated frame: %d bytes announced, fewer arrived", n))
+			c.send(nil, 0, nil, Errorf(CodeBadRequest, "truncated frame: %d bytes announced, fewer arrived", n))
 			return
 		}
 		req, derr := DecodeRequest(body)
+		req.c, req.charge = c, charge
 		if derr != nil {
 			c.log.Warn("request refused", "id", req.ID, "code", derr.Code, "reason", derr.Message)
-			c.send(req.ID, nil, derr)
+			c.send(&req, req.ID, nil, derr)
+			c.release(&req)
 			continue
 		}
 		select {
 		case sem <- struct{}{}:
 		case <-ctx.Done():
+			c.release(&req)
 			return
 		}
 		// Add to inFlight under the lock that Shutdown takes to set
@@ -342,7 +461,8 @@ func (c *conn) serve() {
 		s.mu.Unlock()
 		if closing {
 			<-sem
-			c.send(req.ID, nil, Errorf(CodeShuttingDown, "the daemon is shutting down; retry against its successor"))
+			c.send(&req, req.ID, nil, Errorf(CodeShuttingDown, "the daemon is shutting down; retry against its successor"))
+			c.release(&req)
 			continue
 		}
 		if in, ok := s.cfg.Handler.(Inliner); ok && in.Inline(req.Op) {
@@ -360,10 +480,11 @@ func (c *conn) serve() {
 }
 
 func (c *conn) handle(ctx context.Context, req *Request) {
+	defer c.release(req)
 	defer func() {
 		if r := recover(); r != nil {
 			c.log.Error("handler panicked", "op", req.Op, "id", req.ID, "panic", r)
-			c.send(req.ID, nil, Errorf(CodeInternal, "internal error; the daemon's log has the details"))
+			c.send(req, req.ID, nil, Errorf(CodeInternal, "internal error; the daemon's log has the details"))
 		}
 	}()
 	result, err := c.s.cfg.Handler.Handle(ctx, c.peer, req)
@@ -372,33 +493,142 @@ func (c *conn) handle(ctx context.Context, req *Request) {
 		if e.Code == CodeInternal {
 			c.log.Error("request failed", "op", req.Op, "id", req.ID, "error", err)
 		}
-		c.send(req.ID, nil, e)
+		c.send(req, req.ID, nil, e)
 		return
 	}
-	c.send(req.ID, result, nil)
+	c.send(req, req.ID, result, nil)
+}
+
+// release gives back what req held of the server's budgets: its charge
+// and its handler's reservations. The response has been written (or never
+// will be) by then.
+func (c *conn) release(req *Request) {
+	c.s.requests.Release(req.charge)
+	req.charge = 0
+	c.releaseResponse(req.reserved)
+	req.reserved = 0
+}
+
+// ReserveResponse takes n bytes of the connection's and the server's
+// response budgets for this request's response, before the handler makes
+// what it will answer with (a file's contents, a command's output), so
+// that what the daemon holds for responses not yet written stays within
+// the configured bounds. It waits while they are taken (at most the
+// server's write timeout), then fails with busy. The bytes are given back
+// once the response is written. Every response may hold
+// SmallResponseBytes without reserving; a handler whose result may be
+// larger reserves a bound on it (its data, and as much again for its
+// encoding). A sender of several frames for one request (streamed
+// output) reserves for each before making it. A request that did not come
+// from a Server (a test calling a Handler directly) reserves nothing.
+func (r *Request) ReserveResponse(ctx context.Context, n int64) error {
+	c := r.c
+	if c == nil || n <= 0 {
+		return nil
+	}
+	if n > c.responses.Limit() {
+		return Errorf(CodeInternal, "a response of up to %d bytes cannot fit the %d bytes a connection may hold for responses; the operator should raise server.max_response_bytes_per_connection", n, c.responses.Limit())
+	}
+	if err := c.acquireResponse(ctx, n); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return Errorf(CodeBusy, "the daemon is holding as many bytes as it may for responses not yet written (this connection's or all of them); retry later, and read your responses").
+			With("max_response_bytes_per_connection", c.responses.Limit()).With("max_response_bytes", c.s.responses.Limit())
+	}
+	r.reserved += n
+	return nil
+}
+
+// acquireResponse takes n bytes of the connection's response budget, then
+// of the server's, waiting at most the write timeout.
+func (c *conn) acquireResponse(ctx context.Context, n int64) error {
+	if c.responses.TryAcquire(n) {
+		if c.s.responses.TryAcquire(n) {
+			return nil
+		}
+		c.responses.Release(n)
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.s.cfg.WriteTimeout)
+	defer cancel()
+	if err := c.responses.Acquire(ctx, n); err != nil {
+		return err
+	}
+	if err := c.s.responses.Acquire(ctx, n); err != nil {
+		c.responses.Release(n)
+		return err
+	}
+	return nil
+}
+
+func (c *conn) releaseResponse(n int64) {
+	if n > 0 {
+		c.s.responses.Release(n)
+		c.responses.Release(n)
+	}
+}
+
+// sendQuick writes one connection-level error frame with a short deadline;
+// the connection is closed after it.
+func (c *conn) sendQuick(e *Error) {
+	if frame, err := encodeResponseFrame(0, nil, e); err == nil {
+		c.writeMu.Lock()
+		c.nc.SetWriteDeadline(time.Now().Add(time.Second))
+		c.nc.Write(frame)
+		c.writeMu.Unlock()
+	}
 }
 
 // send writes one response; a response too large for a frame becomes an
-// internal error (the handler should have bounded it).
-func (c *conn) send(id uint64, result any, e *Error) {
+// internal error (the handler should have bounded it). req (nil for a
+// connection-level error) has paid for SmallResponseBytes and whatever its
+// handler reserved; a response larger than that takes the rest of the
+// response budgets first, and if it cannot within the write timeout the
+// connection is closed.
+func (c *conn) send(req *Request, id uint64, result any, e *Error) {
 	if c.broken.Load() {
 		return
 	}
-	body, err := EncodeResponse(id, result, e)
-	if err == nil && len(body) > c.s.cfg.MaxFrame {
-		c.log.Error("response larger than a frame", "id", id, "bytes", len(body))
-		body, err = EncodeResponse(id, nil, Errorf(CodeInternal, "the response would exceed the %d-byte frame limit; ask for less output", c.s.cfg.MaxFrame))
+	frame, err := encodeResponseFrame(id, result, e)
+	if err == nil && len(frame)-headerSize > c.s.cfg.MaxFrame {
+		c.log.Error("response larger than a frame", "id", id, "bytes", len(frame)-headerSize)
+		frame, err = encodeResponseFrame(id, nil, Errorf(CodeInternal, "the response would exceed the %d-byte frame limit; ask for less output", c.s.cfg.MaxFrame))
 	}
 	if err != nil {
 		c.log.Error("encoding response failed", "id", id, "error", err)
 		return
 	}
+	covered := int64(SmallResponseBytes)
+	if req != nil {
+		covered += req.reserved
+	}
+	if extra := int64(len(frame)) - covered; extra > 0 {
+		ctx := c.ctx
+		if ctx == nil {
+			ctx = c.s.base
+		}
+		if err := c.acquireResponse(ctx, extra); err != nil {
+			if ctx.Err() == nil {
+				c.log.Warn("closing connection: a response waited too long for room in the response budget (is the client reading its responses?)",
+					"id", id, "bytes", len(frame), "connection_held", c.responses.InUse(), "connection_budget", c.responses.Limit(),
+					"server_held", c.s.responses.InUse(), "server_budget", c.s.responses.Limit())
+			}
+			c.broken.Store(true)
+			c.nc.Close()
+			return
+		}
+		defer c.releaseResponse(extra)
+	}
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
 	c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
-	if err := WriteFrame(c.nc, body, c.s.cfg.MaxFrame); err != nil {
+	if _, err := c.nc.Write(frame); err != nil {
 		c.broken.Store(true)
 		c.log.Debug("write failed; closing connection", "error", err)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			c.log.Warn("closing connection: a response could not be written within the write timeout (is the client reading its responses?)",
+				"id", id, "bytes", len(frame), "write_timeout", c.s.cfg.WriteTimeout)
+		}
 		c.nc.Close()
 	}
 }

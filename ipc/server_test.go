@@ -1,6 +1,7 @@
 package ipc
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -8,10 +9,12 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vmihailenco/msgpack/v5"
@@ -177,15 +180,41 @@ func TestServerTruncatedFrame(t *testing.T) {
 }
 
 func TestServerRefusesUnauthorized(t *testing.T) {
-	_, path := startServer(t, ServerConfig{Authorize: func(p *Peer) error {
-		return fmt.Errorf("uid %d is not on the list", p.UID)
+	log := &syncBuffer{}
+	_, path := startServer(t, ServerConfig{Logger: hclog.New(&hclog.LoggerOptions{Output: log}), Authorize: func(p *Peer) error {
+		return fmt.Errorf("uid %d is not in allowed groups [4242 4343]", p.UID)
 	}})
 	c := rawConn(t, path)
 	m := readResp(t, c)
 	assert.Equal(t, CodeUnauthorized, errCode(m))
-	assert.Contains(t, m["error"].(map[string]any)["message"], "not on the list")
+	msg := m["error"].(map[string]any)["message"].(string)
+	assert.Contains(t, msg, fmt.Sprintf("uid %d may not use this daemon", os.Getuid()))
+	// The peer is told it is not allowed, never who is: the policy stays
+	// in the daemon's log.
+	assert.NotContains(t, fmt.Sprint(m), "4242")
+	assert.NotContains(t, fmt.Sprint(m), "allowed groups")
 	_, err := ReadFrame(c, DefaultMaxFrame)
 	assert.Error(t, err)
+	assert.Eventually(t, func() bool { return strings.Contains(log.String(), "allowed groups [4242 4343]") }, 5*time.Second, 10*time.Millisecond)
+}
+
+// syncBuffer is a log destination the test can read while the server
+// writes to it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 func TestServerMaxConns(t *testing.T) {
