@@ -202,13 +202,13 @@ func (s *Service) dispatch(ctx context.Context, c lifecycle.Caller, peer *ipc.Pe
 	case ipc.OpCreate:
 		return s.create(ctx, c, args, a)
 	case ipc.OpRunCommand:
-		return s.runCommand(ctx, c, args, a)
+		return s.runCommand(ctx, c, req, a)
 	case ipc.OpReadFile:
-		return s.readFile(ctx, c, args, a)
+		return s.readFile(ctx, c, req, a)
 	case ipc.OpWriteFile:
 		return s.writeFile(ctx, c, args, a)
 	case ipc.OpListDirectory:
-		return s.listDirectory(ctx, c, args, a)
+		return s.listDirectory(ctx, c, req, a)
 	case ipc.OpDestroy:
 		id := args.String("sandbox", true)
 		if err := args.Done("argument"); err != nil {
@@ -490,7 +490,8 @@ type ExecResult struct {
 	DurationS         float64 `msgpack:"duration_s"`
 }
 
-func (s *Service) runCommand(ctx context.Context, c lifecycle.Caller, args *ipc.Args, a *audit) (any, error) {
+func (s *Service) runCommand(ctx context.Context, c lifecycle.Caller, r *ipc.Request, a *audit) (any, error) {
+	args := &r.Args
 	id := args.String("sandbox", true)
 	var req backend.ExecRequest
 	hasCmd, hasArgv := args.Has("command"), args.Has("argv")
@@ -520,6 +521,9 @@ func (s *Service) runCommand(ctx context.Context, c lifecycle.Caller, args *ipc.
 	}
 	req.Timeout = min(seconds(timeout), s.lim.MaxTimeout)
 	req.MaxOutputBytes = int(min(maxOut, int64(s.lim.MaxOutputBytes)))
+	if err := r.ReserveResponse(ctx, runCommandReservation(req.MaxOutputBytes)); err != nil {
+		return nil, err
+	}
 
 	cmdText := req.Command
 	if cmdText == "" {
@@ -549,7 +553,8 @@ func (s *Service) runCommand(ctx context.Context, c lifecycle.Caller, args *ipc.
 	}, nil
 }
 
-func (s *Service) readFile(ctx context.Context, c lifecycle.Caller, args *ipc.Args, a *audit) (any, error) {
+func (s *Service) readFile(ctx context.Context, c lifecycle.Caller, req *ipc.Request, a *audit) (any, error) {
+	args := &req.Args
 	id := args.String("sandbox", true)
 	path := pathArg(args, "path", true)
 	maxBytes := args.Int("max_bytes", s.lim.MaxFileBytes, 0, math.MaxInt64)
@@ -557,6 +562,9 @@ func (s *Service) readFile(ctx context.Context, c lifecycle.Caller, args *ipc.Ar
 		return nil, err
 	}
 	maxBytes = min(maxBytes, s.lim.MaxFileBytes)
+	if err := req.ReserveResponse(ctx, readFileReservation(maxBytes)); err != nil {
+		return nil, err
+	}
 	a.sandbox(id)
 	a.add("path", truncateRunes(path, 200))
 	data, err := s.m.ReadFile(ctx, c, id, path, maxBytes)
@@ -587,10 +595,14 @@ func (s *Service) writeFile(ctx context.Context, c lifecycle.Caller, args *ipc.A
 	return map[string]any{"bytes_written": len(data)}, nil
 }
 
-func (s *Service) listDirectory(ctx context.Context, c lifecycle.Caller, args *ipc.Args, a *audit) (any, error) {
+func (s *Service) listDirectory(ctx context.Context, c lifecycle.Caller, req *ipc.Request, a *audit) (any, error) {
+	args := &req.Args
 	id := args.String("sandbox", true)
 	path := pathArg(args, "path", true)
 	if err := args.Done("argument"); err != nil {
+		return nil, err
+	}
+	if err := req.ReserveResponse(ctx, listDirectoryReservation(s.lim.MaxListEntries)); err != nil {
 		return nil, err
 	}
 	a.sandbox(id)

@@ -46,6 +46,18 @@ type ServerSection struct {
 	MaxConnections  int      `toml:"max_connections"`
 	ShutdownTimeout Duration `toml:"shutdown_timeout"`
 	AuditFile       string   `toml:"audit_file"`
+	// MaxConnectionsPerUID bounds one uid's connections; 0 is three
+	// quarters of max_connections.
+	MaxConnectionsPerUID int `toml:"max_connections_per_uid"`
+	// FirstFrameTimeout closes a connection that has sent nothing by then.
+	FirstFrameTimeout Duration `toml:"first_frame_timeout"`
+	// The memory the daemon holds for requests (frames and what they
+	// decode to, until answered) and for responses not yet written, all
+	// connections together, and for one connection's responses
+	// (docs/operations.md, "Memory").
+	MaxRequestBytes               int64 `toml:"max_request_bytes"`
+	MaxResponseBytes              int64 `toml:"max_response_bytes"`
+	MaxResponseBytesPerConnection int64 `toml:"max_response_bytes_per_connection"`
 }
 
 type AccessSection struct {
@@ -184,7 +196,9 @@ func defaultConfig() Config {
 		Server: ServerSection{
 			Socket: defaultSocket(), SocketMode: 0o660, StateDir: defaultStateDir(), Backend: "bwrap",
 			LogFormat: "text", LogLevel: "info", MaxFrameBytes: ipc.DefaultMaxFrame, MaxConnections: ipc.DefaultMaxConns,
-			ShutdownTimeout: Duration(30 * time.Second),
+			ShutdownTimeout: Duration(30 * time.Second), FirstFrameTimeout: Duration(ipc.DefaultFirstFrameTimeout),
+			MaxRequestBytes: ipc.DefaultMaxRequestBytes, MaxResponseBytes: ipc.DefaultMaxResponseBytes,
+			MaxResponseBytesPerConnection: ipc.DefaultMaxConnResponseBytes,
 		},
 		Lifecycle: LifecycleSection{
 			ConnGrace: Duration(lifecycle.DefaultConnGrace), MaxLifetime: Duration(lifecycle.DefaultMaxLifetime),
@@ -311,6 +325,7 @@ func (c *Config) validate() error {
 		"server.max_frame_bytes":            int64(c.Server.MaxFrameBytes),
 		"server.max_connections":            int64(c.Server.MaxConnections),
 		"server.shutdown_timeout":           int64(c.Server.ShutdownTimeout),
+		"server.first_frame_timeout":        int64(c.Server.FirstFrameTimeout),
 		"lifecycle.conn_grace":              int64(c.Lifecycle.ConnGrace),
 		"lifecycle.max_lifetime":            int64(c.Lifecycle.MaxLifetime),
 		"lifecycle.default_ttl":             int64(c.Lifecycle.DefaultTTL),
@@ -348,8 +363,41 @@ func (c *Config) validate() error {
 	if c.Server.MaxFrameBytes > 0 && 2*int64(c.Limits.MaxOutputBytes) > int64(c.Server.MaxFrameBytes)-64<<10 {
 		bad("limits.max_output_bytes (%d, per stream) times two must fit in a frame (server.max_frame_bytes %d, minus 64 KiB)", c.Limits.MaxOutputBytes, c.Server.MaxFrameBytes)
 	}
+	errs = append(errs, c.Server.validateMemory(c.serviceLimits())...)
 	errs = append(errs, c.Limits.validate()...)
 	return errors.Join(errs...)
+}
+
+// serviceLimits is what the service bounds each request by.
+func (c *Config) serviceLimits() service.Limits {
+	return service.Limits{
+		MaxOutputBytes: c.Limits.MaxOutputBytes, MaxFileBytes: c.Limits.MaxFileBytes,
+		MaxTimeout: c.Limits.MaxTimeout.D(), DefaultTimeout: c.Limits.DefaultTimeout.D(), MaxFrame: c.Server.MaxFrameBytes,
+	}
+}
+
+// validateMemory checks the connection and memory bounds of [server]: each
+// budget must hold the largest thing charged to it, or that thing could
+// never be served.
+func (s ServerSection) validateMemory(lim service.Limits) []error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if s.MaxConnectionsPerUID < 0 || (s.MaxConnections > 0 && s.MaxConnectionsPerUID > s.MaxConnections) {
+		bad("server.max_connections_per_uid %d: give 0 (three quarters of max_connections) or at most max_connections (%d)", s.MaxConnectionsPerUID, s.MaxConnections)
+	}
+	if s.MaxFrameBytes <= 0 {
+		return errs
+	}
+	if need := ipc.RequestCost(s.MaxFrameBytes); s.MaxRequestBytes < need {
+		bad("server.max_request_bytes %d must hold the largest frame and what it decodes to (%d for max_frame_bytes %d)", s.MaxRequestBytes, need, s.MaxFrameBytes)
+	}
+	if need := max(int64(s.MaxFrameBytes)+4, service.LargestReservation(lim)); s.MaxResponseBytesPerConnection < need {
+		bad("server.max_response_bytes_per_connection %d must hold the largest response (%d: a frame, a read_file of max_file_bytes or a run_command of max_output_bytes, twice over)", s.MaxResponseBytesPerConnection, need)
+	}
+	if s.MaxResponseBytes < s.MaxResponseBytesPerConnection {
+		bad("server.max_response_bytes %d must be at least server.max_response_bytes_per_connection (%d)", s.MaxResponseBytes, s.MaxResponseBytesPerConnection)
+	}
+	return errs
 }
 
 // Duration is a time.Duration written as "30s", "10m", "1h30m".

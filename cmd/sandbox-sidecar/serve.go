@@ -54,6 +54,11 @@ func serveConfig(args []string, stderr io.Writer) (Config, error) {
 	fs.IntVar(&s.MaxFrameBytes, "max-frame-bytes", s.MaxFrameBytes, "largest frame accepted or sent")
 	fs.IntVar(&s.MaxConnections, "max-connections", s.MaxConnections, "most connections open at once")
 	fs.Var(&s.ShutdownTimeout, "shutdown-timeout", "how long in-flight requests may run after SIGTERM")
+	fs.IntVar(&s.MaxConnectionsPerUID, "max-connections-per-uid", s.MaxConnectionsPerUID, "most connections of one uid open at once (0: three quarters of max-connections)")
+	fs.Var(&s.FirstFrameTimeout, "first-frame-timeout", "close a connection that has sent nothing for this long after connecting")
+	fs.Int64Var(&s.MaxRequestBytes, "max-request-bytes", s.MaxRequestBytes, "bytes held for requests (frames and what they decode to, until answered), all connections together")
+	fs.Int64Var(&s.MaxResponseBytes, "max-response-bytes", s.MaxResponseBytes, "bytes held for responses not yet written, all connections together")
+	fs.Int64Var(&s.MaxResponseBytesPerConnection, "max-response-bytes-per-connection", s.MaxResponseBytesPerConnection, "bytes held for one connection's responses not yet written")
 	fs.StringVar(&s.AuditFile, "audit-file", s.AuditFile, "also append the audit trail to this file as JSON lines")
 	fs.Var(&listFlag{l: &a.AllowUIDs}, "allow-uid", "uids (or user names) allowed to connect, besides root, the daemon's uid and the socket group (repeatable, comma-separated)")
 	fs.Var(&listFlag{l: &a.AllowGroups}, "allow-group", "groups (names or gids) whose members may connect, besides the socket group (repeatable)")
@@ -326,10 +331,7 @@ func serve(cfg Config, stderr io.Writer) error {
 		auditLog = il
 	}
 
-	limits := service.Limits{
-		MaxOutputBytes: cfg.Limits.MaxOutputBytes, MaxFileBytes: cfg.Limits.MaxFileBytes,
-		MaxTimeout: cfg.Limits.MaxTimeout.D(), DefaultTimeout: cfg.Limits.DefaultTimeout.D(), MaxFrame: cfg.Server.MaxFrameBytes,
-	}
+	limits := cfg.serviceLimits()
 	svc := service.New(service.Config{Manager: mgr, Policy: policy, Limits: limits, Logger: auditLog, Version: version})
 	var lst net.Listener
 	socketPath := cfg.Server.Socket
@@ -345,7 +347,10 @@ func serve(cfg Config, stderr io.Writer) error {
 		lst = ul
 	}
 	srv := ipc.NewServer(ipc.ServerConfig{Handler: svc, Authorize: policy.Authorize, Logger: log.Named("ipc"),
-		MaxFrame: cfg.Server.MaxFrameBytes, MaxConns: cfg.Server.MaxConnections})
+		MaxFrame: cfg.Server.MaxFrameBytes, MaxConns: cfg.Server.MaxConnections, MaxConnsPerUID: cfg.Server.MaxConnectionsPerUID,
+		FirstFrameTimeout: cfg.Server.FirstFrameTimeout.D(), MaxRequestBytes: cfg.Server.MaxRequestBytes,
+		MaxResponseBytes: cfg.Server.MaxResponseBytes, MaxConnResponseBytes: cfg.Server.MaxResponseBytesPerConnection})
+	applyMemoryBound(log, cfg)
 	mgr.Start()
 
 	sigs := make(chan os.Signal, 2)
