@@ -6,7 +6,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -39,8 +45,43 @@ type response struct {
 	err    *Error
 }
 
+// DialOptions say what a client checks before it sends anything.
+type DialOptions struct {
+	// TrustedUIDs, when not empty, are the uids the daemon may run as
+	// (root, the packaged daemon's user, the caller's own for a daemon of
+	// its own). The socket's directory must belong to one of them and be
+	// writable by nobody else, and the server's credentials (SO_PEERCRED:
+	// whoever listened on the socket; root for a socket systemd made) must
+	// be one of them; otherwise Dial fails with an *UntrustedSocketError
+	// and sends nothing. A socket in a directory anyone may create (the
+	// per-user fallback under $TMPDIR) could be another user's, who would
+	// receive the caller's commands and forge their results.
+	TrustedUIDs []uint32
+}
+
+// UntrustedSocketError: the socket, its directory or its server belongs
+// to someone the client does not trust.
+type UntrustedSocketError struct {
+	Path   string
+	Reason string
+}
+
+func (e *UntrustedSocketError) Error() string {
+	return fmt.Sprintf("refusing the daemon socket %s: %s; someone else may have put it there to receive your commands: remove it, or point SANDBOX_SIDECAR_SOCKET elsewhere, unless you know whose it is", e.Path, e.Reason)
+}
+
 // Dial connects to the daemon's socket.
 func Dial(ctx context.Context, path string) (*Client, error) {
+	return DialWith(ctx, path, DialOptions{})
+}
+
+// DialWith connects to the daemon's socket after the checks opts ask for.
+func DialWith(ctx context.Context, path string, opts DialOptions) (*Client, error) {
+	if len(opts.TrustedUIDs) > 0 {
+		if err := checkSocketDir(path, opts.TrustedUIDs); err != nil {
+			return nil, err
+		}
+	}
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "unix", path)
 	switch {
@@ -49,9 +90,53 @@ func Dial(ctx context.Context, path string) (*Client, error) {
 	case err != nil:
 		return nil, fmt.Errorf("connecting to %s: %w (is the daemon running? `sandbox-sidecar serve` starts it)", path, err)
 	}
+	if len(opts.TrustedUIDs) > 0 {
+		// The check that counts: the kernel says who listens.
+		server, err := PeerOf(nc.(*net.UnixConn))
+		if err != nil {
+			nc.Close()
+			return nil, fmt.Errorf("connecting to %s: %w", path, err)
+		}
+		if !slices.Contains(opts.TrustedUIDs, server.UID) {
+			nc.Close()
+			return nil, &UntrustedSocketError{Path: path, Reason: fmt.Sprintf("its server runs as uid %d, which is none of %s", server.UID, uidList(opts.TrustedUIDs))}
+		}
+	}
 	c := &Client{nc: nc, maxFrame: DefaultMaxFrame, pending: map[uint64]chan response{}, done: make(chan struct{})}
 	go c.readLoop()
 	return c, nil
+}
+
+// checkSocketDir refuses a socket whose directory belongs to someone not
+// trusted, or that others may write to (and so put a socket in). It gives
+// clear errors; the server's credentials, checked after connecting, are
+// what makes the check sound against a directory swapped in between.
+func checkSocketDir(path string, trusted []uint32) error {
+	dir := filepath.Dir(path)
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return nil // connecting fails with the clearer error
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	switch {
+	case !ok:
+		return nil
+	case fi.Mode()&fs.ModeSymlink != 0:
+		return &UntrustedSocketError{Path: path, Reason: fmt.Sprintf("its directory %s is a symlink", dir)}
+	case !slices.Contains(trusted, st.Uid):
+		return &UntrustedSocketError{Path: path, Reason: fmt.Sprintf("its directory %s belongs to uid %d, which is none of %s", dir, st.Uid, uidList(trusted))}
+	case fi.Mode().Perm()&0o022 != 0:
+		return &UntrustedSocketError{Path: path, Reason: fmt.Sprintf("its directory %s may be written by others (mode %04o)", dir, fi.Mode().Perm())}
+	}
+	return nil
+}
+
+func uidList(uids []uint32) string {
+	s := make([]string, len(uids))
+	for i, u := range uids {
+		s[i] = strconv.FormatUint(uint64(u), 10)
+	}
+	return "the trusted uids (" + strings.Join(s, ", ") + ")"
 }
 
 // Close closes the connection; pending calls fail.

@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/user"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -18,18 +20,52 @@ import (
 
 // clientFlags are the flags every client subcommand has.
 type clientFlags struct {
-	socket  string
-	timeout time.Duration
+	socket     string
+	timeout    time.Duration
+	daemonUIDs List
 }
 
 func (c *clientFlags) register(fs *flag.FlagSet, timeout time.Duration) {
 	fs.StringVar(&c.socket, "socket", clientSocket(), "daemon socket (env "+SocketEnv+")")
 	fs.DurationVar(&c.timeout, "timeout", timeout, "give up on the daemon after this long")
+	if v := os.Getenv(DaemonUIDEnv); v != "" {
+		c.daemonUIDs = List(strings.Split(v, ","))
+	}
+	fs.Var(&listFlag{l: &c.daemonUIDs}, "daemon-uid", "a uid (or user name) the daemon may run as, besides root, the "+daemonUser+" user and yourself (repeatable; env "+DaemonUIDEnv+")")
+}
+
+// DaemonUIDEnv names uids (or user names, comma-separated) the CLI trusts
+// to run the daemon, besides root, the packaged daemon's user and the
+// caller.
+const DaemonUIDEnv = "SANDBOX_SIDECAR_DAEMON_UID"
+
+// daemonUser is the packaged daemon's user.
+const daemonUser = "sandbox-sidecar"
+
+// trustedDaemonUIDs is who the CLI lets answer on the socket: root (the
+// root daemon, and systemd, which makes an activated socket), the packaged
+// daemon's user, the caller itself (a daemon of its own), and those named.
+func (c *clientFlags) trustedDaemonUIDs() ([]uint32, error) {
+	uids := []uint32{0, uint32(os.Getuid())}
+	if u, err := user.Lookup(daemonUser); err == nil {
+		if n, err := strconv.ParseUint(u.Uid, 10, 32); err == nil {
+			uids = append(uids, uint32(n))
+		}
+	}
+	named, err := parseUIDs(c.daemonUIDs)
+	if err != nil {
+		return nil, &exitError{code: 2, err: fmt.Errorf("--daemon-uid: %w", err)}
+	}
+	return append(uids, named...), nil
 }
 
 func (c *clientFlags) dial() (*ipc.Client, context.Context, context.CancelFunc, error) {
+	trusted, err := c.trustedDaemonUIDs()
+	if err != nil {
+		return nil, nil, nil, err
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
-	cl, err := ipc.Dial(ctx, c.socket)
+	cl, err := ipc.DialWith(ctx, c.socket, ipc.DialOptions{TrustedUIDs: trusted})
 	if err != nil {
 		cancel()
 		return nil, nil, nil, err

@@ -325,8 +325,11 @@ func TestPeerCredentials(t *testing.T) {
 	out, code := asUID(65534, "health")
 	assert.Equal(t, 2, code, out)
 	assert.Contains(t, out, "unauthorized")
+	// Told it is not allowed, never who is: the policy stays in the log.
+	assert.NotContains(t, out, "4242", "the refused peer was told the policy")
+	assert.NotContains(t, out, "allowed uids")
 	eventually(t, 5*time.Second, "the refusal logged with its reason", func() bool {
-		return strings.Contains(d.Logs(), "connection refused") && strings.Contains(d.Logs(), "uid 65534")
+		return strings.Contains(d.Logs(), "connection refused") && strings.Contains(d.Logs(), "allowed uids [4242 4343]")
 	})
 
 	out, code = asUID(4242, "create", "--ttl", "5m")
