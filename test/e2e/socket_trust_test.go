@@ -144,11 +144,24 @@ func TestConnectionsPerUIDAndFirstFrameDeadline(t *testing.T) {
 	assert.Contains(t, string(out), "ok")
 
 	// A silent connection is closed after the first-frame deadline.
+	// Once the daemon has seen one of the six close, a connection gets the
+	// freed slot (until then it is refused busy: try again).
 	held[0].Close()
-	silent, err := net.Dial("unix", d.socket)
-	require.NoError(t, err)
+	var silent net.Conn
+	var start time.Time
+	eventually(t, 10*time.Second, "a slot freed", func() bool {
+		c, err := net.Dial("unix", d.socket)
+		require.NoError(t, err)
+		start = time.Now()
+		c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+		if _, err := ipc.ReadFrame(c, ipc.DefaultMaxFrame); err != nil {
+			silent = c // no busy frame: admitted
+			return true
+		}
+		c.Close()
+		return false
+	})
 	defer silent.Close()
-	start := time.Now()
 	m = readFrame(t, silent)
 	e, _ = m["error"].(map[string]any)
 	assert.Equal(t, ipc.CodeBadRequest, e["code"], "%v", m)
