@@ -52,8 +52,9 @@ const (
 	// (reserved by their handler, encoded, not yet written).
 	DefaultMaxResponseBytes = 256 << 20
 	// DefaultMaxConnResponseBytes is the same per connection: room for
-	// the largest response twice over (the data and its encoding).
-	DefaultMaxConnResponseBytes = 3 * DefaultMaxFrame
+	// the largest response twice over (the data and its encoding), or ten
+	// commands at once with the default max_output_bytes.
+	DefaultMaxConnResponseBytes = 4 * DefaultMaxFrame
 )
 
 // DefaultMaxConnsPerUID is the per-uid share of maxConns: three quarters,
