@@ -183,12 +183,8 @@ func NewServer(cfg ServerConfig) *Server {
 	}
 }
 
-// Config is the server's configuration with the defaults filled in: the
-// figures its memory bound is made of.
-func (s *Server) Config() ServerConfig { return s.cfg }
-
 // Held reports the bytes held now against the request and the response
-// budgets.
+// budgets (for tests and metrics).
 func (s *Server) Held() (requests, responses int64) {
 	return s.requests.InUse(), s.responses.InUse()
 }
