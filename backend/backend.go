@@ -111,6 +111,10 @@ type Info struct {
 	Workdir string
 	// Network describes the network the sandbox got ("none", "host").
 	Network string
+	// HostUID is the host uid the sandbox's processes run as and its files
+	// belong to, when it is the sandbox's alone (the bwrap backend's uid
+	// range); 0 when the backend gives sandboxes no uid of their own.
+	HostUID uint32
 }
 
 // ExecRequest is one command to run.

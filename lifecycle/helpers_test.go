@@ -51,10 +51,14 @@ func requireBwrap(t testing.TB) {
 
 // newBwrap returns the real bwrap backend on dir, skipping (or failing in
 // CI) when bubblewrap cannot create sandboxes here.
-func newBwrap(t testing.TB, dir string) *bwrap.Backend {
+func newBwrap(t testing.TB, dir string, tweak ...func(*bwrap.Config)) *bwrap.Backend {
 	t.Helper()
 	requireBwrap(t)
-	b, err := bwrap.New(bwrap.Config{Dir: dir, SandboxUID: -1, SandboxGID: -1})
+	cfg := bwrap.Config{Dir: dir, SandboxUID: -1, SandboxGID: -1}
+	for _, f := range tweak {
+		f(&cfg)
+	}
+	b, err := bwrap.New(cfg)
 	require.NoError(t, err)
 	if err := b.Health(context.Background()); err != nil {
 		skipOrFail(t, "bubblewrap cannot create sandboxes here: %v", err)
@@ -95,14 +99,20 @@ type testEnv struct {
 	stateDir string
 	bwrapDir string
 	journal  *Journal
+	bwrapCfg []func(*bwrap.Config) // tweaks of the backend's config, again at restart
 }
 
 type envOpt func(*envSetup)
 
 type envSetup struct {
-	journal bool
-	cfg     func(*Config)
-	wrap    func(*bwrap.Backend) backend.Backend
+	journal  bool
+	cfg      func(*Config)
+	wrap     func(*bwrap.Backend) backend.Backend
+	bwrapCfg []func(*bwrap.Config)
+}
+
+func withBwrapConfig(f func(*bwrap.Config)) envOpt {
+	return func(s *envSetup) { s.bwrapCfg = append(s.bwrapCfg, f) }
 }
 
 func withJournal() envOpt { return func(s *envSetup) { s.journal = true } }
@@ -120,8 +130,8 @@ func newEnv(t *testing.T, opts ...envOpt) *testEnv {
 		o(&s)
 	}
 	stateDir := t.TempDir()
-	e := &testEnv{t: t, clock: newClock(), stateDir: stateDir, bwrapDir: filepath.Join(stateDir, "bwrap")}
-	e.bw = newBwrap(t, e.bwrapDir)
+	e := &testEnv{t: t, clock: newClock(), stateDir: stateDir, bwrapDir: filepath.Join(stateDir, "bwrap"), bwrapCfg: s.bwrapCfg}
+	e.bw = newBwrap(t, e.bwrapDir, s.bwrapCfg...)
 	e.be = e.bw
 	if s.wrap != nil {
 		e.be = s.wrap(e.bw)

@@ -50,9 +50,13 @@ type journalRecord struct {
 	Pooled    bool              `json:"pooled,omitempty"`
 	Env       map[string]string `json:"env,omitempty"`
 	Resources journalResources  `json:"resources,omitzero"`
-	CreatedAt time.Time         `json:"created_at"`
-	ExpiresAt time.Time         `json:"expires_at"`
-	LastUsed  time.Time         `json:"last_used"`
+	// HostUID is the sandbox's own host uid (Sandbox.HostUID). Absent in
+	// records written before it was kept, which decode as 0: the backend
+	// runs such a sandbox as the uid it was made with.
+	HostUID   uint32    `json:"host_uid,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	ExpiresAt time.Time `json:"expires_at"`
+	LastUsed  time.Time `json:"last_used"`
 }
 
 // journalResources are the limits a create asked for, as journaled (for

@@ -148,6 +148,10 @@ type Sandbox struct {
 	// daemon's defaults). A record of the request only: the backend
 	// enforces them and keeps what it needs to go on doing so.
 	Resources backend.Resources
+	// HostUID is the host uid the sandbox runs as when it is the
+	// sandbox's alone (backend.Info.HostUID); 0 when the backend gives
+	// none, and in a record journaled before uids were recorded.
+	HostUID uint32
 }
 
 // record is a sandbox's live state, guarded by Manager.mu; jmu orders its
@@ -401,6 +405,7 @@ func (m *Manager) Create(ctx context.Context, c Caller, req CreateRequest) (Sand
 	m.mu.Lock()
 	rec.Workdir = info.Workdir
 	rec.Network = info.Network
+	rec.HostUID = info.HostUID
 	rec.State = StateReady
 	closing := m.closing
 	m.mu.Unlock()
@@ -421,7 +426,7 @@ func (m *Manager) Create(ctx context.Context, c Caller, req CreateRequest) (Sand
 	m.mu.Lock()
 	snap := rec.snapshot()
 	m.mu.Unlock()
-	log.Info("sandbox created", "conn_bound", snap.ConnBound, "expires_at", snap.ExpiresAt.Format(time.RFC3339), "labels", snap.Labels)
+	log.Info("sandbox created", "conn_bound", snap.ConnBound, "expires_at", snap.ExpiresAt.Format(time.RFC3339), "labels", snap.Labels, "host_uid", snap.HostUID)
 	return snap, nil
 }
 
@@ -513,7 +518,7 @@ func (r *record) journalRecord() journalRecord {
 		Labels: cloneMap(r.Labels), Tags: cloneMap(r.Tags),
 		Network: r.Network, NetSpec: r.NetSpec, Workdir: r.Workdir,
 		State: r.State, ConnBound: r.ConnBound, Pooled: r.Pooled, Env: cloneMap(r.Env),
-		Resources: journalResources(r.Resources),
+		Resources: journalResources(r.Resources), HostUID: r.HostUID,
 		CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt, LastUsed: r.LastUsed,
 	}
 }
@@ -523,7 +528,8 @@ func fromJournal(jr journalRecord) *record {
 		ID: jr.ID, UID: jr.UID, Owner: jr.Owner, Holder: jr.Holder,
 		Labels: jr.Labels, Tags: jr.Tags, Network: jr.Network, NetSpec: jr.NetSpec,
 		Workdir: jr.Workdir, State: jr.State, ConnBound: jr.ConnBound, Pooled: jr.Pooled, Env: jr.Env,
-		Resources: backend.Resources(jr.Resources), CreatedAt: jr.CreatedAt, ExpiresAt: jr.ExpiresAt, LastUsed: jr.LastUsed,
+		Resources: backend.Resources(jr.Resources), HostUID: jr.HostUID,
+		CreatedAt: jr.CreatedAt, ExpiresAt: jr.ExpiresAt, LastUsed: jr.LastUsed,
 	})
 }
 

@@ -186,7 +186,7 @@ func (m *Manager) createPooled() error {
 		return err
 	}
 	m.mu.Lock()
-	rec.Workdir, rec.Network, rec.State = info.Workdir, info.Network, StatePooled
+	rec.Workdir, rec.Network, rec.HostUID, rec.State = info.Workdir, info.Network, info.HostUID, StatePooled
 	m.mu.Unlock()
 	if err := m.persist(rec); err != nil {
 		m.destroyNow(rec, "journal write failed", log)

@@ -23,7 +23,7 @@ func (e *testEnv) restart(cfg func(*Config)) *testEnv {
 	require.NoError(e.t, err)
 	require.Empty(e.t, moved)
 	e.t.Cleanup(func() { _ = j.Close() })
-	bw := newBwrap(e.t, e.bwrapDir)
+	bw := newBwrap(e.t, e.bwrapDir, e.bwrapCfg...)
 	c := Config{Backend: bw, Journal: j, Now: e.clock.Now}
 	if cfg != nil {
 		cfg(&c)
@@ -35,7 +35,7 @@ func (e *testEnv) restart(cfg func(*Config)) *testEnv {
 		defer cancel()
 		_ = m.Close(ctx)
 	})
-	return &testEnv{t: e.t, m: m, bw: bw, be: bw, clock: e.clock, stateDir: e.stateDir, bwrapDir: e.bwrapDir, journal: j}
+	return &testEnv{t: e.t, m: m, bw: bw, be: bw, clock: e.clock, stateDir: e.stateDir, bwrapDir: e.bwrapDir, journal: j, bwrapCfg: e.bwrapCfg}
 }
 
 func actionsByDo(rep RecoveryReport) map[string][]string {

@@ -123,7 +123,7 @@ func newBenchBackend(b *testing.B, m testMode) *Backend {
 	for p := filepath.Dir(dir); p != "/" && p != os.TempDir(); p = filepath.Dir(p) {
 		_ = os.Chmod(p, 0o711)
 	}
-	be, err := New(Config{Dir: dir, SandboxUID: m.uid, SandboxGID: m.uid})
+	be, err := New(m.config(dir))
 	if err != nil {
 		skipOrFail(b, "%v", err)
 	}

@@ -37,6 +37,7 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/statedir"
 	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/hostids"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/seccomp"
 )
@@ -70,19 +71,34 @@ const Name = "bwrap"
 // Config configures a Backend.
 type Config struct {
 	// Dir is the backend's state directory; sandbox <id> lives in Dir/<id>.
-	// It is created mode 0700, or 0711 when SandboxUID is set so that uid
-	// can traverse it to its workspace.
+	// It is created mode 0700, or 0711 when sandboxes run as other uids
+	// (SandboxUID or UIDRange) so they can traverse it to their workspace.
 	Dir string
 	// BwrapPath is the bubblewrap binary; empty means "bwrap" on PATH.
 	BwrapPath string
-	// SandboxUID and SandboxGID are the host ids bwrap runs as. -1 runs it
-	// as the daemon's own ids. Any other value needs the daemon to be root
-	// (65534/65534 is the expected choice): bwrap then starts with those
-	// credentials and no supplementary groups, in an unprivileged user
+	// UIDRange, when not empty, gives every new sandbox a host uid of its
+	// own from this range, and the same number as its gid: bwrap starts with
+	// those credentials and no supplementary groups, in an unprivileged user
 	// namespace, and everything the guest may modify on the host (its
 	// workspace, its /tmp, files WriteFile creates) is owned by that uid.
-	// 0 is refused: it is almost always a forgotten field, and it would make
-	// every guest file root's.
+	// No two live sandboxes share one (the uid is recorded in the sandbox's
+	// spec.json and re-reserved from there at New), and New refuses a range
+	// holding an account or a subordinate id range of AccountFiles (see
+	// hostids.CheckFree). It needs the daemon to be root, or to hold
+	// CAP_SETUID, CAP_SETGID and CAP_KILL (a non-root daemon: see
+	// privilege.go).
+	UIDRange hostids.Range
+	// AccountFiles are the databases UIDRange is checked against; zero
+	// fields mean the host's (hostids.HostFiles).
+	AccountFiles hostids.Files
+	// SandboxUID and SandboxGID are the host ids of sandboxes without a uid
+	// of their own: every sandbox when UIDRange is empty, and those made
+	// before it was set (a spec.json without a uid: they keep the ids they
+	// were made with). -1 runs them as the daemon's own ids. Any other value
+	// needs the daemon to be root (65534/65534 was the old default; every
+	// sandbox then shares that uid with whatever else on the host runs as
+	// nobody). 0 is refused: it is almost always a forgotten field, and it
+	// would make every guest file root's.
 	SandboxUID, SandboxGID int
 	// KillGrace is the inner timeout's --kill-after (default DefaultKillGrace).
 	KillGrace time.Duration
@@ -124,8 +140,15 @@ type Backend struct {
 	log       hclog.Logger
 	rootLinks []string // bwrap options recreating /bin, /lib, ... from the host
 
+	// uids hands out the sandboxes' own host uids (nil without UIDRange);
+	// viaCaps says the daemon is not root and uses CAP_SETUID/CAP_SETGID
+	// for them (privilege.go).
+	uids    *hostids.Allocator
+	viaCaps bool
+
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox // known sandboxes, loaded lazily from Dir
+	uidOf     map[string]uint32   // the own uid of each sandbox in Dir that has one
 
 	healthMu     sync.Mutex
 	healthyUntil time.Time
@@ -173,8 +196,37 @@ func New(cfg Config) (*Backend, error) {
 		return nil, fmt.Errorf("bwrap backend: cannot build the sandboxes' seccomp filter: %w", err)
 	}
 
+	var uids *hostids.Allocator
+	viaCaps := false
+	if cfg.UIDRange.Size > 0 {
+		if viaCaps, err = checkUIDPrivilege(); err != nil {
+			return nil, err
+		}
+		files := cfg.AccountFiles
+		if files == (hostids.Files{}) {
+			files = hostids.HostFiles
+		}
+		if err := hostids.CheckFree(cfg.UIDRange, files, uint32(os.Geteuid()), uint32(os.Getegid())); err != nil {
+			return nil, fmt.Errorf("bwrap backend: %w", err)
+		}
+		if uids, err = hostids.NewAllocator(cfg.UIDRange); err != nil {
+			return nil, fmt.Errorf("bwrap backend: %w", err)
+		}
+		if viaCaps {
+			if err := dropAmbientCaps(); err != nil {
+				return nil, err
+			}
+		}
+	}
+	// Any uid of the range stands for all of them below: none owns the
+	// directories or the executable, nor is in their group.
+	otherUID, otherGID := cfg.SandboxUID, cfg.SandboxGID
+	if uids != nil {
+		otherUID, otherGID = int(cfg.UIDRange.First), int(cfg.UIDRange.First)
+	}
+
 	mode := os.FileMode(0o700)
-	if cfg.SandboxUID >= 0 {
+	if otherUID >= 0 {
 		mode = 0o711
 	}
 	if err := os.MkdirAll(cfg.Dir, mode); err != nil {
@@ -184,13 +236,13 @@ func New(cfg Config) (*Backend, error) {
 	if err := os.Chmod(cfg.Dir, mode); err != nil {
 		return nil, fmt.Errorf("bwrap backend: cannot set mode %v on %s: %w", mode, cfg.Dir, err)
 	}
-	if cfg.SandboxUID >= 0 {
-		if err := checkReachable(filepath.Dir(cfg.Dir), cfg.SandboxUID, cfg.SandboxGID); err != nil {
+	if otherUID >= 0 {
+		if err := checkReachable(filepath.Dir(cfg.Dir), otherUID, otherGID); err != nil {
 			return nil, err
 		}
 	}
 
-	exe, err := initExecutable(cfg.SandboxUID, cfg.SandboxGID)
+	exe, err := initExecutable(otherUID, otherGID)
 	if err != nil {
 		return nil, fmt.Errorf("bwrap backend: cannot prepare the daemon's own executable to run as the sandboxes' init: %w", err)
 	}
@@ -200,9 +252,15 @@ func New(cfg Config) (*Backend, error) {
 		exe:       exe,
 		log:       cfg.Logger,
 		rootLinks: hostRootLinks("/"),
+		uids:      uids,
+		viaCaps:   viaCaps,
 		sandboxes: make(map[string]*sandbox),
+		uidOf:     make(map[string]uint32),
 	}
 	b.logLimits()
+	// The sandboxes a previous daemon left keep their uids: none may be
+	// handed to a new sandbox while they exist.
+	b.reserveExistingUIDs()
 	// No command of this backend runs yet, so any process still carrying
 	// the marker of one of its sandboxes was left by a daemon that died.
 	if strays := findMarked(cfg.Dir, true); len(strays) > 0 {
@@ -254,7 +312,7 @@ func checkIDs(uid, gid int) error {
 	case uid < 0 || gid < 0:
 		return fmt.Errorf("bwrap backend: SandboxUID %d and SandboxGID %d must both be -1 or both be unprivileged ids", uid, gid)
 	case os.Geteuid() != 0:
-		return fmt.Errorf("bwrap backend: SandboxUID %d needs the daemon to run as root; use -1 to run sandboxes as the daemon's own ids", uid)
+		return fmt.Errorf("bwrap backend: SandboxUID %d needs the daemon to run as root; use -1 to run sandboxes as the daemon's own ids (or UIDRange for a uid of their own)", uid)
 	}
 	return nil
 }
@@ -379,18 +437,31 @@ func (b *Backend) probe(ctx context.Context) error {
 	if err != nil {
 		return fail(fmt.Errorf("cannot create it in %s: %w", b.cfg.Dir, err))
 	}
-	defer func() { _ = statedir.RemoveAll(dir) }()
-	if b.cfg.SandboxUID >= 0 {
-		if err := os.Chmod(dir, 0o711); err != nil {
+	spec := persistedSpec{Version: specVersion, Network: networkNone}
+	if b.uids != nil {
+		// A uid of the range like any sandbox's, so the trial shows it
+		// works; returned once the trial's files are gone.
+		uid, err := b.uids.Allocate()
+		if err != nil {
 			return fail(err)
 		}
+		spec.UID = &uid
+	}
+	sb := newSandbox(filepath.Base(dir), dir, spec, b.cfg.Limits)
+	b.setIDs(sb, spec)
+	defer func() {
+		if b.removeSandboxFiles(sb) == nil && spec.UID != nil {
+			b.uids.Release(*spec.UID)
+		}
+	}()
+	if err := b.prepareSandboxDir(sb); err != nil {
+		return fail(err)
 	}
 	for _, name := range []string{workDirName, tmpDirName} {
-		if err := b.makeGuestDir(filepath.Join(dir, name)); err != nil {
+		if err := b.makeGuestDir(sb, filepath.Join(dir, name)); err != nil {
 			return fail(err)
 		}
 	}
-	sb := newSandbox(filepath.Base(dir), dir, persistedSpec{Version: specVersion, Network: networkNone}, b.cfg.Limits)
 	// Under the same cgroup limits as a sandbox: the trial also shows
 	// that the host still gives sandboxes their groups.
 	if err := b.makeCgroup(ctx, sb); err != nil {
@@ -416,7 +487,7 @@ func (b *Backend) probe(ctx context.Context) error {
 func (b *Backend) runCheck(ctx context.Context, limit time.Duration, what string, args []string) error {
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	cmd := b.command("", args)
+	cmd := b.command(nil, args)
 	res, err := capture.Run(ctx, cmd, capture.Options{Timeout: limit, KillGrace: outerKillGrace, MaxOutputBytes: probeOutputBytes})
 	if err == nil && res.ExitCode == 0 && !res.TimedOut {
 		return nil
@@ -435,20 +506,23 @@ func (b *Backend) runCheck(ctx context.Context, limit time.Duration, what string
 }
 
 // command returns an exec.Cmd for bwrap with an environment holding only
-// the marker of the sandbox directory dir ("" for none), run from /, with
-// the sandbox credentials when they are configured.
-func (b *Backend) command(dir string, args []string) *exec.Cmd {
+// the marker of sandbox sb's directory (nil: none, and the ids of
+// sandboxes without their own), run from /, with the sandbox's host
+// credentials unless it runs as the daemon's own.
+func (b *Backend) command(sb *sandbox, args []string) *exec.Cmd {
 	cmd := exec.Command(b.bwrap, args...)
 	cmd.Env = []string{}
-	if dir != "" {
-		cmd.Env = []string{markerEnv + "=" + marker(dir)}
+	uid, gid := b.cfg.SandboxUID, b.cfg.SandboxGID
+	if sb != nil {
+		cmd.Env = []string{markerEnv + "=" + marker(sb.dir)}
+		uid, gid = sb.uid, sb.gid
 	}
 	cmd.Dir = "/"
 	cmd.SysProcAttr = &syscall.SysProcAttr{}
-	if b.cfg.SandboxUID >= 0 {
+	if uid >= 0 {
 		cmd.SysProcAttr.Credential = &syscall.Credential{
-			Uid:    uint32(b.cfg.SandboxUID),
-			Gid:    uint32(b.cfg.SandboxGID),
+			Uid:    uint32(uid),
+			Gid:    uint32(gid),
 			Groups: []uint32{},
 		}
 	}
@@ -510,6 +584,9 @@ func sealedCopy(f *os.File, name string) (*os.File, error) {
 }
 
 func (b *Backend) runsAs() string {
+	if b.uids != nil {
+		return fmt.Sprintf("%s (the sandbox range)", b.cfg.UIDRange)
+	}
 	if b.cfg.SandboxUID >= 0 {
 		return fmt.Sprint(b.cfg.SandboxUID)
 	}

@@ -27,8 +27,8 @@ func TestBwrapConformance(t *testing.T) {
 		mode  testMode
 		tweak func(t *testing.T, c *Config)
 	}
-	runs := []run{{name: daemonUID.name, mode: daemonUID}, {name: nobodyUID.name, mode: nobodyUID},
-		{name: nobodyUID.name + "-limits", mode: nobodyUID, tweak: func(t *testing.T, c *Config) {
+	runs := []run{{name: daemonUID.name, mode: daemonUID}, {name: rangeUID.name, mode: rangeUID},
+		{name: rangeUID.name + "-limits", mode: rangeUID, tweak: func(t *testing.T, c *Config) {
 			testDiskCaps(t)
 			l := limits.Defaults()
 			l.DiskBytes = 64 << 20

@@ -193,7 +193,7 @@ func (b *Backend) directCommand(sb *sandbox, argv, env []string, cwd string) (*e
 	// No init to carry the sandbox's rlimits: prlimit sets them on the
 	// command itself.
 	args := append([]string{"--args", strconv.Itoa(firstDataFD), "--"}, b.cfg.Limits.PrlimitArgs()...)
-	cmd := b.command(sb.dir, append(args, argv...))
+	cmd := b.command(sb, append(args, argv...))
 	cmd.ExtraFiles = files
 	return cmd, files, nil
 }

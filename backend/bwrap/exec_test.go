@@ -66,9 +66,9 @@ func TestBwrapSession(t *testing.T) {
 		if !slices.Equal(entries, want) {
 			t.Errorf("ListDirectory = %v, want %v", entries, want)
 		}
-		if b.cfg.SandboxUID >= 0 {
-			assertOwner(t, filepath.Join(b.sandboxDir(id), workDirName, "out", "result.txt"), b.cfg.SandboxUID)
-			assertOwner(t, filepath.Join(b.sandboxDir(id), workDirName, "script.py"), b.cfg.SandboxUID)
+		if uid := sandboxUID(t, b, id); uid >= 0 {
+			assertOwner(t, filepath.Join(b.sandboxDir(id), workDirName, "out", "result.txt"), uid)
+			assertOwner(t, filepath.Join(b.sandboxDir(id), workDirName, "script.py"), uid)
 		}
 		if err := b.Destroy(ctx, id); err != nil {
 			t.Fatal(err)
@@ -101,7 +101,7 @@ func TestBwrapFilesAndTmpPersistBetweenCommands(t *testing.T) {
 }
 
 func TestBwrapSandboxesCannotSeeEachOther(t *testing.T) {
-	b := newTestBackend(t, nobodyUID)
+	b := newTestBackend(t, rangeUID)
 	first := create(t, b, backend.Spec{})
 	second := create(t, b, backend.Spec{})
 	runOK(t, b, first, "echo first-secret > /workspace/mine; echo tmp-secret > /tmp/mine")
@@ -151,7 +151,7 @@ func TestBwrapIsolationFromInside(t *testing.T) {
 }
 
 func TestBwrapEnvironmentLayers(t *testing.T) {
-	b := newTestBackend(t, nobodyUID)
+	b := newTestBackend(t, rangeUID)
 	id := create(t, b, backend.Spec{Env: map[string]string{"A": "sandbox", "B": "sandbox", "SPACES": "x y\nz"}})
 	res, err := b.Exec(context.Background(), id, backend.ExecRequest{
 		Command: `printf '%s|%s|%s|%s' "$A" "$B" "$SPACES" "$HOME"`,
@@ -171,7 +171,7 @@ func TestBwrapEnvironmentLayers(t *testing.T) {
 }
 
 func TestBwrapEnvValuesStayOffHostCommandLine(t *testing.T) {
-	b := newTestBackend(t, nobodyUID)
+	b := newTestBackend(t, rangeUID)
 	id := create(t, b, backend.Spec{Env: map[string]string{"TOKEN": "tok-3f9a1c"}})
 	done := make(chan struct{})
 	go func() {
@@ -200,7 +200,7 @@ func TestBwrapEnvValuesStayOffHostCommandLine(t *testing.T) {
 }
 
 func TestBwrapArgvCwdAndStdin(t *testing.T) {
-	b := newTestBackend(t, nobodyUID)
+	b := newTestBackend(t, rangeUID)
 	id := create(t, b, backend.Spec{})
 	ctx := context.Background()
 	res, err := b.Exec(ctx, id, backend.ExecRequest{Argv: []string{"printf", "[%s]", "a b", "-x", "$HOME"}, Timeout: 10 * time.Second})
@@ -218,7 +218,7 @@ func TestBwrapArgvCwdAndStdin(t *testing.T) {
 }
 
 func TestBwrapExitCodes(t *testing.T) {
-	b := newTestBackend(t, nobodyUID)
+	b := newTestBackend(t, rangeUID)
 	id := create(t, b, backend.Spec{})
 	cases := []struct {
 		command string
@@ -239,7 +239,7 @@ func TestBwrapExitCodes(t *testing.T) {
 }
 
 func TestBwrapLargeOutputIsCapped(t *testing.T) {
-	b := newTestBackend(t, nobodyUID)
+	b := newTestBackend(t, rangeUID)
 	id := create(t, b, backend.Spec{})
 	const limit = 64 << 10
 	start := time.Now()
@@ -265,7 +265,7 @@ func TestBwrapLargeOutputIsCapped(t *testing.T) {
 }
 
 func TestBwrapTimeouts(t *testing.T) {
-	b := newTestBackend(t, nobodyUID, func(c *Config) { c.KillGrace = 500 * time.Millisecond })
+	b := newTestBackend(t, rangeUID, func(c *Config) { c.KillGrace = 500 * time.Millisecond })
 	id := create(t, b, backend.Spec{})
 	cases := []struct {
 		name, command string
@@ -364,7 +364,7 @@ func TestBwrapBackgroundedProcessesDieWithTheCommand(t *testing.T) {
 }
 
 func TestBwrapDestroyStopsRunningCommands(t *testing.T) {
-	b := newTestBackend(t, nobodyUID)
+	b := newTestBackend(t, rangeUID)
 	id := create(t, b, backend.Spec{})
 	type outcome struct {
 		res backend.ExecResult
@@ -402,7 +402,7 @@ func TestBwrapDestroyStopsRunningCommands(t *testing.T) {
 }
 
 func TestBwrapExecContextCancel(t *testing.T) {
-	b := newTestBackend(t, nobodyUID)
+	b := newTestBackend(t, rangeUID)
 	id := create(t, b, backend.Spec{})
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
@@ -420,7 +420,7 @@ func TestBwrapExecContextCancel(t *testing.T) {
 }
 
 func TestBwrapConcurrentSandboxes(t *testing.T) {
-	b := newTestBackend(t, nobodyUID)
+	b := newTestBackend(t, rangeUID)
 	const sandboxes, commands = 4, 5
 	ids := make([]string, sandboxes)
 	for i := range ids {

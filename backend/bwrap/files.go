@@ -92,6 +92,18 @@ func (b *Backend) fileOp(ctx context.Context, id string) (*sandbox, func(), erro
 	if err != nil {
 		return nil, nil, err
 	}
+	if b.viaCaps && sb.own {
+		// A non-root daemon reaches the guest's files as the guest's uid
+		// (it cannot override their permissions) and what it creates is
+		// then the guest's: the whole operation runs on this goroutine's
+		// thread with the sandbox's filesystem ids (privilege.go).
+		restore, err := lockFSIDs(sb.uid, sb.gid)
+		if err != nil {
+			done()
+			return nil, nil, fmt.Errorf("%w: cannot take the host uid of sandbox %s: %v", backend.ErrUnavailable, id, err)
+		}
+		return sb, func() { restore(); done() }, nil
+	}
 	return sb, done, nil
 }
 
@@ -155,8 +167,8 @@ func (b *Backend) ReadFile(ctx context.Context, id, p string, maxBytes int64) ([
 // The data goes to a temporary file in the same directory that is then
 // renamed over p, so a symlink at p is replaced, never written through, and a
 // reader never sees half a file. mode 0 means 0644; only permission bits are
-// used. With a SandboxUID, the file and every directory created are owned by
-// it so the guest can change them.
+// used. The file and every directory created are owned by the sandbox's
+// uid so the guest can change them.
 func (b *Backend) WriteFile(ctx context.Context, id, p string, data []byte, mode os.FileMode) (err error) {
 	sb, done, err := b.fileOp(ctx, id)
 	if err != nil {
@@ -177,7 +189,7 @@ func (b *Backend) WriteFile(ctx context.Context, id, p string, data []byte, mode
 	mode &= fs.ModePerm
 
 	dir := path.Dir(rel)
-	if err := b.makeParents(root, dir); err != nil {
+	if err := makeParents(sb, root, dir); err != nil {
 		return fileError(p, err)
 	}
 	tmp := path.Join(dir, fmt.Sprintf("%s%016x", writeTempPrefix, rand.Uint64()))
@@ -194,8 +206,8 @@ func (b *Backend) WriteFile(ctx context.Context, id, p string, data []byte, mode
 	if err == nil {
 		err = f.Chmod(mode) // fchmod: exact mode, whatever the umask
 	}
-	if err == nil && b.cfg.SandboxUID >= 0 {
-		err = f.Chown(b.cfg.SandboxUID, b.cfg.SandboxGID)
+	if err == nil && sb.uid >= 0 {
+		err = f.Chown(sb.uid, sb.gid)
 	}
 	if closeErr := f.Close(); err == nil {
 		err = closeErr
@@ -215,7 +227,7 @@ func (b *Backend) WriteFile(ctx context.Context, id, p string, data []byte, mode
 
 // makeParents creates each missing directory of dir (relative to root),
 // chowning the ones it creates to the sandbox uid.
-func (b *Backend) makeParents(root *os.Root, dir string) error {
+func makeParents(sb *sandbox, root *os.Root, dir string) error {
 	if dir == "." {
 		return nil
 	}
@@ -229,8 +241,8 @@ func (b *Backend) makeParents(root *os.Root, dir string) error {
 			// (a file gives ENOTDIR, an outward symlink an escape error).
 		case err != nil:
 			return err
-		case b.cfg.SandboxUID >= 0:
-			if err := root.Lchown(p, b.cfg.SandboxUID, b.cfg.SandboxGID); err != nil {
+		case sb.uid >= 0:
+			if err := root.Lchown(p, sb.uid, sb.gid); err != nil {
 				return err
 			}
 		}

@@ -86,7 +86,7 @@ func wantErrFor(t *testing.T, op, p string, err, target error) {
 }
 
 func TestBwrapFileErrors(t *testing.T) {
-	b := newTestBackend(t, nobodyUID)
+	b := newTestBackend(t, rangeUID)
 	ctx := context.Background()
 	id := create(t, b, backend.Spec{})
 	runOK(t, b, id, "mkdir -p sub/dir && echo x > file.txt && mkfifo fifo && ln -s sub dir-link && printf 'a\\nb' > 'new\nline'")
@@ -138,7 +138,7 @@ func TestBwrapFileErrors(t *testing.T) {
 }
 
 func TestBwrapReadFileTooLarge(t *testing.T) {
-	b := newTestBackend(t, nobodyUID)
+	b := newTestBackend(t, rangeUID)
 	ctx := context.Background()
 	id := create(t, b, backend.Spec{})
 	runOK(t, b, id, "head -c 5000000 /dev/zero > big; printf 12345 > five")
@@ -163,7 +163,7 @@ func TestBwrapReadFileTooLarge(t *testing.T) {
 }
 
 func TestBwrapReadFileGrowingDuringRead(t *testing.T) {
-	b := newTestBackend(t, nobodyUID)
+	b := newTestBackend(t, rangeUID)
 	ctx := context.Background()
 	id := create(t, b, backend.Spec{})
 	// A guest appending as fast as it can while the host reads.
@@ -222,7 +222,7 @@ func TestBwrapWriteFileModesAndParents(t *testing.T) {
 }
 
 func TestBwrapFileOpsOnMissingSandbox(t *testing.T) {
-	b := newTestBackend(t, nobodyUID)
+	b := newTestBackend(t, rangeUID)
 	ctx := context.Background()
 	for _, id := range []string{"never-created", "../escape", ""} {
 		_, err := b.ReadFile(ctx, id, "x", 10)

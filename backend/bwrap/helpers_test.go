@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/hostids"
 )
 
 // skipOrFail skips the test on a workstation that lacks what it needs, but
@@ -30,14 +32,33 @@ func skipOrFail(t testing.TB, format string, args ...any) {
 // testMode is one way the daemon can run bwrap.
 type testMode struct {
 	name string
-	uid  int // Config.SandboxUID and SandboxGID
+	uid  int  // Config.SandboxUID and SandboxGID
+	own  bool // a uid of its own for every sandbox, from testRange
 }
 
 var (
-	daemonUID = testMode{"daemon-uid", -1}
-	nobodyUID = testMode{"uid-65534", 65534}
-	allModes  = []testMode{daemonUID, nobodyUID}
+	daemonUID = testMode{"daemon-uid", -1, false}
+	// rangeUID is a root daemon's default: a uid of its own per sandbox,
+	// 65534 for sandboxes made before the range.
+	rangeUID = testMode{"uid-range", 65534, true}
+	// sharedUID is every sandbox as 65534 (a root daemon without a range,
+	// as before it existed).
+	sharedUID = testMode{"uid-65534", 65534, false}
+	allModes  = []testMode{daemonUID, rangeUID}
 )
+
+// testRange is this test process's share of the default range: a random
+// block of it, so test processes running at once rarely share uids.
+var testRange = hostids.Range{First: hostids.DefaultFirst + uint32(rand.IntN(hostids.DefaultSize/256))*256, Size: 256}
+
+// config is mode's Config for state directory dir.
+func (m testMode) config(dir string) Config {
+	cfg := Config{Dir: dir, SandboxUID: m.uid, SandboxGID: m.uid}
+	if m.own {
+		cfg.UIDRange = testRange
+	}
+	return cfg
+}
 
 // newTestBackend returns a Backend in a fresh state directory, skipping (or
 // failing in CI) when bwrap, or root for a SandboxUID, is missing.
@@ -58,7 +79,7 @@ func newTestBackend(t *testing.T, mode testMode, tweak ...func(*Config)) *Backen
 			}
 		}
 	}
-	cfg := Config{Dir: dir, SandboxUID: mode.uid, SandboxGID: mode.uid}
+	cfg := mode.config(dir)
 	for _, f := range tweak {
 		f(&cfg)
 	}
@@ -246,4 +267,14 @@ func countFDs(t *testing.T) int {
 		t.Fatal(err)
 	}
 	return len(entries) - 1 // the directory being read
+}
+
+// sandboxUID is the host uid sandbox id runs as (-1: the daemon's).
+func sandboxUID(t testing.TB, b *Backend, id string) int {
+	t.Helper()
+	sb, err := b.lookup(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sb.uid
 }

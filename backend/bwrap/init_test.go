@@ -104,7 +104,7 @@ func TestBwrapBackgroundProcessesEndWithTheirCommand(t *testing.T) {
 }
 
 func TestBwrapForkFloodIsCleanedUp(t *testing.T) {
-	b := newTestBackend(t, nobodyUID)
+	b := newTestBackend(t, rangeUID)
 	id := create(t, b, backend.Spec{})
 	tok := sleepToken(t)
 	start := time.Now()
@@ -191,7 +191,7 @@ func TestBwrapInitKilledMeansTerminated(t *testing.T) {
 }
 
 func TestBwrapInitKilledDuringCommand(t *testing.T) {
-	b := newTestBackend(t, nobodyUID)
+	b := newTestBackend(t, rangeUID)
 	id := create(t, b, backend.Spec{})
 	runOK(t, b, id, "true")
 	tok := sleepToken(t)
@@ -312,7 +312,7 @@ func TestBwrapGuestCannotHurtInit(t *testing.T) {
 }
 
 func TestBwrapConcurrentExecInDifferentSandboxes(t *testing.T) {
-	b := newTestBackend(t, nobodyUID)
+	b := newTestBackend(t, rangeUID)
 	const n = 6
 	ids := make([]string, n)
 	for i := range ids {
@@ -395,7 +395,7 @@ func settle() {
 }
 
 func TestBwrapLiveSandboxesCostLittle(t *testing.T) {
-	b := newTestBackend(t, nobodyUID)
+	b := newTestBackend(t, rangeUID)
 	warm := create(t, b, backend.Spec{})
 	runOK(t, b, warm, "true")
 	settle()
@@ -431,7 +431,7 @@ func TestBwrapLiveSandboxesCostLittle(t *testing.T) {
 }
 
 func TestBwrapRestartStartsAFreshInit(t *testing.T) {
-	first := newTestBackend(t, nobodyUID)
+	first := newTestBackend(t, rangeUID)
 	id := create(t, first, backend.Spec{})
 	runOK(t, first, id, "echo data > f")
 	old := initPID(t, first, id)
@@ -467,7 +467,7 @@ func processAlive(pid int) bool {
 }
 
 func TestBwrapMissingWorkingDirectory(t *testing.T) {
-	b := newTestBackend(t, nobodyUID)
+	b := newTestBackend(t, rangeUID)
 	id := create(t, b, backend.Spec{})
 	runOK(t, b, id, "echo x > file")
 	for _, cwd := range []string{"/workspace/nope", "/workspace/file"} {
@@ -480,7 +480,7 @@ func TestBwrapMissingWorkingDirectory(t *testing.T) {
 }
 
 func TestInitRefusesMalformedMessages(t *testing.T) {
-	b := newTestBackend(t, nobodyUID)
+	b := newTestBackend(t, rangeUID)
 	id := create(t, b, backend.Spec{})
 	runOK(t, b, id, "true")
 	sb, err := b.lookup(id)

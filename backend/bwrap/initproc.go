@@ -163,7 +163,7 @@ func (b *Backend) startInit(ctx context.Context, sb *sandbox, deadline time.Time
 		return nil, fmt.Errorf("%w: prepare bwrap for sandbox %s: %v; the daemon may be out of memory or file descriptors", backend.ErrUnavailable, sb.id, err)
 	}
 	defer closeFiles(files)
-	cmd := b.command(sb.dir, []string{"--args", fmt.Sprint(firstDataFD), "--", fmt.Sprintf("/proc/self/fd/%d", initExeFD)})
+	cmd := b.command(sb, []string{"--args", fmt.Sprint(firstDataFD), "--", fmt.Sprintf("/proc/self/fd/%d", initExeFD)})
 	cmd.Stderr = stderr
 	cmd.ExtraFiles = append([]*os.File{ctrlInit, b.exe}, files...) // fds 3, 4, 5...
 	cmd.SysProcAttr.Setpgid = true

@@ -78,7 +78,7 @@ func TestCgroupMemoryLimitKillsAndSaysSo(t *testing.T) {
 
 func TestCgroupHoldsEveryProcessOfTheSandbox(t *testing.T) {
 	m := testCgroups(t)
-	b := newTestBackend(t, nobodyUID, withCgroups(m, limits.Limits{MemoryBytes: 128 << 20, PIDs: 64}))
+	b := newTestBackend(t, rangeUID, withCgroups(m, limits.Limits{MemoryBytes: 128 << 20, PIDs: 64}))
 	id := create(t, b, backend.Spec{})
 	sb, err := b.lookup(id)
 	if err != nil {
@@ -94,8 +94,9 @@ func TestCgroupHoldsEveryProcessOfTheSandbox(t *testing.T) {
 	sb.initMu.Lock()
 	initBwrap := sb.init.cmd.Process.Pid
 	sb.initMu.Unlock()
+	uidLine := fmt.Sprintf("\nUid:\t%d\t", sb.uid)
 	for _, pid := range pids {
-		if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err != nil || !strings.Contains(string(st), "\nUid:\t65534") {
+		if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err != nil || !strings.Contains(string(st), uidLine) {
 			t.Errorf("process %d in the sandbox's group is not the sandbox's: %v %.80q", pid, err, st)
 		}
 	}
@@ -125,7 +126,7 @@ func TestCgroupHoldsEveryProcessOfTheSandbox(t *testing.T) {
 
 func TestCgroupContainsAForkBomb(t *testing.T) {
 	m := testCgroups(t)
-	b := newTestBackend(t, nobodyUID, withCgroups(m, limits.Limits{MemoryBytes: 256 << 20, PIDs: 32}))
+	b := newTestBackend(t, rangeUID, withCgroups(m, limits.Limits{MemoryBytes: 256 << 20, PIDs: 32}))
 	id := create(t, b, backend.Spec{})
 	sb, err := b.lookup(id)
 	if err != nil {
@@ -294,7 +295,7 @@ func TestDiskCap(t *testing.T) {
 			if err := disk.Unmount(sb.dataDir()); err != nil {
 				t.Fatal(err)
 			}
-			b2, err := New(Config{Dir: dir, SandboxUID: mode.uid, SandboxGID: mode.uid, DiskCaps: true, Limits: lim})
+			b2, err := New(withDisk(mode.config(dir), lim))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -307,7 +308,7 @@ func TestDiskCap(t *testing.T) {
 			if mounted, _ := disk.Mounted(sb.dataDir()); mounted {
 				t.Error("Close left the sandbox's disk mounted")
 			}
-			b3, err := New(Config{Dir: dir, SandboxUID: mode.uid, SandboxGID: mode.uid, DiskCaps: true, Limits: lim})
+			b3, err := New(withDisk(mode.config(dir), lim))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -370,4 +371,10 @@ func TestCgroupV2SandboxIsBornInItsGroup(t *testing.T) {
 			}
 		})
 	}
+}
+
+// withDisk is cfg with disk caps and limits l.
+func withDisk(cfg Config, l limits.Limits) Config {
+	cfg.DiskCaps, cfg.Limits = true, l
+	return cfg
 }

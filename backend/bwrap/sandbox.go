@@ -62,6 +62,10 @@ type persistedSpec struct {
 	// Disk says /workspace and /tmp live on the sandbox's own filesystem
 	// (disk.img mounted on vol/).
 	Disk bool `json:"disk,omitempty"`
+	// UID is the sandbox's own host uid (and gid), from Config.UIDRange.
+	// Absent in a sandbox made without one (before the range existed): it
+	// runs as Config.SandboxUID/SandboxGID, as it always did.
+	UID *uint32 `json:"uid,omitempty"`
 }
 
 // sandbox is the in-memory state of one sandbox: its settings, the
@@ -75,6 +79,11 @@ type sandbox struct {
 	limits    limits.Limits  // effective: the daemon's, lowered by the spec
 	disk      bool           // work/ and tmp/ are on the sandbox's own filesystem
 	cg        *cgroup.Cgroup // nil without cgroups; set before init starts
+	// uid and gid are the host ids its processes run as and its files
+	// belong to; -1 for the daemon's own. own says they are the sandbox's
+	// alone (from the range), not shared.
+	uid, gid int
+	own      bool
 
 	mu         sync.Mutex
 	destroying bool
@@ -95,7 +104,17 @@ type sandbox struct {
 
 func newSandbox(id, dir string, spec persistedSpec, lim limits.Limits) *sandbox {
 	return &sandbox{id: id, dir: dir, env: spec.Env, network: spec.Network, resources: spec.Resources,
-		limits: lim, disk: spec.Disk, active: make(map[uint64]context.CancelCauseFunc)}
+		limits: lim, disk: spec.Disk, uid: -1, gid: -1, active: make(map[uint64]context.CancelCauseFunc)}
+}
+
+// setIDs gives sb the host ids its settings say: its own, or those of
+// sandboxes without one.
+func (b *Backend) setIDs(sb *sandbox, spec persistedSpec) {
+	if spec.UID != nil {
+		sb.uid, sb.gid, sb.own = int(*spec.UID), int(*spec.UID), true
+		return
+	}
+	sb.uid, sb.gid = b.cfg.SandboxUID, b.cfg.SandboxGID
 }
 
 // dataDir holds work/ and tmp/: the sandbox's directory, or the mount of
@@ -196,7 +215,13 @@ func (b *Backend) lookup(id string) (*sandbox, error) {
 	if spec.Disk && !b.cfg.DiskCaps {
 		return nil, fmt.Errorf("%w: sandbox %q has a disk of its own, which this daemon cannot mount (disk caps are off); destroy it and create a new one", backend.ErrSpecUnenforceable, id)
 	}
+	if spec.UID != nil {
+		if err := b.checkAdoptedUID(id, *spec.UID); err != nil {
+			return nil, err
+		}
+	}
 	sb := newSandbox(id, b.sandboxDir(id), spec, lim)
+	b.setIDs(sb, spec)
 	// Re-adopted (the daemon restarted, or the host rebooted): mount its
 	// disk again and give it a fresh cgroup; New removed the old ones.
 	if err := b.mountDisk(sb); err != nil {
@@ -262,19 +287,29 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	if b.knownAndPresent(id) {
 		return backend.Info{}, fmt.Errorf("sandbox %q already exists or is being destroyed; destroy it first or choose another id: %w", id, fs.ErrExist)
 	}
-	mode := os.FileMode(0o700)
-	if b.cfg.SandboxUID >= 0 {
-		mode = 0o711
+	saved := persistedSpec{Version: specVersion, Network: network, Env: maps.Clone(spec.Env), Resources: spec.Resources,
+		Disk: b.cfg.DiskCaps && lim.DiskBytes > 0}
+	if b.uids != nil {
+		uid, err := b.uids.Allocate()
+		if err != nil {
+			return backend.Info{}, fmt.Errorf("%w: sandbox %s was not created: %v", backend.ErrUnavailable, id, err)
+		}
+		saved.UID = &uid
 	}
-	if err := os.Mkdir(dir, mode); err != nil {
+	sb := newSandbox(id, dir, saved, lim)
+	b.setIDs(sb, saved)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		b.releaseUID(id, saved.UID)
 		if errors.Is(err, fs.ErrExist) {
 			return backend.Info{}, fmt.Errorf("sandbox %q already exists; destroy it first or choose another id: %w", id, err)
 		}
 		return backend.Info{}, fmt.Errorf("create sandbox %s: %w; check that the state directory is writable", id, err)
 	}
-	saved := persistedSpec{Version: specVersion, Network: network, Env: maps.Clone(spec.Env), Resources: spec.Resources,
-		Disk: b.cfg.DiskCaps && lim.DiskBytes > 0}
-	sb := newSandbox(id, dir, saved, lim)
+	if saved.UID != nil {
+		b.mu.Lock()
+		b.uidOf[id] = *saved.UID
+		b.mu.Unlock()
+	}
 	defer func() {
 		if err != nil {
 			if rmErr := b.removeCgroup(sb); rmErr != nil {
@@ -283,19 +318,25 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 			if rmErr := unmountDisk(dir); rmErr != nil {
 				log.Error("cannot unmount the disk of a half-made sandbox", "error", rmErr)
 			}
-			if rmErr := statedir.RemoveAll(dir); rmErr != nil {
+			if rmErr := b.removeSandboxFiles(sb); rmErr != nil {
+				// Its uid stays reserved: files of it remain.
 				log.Error("cannot remove half-made sandbox", "error", rmErr)
+			} else {
+				b.releaseUID(id, saved.UID)
 			}
 		}
 	}()
-	if err := os.Chmod(dir, mode); err != nil {
+	// The directory carries the sandbox's uid (as its group) before
+	// anything of the guest exists, so a restart finds the uid even if
+	// spec.json was never written.
+	if err := b.prepareSandboxDir(sb); err != nil {
 		return backend.Info{}, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	if err := b.makeDisk(ctx, sb); err != nil {
 		return backend.Info{}, err
 	}
 	for _, p := range []string{sb.workDir(), sb.tmpDir()} {
-		if err := b.makeGuestDir(p); err != nil {
+		if err := b.makeGuestDir(sb, p); err != nil {
 			return backend.Info{}, fmt.Errorf("create sandbox %s: %w", id, err)
 		}
 	}
@@ -322,8 +363,12 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 		b.mu.Unlock()
 	}
 	log.Info("sandbox created", "network", network, "env_vars", len(spec.Env), "memory_bytes", lim.MemoryBytes,
-		"pids", lim.PIDs, "cpus", lim.CPUs, "disk_bytes", saved.Disk && lim.DiskBytes > 0)
-	return backend.Info{Workdir: guestWorkspace, Network: network}, nil
+		"pids", lim.PIDs, "cpus", lim.CPUs, "disk_bytes", saved.Disk && lim.DiskBytes > 0, "host_uid", sb.uid)
+	info := backend.Info{Workdir: guestWorkspace, Network: network}
+	if saved.UID != nil {
+		info.HostUID = *saved.UID
+	}
+	return info, nil
 }
 
 // knownAndPresent reports whether id is in memory and either still on disk
@@ -369,14 +414,18 @@ func (b *Backend) networkFor(spec backend.Spec) (string, error) {
 	return networkNone, nil
 }
 
-// makeGuestDir makes a directory the guest owns: mode 0700 and, when a
-// SandboxUID is set, owned by it.
-func (b *Backend) makeGuestDir(path string) error {
+// makeGuestDir makes a directory the guest owns: mode 0700 and, when the
+// sandbox runs as a uid other than the daemon's, owned by it.
+func (b *Backend) makeGuestDir(sb *sandbox, path string) error {
+	if b.viaCaps && sb.own {
+		// No CAP_CHOWN: made as the sandbox's uid, so owned by it.
+		return b.asOwner(sb, func() error { return os.Mkdir(path, 0o700) })
+	}
 	if err := os.Mkdir(path, 0o700); err != nil {
 		return err
 	}
-	if b.cfg.SandboxUID >= 0 {
-		return os.Lchown(path, b.cfg.SandboxUID, b.cfg.SandboxGID)
+	if sb.uid >= 0 {
+		return os.Lchown(path, sb.uid, sb.gid)
 	}
 	return nil
 }
@@ -394,6 +443,9 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	sb, ok := b.sandboxes[id]
 	if !ok {
 		sb = newSandbox(id, b.sandboxDir(id), persistedSpec{}, limits.Limits{})
+		if uid, has := b.uidOf[id]; has {
+			sb.uid, sb.gid, sb.own = int(uid), int(uid), true
+		}
 		b.sandboxes[id] = sb
 	}
 	b.mu.Unlock()
@@ -415,7 +467,7 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	err := b.removeCgroup(sb)
 	if uerr := unmountDisk(sb.dir); uerr != nil {
 		err = errors.Join(err, fmt.Errorf("unmount its disk: %w", uerr))
-	} else if rerr := statedir.RemoveAll(sb.dir); rerr != nil {
+	} else if rerr := b.removeSandboxFiles(sb); rerr != nil {
 		err = errors.Join(err, rerr)
 	}
 
@@ -423,7 +475,15 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	if b.sandboxes[id] == sb {
 		delete(b.sandboxes, id)
 	}
+	uid, hadUID := b.uidOf[id]
+	if err == nil && hadUID {
+		// Only now that no file and no process of it is left.
+		delete(b.uidOf, id)
+	}
 	b.mu.Unlock()
+	if err == nil && hadUID && b.uids != nil {
+		b.uids.Release(uid)
+	}
 	if err != nil {
 		return fmt.Errorf("destroy sandbox %s: its commands are stopped but its files could not all be removed (%w); call destroy again to retry", id, err)
 	}

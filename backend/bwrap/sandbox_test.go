@@ -25,7 +25,7 @@ func TestMain(m *testing.M) {
 func boolPtr(v bool) *bool { return &v }
 
 func TestBwrapSpecRefusals(t *testing.T) {
-	b := newTestBackend(t, nobodyUID)
+	b := newTestBackend(t, rangeUID)
 	ctx := context.Background()
 	cases := []struct {
 		name   string
@@ -64,7 +64,7 @@ func TestBwrapSpecRefusals(t *testing.T) {
 }
 
 func TestBwrapShareHostNetwork(t *testing.T) {
-	b := newTestBackend(t, nobodyUID, func(c *Config) { c.ShareHostNetwork = true })
+	b := newTestBackend(t, rangeUID, func(c *Config) { c.ShareHostNetwork = true })
 	ctx := context.Background()
 	info, err := b.Create(ctx, "hostnet", backend.Spec{BlockNetwork: boolPtr(false)})
 	if err != nil || info.Network != "host" {
@@ -101,7 +101,7 @@ func interfaces(t *testing.T, path string) []string {
 }
 
 func TestBwrapCreateDuplicate(t *testing.T) {
-	b := newTestBackend(t, nobodyUID)
+	b := newTestBackend(t, rangeUID)
 	id := create(t, b, backend.Spec{})
 	runOK(t, b, id, "echo keep > k")
 	if _, err := b.Create(context.Background(), id, backend.Spec{}); !errors.Is(err, fs.ErrExist) {
@@ -174,7 +174,7 @@ func TestBwrapDestroyIsThoroughAndIdempotent(t *testing.T) {
 }
 
 func TestBwrapDestroyInvalidIDTouchesNothing(t *testing.T) {
-	b := newTestBackend(t, nobodyUID)
+	b := newTestBackend(t, rangeUID)
 	sibling := filepath.Join(filepath.Dir(b.cfg.Dir), "victim")
 	if err := os.Mkdir(sibling, 0o755); err != nil {
 		t.Fatal(err)
@@ -193,7 +193,7 @@ func TestBwrapDestroyInvalidIDTouchesNothing(t *testing.T) {
 }
 
 func TestBwrapRestartReadoptsSandboxes(t *testing.T) {
-	first := newTestBackend(t, nobodyUID, func(c *Config) { c.ShareHostNetwork = true })
+	first := newTestBackend(t, rangeUID, func(c *Config) { c.ShareHostNetwork = true })
 	ctx := context.Background()
 	id := create(t, first, backend.Spec{Env: map[string]string{"KEPT": "across restarts"}})
 	runOK(t, first, id, "echo data > f")
@@ -236,7 +236,7 @@ func TestBwrapRestartReadoptsSandboxes(t *testing.T) {
 }
 
 func TestBwrapListFindsEverySandboxDirectory(t *testing.T) {
-	b := newTestBackend(t, nobodyUID)
+	b := newTestBackend(t, rangeUID)
 	ctx := context.Background()
 	id := create(t, b, backend.Spec{})
 	// A half-made sandbox (no spec.json), a stray file and a foreign name.
@@ -263,7 +263,7 @@ func TestBwrapListFindsEverySandboxDirectory(t *testing.T) {
 }
 
 func TestBwrapHealth(t *testing.T) {
-	b := newTestBackend(t, nobodyUID)
+	b := newTestBackend(t, rangeUID)
 	ctx := context.Background()
 	if err := b.Health(ctx); err != nil {
 		t.Fatalf("Health: %v", err)
@@ -304,7 +304,7 @@ func TestBwrapHealth(t *testing.T) {
 }
 
 func TestBwrapSandboxRemovedBehindOurBack(t *testing.T) {
-	b := newTestBackend(t, nobodyUID)
+	b := newTestBackend(t, rangeUID)
 	ctx := context.Background()
 	id := create(t, b, backend.Spec{})
 	runOK(t, b, id, "true")
