@@ -53,7 +53,7 @@ func checkUIDPrivilege() (viaCaps bool, err error) {
 		}
 	}
 	if len(missing) > 0 {
-		return false, fmt.Errorf("bwrap backend: giving each sandbox a host uid of its own (bwrap.uid_range_size) needs a root daemon or one holding CAP_SETUID, CAP_SETGID and CAP_KILL (the packaged unit's AmbientCapabilities=); this daemon (uid %d) lacks %v. Grant them, or set bwrap.uid_range_size = 0 to run every sandbox as the daemon's own uid", os.Geteuid(), missing)
+		return false, fmt.Errorf("bwrap backend: giving each sandbox a host uid of its own (bwrap.own_uids) needs a root daemon or one holding CAP_SETUID, CAP_SETGID and CAP_KILL (the packaged unit's AmbientCapabilities=); this daemon (uid %d) lacks %v. Grant them, or set bwrap.own_uids = off to run every sandbox as the daemon's own uid", os.Geteuid(), missing)
 	}
 	return true, nil
 }
@@ -162,4 +162,12 @@ func fsIDs() [2]int {
 	u, _ := unix.SetfsuidRetUid(-1)
 	g, _ := unix.SetfsgidRetGid(-1)
 	return [2]int{u, g}
+}
+
+// CanGiveOwnUIDs reports why this daemon cannot give sandboxes host uids
+// of their own (Config.UIDRange), or nil when it can: it is root, or holds
+// CAP_SETUID, CAP_SETGID and CAP_KILL.
+func CanGiveOwnUIDs() error {
+	_, err := checkUIDPrivilege()
+	return err
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/sbx"
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/lifecycle"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/hostids"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 	"github.com/sandbox-sidecar/sandbox-sidecar/service"
 )
@@ -169,6 +170,12 @@ func (l LimitsSection) validate() []error {
 }
 
 type BwrapSection struct {
+	// OwnUIDs is auto, required or off: a host uid of its own for every
+	// sandbox, from [UIDRangeStart, +UIDRangeSize) (see bwrapUIDs).
+	OwnUIDs       string `toml:"own_uids"`
+	UIDRangeStart uint32 `toml:"uid_range_start"`
+	UIDRangeSize  uint32 `toml:"uid_range_size"`
+	// SandboxUID/GID: the ids of sandboxes without one of their own.
 	SandboxUID       int      `toml:"sandbox_uid"`
 	SandboxGID       int      `toml:"sandbox_gid"`
 	ShareHostNetwork bool     `toml:"share_host_network"`
@@ -215,7 +222,10 @@ func defaultConfig() Config {
 			PIDs: limits.Defaults().PIDs, Disk: limits.Defaults().DiskBytes, DiskInodes: limits.Defaults().DiskInodes,
 			Cgroups: enforceAuto, DiskCaps: enforceAuto,
 		},
-		Bwrap: BwrapSection{SandboxUID: 65534, SandboxGID: 65534, KillGrace: Duration(2 * time.Second)},
+		Bwrap: BwrapSection{
+			OwnUIDs: enforceAuto, UIDRangeStart: hostids.DefaultFirst, UIDRangeSize: hostids.DefaultSize,
+			SandboxUID: 65534, SandboxGID: 65534, KillGrace: Duration(2 * time.Second),
+		},
 		Sbx: SbxSection{
 			Path: "sbx", Template: sbx.DefaultTemplate, Memory: sbx.DefaultMemory,
 			CreateTimeout: Duration(sbx.DefaultCreateTimeout), KillAfter: Duration(sbx.DefaultKillAfter),
@@ -365,6 +375,15 @@ func (c *Config) validate() error {
 	}
 	errs = append(errs, c.Server.validateMemory(c.serviceLimits())...)
 	errs = append(errs, c.Limits.validate()...)
+	switch c.Bwrap.OwnUIDs {
+	case enforceAuto, enforceRequired:
+		if err := (hostids.Range{First: c.Bwrap.UIDRangeStart, Size: c.Bwrap.UIDRangeSize}).Validate(); err != nil {
+			bad("bwrap.uid_range_start/uid_range_size: %v", err)
+		}
+	case enforceOff:
+	default:
+		bad("bwrap.own_uids %q: give auto (a uid of its own per sandbox when the daemon can: root, or CAP_SETUID, CAP_SETGID and CAP_KILL; else a warning), required (refuse to start without) or off", c.Bwrap.OwnUIDs)
+	}
 	return errors.Join(errs...)
 }
 

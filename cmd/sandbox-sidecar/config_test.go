@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/hostids"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 )
 
@@ -206,4 +207,36 @@ func TestConfigShowAndCheckSandboxLimits(t *testing.T) {
 	assert.Equal(t, 1, run([]string{"config", "check", "--config", bad}, &out, &errOut))
 	assert.Contains(t, errOut.String(), `limits.cgroups "always"`)
 	assert.Contains(t, errOut.String(), "limits.pids")
+}
+
+func TestConfigOwnUIDs(t *testing.T) {
+	cfg := defaultConfig()
+	assert.Equal(t, enforceAuto, cfg.Bwrap.OwnUIDs)
+	assert.Equal(t, uint32(hostids.DefaultFirst), cfg.Bwrap.UIDRangeStart)
+	assert.Equal(t, uint32(hostids.DefaultSize), cfg.Bwrap.UIDRangeSize)
+
+	p := writeConfig(t, "[bwrap]\nown_uids = \"required\"\nuid_range_start = 1610612736\nuid_range_size = 4096\n")
+	var out, errOut bytes.Buffer
+	require.Equal(t, 0, run([]string{"config", "show", "--config", p}, &out, &errOut), errOut.String())
+	for _, line := range []string{"own_uids = 'required'", "uid_range_start = 1610612736", "uid_range_size = 4096"} {
+		assert.Contains(t, out.String(), line)
+	}
+
+	for name, mutate := range map[string]func(*BwrapSection){
+		"unknown mode":      func(b *BwrapSection) { b.OwnUIDs = "sometimes" },
+		"empty range":       func(b *BwrapSection) { b.UIDRangeSize = 0 },
+		"range holds 65534": func(b *BwrapSection) { b.UIDRangeStart, b.UIDRangeSize = 60000, 10000 },
+		"system ids":        func(b *BwrapSection) { b.UIDRangeStart = 10 },
+	} {
+		cfg := defaultConfig()
+		mutate(&cfg.Bwrap)
+		assert.ErrorContains(t, cfg.validate(), "bwrap.", name)
+	}
+	// off needs no valid range.
+	cfg.Bwrap.OwnUIDs, cfg.Bwrap.UIDRangeSize = enforceOff, 0
+	assert.NoError(t, cfg.validate())
+	// A flag sets the range.
+	var stderr bytes.Buffer
+	assert.Equal(t, 2, run([]string{"serve", "--config", "/dev/null", "--uid-range-size", "-3"}, io.Discard, &stderr))
+	assert.Contains(t, stderr.String(), "uid-range-size")
 }

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"os/signal"
@@ -22,6 +23,7 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/sbx"
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/lifecycle"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/hostids"
 	"github.com/sandbox-sidecar/sandbox-sidecar/service"
 )
 
@@ -88,8 +90,11 @@ func serveConfig(args []string, stderr io.Writer) (Config, error) {
 	fs.Int64Var(&lim.DiskInodes, "limit-disk-inodes", lim.DiskInodes, "files and directories each sandbox may hold (bwrap, disk caps; 0: one per 16 KiB of the disk cap)")
 	fs.StringVar(&lim.Cgroups, "limit-cgroups", lim.Cgroups, "per-sandbox cgroups for memory, pids and CPU: auto (when the daemon is root or a systemd service with Delegate=yes; else a warning), required (refuse to start without) or off")
 	fs.StringVar(&lim.DiskCaps, "limit-disk-caps", lim.DiskCaps, "per-sandbox disk caps: auto (when the daemon is root and can loop-mount; else a warning), required (refuse to start without) or off")
-	fs.IntVar(&bw.SandboxUID, "sandbox-uid", bw.SandboxUID, "host uid that runs sandboxes when the daemon runs as root")
-	fs.IntVar(&bw.SandboxGID, "sandbox-gid", bw.SandboxGID, "host gid that runs sandboxes when the daemon runs as root")
+	fs.StringVar(&bw.OwnUIDs, "own-uids", bw.OwnUIDs, "a host uid (and gid) of its own for every sandbox, from the uid range, shared with nothing else on the host: auto (when the daemon is root, or holds CAP_SETUID, CAP_SETGID and CAP_KILL; else a warning), required (refuse to start without) or off (bwrap)")
+	fs.Func("uid-range-start", fmt.Sprintf("first host uid of the range sandboxes get their own uids from; the daemon refuses a range holding a user, a group or a subordinate id range of /etc/sub[ug]id (default %d)", bw.UIDRangeStart), uint32Flag(&bw.UIDRangeStart))
+	fs.Func("uid-range-size", fmt.Sprintf("how many uids the range holds: the most sandboxes that may exist at once (default %d)", bw.UIDRangeSize), uint32Flag(&bw.UIDRangeSize))
+	fs.IntVar(&bw.SandboxUID, "sandbox-uid", bw.SandboxUID, "host uid of the sandboxes without one of their own (own_uids off, or made before the range) when the daemon runs as root")
+	fs.IntVar(&bw.SandboxGID, "sandbox-gid", bw.SandboxGID, "host gid of the sandboxes without one of their own, when the daemon runs as root")
 	fs.BoolVar(&bw.ShareHostNetwork, "bwrap-share-host-network", bw.ShareHostNetwork, "let sandboxes that ask for block_network=false share the host's network (bwrap)")
 	var killGrace Duration
 	fs.Var(&killGrace, "kill-grace", "time between SIGTERM and SIGKILL when a command times out (bwrap.kill_grace and sbx.kill_after)")
@@ -435,6 +440,11 @@ func newBackend(cfg Config, log hclog.Logger, enf *enforcement) (backend.Backend
 		}
 		if os.Geteuid() == 0 {
 			bc.SandboxUID, bc.SandboxGID = cfg.Bwrap.SandboxUID, cfg.Bwrap.SandboxGID
+		}
+		if err := bwrapUIDs(&bc, cfg.Bwrap, log); err != nil {
+			return nil, err
+		}
+		if bc.SandboxUID >= 0 || bc.UIDRange.Size > 0 {
 			// bwrap runs as the sandbox uid and must reach each workspace to
 			// bind it: let others search (not list) the state directory.
 			if err := os.Chmod(cfg.Server.StateDir, 0o711); err != nil {
@@ -455,6 +465,44 @@ func newBackend(cfg Config, log hclog.Logger, enf *enforcement) (backend.Backend
 		})
 	}
 	return nil, errors.New("unknown backend; this build has: bwrap, sbx")
+}
+
+// uint32Flag parses a flag's value into *p.
+func uint32Flag(p *uint32) func(string) error {
+	return func(v string) error {
+		n, err := strconv.ParseUint(v, 10, 32)
+		if err != nil {
+			return fmt.Errorf("%q is not a number from 0 to %d", v, uint32(math.MaxUint32))
+		}
+		*p = uint32(n)
+		return nil
+	}
+}
+
+// bwrapUIDs decides bwrap.own_uids: a uid of its own for every sandbox
+// when the daemon can give one (root, or CAP_SETUID, CAP_SETGID and
+// CAP_KILL), else (auto) a warning and the shared ids, or (required) no
+// start.
+func bwrapUIDs(bc *bwrap.Config, bw BwrapSection, log hclog.Logger) error {
+	if bw.OwnUIDs == enforceOff {
+		return nil
+	}
+	r := hostids.Range{First: bw.UIDRangeStart, Size: bw.UIDRangeSize}
+	err := bwrap.CanGiveOwnUIDs()
+	switch {
+	case err == nil:
+		bc.UIDRange = r
+		log.Info("every sandbox runs as a host uid of its own", "range", r.String())
+		return nil
+	case bw.OwnUIDs == enforceRequired:
+		return fmt.Errorf("bwrap.own_uids = required: %w", err)
+	}
+	runsAs := fmt.Sprintf("uid %d", bc.SandboxUID)
+	if bc.SandboxUID < 0 {
+		runsAs = fmt.Sprintf("the daemon's own uid %d", os.Geteuid())
+	}
+	log.Warn("sandboxes do NOT get host uids of their own: every sandbox runs as "+runsAs+", which it shares with the others (and with whatever else runs as that uid)", "reason", err)
+	return nil
 }
 
 // FailpointEnv names a lifecycle failpoint (lifecycle.Fail*) at which the
