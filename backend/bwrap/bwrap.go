@@ -263,7 +263,7 @@ func New(cfg Config) (*Backend, error) {
 	b.reserveExistingUIDs()
 	// No command of this backend runs yet, so any process still carrying
 	// the marker of one of its sandboxes was left by a daemon that died.
-	if strays := findMarked(cfg.Dir, true); len(strays) > 0 {
+	if strays := b.findMarked(cfg.Dir, true); len(strays) > 0 {
 		b.log.Warn("killing sandbox processes left by a previous daemon", "count", killMarked(strays))
 	}
 	// Nor does any sandbox of this process have a cgroup yet.

@@ -105,7 +105,9 @@ func (b *Backend) asOwner(sb *sandbox, fn func() error) error {
 
 // asIDs runs fn on a locked thread whose filesystem uid and gid are uid
 // and gid (-1: unchanged); the thread gets the daemon's back afterwards.
-func (b *Backend) asIDs(uid, gid int, fn func() error) error {
+func (b *Backend) asIDs(uid, gid int, fn func() error) error { return asFSIDs(uid, gid, fn) }
+
+func asFSIDs(uid, gid int, fn func() error) error {
 	restore, err := lockFSIDs(uid, gid)
 	if err != nil {
 		return err

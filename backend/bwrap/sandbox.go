@@ -418,8 +418,15 @@ func (b *Backend) networkFor(spec backend.Spec) (string, error) {
 // sandbox runs as a uid other than the daemon's, owned by it.
 func (b *Backend) makeGuestDir(sb *sandbox, path string) error {
 	if b.viaCaps && sb.own {
-		// No CAP_CHOWN: made as the sandbox's uid, so owned by it.
-		return b.asOwner(sb, func() error { return os.Mkdir(path, 0o700) })
+		// No CAP_CHOWN: made as the sandbox's uid, so owned by it. Its
+		// parent is the sandbox's directory, whose group (the sandbox's
+		// gid) may write there only while this runs.
+		parent := filepath.Dir(path)
+		if err := os.Chmod(parent, ownSandboxDirMode|0o020); err != nil {
+			return err
+		}
+		err := b.asOwner(sb, func() error { return os.Mkdir(path, 0o700) })
+		return errors.Join(err, os.Chmod(parent, ownSandboxDirMode))
 	}
 	if err := os.Mkdir(path, 0o700); err != nil {
 		return err
@@ -459,7 +466,7 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	if !sb.wait(ctx, destroyWait) {
 		log.Warn("running commands did not all end in time; removing the files anyway", "waited_up_to", destroyWait)
 	}
-	if strays := findMarked(sb.dir, false); len(strays) > 0 {
+	if strays := b.findMarked(sb.dir, false); len(strays) > 0 {
 		log.Warn("killed processes of the sandbox that outlived their command", "count", killMarked(strays))
 	}
 	// The cgroup by name, not sb.cg: a sandbox never used by this

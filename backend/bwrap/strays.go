@@ -11,8 +11,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/hostids"
 )
 
 // markerEnv is set in the environment of every bwrap process this backend
@@ -51,6 +54,25 @@ type markedProcess struct {
 // findMarked lists processes whose marker names dir (or, with prefix, any
 // directory under dir).
 func findMarked(dir string, prefix bool) []markedProcess {
+	return findMarkedAs(dir, prefix, hostids.Range{})
+}
+
+// findMarked is the package's findMarked for this backend: a non-root daemon reads the
+// environment of its sandboxes' processes as their uid.
+func (b *Backend) findMarked(dir string, prefix bool) []markedProcess {
+	var r hostids.Range
+	if b.viaCaps {
+		r = b.cfg.UIDRange
+	}
+	return findMarkedAs(dir, prefix, r)
+}
+
+// findMarkedAs is findMarked, reading the environment of a process owned
+// by a uid of sandboxUIDs that the daemon may not read as itself with that
+// uid as its filesystem uid (a non-root daemon's sandboxes: the kernel
+// lets only a process of the same uid, or one with CAP_SYS_PTRACE, read
+// it).
+func findMarkedAs(dir string, prefix bool, sandboxUIDs hostids.Range) []markedProcess {
 	want := marker(dir)
 	if prefix {
 		want = markerPrefix(dir)
@@ -66,6 +88,13 @@ func findMarked(dir string, prefix bool) []markedProcess {
 			continue
 		}
 		got, ok := readMarker(pid)
+		if !ok && sandboxUIDs.Size > 0 {
+			if fi, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
+				if st, isStat := fi.Sys().(*syscall.Stat_t); isStat && sandboxUIDs.Contains(st.Uid) {
+					_ = asFSIDs(int(st.Uid), int(st.Gid), func() error { got, ok = readMarker(pid); return nil })
+				}
+			}
+		}
 		if !ok {
 			continue
 		}

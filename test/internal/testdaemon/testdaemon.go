@@ -21,7 +21,8 @@ import (
 // revision) to test instead of building one.
 const BinEnv = "SANDBOX_SIDECAR_BIN"
 
-// Main is a TestMain: it builds the daemon into a directory every uid may
+// Main is a TestMain: it builds the daemon (as the package does, without
+// cgo) into a directory every uid may
 // search and run from (tests run it as other uids too), stores its path in
 // *bin, runs the tests and removes the build.
 func Main(m *testing.M, bin *string) {
@@ -36,6 +37,10 @@ func Main(m *testing.M, bin *string) {
 		*bin = prebuilt
 	} else {
 		build := exec.Command("go", "build", "-o", *bin, "github.com/sandbox-sidecar/sandbox-sidecar/cmd/sandbox-sidecar")
+		// As the package builds it (packaging/deb/build.sh): without cgo,
+		// a non-root daemon can clear its ambient capabilities on every
+		// thread (backend/bwrap/privilege.go).
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
 		build.Stdout, build.Stderr = os.Stderr, os.Stderr
 		if err := build.Run(); err != nil {
 			fmt.Fprintln(os.Stderr, "building the daemon:", err)
