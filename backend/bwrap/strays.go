@@ -11,11 +11,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/hostids"
 )
 
 // markerEnv is set in the environment of every bwrap process this backend
@@ -49,30 +46,14 @@ type markedProcess struct {
 	pid       int
 	startTime uint64
 	marker    string
+	// asUID, when set, is the uid whose filesystem ids a non-root daemon
+	// takes to see the process (b.findMarked).
+	asUID *uint32
 }
 
 // findMarked lists processes whose marker names dir (or, with prefix, any
 // directory under dir).
 func findMarked(dir string, prefix bool) []markedProcess {
-	return findMarkedAs(dir, prefix, hostids.Range{})
-}
-
-// findMarked is the package's findMarked for this backend: a non-root daemon reads the
-// environment of its sandboxes' processes as their uid.
-func (b *Backend) findMarked(dir string, prefix bool) []markedProcess {
-	var r hostids.Range
-	if b.viaCaps {
-		r = b.cfg.UIDRange
-	}
-	return findMarkedAs(dir, prefix, r)
-}
-
-// findMarkedAs is findMarked, reading the environment of a process owned
-// by a uid of sandboxUIDs that the daemon may not read as itself with that
-// uid as its filesystem uid (a non-root daemon's sandboxes: the kernel
-// lets only a process of the same uid, or one with CAP_SYS_PTRACE, read
-// it).
-func findMarkedAs(dir string, prefix bool, sandboxUIDs hostids.Range) []markedProcess {
 	want := marker(dir)
 	if prefix {
 		want = markerPrefix(dir)
@@ -88,13 +69,6 @@ func findMarkedAs(dir string, prefix bool, sandboxUIDs hostids.Range) []markedPr
 			continue
 		}
 		got, ok := readMarker(pid)
-		if !ok && sandboxUIDs.Size > 0 {
-			if fi, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
-				if st, isStat := fi.Sys().(*syscall.Stat_t); isStat && sandboxUIDs.Contains(st.Uid) {
-					_ = asFSIDs(int(st.Uid), int(st.Gid), func() error { got, ok = readMarker(pid); return nil })
-				}
-			}
-		}
 		if !ok {
 			continue
 		}
@@ -106,6 +80,42 @@ func findMarkedAs(dir string, prefix bool, sandboxUIDs hostids.Range) []markedPr
 			continue
 		}
 		out = append(out, markedProcess{pid: pid, startTime: st, marker: got})
+	}
+	return out
+}
+
+// findMarked is the package's findMarked for this backend. A non-root
+// daemon looks again as each sandbox's uid (sandbox dir's, or with prefix
+// every sandbox's it knows): the kernel shows it the processes of another
+// uid, and their environment, only with that uid as its filesystem uid
+// (hidepid, ProtectProc=, and the ptrace check of /proc/PID/environ).
+func (b *Backend) findMarked(dir string, prefix bool) []markedProcess {
+	out := findMarked(dir, prefix)
+	if !b.viaCaps {
+		return out
+	}
+	var uids []uint32
+	b.mu.Lock()
+	for id, uid := range b.uidOf {
+		if prefix || id == filepath.Base(dir) {
+			uids = append(uids, uid)
+		}
+	}
+	b.mu.Unlock()
+	seen := make(map[int]bool, len(out))
+	for _, p := range out {
+		seen[p.pid] = true
+	}
+	for _, uid := range uids {
+		var found []markedProcess
+		_ = asFSIDs(int(uid), int(uid), func() error { found = findMarked(dir, prefix); return nil })
+		for _, p := range found {
+			if !seen[p.pid] {
+				seen[p.pid] = true
+				p.asUID = &uid
+				out = append(out, p)
+			}
+		}
 	}
 	return out
 }
@@ -153,6 +163,14 @@ func startTime(pid int) (uint64, error) {
 func killMarked(procs []markedProcess) int {
 	n := 0
 	for _, p := range procs {
+		if p.asUID != nil {
+			// Its start time is readable only as its uid; the signal
+			// itself needs CAP_KILL, which such a daemon holds.
+			uid, one := *p.asUID, p
+			one.asUID = nil
+			_ = asFSIDs(int(uid), int(uid), func() error { n += killMarked([]markedProcess{one}); return nil })
+			continue
+		}
 		fd, err := unix.PidfdOpen(p.pid, 0)
 		if err != nil {
 			continue // gone already

@@ -178,8 +178,38 @@ func TestNonRootDaemonGivesSandboxesUIDsOfTheirOwn(t *testing.T) {
 
 	// A crash and a restart: both sandboxes (expiring ones, journaled with
 	// their uids) come back with the same uids.
+	// And a process of the first sandbox's uid, carrying its marker, that
+	// outlived the daemon: the restarted daemon must find it (it can read
+	// that uid's /proc/PID/environ only as that uid) and kill it.
+	var markerVar string
+	for pid, st := range inits {
+		if realUID(st) != uids[ids[0]] {
+			continue
+		}
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		require.NoError(t, err)
+		for _, kv := range strings.Split(string(env), "\x00") {
+			if strings.HasPrefix(kv, "SANDBOX_SIDECAR_SANDBOX=") {
+				markerVar = kv
+			}
+		}
+	}
+	require.NotEmpty(t, markerVar, "the init carries no marker")
 	d.kill9()
+	stray := exec.Command("/bin/sleep", "600")
+	stray.Env = []string{markerVar}
+	stray.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uids[ids[0]]), Gid: uint32(uids[ids[0]]), Groups: []uint32{}}, Setsid: true}
+	require.NoError(t, stray.Start())
+	strayDone := make(chan error, 1)
+	go func() { strayDone <- stray.Wait() }()
+	t.Cleanup(func() { _ = stray.Process.Kill() })
 	d.proc = testdaemon.Start(t, d.restartCmd(cmd), 30*time.Second, nil)
+	select {
+	case err := <-strayDone:
+		require.Error(t, err, "the stray was killed, not ended")
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the restarted daemon left a stray of its sandbox's uid running\n%s", d.Logs())
+	}
 	require.Eventually(t, func() bool { return len(processesInRange(t, "sandbox-init", r)) == 0 }, 10*time.Second, 50*time.Millisecond,
 		"the sandboxes' processes outlived the daemon")
 	c = d.client(t)
