@@ -11,9 +11,10 @@ bin=${1:?usage: gen-config.sh PATH/TO/sandbox-sidecar}
 
 # What the flags' descriptions cannot know about the packaged service.
 declare -A notes=(
-  [bwrap]='The packaged daemon is not root: sandboxes run as its own uid in an
-unprivileged user namespace (uid 1000 inside), so sandbox_uid and
-sandbox_gid do not apply.'
+  [bwrap]='The packaged daemon is not root: with CAP_SETUID, CAP_SETGID and CAP_KILL
+(AmbientCapabilities= of sandbox-sidecar.service) it runs every sandbox as
+a host uid of its own from the uid range, in an unprivileged user namespace
+(uid 1000 inside), so sandbox_uid and sandbox_gid do not apply.'
   [bwrap.share_host_network]='Also needs PrivateNetwork=no in a drop-in for sandbox-sidecar.service:
 the packaged service has no network of its own.'
   [sbx]='With backend = "sbx", install the drop-in that gives the service /dev/kvm

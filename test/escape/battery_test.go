@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -282,7 +283,7 @@ func fileHash(p string) string {
 func processes(b *battery) {
 	h := b.h
 	const g = "processes"
-	// A host process running as the same host uid the sandboxes run as.
+	// A host process of uid 65534 (nobody), which sandboxes used to share.
 	sentinel := exec.Command("/bin/sleep", "600")
 	sentinel.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534, Groups: []uint32{}}, Pdeathsig: syscall.SIGKILL}
 	require.NoError(b.t, sentinel.Start())
@@ -296,11 +297,100 @@ func processes(b *battery) {
 
 	r = h.run(id, "kill -9 -1; echo survived-kill", 30)
 	alive := sentinel.ProcessState == nil && syscall.Kill(sentinel.Process.Pid, 0) == nil
-	b.record(g, "kill -9 -1 (host process of the same host uid running)", "kills only the sandbox; the host process and the daemon live",
+	b.record(g, "kill -9 -1 (a host process of uid 65534 running)", "kills only the sandbox; the host process and the daemon live",
 		fmt.Sprintf("exit %d; host process alive=%v; daemon alive=%v", r.ExitCode, alive, h.running()), judge(alive && h.running()))
 
 	r = h.run(id, fmt.Sprintf("kill -9 %d 2>&1; kill -0 %d 2>&1; echo rc=$?", h.cmd.Process.Pid, sentinel.Process.Pid), 30)
 	b.record(g, "signal the daemon's and a host process's pid", "no such process", r.out(), judge(strings.Contains(r.out(), "No such process") && h.running()))
+
+	// From the host: a process of uid 65534 (nobody, which every sandbox
+	// ran as before each got a uid of its own) against two live sandboxes.
+	other := h.create()
+	defer h.destroy(other)
+	var inits []int
+	for _, sb := range []string{id, other} {
+		token := fmt.Sprintf("uid-probe-%s-%d", sb, time.Now().UnixNano())
+		h.run(sb, "echo "+token+" > /workspace/uid-probe", 30)
+		inits = append(inits, initWithWorkspaceFile(token))
+	}
+	uids := []int{hostUID(inits[0]), hostUID(inits[1])}
+	b.record(g, "host uids of two live sandboxes' inits", "distinct, neither 65534 nor the daemon's", fmt.Sprint(uids),
+		judge(inits[0] > 0 && inits[1] > 0 && uids[0] != uids[1] && uids[0] > 0 && uids[1] > 0 && uids[0] != 65534 && uids[1] != 65534))
+	if inits[0] > 0 {
+		got := attackAsNobody(inits[0])
+		b.record(g, "uid 65534 on the host reads /proc/<init>/root/workspace", "permission denied", got["read"], judge(got["read"] == "Permission denied"))
+		b.record(g, "uid 65534 on the host: PTRACE_ATTACH to the sandbox's init", "operation not permitted", got["ptrace"], judge(got["ptrace"] == "Operation not permitted"))
+		r = h.run(id, "echo alive", 30)
+		b.record(g, "uid 65534 on the host: SIGKILL the sandbox's init", "operation not permitted; the sandbox lives", got["kill"]+"; then "+r.out(),
+			judge(got["kill"] == "Operation not permitted" && r.out() == "alive" && !r.SandboxTerminated))
+	}
+}
+
+// initWithWorkspaceFile is the pid of the sandbox init whose workspace
+// holds a file uid-probe with token in it (0: none).
+func initWithWorkspaceFile(token string) int {
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		if err != nil || strings.TrimSpace(string(comm)) != "sandbox-init" {
+			continue
+		}
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/root/workspace/uid-probe", pid)); err == nil && strings.TrimSpace(string(b)) == token {
+			return pid
+		}
+	}
+	return 0
+}
+
+// hostUID is pid's real uid on the host (-1: unknown).
+func hostUID(pid int) int {
+	fi, err := os.Stat(fmt.Sprintf("/proc/%d", pid))
+	if err != nil || pid <= 0 {
+		return -1
+	}
+	return int(fi.Sys().(*syscall.Stat_t).Uid)
+}
+
+// attackAsNobody runs, as host uid 65534, a read of pid's workspace, a
+// PTRACE_ATTACH to pid and a SIGKILL of it; it returns what each did ("ok"
+// or the error).
+func attackAsNobody(pid int) map[string]string {
+	script := fmt.Sprintf(`
+import ctypes, json, os
+pid = %d
+out = {}
+try:
+    open("/proc/%%d/root/workspace/uid-probe" %% pid).read()
+    out["read"] = "ok"
+except OSError as e:
+    out["read"] = e.strerror
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+if libc.ptrace(16, pid, None, None) == 0:
+    out["ptrace"] = "ok"
+    libc.ptrace(17, pid, None, None)
+else:
+    out["ptrace"] = os.strerror(ctypes.get_errno())
+try:
+    os.kill(pid, 9)
+    out["kill"] = "ok"
+except OSError as e:
+    out["kill"] = e.strerror
+print(json.dumps(out))
+`, pid)
+	cmd := exec.Command("/usr/bin/python3", "-c", script)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534, Groups: []uint32{}}}
+	out, err := cmd.CombinedOutput()
+	got := map[string]string{}
+	if err != nil || json.Unmarshal(out, &got) != nil {
+		msg := fmt.Sprintf("probe failed: %v %s", err, out)
+		return map[string]string{"read": msg, "ptrace": msg, "kill": msg}
+	}
+	return got
 }
 
 // ---- network ------------------------------------------------------------
