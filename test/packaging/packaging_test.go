@@ -199,7 +199,7 @@ func checkInstalled(t *testing.T, c *container, version string) {
 	expectEqual(t, "service before the first connection", state, "inactive")
 	expectEqual(t, "socket", c.sh("stat -c '%U:%G %a %F' "+socketPath), "sandbox-sidecar:sandbox-sidecar 660 socket")
 	expectEqual(t, "socket directory", c.sh("stat -c '%U:%G %a' "+filepath.Dir(socketPath)), "sandbox-sidecar:sandbox-sidecar 750")
-	expectEqual(t, "state directory", c.sh("stat -c '%U:%G %a' "+stateDir), "sandbox-sidecar:sandbox-sidecar 700")
+	expectEqual(t, "state directory", c.sh("stat -c '%U:%G %a' "+stateDir), "sandbox-sidecar:sandbox-sidecar 711")
 
 	// systemd-analyze verify exits 0 even on unknown keys: its output is
 	// what counts.
