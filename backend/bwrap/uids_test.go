@@ -300,3 +300,36 @@ func TestCheckUIDPrivilegeNamesWhatIsMissing(t *testing.T) {
 		require.ErrorContains(t, err, "CAP_SETUID")
 	}
 }
+
+// lockFSIDs gives only its own thread the sandbox's filesystem ids, so what
+// it creates is the sandbox's, and restore gives the daemon's back.
+func TestLockFSIDsIsPerThreadAndRestored(t *testing.T) {
+	if os.Geteuid() != 0 {
+		skipOrFail(t, "setfsuid to another uid needs root or CAP_SETUID")
+	}
+	dir := t.TempDir()
+	require.NoError(t, os.Chmod(dir, 0o777))
+	for p := filepath.Dir(dir); p != "/" && p != os.TempDir(); p = filepath.Dir(p) {
+		require.NoError(t, os.Chmod(p, 0o711))
+	}
+	uid := int(testRange.First)
+	restore, err := lockFSIDs(uid, uid)
+	require.NoError(t, err)
+	restored := false
+	defer func() {
+		if !restored {
+			restore()
+		}
+	}()
+	require.Equal(t, [2]int{uid, uid}, fsIDs())
+	other := make(chan [2]int)
+	go func() { other <- fsIDs() }()
+	require.Equal(t, [2]int{0, 0}, <-other, "another goroutine's thread kept the daemon's ids")
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "made-as-sandbox"), nil, 0o600))
+	restore()
+	restored = true
+	require.Equal(t, [2]int{0, 0}, fsIDs())
+	assertOwner(t, filepath.Join(dir, "made-as-sandbox"), uid)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "made-as-daemon"), nil, 0o600))
+	assertOwner(t, filepath.Join(dir, "made-as-daemon"), 0)
+}
