@@ -245,7 +245,10 @@ func hostFiles(b *battery) {
 	for time.Now().Before(deadline) && read() == "path_not_found" {
 		time.Sleep(10 * time.Millisecond)
 	}
-	for time.Now().Before(deadline) && reads < 400 {
+	// At least 400 reads, and on until both outcomes have been seen (a
+	// loaded host can let a burst of reads land within one phase of the
+	// swap loop); the guest's loop and this deadline bound it.
+	for time.Now().Before(deadline) && (reads < 400 || okReads == 0 || refused == 0) {
 		switch read() {
 		case "":
 			okReads++
