@@ -161,26 +161,10 @@ type ExecResult struct {
 	Duration       time.Duration
 }
 
-// Why a command ended, as ExecResult.Reason reports it.
-const (
-	ReasonExited            = "exited"
-	ReasonTimedOut          = "timed_out"
-	ReasonOOMKilled         = "oom_killed"
-	ReasonSandboxTerminated = "sandbox_terminated"
-)
-
 // Reason is one word for why the command ended: sandbox_terminated,
 // timed_out, oom_killed or exited, in that order of precedence.
 func (r ExecResult) Reason() string {
-	switch {
-	case r.SandboxTerminated:
-		return ReasonSandboxTerminated
-	case r.TimedOut:
-		return ReasonTimedOut
-	case r.OOMKilled:
-		return ReasonOOMKilled
-	}
-	return ReasonExited
+	return Outcome{TimedOut: r.TimedOut, OOMKilled: r.OOMKilled, SandboxTerminated: r.SandboxTerminated}.Reason()
 }
 
 // DirEntry is one entry of a directory listing.

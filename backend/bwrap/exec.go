@@ -151,18 +151,17 @@ func (b *Backend) execDirect(ctx, opCtx context.Context, sb *sandbox, req backen
 		Stderr:          res.Stderr,
 		StdoutTruncated: res.StdoutTruncated,
 		StderrTruncated: res.StderrTruncated,
-		TimedOut:        isTimeout(res.ExitCode, res.Duration, applied, res.TimedOut),
 		AppliedTimeout:  applied,
 		Duration:        res.Duration,
 	}
-	sb.verdict(&out, oomBefore)
+	b.classify(sb, &out, backend.Facts{ExitCode: res.ExitCode, Elapsed: res.Duration, Applied: applied, OuterFired: res.TimedOut,
+		Ended: true, Terminated: runErr != nil && ctx.Err() == nil && errors.Is(context.Cause(opCtx), errSandboxDestroyed)}, oomBefore)
 	log := b.log.With("sandbox", sb.id)
 	switch {
 	case runErr == nil:
 	case ctx.Err() != nil:
 		return out, fmt.Errorf("command in sandbox %s was killed because the request ended: %w", sb.id, runErr)
-	case errors.Is(context.Cause(opCtx), errSandboxDestroyed):
-		out.SandboxTerminated, out.TimedOut = true, false
+	case out.SandboxTerminated:
 		log.Info("command killed: sandbox destroyed", "duration", res.Duration)
 		return out, nil
 	default:
@@ -324,18 +323,6 @@ func closeFiles(files []*os.File) {
 	for _, f := range files {
 		_ = f.Close()
 	}
-}
-
-// isTimeout decides whether a command timed out. GNU timeout exits 124 when
-// the command died to its SIGTERM and 137 when it had to SIGKILL it; a
-// command can exit 124 by itself and an OOM kill is also 137, so either
-// counts only once the budget has really elapsed. The daemon killing bwrap
-// (outerFired) always counts.
-func isTimeout(exitCode int, elapsed, applied time.Duration, outerFired bool) bool {
-	if outerFired {
-		return true
-	}
-	return (exitCode == backend.ExitTimedOut || exitCode == backend.ExitKilled) && elapsed >= applied
 }
 
 func firstLine(b []byte) string {

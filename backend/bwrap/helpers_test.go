@@ -109,7 +109,7 @@ func create(t *testing.T, b *Backend, spec backend.Spec) string {
 	if len(id) > 50 {
 		id = id[:50]
 	}
-	id = strings.Trim(id, "-") + "-" + string(rune('a'+idSeq%26)) + time.Now().Format("150405")
+	id = strings.Trim(id, "-") + "-" + strconv.Itoa(idSeq) + "t" + time.Now().Format("150405")
 	info, err := b.Create(context.Background(), id, spec)
 	if err != nil {
 		t.Fatalf("Create(%s): %v", id, err)

@@ -474,18 +474,17 @@ func (b *Backend) execInit(ctx, opCtx context.Context, sb *sandbox, ip *initProc
 		Stderr:          out.Stderr,
 		StdoutTruncated: out.StdoutTruncated,
 		StderrTruncated: out.StderrTruncated,
-		TimedOut:        o.exited && isTimeout(o.exitCode, o.duration, applied, o.outerFired),
 		AppliedTimeout:  applied,
 		Duration:        o.duration,
 	}
 	destroyed := errors.Is(context.Cause(opCtx), errSandboxDestroyed)
+	if (destroyed || o.terminated) && !o.exited {
+		res.ExitCode = backend.ExitKilled
+	}
+	b.classify(sb, &res, backend.Facts{ExitCode: o.exitCode, Elapsed: o.duration, Applied: applied,
+		OuterFired: o.outerFired, Ended: o.exited, Terminated: destroyed || o.terminated}, oomBefore)
 	switch {
-	case destroyed || o.terminated:
-		res.SandboxTerminated, res.TimedOut = true, false
-		if !o.exited {
-			res.ExitCode = backend.ExitKilled
-		}
-		sb.verdict(&res, oomBefore)
+	case res.SandboxTerminated:
 		log.Info("command ended with its sandbox", "destroyed", destroyed, "duration", o.duration, "oom_kills", res.OOMKills)
 		return res, nil
 	case ctx.Err() != nil:
@@ -496,7 +495,6 @@ func (b *Backend) execInit(ctx, opCtx context.Context, sb *sandbox, ip *initProc
 	if o.outerFired {
 		log.Warn("the command outlived its timeout and was killed", "timeout", applied, "duration", o.duration)
 	}
-	sb.verdict(&res, oomBefore)
 	if res.OOMKills > 0 {
 		log.Info("the sandbox reached its memory limit during the command", "oom_kills", res.OOMKills, "oom_killed", res.OOMKilled, "memory_bytes", sb.limits.MemoryBytes)
 	}

@@ -217,15 +217,15 @@ func (sb *sandbox) oomKills() uint64 {
 	return n
 }
 
-// verdict sets res.OOMKilled and res.OOMKills from the counter before the
-// command and now; a timed-out or terminated command is never oom_killed.
-func (sb *sandbox) verdict(res *backend.ExecResult, before uint64) {
-	if sb.cg == nil {
-		return
+// classify sets res's verdict from f, adding what sb's OOM-kill counter
+// says now against oomBefore (read just before the command) when the
+// sandbox has a cgroup. Every command's end goes through it.
+func (b *Backend) classify(sb *sandbox, res *backend.ExecResult, f backend.Facts, oomBefore uint64) {
+	f.KillAfter = backend.GuestTimeout(b.cfg.KillGrace)
+	if sb.cg != nil {
+		f.OOMCounted, f.OOMBefore, f.OOMAfter = true, oomBefore, sb.oomKills()
 	}
-	reason, kills := limits.Verdict(res.ExitCode, res.TimedOut, before, sb.oomKills())
-	res.OOMKills = kills
-	res.OOMKilled = reason == limits.ReasonOOMKilled && !res.SandboxTerminated
+	backend.Classify(f).Apply(res)
 }
 
 // makeDisk gives a new sandbox with a disk cap its filesystem, mounted on

@@ -12,29 +12,6 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 )
 
-func TestIsTimeout(t *testing.T) {
-	s := time.Second
-	cases := []struct {
-		exit    int
-		elapsed time.Duration
-		outer   bool
-		want    bool
-	}{
-		{124, 1100 * time.Millisecond, false, true}, // SIGTERM after the budget
-		{137, 3 * time.Second, false, true},         // escalated to SIGKILL
-		{124, 10 * time.Millisecond, false, false},  // the command itself exited 124
-		{137, 10 * time.Millisecond, false, false},  // OOM kill or kill -9 before the budget
-		{0, 2 * time.Second, false, false},          // finished, slowly
-		{143, 9 * time.Second, true, true},          // the daemon killed bwrap
-		{1, 1100 * time.Millisecond, false, false},  // ordinary failure
-	}
-	for _, tc := range cases {
-		if got := isTimeout(tc.exit, tc.elapsed, s, tc.outer); got != tc.want {
-			t.Errorf("isTimeout(%d, %v, 1s, %v) = %v, want %v", tc.exit, tc.elapsed, tc.outer, got, tc.want)
-		}
-	}
-}
-
 func TestResolveGuestPath(t *testing.T) {
 	cases := []struct {
 		in, area, rel string

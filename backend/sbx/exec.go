@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
@@ -85,14 +84,16 @@ func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 		Stderr:          res.Stderr,
 		StdoutTruncated: res.StdoutTruncated,
 		StderrTruncated: res.StderrTruncated,
-		TimedOut:        isTimeout(res.ExitCode, res.Duration, applied, killAfter),
 		AppliedTimeout:  applied,
 		Duration:        res.Duration,
 	}
+	// A microVM has no OOM counter the host can read: its kernel's OOM
+	// kills are the guest's business, and 137 is reported as such.
+	backend.Classify(backend.Facts{ExitCode: res.ExitCode, Elapsed: res.Duration, Applied: applied, KillAfter: killAfter,
+		Ended: true, Terminated: runErr != nil && errors.Is(context.Cause(opCtx), errSandboxDestroyed)}).Apply(&out)
 	switch {
 	case runErr == nil:
-	case errors.Is(context.Cause(opCtx), errSandboxDestroyed):
-		out.SandboxTerminated, out.TimedOut = true, false
+	case out.SandboxTerminated:
 		log.Info("command stopped: sandbox destroyed", "duration", res.Duration)
 		return out, nil
 	case ctx.Err() != nil:
@@ -160,22 +161,6 @@ func checkArgvSize(args []string) error {
 // request's, over the image's own (which sbx exec keeps).
 func mergeEnv(sandboxEnv, requestEnv map[string]string) ([]string, error) {
 	return backend.MergeEnv(nil, sandboxEnv, requestEnv)
-}
-
-// isTimeout decides whether a command timed out. GNU timeout exits 124 when
-// the command died to its SIGTERM, and 137 when it had to SIGKILL it after
-// killAfter; a command can exit 124 by itself and an OOM kill is also 137,
-// so 124 counts only once the budget has elapsed and 137 only once the
-// budget and killAfter have. elapsed is measured around sbx exec on the
-// host, which starts before and ends after the guest's timeout.
-func isTimeout(exitCode int, elapsed, applied, killAfter time.Duration) bool {
-	switch exitCode {
-	case backend.ExitTimedOut:
-		return elapsed >= applied
-	case backend.ExitKilled:
-		return elapsed >= applied+killAfter
-	}
-	return false
 }
 
 // probeScript checks, once per new sandbox, what the backend relies on in

@@ -5,7 +5,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
@@ -182,29 +181,6 @@ func TestParseMemory(t *testing.T) {
 	for _, bad := range []string{"", "g", "1.5g", "-1g", "2x", "2 g", "99999999999999t"} {
 		if _, _, err := parseMemory(bad); err == nil {
 			t.Errorf("parseMemory(%q) succeeded", bad)
-		}
-	}
-}
-
-func TestIsTimeout(t *testing.T) {
-	s, k := time.Second, 2*time.Second
-	cases := []struct {
-		exit    int
-		elapsed time.Duration
-		want    bool
-	}{
-		{124, 1100 * time.Millisecond, true}, // SIGTERM after the budget
-		{124, 10 * time.Millisecond, false},  // the command exited 124 itself
-		{137, 3100 * time.Millisecond, true}, // SIGKILL after budget and kill-after
-		{137, 1500 * time.Millisecond, false},
-		{137, 10 * time.Millisecond, false}, // OOM kill or kill -9 before the budget
-		{0, 5 * time.Second, false},
-		{143, 5 * time.Second, false},
-		{1, 1100 * time.Millisecond, false},
-	}
-	for _, tc := range cases {
-		if got := isTimeout(tc.exit, tc.elapsed, s, k); got != tc.want {
-			t.Errorf("isTimeout(%d, %v, 1s, 2s) = %v, want %v", tc.exit, tc.elapsed, got, tc.want)
 		}
 	}
 }

@@ -157,37 +157,6 @@ func (l Limits) ApplyRlimits(pid int) error {
 	return nil
 }
 
-// Reasons a command ended that a result reports.
-const (
-	ReasonExited    = "exited"
-	ReasonTimedOut  = "timed_out"
-	ReasonOOMKilled = "oom_killed"
-)
-
-// ExitOOMKilled is the exit code reported for a command the kernel killed
-// for memory: 128+SIGKILL, as a shell reports it.
-const ExitOOMKilled = 128 + int(unix.SIGKILL)
-
-// Verdict decides why a command ended. oomBefore and oomAfter are the
-// sandbox cgroup's OOM-kill counter around the command. A command that
-// timed out is timed_out whatever else happened. Otherwise any OOM kill in
-// the sandbox's group while the command ran makes it oom_killed when the
-// command died to SIGKILL (or its shell reports 137): the kernel killed it,
-// or a process it was waiting for. A command that survived an OOM kill of
-// one of its children reports its own exit code, and oomKills says how many.
-func Verdict(exitCode int, timedOut bool, oomBefore, oomAfter uint64) (reason string, oomKills uint64) {
-	if oomAfter > oomBefore {
-		oomKills = oomAfter - oomBefore
-	}
-	switch {
-	case timedOut:
-		return ReasonTimedOut, oomKills
-	case oomKills > 0 && exitCode == ExitOOMKilled:
-		return ReasonOOMKilled, oomKills
-	}
-	return ReasonExited, oomKills
-}
-
 // Gate holds a bubblewrap sandbox after its namespaces are built and before
 // anything runs in them, so the daemon can place its first process in a
 // cgroup (and set its rlimits): nothing started in the sandbox afterwards
