@@ -34,6 +34,10 @@ type Backend interface {
 
 	// Exec runs one command to completion (or timeout) and returns its
 	// bounded output. A sandbox that does not exist returns ErrNotFound.
+	// Calls for one sandbox do not overlap: the caller (lifecycle, which
+	// owns command concurrency) sends the next only once the previous has
+	// returned, and a backend may refuse an overlapping one with
+	// ErrUnavailable. File operations may overlap a command.
 	Exec(ctx context.Context, id string, req ExecRequest) (ExecResult, error)
 
 	// ReadFile returns the file at path (see ResolvePath for what a path

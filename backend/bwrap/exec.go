@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"time"
@@ -13,7 +12,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
-	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/seccomp"
 )
 
@@ -69,9 +67,9 @@ var (
 // capture.DefaultMaxOutputBytes of each stream.
 //
 // The sandbox's init starts it (see initproc.go), and kills everything it
-// started when it ends. A second command while one runs gets a bubblewrap
-// of its own, as every command did before init existed, with the same
-// isolation and the same files.
+// started when it ends. Init runs one command at a time and, as the
+// backend contract allows, a second Exec while one runs is refused with
+// backend.ErrUnavailable (the lifecycle layer never sends one).
 //
 // A command stopped because Destroy ran, or because the sandbox's init
 // died, returns SandboxTerminated and no error; the next Exec after an init
@@ -105,7 +103,8 @@ func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 		defer sb.releaseInit(ip)
 		return b.execInit(ctx, opCtx, sb, ip, req, argv, env, cwd, applied)
 	case errors.Is(err, errInitBusy):
-		return b.execDirect(ctx, opCtx, sb, req, argv, env, cwd, applied)
+		// The contract: the caller never overlaps commands in one sandbox.
+		return backend.ExecResult{}, fmt.Errorf("%w: sandbox %s is already running a command, and runs one at a time; wait for it to finish", backend.ErrUnavailable, id)
 	case errors.Is(err, errInitDied), errors.Is(context.Cause(opCtx), errSandboxDestroyed):
 		b.log.With("sandbox", id).Info("command not run: the sandbox is terminated", "reason", err)
 		return backend.ExecResult{ExitCode: backend.ExitKilled, SandboxTerminated: true, AppliedTimeout: applied}, nil
@@ -119,82 +118,6 @@ func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 // kill grace, as the guest runs it.
 func (b *Backend) budgeted(argv []string, applied time.Duration) []string {
 	return append([]string{timeoutPath, "--kill-after=" + backend.TimeoutSeconds(backend.GuestTimeout(b.cfg.KillGrace)), "--", backend.TimeoutSeconds(applied)}, argv...)
-}
-
-// execDirect runs one command in a bubblewrap of its own: the namespaces
-// built for it alone and torn down with it. It is the path for a command
-// that arrives while the sandbox's init is busy with another.
-func (b *Backend) execDirect(ctx, opCtx context.Context, sb *sandbox, req backend.ExecRequest, argv, env []string, cwd string, applied time.Duration) (backend.ExecResult, error) {
-	cmd, files, err := b.directCommand(sb, argv, env, cwd)
-	if err != nil {
-		return backend.ExecResult{}, fmt.Errorf("%w: prepare bwrap for sandbox %s: %v; the daemon may be out of memory or file descriptors", backend.ErrUnavailable, sb.id, err)
-	}
-	defer closeFiles(files)
-	place := sb.placement()
-	// Closed once capture.Run has killed or reaped bwrap.
-	defer place.close()
-	if err := place.prepare(cmd); err != nil {
-		return backend.ExecResult{}, fmt.Errorf("%w: cannot place a command of sandbox %s in its cgroup: %v", backend.ErrUnavailable, sb.id, err)
-	}
-
-	oomBefore := sb.oomKills()
-	res, runErr := capture.Run(opCtx, cmd, capture.Options{
-		Timeout:        applied + b.cfg.KillGrace + b.cfg.ExecGrace,
-		KillGrace:      outerKillGrace,
-		MaxOutputBytes: req.MaxOutputBytes,
-		Stdin:          req.Stdin,
-		Started:        place.started,
-	})
-	out := backend.ExecResult{
-		ExitCode:        res.ExitCode,
-		Stdout:          res.Stdout,
-		Stderr:          res.Stderr,
-		StdoutTruncated: res.StdoutTruncated,
-		StderrTruncated: res.StderrTruncated,
-		AppliedTimeout:  applied,
-		Duration:        res.Duration,
-	}
-	b.classify(sb, &out, backend.Facts{ExitCode: res.ExitCode, Elapsed: res.Duration, Applied: applied, OuterFired: res.TimedOut,
-		Ended: true, Terminated: runErr != nil && ctx.Err() == nil && errors.Is(context.Cause(opCtx), errSandboxDestroyed)}, oomBefore)
-	log := b.log.With("sandbox", sb.id)
-	switch {
-	case runErr == nil:
-	case ctx.Err() != nil:
-		return out, fmt.Errorf("command in sandbox %s was killed because the request ended: %w", sb.id, runErr)
-	case out.SandboxTerminated:
-		log.Info("command killed: sandbox destroyed", "duration", res.Duration)
-		return out, nil
-	default:
-		return out, fmt.Errorf("%w: bwrap could not be started for sandbox %s (%v); check that %s is installed and executable", backend.ErrUnavailable, sb.id, runErr, b.bwrap)
-	}
-	if res.TimedOut {
-		log.Warn("bwrap outlived the command's timeout and was killed", "timeout", applied, "duration", res.Duration)
-	}
-	if res.ExitCode == 1 && strings.HasPrefix(string(res.Stderr), "bwrap: ") {
-		// bwrap reports its own setup failures this way; a guest can print
-		// the same, so this is only logged, never turned into an error.
-		log.Warn("bwrap may have failed to set up the sandbox", "stderr", firstLine(res.Stderr))
-	}
-	log.Debug("command finished in a bubblewrap of its own", "exit_code", out.ExitCode, "timed_out", out.TimedOut,
-		"duration", res.Duration, "stdout_bytes", res.StdoutTotal, "stderr_bytes", res.StderrTotal)
-	return out, nil
-}
-
-// directCommand builds the bubblewrap that runs argv (already under GNU
-// timeout) in a namespace of its own, with the same isolation the
-// sandbox's init has, and the memfds it reads; the caller closes them.
-func (b *Backend) directCommand(sb *sandbox, argv, env []string, cwd string) (*exec.Cmd, []*os.File, error) {
-	const firstDataFD = 3
-	files, err := dataFiles(b.bwrapOptions(sb, setenvOptions(env), cwd, firstDataFD, false))
-	if err != nil {
-		return nil, nil, err
-	}
-	// No init to carry the sandbox's rlimits: prlimit sets them on the
-	// command itself.
-	args := append([]string{"--args", strconv.Itoa(firstDataFD), "--"}, b.cfg.Limits.PrlimitArgs()...)
-	cmd := b.command(sb, append(args, argv...))
-	cmd.ExtraFiles = files
-	return cmd, files, nil
 }
 
 // baseEnv is every command's environment before the sandbox's and the
@@ -223,16 +146,14 @@ func setenvOptions(env []string) []string {
 // and the working directory. They travel through --args (a memfd) rather
 // than the command line, so environment values never show in the host's
 // process list. The memfds with /etc/passwd, /etc/group and /etc/hosts are
-// fds firstDataFD+1, +2 and +3 (dataFiles' order). asInit makes the
-// command pid 1 of the sandbox's PID namespace, as its init must be.
-func (b *Backend) bwrapOptions(sb *sandbox, env []string, cwd string, firstDataFD int, asInit bool) []string {
+// fds firstDataFD+1, +2 and +3 (dataFiles' order). The command is pid 1 of
+// the sandbox's PID namespace, as its init must be.
+func (b *Backend) bwrapOptions(sb *sandbox, env []string, cwd string, firstDataFD int) []string {
 	o := []string{"--unshare-all"}
 	if sb.network == networkHost {
 		o = append(o, "--share-net")
 	}
-	if asInit {
-		o = append(o, "--as-pid-1")
-	}
+	o = append(o, "--as-pid-1")
 	o = append(o,
 		"--die-with-parent", "--new-session", "--cap-drop", "ALL",
 		"--uid", strconv.Itoa(guestUID), "--gid", strconv.Itoa(guestGID),

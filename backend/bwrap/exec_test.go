@@ -370,30 +370,33 @@ func TestBwrapDestroyStopsRunningCommands(t *testing.T) {
 		res backend.ExecResult
 		err error
 	}
-	results := make(chan outcome, 3)
-	for i := 0; i < 3; i++ {
-		go func() {
-			res, err := b.Exec(context.Background(), id, backend.ExecRequest{Command: "trap '' TERM; sleep 1004", Timeout: time.Minute})
-			results <- outcome{res, err}
-		}()
-	}
+	results := make(chan outcome, 1)
+	go func() {
+		res, err := b.Exec(context.Background(), id, backend.ExecRequest{Command: "trap '' TERM; sleep 1004", Timeout: time.Minute})
+		results <- outcome{res, err}
+	}()
 	deadline := time.Now().Add(5 * time.Second)
-	for len(hostProcesses("sleep", "1004")) < 3 {
+	for len(hostProcesses("sleep", "1004")) < 1 {
 		if time.Now().After(deadline) {
-			t.Fatal("the commands never started")
+			t.Fatal("the command never started")
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	// The contract: commands in one sandbox do not overlap. One that would
+	// is refused at once, and the running one goes on.
+	if _, err := b.Exec(context.Background(), id, backend.ExecRequest{Command: "true", Timeout: time.Second}); !errors.Is(err, backend.ErrUnavailable) {
+		t.Errorf("a second command while one runs: %v, want ErrUnavailable", err)
+	}
+	if n := len(hostProcesses("sleep", "1004")); n != 1 {
+		t.Errorf("%d commands run after the refused one, want the first still running", n)
 	}
 	start := time.Now()
 	if err := b.Destroy(context.Background(), id); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("Destroy with 3 running commands took %v", time.Since(start))
-	for i := 0; i < 3; i++ {
-		o := <-results
-		if o.err != nil || !o.res.SandboxTerminated || o.res.TimedOut {
-			t.Errorf("Exec under Destroy: %+v, %v; want SandboxTerminated and no error", o.res, o.err)
-		}
+	t.Logf("Destroy with a running command took %v", time.Since(start))
+	if o := <-results; o.err != nil || !o.res.SandboxTerminated || o.res.TimedOut {
+		t.Errorf("Exec under Destroy: %+v, %v; want SandboxTerminated and no error", o.res, o.err)
 	}
 	waitNoProcess(t, time.Second, "sleep", "1004")
 	if _, err := b.Exec(context.Background(), id, backend.ExecRequest{Command: "true", Timeout: time.Second}); !errors.Is(err, backend.ErrNotFound) {
@@ -428,11 +431,13 @@ func TestBwrapConcurrentSandboxes(t *testing.T) {
 	}
 	var wg sync.WaitGroup
 	errs := make(chan error, sandboxes*commands)
+	// The sandboxes in parallel, each one's commands one after the other
+	// (commands in one sandbox never overlap).
 	for i, id := range ids {
-		for c := 0; c < commands; c++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for c := 0; c < commands; c++ {
 				res, err := b.Exec(context.Background(), id, backend.ExecRequest{
 					Command: fmt.Sprintf(`echo "$WHO" > /workspace/c%d; sleep 0.2; cat /workspace/c%d; ls /workspace | wc -l`, c, c),
 					Timeout: 30 * time.Second,
@@ -442,11 +447,11 @@ func TestBwrapConcurrentSandboxes(t *testing.T) {
 					return
 				}
 				lines := strings.Fields(string(res.Stdout))
-				if len(lines) != 2 || lines[0] != fmt.Sprint(i) {
+				if len(lines) != 2 || lines[0] != fmt.Sprint(i) || lines[1] != fmt.Sprint(c+1) {
 					errs <- fmt.Errorf("sandbox %d command %d printed %q (stderr %q)", i, c, res.Stdout, res.Stderr)
 				}
-			}()
-		}
+			}
+		}()
 	}
 	wg.Wait()
 	close(errs)

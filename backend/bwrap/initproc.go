@@ -49,8 +49,8 @@ const (
 )
 
 var (
-	// errInitBusy: the init runs another command; the caller uses a
-	// bubblewrap of its own for this one.
+	// errInitBusy: the init runs another command; Exec refuses this one
+	// (the caller does not overlap commands in one sandbox).
 	errInitBusy = errors.New("the sandbox's init is running another command")
 	// errInitDied: the init died (or was killed) since the last command;
 	// this Exec is the first to learn it and reports SandboxTerminated.
@@ -158,7 +158,7 @@ func (b *Backend) startInit(ctx context.Context, sb *sandbox, deadline time.Time
 	env := []string{"--setenv", markerEnv, marker(sb.dir), "--setenv", initEnv, "1", "--setenv", "GOMAXPROCS", "1",
 		"--setenv", initRlimitsEnv, encodeRlimits(b.cfg.Limits.Rlimits())}
 	const firstDataFD = initExeFD + 1
-	files, err := dataFiles(b.bwrapOptions(sb, env, "/", firstDataFD, true))
+	files, err := dataFiles(b.bwrapOptions(sb, env, "/", firstDataFD))
 	if err != nil {
 		return nil, fmt.Errorf("%w: prepare bwrap for sandbox %s: %v; the daemon may be out of memory or file descriptors", backend.ErrUnavailable, sb.id, err)
 	}

@@ -1,10 +1,8 @@
 package bwrap
 
 import (
-	"context"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
@@ -42,29 +40,6 @@ func TestLimitsApplyToEveryCommand(t *testing.T) {
 			}
 		})
 	}
-}
-
-func TestLimitsApplyToADirectCommand(t *testing.T) {
-	b := newTestBackend(t, daemonUID, func(c *Config) {
-		c.Limits = limits.Limits{OpenFiles: 100, FileSizeBytes: 1 << 20}
-	})
-	id := create(t, b, backend.Spec{})
-	sb, err := b.lookup(id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	env, _ := mergeEnv(nil, nil)
-	opCtx, done, err := sb.begin(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer done()
-	res, err := b.execDirect(context.Background(), opCtx, sb, backend.ExecRequest{MaxOutputBytes: 1 << 20},
-		b.budgeted([]string{"/bin/sh", "-c", limitsProbe}, 10*time.Second), env, guestWorkspace, 10*time.Second)
-	if err != nil || res.ExitCode != 0 {
-		t.Fatalf("direct command: %+v %v (stderr %q)", res, err, res.Stderr)
-	}
-	wantLimits(t, string(res.Stdout))
 }
 
 func TestSeccompContainsGuestCommands(t *testing.T) {
