@@ -64,6 +64,24 @@ type Backend interface {
 	Health(ctx context.Context) error
 }
 
+// Optional capabilities: a backend implements those that apply to it, and
+// the daemon asks for them with a type assertion.
+
+// SlowCreator is implemented by backends whose Create may need longer than
+// lifecycle's default create budget (a microVM's first boot pulls an
+// image); the daemon then gives creates MaxCreateDuration.
+type SlowCreator interface {
+	MaxCreateDuration() time.Duration
+}
+
+// Closer is implemented by backends that hold something on the host for
+// live sandboxes (processes, cgroups, mounts). The daemon calls Close once
+// at shutdown, after destroying what it destroys: the sandboxes that stay
+// are re-adopted by the next start from their files.
+type Closer interface {
+	Close() error
+}
+
 // LimitReporter is implemented by backends that enforce per-sandbox
 // limits. LimitsInForce names, for each limit ("memory", "pids", "cpu",
 // "disk", "open_files", "file_size", "syscalls"), the mechanism enforcing

@@ -72,7 +72,9 @@ const Name = "bwrap"
 type Config struct {
 	// Dir is the backend's state directory; sandbox <id> lives in Dir/<id>.
 	// It is created mode 0700, or 0711 when sandboxes run as other uids
-	// (SandboxUID or UIDRange) so they can traverse it to their workspace.
+	// (SandboxUID or UIDRange) so they can traverse it to their workspace;
+	// its parent (the daemon's state directory) is then made 0711 too, for
+	// the same reason.
 	Dir string
 	// BwrapPath is the bubblewrap binary; empty means "bwrap" on PATH.
 	BwrapPath string
@@ -237,7 +239,13 @@ func New(cfg Config) (*Backend, error) {
 		return nil, fmt.Errorf("bwrap backend: cannot set mode %v on %s: %w", mode, cfg.Dir, err)
 	}
 	if otherUID >= 0 {
-		if err := checkReachable(filepath.Dir(cfg.Dir), otherUID, otherGID); err != nil {
+		// bwrap runs as the sandbox's uid and must reach each workspace to
+		// bind it: others may search (not list) the directories above.
+		parent := filepath.Dir(cfg.Dir)
+		if err := os.Chmod(parent, 0o711); err != nil {
+			return nil, fmt.Errorf("bwrap backend: cannot let the sandboxes' uids through %s (mode 0711): %w", parent, err)
+		}
+		if err := checkReachable(parent, otherUID, otherGID); err != nil {
 			return nil, err
 		}
 	}

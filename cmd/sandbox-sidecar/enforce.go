@@ -11,7 +11,6 @@ import (
 	"strings"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
@@ -127,12 +126,11 @@ func delegatedCgroup(h host) (string, error) {
 	if h.getenv("SYSTEMD_EXEC_PID") != strconv.Itoa(h.pid) {
 		return "", fmt.Errorf("%w: started under a systemd service, but not as its main process", errNotDelegated)
 	}
-	own, err := ownV2Cgroup(h.selfCgroup)
-	if err != nil || own == "/" {
+	own, dir, err := cgroup.OwnV2Dir(h.options("", false))
+	switch {
+	case own == "" || own == "/":
 		return "", fmt.Errorf("%w: the daemon has no cgroup v2 of its own", errNotDelegated)
-	}
-	dir, err := v2Dir(h.mountInfo, own)
-	if err != nil {
+	case err != nil:
 		return "", fmt.Errorf("%w: %v", errNotDelegated, err)
 	}
 	if !delegated(dir, h.euid) {
@@ -161,67 +159,6 @@ func delegated(dir string, euid int) bool {
 	return euid != 0 && unix.Access(dir, unix.W_OK) == nil && unix.Access(filepath.Join(dir, "cgroup.procs"), unix.W_OK) == nil
 }
 
-// ownV2Cgroup reads the "0::/path" line of /proc/self/cgroup.
-func ownV2Cgroup(selfCgroup string) (string, error) {
-	if selfCgroup == "" {
-		selfCgroup = "/proc/self/cgroup"
-	}
-	b, err := os.ReadFile(selfCgroup)
-	if err != nil {
-		return "", err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if p, ok := strings.CutPrefix(line, "0::"); ok {
-			return p, nil
-		}
-	}
-	return "", errors.New("no cgroup v2 entry")
-}
-
-// cgroupMountInfo reads the cgroup and cgroup2 mounts of mountinfo
-// (/proc/self/mountinfo when empty).
-func cgroupMountInfo(mountInfo string) ([]*mountinfo.Info, error) {
-	if mountInfo == "" {
-		mountInfo = "/proc/self/mountinfo"
-	}
-	f, err := os.Open(mountInfo)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	return mountinfo.GetMountsFromReader(f, mountinfo.FSTypeFilter("cgroup", "cgroup2"))
-}
-
-// v2Dir maps a cgroup v2 path to its directory, through the cgroup2 mount
-// of mountinfo.
-func v2Dir(mountInfo, cgPath string) (string, error) {
-	mounts, err := cgroupMountInfo(mountInfo)
-	if err != nil {
-		return "", err
-	}
-	for _, m := range mounts {
-		if m.FSType != "cgroup2" {
-			continue
-		}
-		rel, err := filepath.Rel(m.Root, cgPath)
-		if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
-			continue
-		}
-		return filepath.Join(m.Mountpoint, rel), nil
-	}
-	return "", fmt.Errorf("cgroup %s is not under any cgroup2 mount", cgPath)
-}
-
-// cgroupMounts lists the mount points of every cgroup hierarchy.
-func cgroupMounts(mountInfo string) map[string]bool {
-	out := map[string]bool{}
-	mounts, _ := cgroupMountInfo(mountInfo)
-	for _, m := range mounts {
-		out[m.Mountpoint] = true
-	}
-	return out
-}
-
 // enforcement is what the daemon can use to enforce [limits] on this host,
 // for the bwrap backend.
 type enforcement struct {
@@ -229,25 +166,15 @@ type enforcement struct {
 	diskCaps bool
 }
 
-// release removes the sandbox cgroups no process is left in (the next
-// start makes new ones for the sandboxes it re-adopts), then the manager's
-// base directories when nothing is left in them. It never kills anything:
-// rmdir fails on a cgroup that holds a process.
+// release gives back the sandbox cgroups no process is left in (the next
+// start makes new ones for the sandboxes it re-adopts) and the base
+// directories when nothing is left in them; it never kills anything.
 func (e *enforcement) release(log hclog.Logger) {
 	if e == nil || e.cgroups == nil {
 		return
 	}
-	names, _ := e.cgroups.List()
-	for _, base := range e.cgroups.Dirs() {
-		for _, name := range names {
-			_ = unix.Rmdir(filepath.Join(base, name))
-		}
-	}
-	for _, d := range e.cgroups.Dirs() {
-		err := unix.Rmdir(d)
-		if err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTEMPTY) && !errors.Is(err, unix.EBUSY) {
-			log.Warn("cannot remove the sandbox cgroup directory", "dir", d, "error", err)
-		}
+	if err := e.cgroups.Release(); err != nil {
+		log.Warn("cannot remove the sandbox cgroup directories", "error", err)
 	}
 }
 
@@ -288,17 +215,12 @@ func tryPlacement(h host, p placement) (*cgroup.Manager, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !p.opts.UnderRoot {
+	if d, top := m.BaseAtHierarchyTop(); top && !p.opts.UnderRoot {
 		// A delegated service whose cgroup has no place in a v1 hierarchy
 		// would put its sandboxes at that hierarchy's top, under a name
 		// every such daemon shares: not its own.
-		mounts := cgroupMounts(h.mountInfo)
-		for _, d := range m.Dirs() {
-			if mounts[filepath.Dir(d)] {
-				(&enforcement{cgroups: m}).release(hclog.NewNullLogger())
-				return nil, fmt.Errorf("%w: the service has no cgroup of its own in the hierarchy mounted at %s", cgroup.ErrUnavailable, filepath.Dir(d))
-			}
-		}
+		_ = m.Release()
+		return nil, fmt.Errorf("%w: the service has no cgroup of its own in the hierarchy mounted at %s", cgroup.ErrUnavailable, filepath.Dir(d))
 	}
 	return m, nil
 }

@@ -12,7 +12,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
-	"github.com/sandbox-sidecar/sandbox-sidecar/lifecycle"
 )
 
 // runGC sweeps orphans. With a daemon running it asks the daemon (which
@@ -65,30 +64,15 @@ func runGC(args []string, stdout, stderr io.Writer) error {
 	if dryRun {
 		log.SetLevel(hclog.Warn)
 	}
-	lock, err := lifecycle.LockStateDir(c.Server.StateDir)
+	d, err := openDaemon(c, log, daemonMode{offline: true, dryRun: dryRun})
 	if err != nil {
 		return err
 	}
-	defer lock.Unlock()
-	enf := gcEnforcement(realHost(), c, dryRun, log)
-	defer enf.release(log)
-	be, err := newBackend(c, log, enf)
-	if err != nil {
-		return err
+	defer d.close(log)
+	if d.movedAside != "" {
+		fmt.Fprintf(stdout, "the journal was unreadable and was moved to %s\n", d.movedAside)
 	}
-	journal, moved, err := lifecycle.OpenJournal(c.Server.StateDir)
-	if err != nil {
-		return err
-	}
-	defer journal.Close()
-	if moved != "" {
-		fmt.Fprintf(stdout, "the journal was unreadable and was moved to %s\n", moved)
-	}
-	mgr, err := lifecycle.New(lifecycle.Config{Backend: be, Journal: journal, Logger: log.Named("lifecycle")})
-	if err != nil {
-		return err
-	}
-	rep, err := mgr.Recover(context.Background(), dryRun)
+	rep, err := d.mgr.Recover(context.Background(), dryRun)
 	for _, a := range rep.Actions {
 		if dryRun {
 			fmt.Fprintf(stdout, "would %s %s: %s\n", a.Do, a.Sandbox, a.Reason)

@@ -22,7 +22,6 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/sbx"
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
-	"github.com/sandbox-sidecar/sandbox-sidecar/lifecycle"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/hostids"
 	"github.com/sandbox-sidecar/sandbox-sidecar/service"
 )
@@ -232,86 +231,31 @@ func serve(cfg Config, stderr io.Writer) error {
 		}
 	}
 
-	socketGID := -1
-	switch {
-	case cfg.Server.SocketGroup != "":
-		g, err := lookupGroup(cfg.Server.SocketGroup)
-		if err != nil {
-			return fail("server.socket_group: %w", err)
-		}
-		socketGID = int(g)
-	default:
-		// The conventional group, when it exists and the daemon may give
-		// the socket to it (root, or a member).
-		if g, err := lookupGroup("sandbox-sidecar"); err == nil && (os.Geteuid() == 0 || memberOf(g)) {
-			socketGID = int(g)
-		}
-	}
 	// Under socket activation systemd made the socket: its group is the
 	// socket group whatever the config says.
 	activated, err := activatedListener()
 	if err != nil {
 		return fail("%w", err)
 	}
-	if activated != nil {
-		if gid, ok := socketFileGID(activated); ok {
-			socketGID = gid
-		}
+	socketGID, err := socketGroup(cfg.Server, activated)
+	if err != nil {
+		return fail("%w", err)
 	}
 	policy, err := policyFor(cfg.Access, socketGID)
 	if err != nil {
 		return fail("%w", err)
 	}
 
-	stateDir := cfg.Server.StateDir
-	lock, err := lifecycle.LockStateDir(stateDir)
+	d, err := openDaemon(cfg, log, daemonMode{})
 	if err != nil {
 		return fail("%w", err)
 	}
-	defer lock.Unlock()
-
-	// The mechanisms behind [limits], before the backend that uses them.
-	enf, err := setupEnforcement(realHost(), cfg, log)
-	if err != nil {
-		return fail("%w", err)
-	}
-	defer enf.release(log)
-	be, err := newBackend(cfg, log, enf)
-	if err != nil {
-		return fail("backend %s: %w", cfg.Server.Backend, err)
-	}
-	journal, movedAside, err := lifecycle.OpenJournal(stateDir)
-	if err != nil {
-		return fail("%w", err)
-	}
-	defer journal.Close()
-	if movedAside != "" {
+	defer d.close(log)
+	if d.movedAside != "" {
 		log.Error("THE JOURNAL WAS UNREADABLE and has been moved aside; starting with an empty journal and sweeping every sandbox of this daemon",
-			"moved_to", movedAside)
+			"moved_to", d.movedAside)
 	}
-	lc := cfg.Lifecycle
-	createTimeout := lifecycle.DefaultCreateTimeout
-	if slow, ok := be.(interface{ MaxCreateDuration() time.Duration }); ok {
-		// A microVM's first boot may pull an image: let it finish.
-		createTimeout = max(createTimeout, slow.MaxCreateDuration())
-	}
-	idle := lc.IdleTimeout.D()
-	if idle == 0 {
-		idle = -1 // off
-	}
-	mgr, err := lifecycle.New(lifecycle.Config{
-		Backend: be, Journal: journal, Logger: log.Named("lifecycle"), Failpoint: failpointFromEnv(log),
-		ConnGrace: lc.ConnGrace.D(), MaxLifetime: lc.MaxLifetime.D(), DefaultTTL: lc.DefaultTTL.D(), IdleTimeout: idle,
-		ReapInterval: lc.ReapInterval.D(), MaxPerHost: lc.MaxSandboxes, MaxPerUID: lc.MaxSandboxesPerUID,
-		MaxPerOwner: lc.MaxSandboxesPerOwner, MaxCmdsPerHost: lc.MaxCommands, PoolSize: lc.PoolSize,
-		CreateTimeout: createTimeout,
-	})
-	if err != nil {
-		return fail("%w", err)
-	}
-	if movedAside != "" {
-		mgr.NoteJournalMovedAside(movedAside)
-	}
+	mgr, be := d.mgr, d.be
 	// Before serving: re-adopt what is still leased, destroy what lost its
 	// reason to exist while the daemon was down, sweep what nobody knows.
 	stopExtending := extendStartTimeout(log, "recovering sandboxes from the journal")
@@ -323,18 +267,11 @@ func serve(cfg Config, stderr io.Writer) error {
 	log.Info("recovery done", "adopted", rep.Adopted, "destroyed", rep.Destroyed, "swept", rep.Swept, "failed", rep.Failed,
 		"duration", rep.Duration)
 
-	auditLog := log.Named("audit")
-	if cfg.Server.AuditFile != "" {
-		f, err := os.OpenFile(cfg.Server.AuditFile, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
-		if err != nil {
-			return fail("server.audit_file: %w", err)
-		}
-		defer f.Close()
-		opts := &hclog.LoggerOptions{Name: "sandbox-sidecar.audit", Level: hclog.Info, JSONFormat: cfg.Server.LogFormat == "json", Output: stderr, TimeFormat: time.RFC3339Nano}
-		il := hclog.NewInterceptLogger(opts)
-		il.RegisterSink(hclog.NewSinkAdapter(&hclog.LoggerOptions{Name: "sandbox-sidecar.audit", Level: hclog.Info, JSONFormat: true, Output: f}))
-		auditLog = il
+	auditLog, closeAudit, err := auditLogger(cfg.Server, log, stderr)
+	if err != nil {
+		return fail("%w", err)
 	}
+	defer closeAudit()
 
 	limits := cfg.serviceLimits()
 	svc := service.New(service.Config{Manager: mgr, Policy: policy, Limits: limits, Logger: auditLog, Version: version})
@@ -362,7 +299,7 @@ func serve(cfg Config, stderr io.Writer) error {
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(lst) }()
-	log.Info("serving", "socket", socketPath, "backend", be.Name(), "state_dir", stateDir, "version", version, "pid", os.Getpid())
+	log.Info("serving", "socket", socketPath, "backend", be.Name(), "state_dir", cfg.Server.StateDir, "version", version, "pid", os.Getpid())
 	fmt.Fprintf(stderr, "sandbox-sidecar is listening on %s (backend %s). Try: sandbox-sidecar health --socket %s\n", socketPath, be.Name(), socketPath)
 	stopNotify := startSystemd(log, socketPath, mgr, srv, rep)
 
@@ -389,19 +326,51 @@ func serve(cfg Config, stderr io.Writer) error {
 	if err := mgr.Close(ctx); err != nil {
 		log.Error("some sandboxes could not be destroyed; the next start sweeps them", "error", err)
 	}
-	// What the backend holds on the host for the sandboxes that stay (the
-	// bwrap backend: their inits, cgroups and disk mounts); the next start
-	// re-adopts them from their files.
-	if c, ok := be.(interface{ Close() error }); ok {
-		if err := c.Close(); err != nil {
-			log.Warn("the backend did not release everything it held for the sandboxes that stay; the next start cleans up", "error", err)
-		}
-	}
+	d.close(log)
 	log.Info("stopped")
 	if exit != 0 {
 		return &exitError{code: exit}
 	}
 	return nil
+}
+
+// socketGroup is the gid the socket is given (-1: the daemon's own): the
+// group the socket systemd passed has, else server.socket_group, else the
+// conventional "sandbox-sidecar" when it exists and the daemon may give the
+// socket to it (root, or a member).
+func socketGroup(s ServerSection, activated net.Listener) (int, error) {
+	if activated != nil {
+		if gid, ok := socketFileGID(activated); ok {
+			return gid, nil
+		}
+	}
+	if s.SocketGroup != "" {
+		g, err := lookupGroup(s.SocketGroup)
+		if err != nil {
+			return -1, fmt.Errorf("server.socket_group: %w", err)
+		}
+		return int(g), nil
+	}
+	if g, err := lookupGroup("sandbox-sidecar"); err == nil && (os.Geteuid() == 0 || memberOf(g)) {
+		return int(g), nil
+	}
+	return -1, nil
+}
+
+// auditLogger is where the audit trail goes: the daemon's log and, with
+// server.audit_file, that file too as JSON lines; close closes the file.
+func auditLogger(s ServerSection, log hclog.Logger, stderr io.Writer) (_ hclog.Logger, close func(), err error) {
+	if s.AuditFile == "" {
+		return log.Named("audit"), func() {}, nil
+	}
+	f, err := os.OpenFile(s.AuditFile, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, nil, fmt.Errorf("server.audit_file: %w", err)
+	}
+	opts := &hclog.LoggerOptions{Name: "sandbox-sidecar.audit", Level: hclog.Info, JSONFormat: s.LogFormat == "json", Output: stderr, TimeFormat: time.RFC3339Nano}
+	il := hclog.NewInterceptLogger(opts)
+	il.RegisterSink(hclog.NewSinkAdapter(&hclog.LoggerOptions{Name: "sandbox-sidecar.audit", Level: hclog.Info, JSONFormat: true, Output: f}))
+	return il, func() { f.Close() }, nil
 }
 
 // memberOf reports whether the daemon's process has gid as its group or a
@@ -443,13 +412,6 @@ func newBackend(cfg Config, log hclog.Logger, enf *enforcement) (backend.Backend
 		}
 		if err := bwrapUIDs(&bc, cfg.Bwrap, log); err != nil {
 			return nil, err
-		}
-		if bc.SandboxUID >= 0 || bc.UIDRange.Size > 0 {
-			// bwrap runs as the sandbox uid and must reach each workspace to
-			// bind it: let others search (not list) the state directory.
-			if err := os.Chmod(cfg.Server.StateDir, 0o711); err != nil {
-				return nil, err
-			}
 		}
 		return bwrap.New(bc)
 	case "sbx":

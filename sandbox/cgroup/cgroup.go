@@ -150,6 +150,8 @@ type Manager struct {
 	v2Base string
 	// v1: that directory in each controller's hierarchy.
 	v1Base map[string]string
+	// mountPoints are where the host's cgroup hierarchies are mounted.
+	mountPoints map[string]bool
 }
 
 // Version reports which hierarchy the manager uses.
@@ -196,6 +198,10 @@ func New(opts Options) (*Manager, error) {
 	m, err := plan(lay, opts)
 	if err != nil {
 		return nil, err
+	}
+	m.mountPoints = map[string]bool{}
+	for _, mt := range lay.mounts {
+		m.mountPoints[mt.point] = true
 	}
 	if m.version == V2 && opts.SupervisorLeaf != "" && !opts.UnderRoot && lay.own[""] != "/" {
 		if err := m.moveSupervisor(opts.SupervisorLeaf); err != nil {
