@@ -34,6 +34,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/registry"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/statedir"
 	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
@@ -148,9 +149,9 @@ type Backend struct {
 	uids    *hostids.Allocator
 	viaCaps bool
 
-	mu        sync.Mutex
-	sandboxes map[string]*sandbox // known sandboxes, loaded lazily from Dir
-	uidOf     map[string]uint32   // the own uid of each sandbox in Dir that has one
+	boxes *registry.Registry[*sandbox] // known sandboxes, loaded lazily from Dir
+	mu    sync.Mutex
+	uidOf map[string]uint32 // guarded by mu: the own uid of each sandbox in Dir that has one
 
 	healthMu     sync.Mutex
 	healthyUntil time.Time
@@ -262,9 +263,9 @@ func New(cfg Config) (*Backend, error) {
 		rootLinks: hostRootLinks("/"),
 		uids:      uids,
 		viaCaps:   viaCaps,
-		sandboxes: make(map[string]*sandbox),
 		uidOf:     make(map[string]uint32),
 	}
+	b.boxes = registry.New(b.registryHooks())
 	b.logLimits()
 	// The sandboxes a previous daemon left keep their uids: none may be
 	// handed to a new sandbox while they exist.

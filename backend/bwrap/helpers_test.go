@@ -278,3 +278,13 @@ func sandboxUID(t testing.TB, b *Backend, id string) int {
 	}
 	return sb.uid
 }
+
+// known returns the state of sandbox id, which b must know.
+func known(t *testing.T, b *Backend, id string) *sandbox {
+	t.Helper()
+	sb, err := b.lookup(id)
+	if err != nil {
+		t.Fatalf("sandbox %s: %v", id, err)
+	}
+	return sb
+}

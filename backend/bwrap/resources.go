@@ -343,14 +343,8 @@ func (b *Backend) LimitsInForce() map[string]string {
 // on the same directory re-adopts them (mounting their disks and making
 // their groups again). The backend must not be used afterwards.
 func (b *Backend) Close() error {
-	b.mu.Lock()
-	boxes := make([]*sandbox, 0, len(b.sandboxes))
-	for _, sb := range b.sandboxes {
-		boxes = append(boxes, sb)
-	}
-	b.mu.Unlock()
-	for _, sb := range boxes {
-		sb.cancelAll()
+	for _, sb := range b.boxes.All() {
+		sb.ops.CancelAll()
 		b.killInit(sb)
 	}
 	var errs []error

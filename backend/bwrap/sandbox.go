@@ -10,19 +10,18 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
-	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
-	"github.com/sandbox-sidecar/sandbox-sidecar/backend/statedir"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/registry"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 )
 
 // Layout of Dir/<id>.
 const (
-	workDirName = "work"      // bound at /workspace
-	tmpDirName  = "tmp"       // bound at /tmp
-	specName    = "spec.json" // persistedSpec
+	workDirName = "work"            // bound at /workspace
+	tmpDirName  = "tmp"             // bound at /tmp
+	specName    = registry.SpecName // persistedSpec
 )
 
 // Network values reported in backend.Info.
@@ -31,24 +30,12 @@ const (
 	networkHost = "host"
 )
 
-// Bounds on per-sandbox state.
-const (
-	// destroyWait bounds how long Destroy waits for the sandbox's running
-	// commands to be reaped after killing them, before removing the files
-	// anyway.
-	destroyWait = 10 * time.Second
-	// maxActivePerSandbox bounds concurrent commands and file operations
-	// in one sandbox.
-	maxActivePerSandbox = 32
-	// maxSpecFileBytes bounds how much of spec.json is read back.
-	maxSpecFileBytes = 4 << 20
-	// specVersion is the version of persistedSpec written by this code.
-	specVersion = 1
-)
+// specVersion is the version of persistedSpec written by this code.
+const specVersion = 1
 
 // errSandboxDestroyed is the cancellation cause Destroy gives running
 // commands, so Exec can tell "destroyed under you" from "request cancelled".
-var errSandboxDestroyed = errors.New("sandbox destroyed")
+var errSandboxDestroyed = registry.ErrDestroyed
 
 // persistedSpec is spec.json: what a restarted daemon needs to keep running
 // commands in a sandbox it finds on disk.
@@ -68,6 +55,8 @@ type persistedSpec struct {
 	UID *uint32 `json:"uid,omitempty"`
 }
 
+func (s persistedSpec) SpecVersion() int { return s.Version }
+
 // sandbox is the in-memory state of one sandbox: its settings, the
 // operations in flight, so Destroy can stop them and wait for them, and its
 // init.
@@ -85,11 +74,7 @@ type sandbox struct {
 	uid, gid int
 	own      bool
 
-	mu         sync.Mutex
-	destroying bool
-	active     map[uint64]context.CancelCauseFunc
-	nextOp     uint64
-	wg         sync.WaitGroup
+	ops registry.Ops // the operations in flight, so Destroy can stop them
 
 	// initMu guards the init. There is none until the first command of
 	// this process (a new sandbox, or one re-adopted after a restart,
@@ -104,7 +89,7 @@ type sandbox struct {
 
 func newSandbox(id, dir string, spec persistedSpec, lim limits.Limits) *sandbox {
 	return &sandbox{id: id, dir: dir, env: spec.Env, network: spec.Network, resources: spec.Resources,
-		limits: lim, disk: spec.Disk, uid: -1, gid: -1, active: make(map[uint64]context.CancelCauseFunc)}
+		limits: lim, disk: spec.Disk, uid: -1, gid: -1, ops: registry.Ops{ID: id}}
 }
 
 // setIDs gives sb the host ids its settings say: its own, or those of
@@ -117,6 +102,9 @@ func (b *Backend) setIDs(sb *sandbox, spec persistedSpec) {
 	sb.uid, sb.gid = b.cfg.SandboxUID, b.cfg.SandboxGID
 }
 
+// Ops are the sandbox's operations in flight (registry.Sandbox).
+func (sb *sandbox) Ops() *registry.Ops { return &sb.ops }
+
 // dataDir holds work/ and tmp/: the sandbox's directory, or the mount of
 // its own filesystem.
 func (sb *sandbox) dataDir() string {
@@ -128,82 +116,52 @@ func (sb *sandbox) dataDir() string {
 func (sb *sandbox) workDir() string { return filepath.Join(sb.dataDir(), workDirName) }
 func (sb *sandbox) tmpDir() string  { return filepath.Join(sb.dataDir(), tmpDirName) }
 
-// begin registers one operation. The returned context ends when ctx does or
-// when Destroy cancels it; done must be called when the operation is over.
+// begin registers one operation (registry.Ops.Begin).
 func (sb *sandbox) begin(ctx context.Context) (context.Context, func(), error) {
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	if sb.destroying {
-		return nil, nil, backend.NotFound(sb.id)
-	}
-	if len(sb.active) >= maxActivePerSandbox {
-		return nil, nil, fmt.Errorf("%w: sandbox %s already has %d commands and file operations in flight; wait for one to finish", backend.ErrUnavailable, sb.id, maxActivePerSandbox)
-	}
-	opCtx, cancel := context.WithCancelCause(ctx)
-	key := sb.nextOp
-	sb.nextOp++
-	sb.active[key] = cancel
-	sb.wg.Add(1)
-	done := func() {
-		sb.mu.Lock()
-		delete(sb.active, key)
-		sb.mu.Unlock()
-		cancel(nil)
-		sb.wg.Done()
-	}
-	return opCtx, done, nil
-}
-
-// cancelAll refuses new operations and cancels those in flight.
-func (sb *sandbox) cancelAll() {
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	sb.destroying = true
-	for _, cancel := range sb.active {
-		cancel(errSandboxDestroyed)
-	}
-}
-
-// wait waits for the operations in flight for at most limit or until ctx
-// ends; it reports whether they all ended.
-func (sb *sandbox) wait(ctx context.Context, limit time.Duration) bool {
-	finished := make(chan struct{})
-	go func() { sb.wg.Wait(); close(finished) }()
-	t := time.NewTimer(limit)
-	defer t.Stop()
-	select {
-	case <-finished:
-		return true
-	case <-t.C:
-	case <-ctx.Done():
-	}
-	return false
+	return sb.ops.Begin(ctx)
 }
 
 func (b *Backend) sandboxDir(id string) string { return filepath.Join(b.cfg.Dir, id) }
 
-// lookup returns the sandbox id, loading it from disk when this process has
-// not seen it yet (a restarted daemon re-adopting its sandboxes).
-func (b *Backend) lookup(id string) (*sandbox, error) {
-	if !backend.ValidID(id) {
-		return nil, backend.NotFound(id)
-	}
-	b.mu.Lock()
-	if sb, ok := b.sandboxes[id]; ok {
-		sb.mu.Lock()
-		destroying := sb.destroying
-		sb.mu.Unlock()
-		if _, err := os.Stat(sb.workDir()); err != nil && !destroying {
-			// Removed behind our back (an operator, a disk wipe).
-			delete(b.sandboxes, id)
+// lookup returns the sandbox id, loading it from disk when this process
+// has not seen it yet (a restarted daemon re-adopting its sandboxes).
+func (b *Backend) lookup(id string) (*sandbox, error) { return b.boxes.Lookup(id) }
+
+// registryHooks are what the backend's registry needs to know of its
+// sandboxes.
+func (b *Backend) registryHooks() registry.Hooks[*sandbox] {
+	return registry.Hooks[*sandbox]{
+		Load: b.load,
+		Usable: func(sb *sandbox) bool {
+			_, err := os.Stat(sb.workDir())
+			return err == nil
+		},
+		Exists: func(sb *sandbox) bool {
+			_, err := os.Lstat(sb.dir)
+			return err == nil
+		},
+		// The directory vanished behind the daemon's back: stop its init
+		// and everything in it.
+		Forget: func(sb *sandbox) {
+			b.killInit(sb)
+			b.log.With("sandbox", sb.id).Warn("the sandbox's directory was removed behind the daemon's back; its processes are stopped")
+		},
+		// A sandbox this process never loaded: its uid, if it has one of
+		// its own, is what New reserved for it.
+		Placeholder: func(id string) *sandbox {
+			sb := newSandbox(id, b.sandboxDir(id), persistedSpec{}, limits.Limits{})
+			b.mu.Lock()
+			if uid, has := b.uidOf[id]; has {
+				sb.uid, sb.gid, sb.own = int(uid), int(uid), true
+			}
 			b.mu.Unlock()
-			b.forget(sb)
-			return nil, backend.NotFound(id)
-		}
-		b.mu.Unlock()
-		return sb, nil
+			return sb
+		},
 	}
-	defer b.mu.Unlock()
+}
+
+// load makes the state of sandbox id from its directory.
+func (b *Backend) load(id string) (*sandbox, error) {
 	spec, err := b.loadSpec(id)
 	if err != nil {
 		return nil, err
@@ -216,7 +174,10 @@ func (b *Backend) lookup(id string) (*sandbox, error) {
 		return nil, fmt.Errorf("%w: sandbox %q has a disk of its own, which this daemon cannot mount (disk caps are off); destroy it and create a new one", backend.ErrSpecUnenforceable, id)
 	}
 	if spec.UID != nil {
-		if err := b.checkAdoptedUID(id, *spec.UID); err != nil {
+		b.mu.Lock()
+		err := b.checkAdoptedUID(id, *spec.UID)
+		b.mu.Unlock()
+		if err != nil {
 			return nil, err
 		}
 	}
@@ -233,17 +194,13 @@ func (b *Backend) lookup(id string) (*sandbox, error) {
 	if err := b.makeCgroup(context.Background(), sb); err != nil {
 		return nil, err
 	}
-	b.sandboxes[id] = sb
 	return sb, nil
 }
 
 func (b *Backend) loadSpec(id string) (persistedSpec, error) {
 	var spec persistedSpec
-	if err := statedir.ReadSettings(b.sandboxDir(id), specName, id, maxSpecFileBytes, &spec); err != nil {
+	if err := registry.LoadSpec(b.sandboxDir(id), id, specVersion, &spec); err != nil {
 		return spec, err
-	}
-	if spec.Version != specVersion {
-		return spec, fmt.Errorf("%w: settings of sandbox %q are from another version (%d); destroy it and create a new one", backend.ErrNotFound, id, spec.Version)
 	}
 	switch spec.Network {
 	case networkNone:
@@ -284,7 +241,7 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	log := b.log.With("sandbox", id)
 
 	dir := b.sandboxDir(id)
-	if b.knownAndPresent(id) {
+	if b.boxes.KnownAndPresent(id) {
 		return backend.Info{}, fmt.Errorf("sandbox %q already exists or is being destroyed; destroy it first or choose another id: %w", id, fs.ErrExist)
 	}
 	saved := persistedSpec{Version: specVersion, Network: network, Env: maps.Clone(spec.Env), Resources: spec.Resources,
@@ -343,24 +300,12 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	if err := b.makeCgroup(ctx, sb); err != nil {
 		return backend.Info{}, err
 	}
-	if err := statedir.WriteJSON(filepath.Join(dir, specName), saved); err != nil {
+	if err := registry.SaveSpec(dir, saved); err != nil {
 		return backend.Info{}, fmt.Errorf("create sandbox %s: save its settings: %w", id, err)
 	}
 
-	b.mu.Lock()
-	if existing, raced := b.sandboxes[id]; raced {
-		// Another call found the new directory first: an Exec loaded these
-		// same settings from disk, or a Destroy is removing it.
-		existing.mu.Lock()
-		destroying := existing.destroying
-		existing.mu.Unlock()
-		b.mu.Unlock()
-		if destroying {
-			return backend.Info{}, fmt.Errorf("sandbox %q was destroyed while being created; create it again: %w", id, fs.ErrExist)
-		}
-	} else {
-		b.sandboxes[id] = sb
-		b.mu.Unlock()
+	if err := b.boxes.Created(id, sb); err != nil {
+		return backend.Info{}, err
 	}
 	log.Info("sandbox created", "network", network, "env_vars", len(spec.Env), "memory_bytes", lim.MemoryBytes,
 		"pids", lim.PIDs, "cpus", lim.CPUs, "disk_bytes", saved.Disk && lim.DiskBytes > 0, "host_uid", sb.uid)
@@ -369,36 +314,6 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 		info.HostUID = *saved.UID
 	}
 	return info, nil
-}
-
-// knownAndPresent reports whether id is in memory and either still on disk
-// or being destroyed; an entry whose directory vanished is forgotten.
-func (b *Backend) knownAndPresent(id string) bool {
-	b.mu.Lock()
-	sb, ok := b.sandboxes[id]
-	if !ok {
-		b.mu.Unlock()
-		return false
-	}
-	sb.mu.Lock()
-	destroying := sb.destroying
-	sb.mu.Unlock()
-	if _, err := os.Lstat(sb.dir); err == nil || destroying {
-		b.mu.Unlock()
-		return true
-	}
-	delete(b.sandboxes, id)
-	b.mu.Unlock()
-	b.forget(sb)
-	return false
-}
-
-// forget stops what is left of a sandbox whose directory vanished behind
-// the daemon's back: its operations, and its init with everything in it.
-func (b *Backend) forget(sb *sandbox) {
-	sb.cancelAll()
-	b.killInit(sb)
-	b.log.With("sandbox", sb.id).Warn("the sandbox's directory was removed behind the daemon's back; its processes are stopped")
 }
 
 func (b *Backend) networkFor(spec backend.Spec) (string, error) {
@@ -446,25 +361,16 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	if !backend.ValidID(id) {
 		return nil
 	}
-	b.mu.Lock()
-	sb, ok := b.sandboxes[id]
-	if !ok {
-		sb = newSandbox(id, b.sandboxDir(id), persistedSpec{}, limits.Limits{})
-		if uid, has := b.uidOf[id]; has {
-			sb.uid, sb.gid, sb.own = int(uid), int(uid), true
-		}
-		b.sandboxes[id] = sb
-	}
-	b.mu.Unlock()
+	sb, ok := b.boxes.Destroying(id)
 
 	log := b.log.With("sandbox", id)
 	// Cancel first, so a command in flight reads its init's death as the
 	// destroy it is; then kill init, which as pid 1 takes every process of
 	// the sandbox with it.
-	sb.cancelAll()
+	sb.ops.CancelAll()
 	b.killInit(sb)
-	if !sb.wait(ctx, destroyWait) {
-		log.Warn("running commands did not all end in time; removing the files anyway", "waited_up_to", destroyWait)
+	if !sb.ops.Wait(ctx, registry.DestroyWait) {
+		log.Warn("running commands did not all end in time; removing the files anyway", "waited_up_to", registry.DestroyWait)
 	}
 	if strays := b.findMarked(sb.dir, false); len(strays) > 0 {
 		log.Warn("killed processes of the sandbox that outlived their command", "count", killMarked(strays))
@@ -478,10 +384,8 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 		err = errors.Join(err, rerr)
 	}
 
+	b.boxes.Done(id, sb)
 	b.mu.Lock()
-	if b.sandboxes[id] == sb {
-		delete(b.sandboxes, id)
-	}
 	uid, hadUID := b.uidOf[id]
 	if err == nil && hadUID {
 		// Only now that no file and no process of it is left.

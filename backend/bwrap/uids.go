@@ -7,6 +7,7 @@ import (
 	"syscall"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/registry"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/statedir"
 )
 
@@ -63,7 +64,7 @@ func (b *Backend) reserveExistingUIDs() {
 // that (a sandbox half made) its directory's group, records it.
 func (b *Backend) recordedUID(id string) (uint32, bool) {
 	var spec persistedSpec
-	if err := statedir.ReadSettings(b.sandboxDir(id), specName, id, maxSpecFileBytes, &spec); err == nil {
+	if err := statedir.ReadSettings(b.sandboxDir(id), specName, id, registry.MaxSpecBytes, &spec); err == nil {
 		if spec.UID != nil {
 			return *spec.UID, true
 		}

@@ -158,7 +158,7 @@ func TestBwrapRestartKeepsEachSandboxsUID(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = first.Destroy(ctx, "kept") })
 	runOK(t, first, "kept", "echo data > f")
-	first.killInit(first.sandboxes["kept"])
+	first.killInit(known(t, first, "kept"))
 
 	// A sandbox half made by a daemon that died before its spec.json: only
 	// its directory's group names its uid.
@@ -215,7 +215,7 @@ func TestBwrapDuplicateUIDIsNotAdopted(t *testing.T) {
 	raw, err := json.Marshal(specB)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(first.sandboxDir(bID), specName), raw, 0o600))
-	first.killInit(first.sandboxes[a])
+	first.killInit(known(t, first, a))
 
 	second, err := New(first.cfg)
 	require.NoError(t, err)
@@ -246,7 +246,7 @@ func TestBwrapSandboxFromBeforeTheRangeKeepsItsUID(t *testing.T) {
 	ctx := context.Background()
 	id := create(t, old, backend.Spec{})
 	runOK(t, old, id, "echo from-before > f")
-	old.killInit(old.sandboxes[id])
+	old.killInit(known(t, old, id))
 
 	cfg := old.cfg
 	cfg.UIDRange = testRange

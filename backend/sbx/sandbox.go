@@ -17,20 +17,20 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/registry"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/statedir"
 )
 
 // Layout of Dir/<id>.
 const (
-	workspaceName = "workspace"      // mounted into the microVM at its host path
-	specName      = "spec.json"      // persistedSpec
-	probeName     = ".sidecar-probe" // Create's token, in the workspace until the probe read it
+	workspaceName = "workspace"       // mounted into the microVM at its host path
+	specName      = registry.SpecName // persistedSpec
+	probeName     = ".sidecar-probe"  // Create's token, in the workspace until the probe read it
 )
 
 // Network values reported in backend.Info.
@@ -48,14 +48,6 @@ const (
 
 // Bounds on per-sandbox state.
 const (
-	// destroyWait bounds how long Destroy waits for the sandbox's running
-	// commands to end after cancelling them.
-	destroyWait = 10 * time.Second
-	// maxActivePerSandbox bounds concurrent commands and file operations
-	// in one sandbox.
-	maxActivePerSandbox = 32
-	// maxSpecFileBytes bounds how much of spec.json is read back.
-	maxSpecFileBytes = 4 << 20
 	// specVersion is the version of persistedSpec written by this code.
 	specVersion = 1
 	// maxEgressHosts bounds allow_egress_to.
@@ -64,7 +56,7 @@ const (
 
 // errSandboxDestroyed is the cancellation cause Destroy gives running
 // operations, so Exec can tell "destroyed under you" from "request ended".
-var errSandboxDestroyed = errors.New("sandbox destroyed")
+var errSandboxDestroyed = registry.ErrDestroyed
 
 // persistedSpec is spec.json: what a restarted daemon needs to keep using a
 // sandbox it finds on disk, and to remove it.
@@ -76,6 +68,8 @@ type persistedSpec struct {
 	Env           map[string]string `json:"env,omitempty"`
 }
 
+func (s persistedSpec) SpecVersion() int { return s.Version }
+
 // sandbox is the in-memory state of one sandbox: its settings and the
 // operations in flight, so Destroy can stop them and wait for them.
 type sandbox struct {
@@ -84,72 +78,23 @@ type sandbox struct {
 	env     map[string]string
 	network string
 
-	mu         sync.Mutex
-	destroying bool
-	active     map[uint64]context.CancelCauseFunc
-	nextOp     uint64
-	wg         sync.WaitGroup
+	ops registry.Ops // the operations in flight, so Destroy can stop them
 }
 
 func newSandbox(id, dir string, spec persistedSpec) *sandbox {
-	return &sandbox{id: id, dir: dir, name: spec.SbxName, env: spec.Env, network: spec.Network,
-		active: make(map[uint64]context.CancelCauseFunc)}
+	return &sandbox{id: id, dir: dir, name: spec.SbxName, env: spec.Env, network: spec.Network, ops: registry.Ops{ID: id}}
 }
+
+// Ops are the sandbox's operations in flight (registry.Sandbox).
+func (sb *sandbox) Ops() *registry.Ops { return &sb.ops }
 
 // workspace is the sandbox's working directory, the same path on the host
 // and in the guest.
 func (sb *sandbox) workspace() string { return filepath.Join(sb.dir, workspaceName) }
 
-// begin registers one operation. The returned context ends when ctx does or
-// when Destroy cancels it; done must be called when the operation is over.
+// begin registers one operation (registry.Ops.Begin).
 func (sb *sandbox) begin(ctx context.Context) (context.Context, func(), error) {
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	if sb.destroying {
-		return nil, nil, backend.NotFound(sb.id)
-	}
-	if len(sb.active) >= maxActivePerSandbox {
-		return nil, nil, fmt.Errorf("%w: sandbox %s already has %d commands and file operations in flight; wait for one to finish", backend.ErrUnavailable, sb.id, maxActivePerSandbox)
-	}
-	opCtx, cancel := context.WithCancelCause(ctx)
-	key := sb.nextOp
-	sb.nextOp++
-	sb.active[key] = cancel
-	sb.wg.Add(1)
-	var once sync.Once
-	done := func() {
-		once.Do(func() {
-			sb.mu.Lock()
-			delete(sb.active, key)
-			sb.mu.Unlock()
-			cancel(nil)
-			sb.wg.Done()
-		})
-	}
-	return opCtx, done, nil
-}
-
-// stop refuses new operations, cancels those in flight and waits for them
-// for at most limit or until ctx ends; it reports whether they all ended.
-func (sb *sandbox) stop(ctx context.Context, limit time.Duration) bool {
-	sb.mu.Lock()
-	sb.destroying = true
-	for _, cancel := range sb.active {
-		cancel(errSandboxDestroyed)
-	}
-	sb.mu.Unlock()
-
-	finished := make(chan struct{})
-	go func() { sb.wg.Wait(); close(finished) }()
-	t := time.NewTimer(limit)
-	defer t.Stop()
-	select {
-	case <-finished:
-		return true
-	case <-t.C:
-	case <-ctx.Done():
-	}
-	return false
+	return sb.ops.Begin(ctx)
 }
 
 func vanished(id string) error {
@@ -174,38 +119,39 @@ func (b *Backend) idFromName(name string) (string, bool) {
 // lookup returns sandbox id, loading it from disk when this process has not
 // seen it yet (a restarted daemon re-adopting its sandboxes). It does not ask
 // sbx: a microVM that vanished is noticed when a command fails.
-func (b *Backend) lookup(id string) (*sandbox, error) {
-	if !backend.ValidID(id) {
-		return nil, backend.NotFound(id)
+func (b *Backend) lookup(id string) (*sandbox, error) { return b.boxes.Lookup(id) }
+
+// registryHooks are what the backend's registry needs to know of its
+// sandboxes.
+func (b *Backend) registryHooks() registry.Hooks[*sandbox] {
+	return registry.Hooks[*sandbox]{
+		Load: func(id string) (*sandbox, error) {
+			spec, err := b.loadSpec(id)
+			if err != nil {
+				return nil, err
+			}
+			sb := newSandbox(id, b.sandboxDir(id), spec)
+			if _, err := os.Stat(sb.workspace()); err != nil {
+				return nil, backend.NotFound(id)
+			}
+			return sb, nil
+		},
+		Usable: func(sb *sandbox) bool {
+			_, err := os.Stat(sb.workspace())
+			return err == nil
+		},
+		Exists: func(sb *sandbox) bool {
+			_, err := os.Lstat(sb.dir)
+			return err == nil
+		},
+		Placeholder: func(id string) *sandbox { return newSandbox(id, b.sandboxDir(id), persistedSpec{}) },
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if sb, ok := b.sandboxes[id]; ok {
-		if _, err := os.Stat(sb.workspace()); err != nil && !sb.destroying {
-			delete(b.sandboxes, id)
-			return nil, backend.NotFound(id)
-		}
-		return sb, nil
-	}
-	spec, err := b.loadSpec(id)
-	if err != nil {
-		return nil, err
-	}
-	sb := newSandbox(id, b.sandboxDir(id), spec)
-	if _, err := os.Stat(sb.workspace()); err != nil {
-		return nil, backend.NotFound(id)
-	}
-	b.sandboxes[id] = sb
-	return sb, nil
 }
 
 func (b *Backend) loadSpec(id string) (persistedSpec, error) {
 	var spec persistedSpec
-	if err := statedir.ReadSettings(b.sandboxDir(id), specName, id, maxSpecFileBytes, &spec); err != nil {
+	if err := registry.LoadSpec(b.sandboxDir(id), id, specVersion, &spec); err != nil {
 		return spec, err
-	}
-	if spec.Version != specVersion {
-		return spec, fmt.Errorf("%w: settings of sandbox %q are from another version (%d); destroy it and create a new one", backend.ErrNotFound, id, spec.Version)
 	}
 	if spec.SbxName != b.sbxName(id) {
 		return spec, fmt.Errorf("%w: sandbox %q was created under another marker (sbx name %s); destroy it and create a new one", backend.ErrNotFound, id, backend.ShortName(spec.SbxName))
@@ -301,7 +247,7 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	name := b.sbxName(id)
 
 	dir := b.sandboxDir(id)
-	if b.knownAndPresent(id) {
+	if b.boxes.KnownAndPresent(id) {
 		return backend.Info{}, fmt.Errorf("sandbox %q already exists or is being destroyed; destroy it first or choose another id: %w", id, fs.ErrExist)
 	}
 	if err := os.Mkdir(dir, 0o700); err != nil {
@@ -339,7 +285,7 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	saved := persistedSpec{Version: specVersion, SbxName: name, Network: network, AllowEgressTo: hosts, Env: maps.Clone(spec.Env)}
 	// Before the microVM exists: a crash from here on leaves a directory
 	// List reports, and the record names the microVM to remove.
-	if err := statedir.WriteJSON(filepath.Join(dir, specName), saved); err != nil {
+	if err := registry.SaveSpec(dir, saved); err != nil {
 		return backend.Info{}, fmt.Errorf("create sandbox %s: save its settings: %w", id, err)
 	}
 	token, err := writeProbeToken(ws)
@@ -380,18 +326,8 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	}
 	_ = os.Remove(filepath.Join(ws, probeName))
 
-	b.mu.Lock()
-	if existing, raced := b.sandboxes[id]; raced {
-		existing.mu.Lock()
-		destroying := existing.destroying
-		existing.mu.Unlock()
-		b.mu.Unlock()
-		if destroying {
-			return backend.Info{}, fmt.Errorf("sandbox %q was destroyed while being created; create it again: %w", id, fs.ErrExist)
-		}
-	} else {
-		b.sandboxes[id] = newSandbox(id, dir, saved)
-		b.mu.Unlock()
+	if err := b.boxes.Created(id, newSandbox(id, dir, saved)); err != nil {
+		return backend.Info{}, err
 	}
 	log.Info("sandbox created", "sbx_name", name, "network", network, "allowed_hosts", len(hosts), "env_vars", len(spec.Env), "duration", time.Since(start))
 	return backend.Info{Workdir: ws, Network: network}, nil
@@ -409,25 +345,6 @@ func writeProbeToken(ws string) (string, error) {
 	return token, nil
 }
 
-// knownAndPresent reports whether id is in memory and either still on disk
-// or being destroyed; an entry whose directory vanished is forgotten.
-func (b *Backend) knownAndPresent(id string) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	sb, ok := b.sandboxes[id]
-	if !ok {
-		return false
-	}
-	sb.mu.Lock()
-	destroying := sb.destroying
-	sb.mu.Unlock()
-	if _, err := os.Lstat(sb.dir); err == nil || destroying {
-		return true
-	}
-	delete(b.sandboxes, id)
-	return false
-}
-
 // Destroy stops the sandbox's running operations, removes its microVM
 // (sbx rm -f; a microVM sbx does not have counts as removed) and then its
 // directory. It is idempotent, and an id that is not a valid id succeeds
@@ -439,24 +356,12 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	if !backend.ValidID(id) {
 		return nil
 	}
-	b.mu.Lock()
-	sb, ok := b.sandboxes[id]
-	if !ok {
-		sb = newSandbox(id, b.sandboxDir(id), persistedSpec{})
-		b.sandboxes[id] = sb
-	}
-	b.mu.Unlock()
-	defer func() {
-		b.mu.Lock()
-		if b.sandboxes[id] == sb {
-			delete(b.sandboxes, id)
-		}
-		b.mu.Unlock()
-	}()
+	sb, _ := b.boxes.Destroying(id)
+	defer b.boxes.Done(id, sb)
 
 	log := b.log.With("sandbox", id)
-	if !sb.stop(ctx, destroyWait) {
-		log.Warn("running operations did not all end in time; removing the sandbox anyway", "waited_up_to", destroyWait)
+	if !sb.ops.Stop(ctx, registry.DestroyWait) {
+		log.Warn("running operations did not all end in time; removing the sandbox anyway", "waited_up_to", registry.DestroyWait)
 	}
 	return b.destroyStopped(ctx, id, log)
 }

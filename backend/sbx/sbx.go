@@ -38,6 +38,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/registry"
 	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
 )
 
@@ -170,8 +171,7 @@ type Backend struct {
 	memoryBytes int64
 	log         hclog.Logger
 
-	mu        sync.Mutex
-	sandboxes map[string]*sandbox // known sandboxes, loaded lazily from Dir
+	boxes *registry.Registry[*sandbox] // known sandboxes, loaded lazily from Dir
 
 	healthMu     sync.Mutex
 	healthyUntil time.Time
@@ -262,14 +262,15 @@ func New(cfg Config) (*Backend, error) {
 	if err := os.Chmod(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("sbx backend: cannot set mode 0700 on %s: %w", cfg.Dir, err)
 	}
-	return &Backend{
+	b := &Backend{
 		cfg:         cfg,
 		sbx:         bin,
 		memory:      memory,
 		memoryBytes: bytes,
 		log:         cfg.Logger.Named(Name),
-		sandboxes:   make(map[string]*sandbox),
-	}, nil
+	}
+	b.boxes = registry.New(b.registryHooks())
+	return b, nil
 }
 
 const installHint = "install Docker Sandboxes (see docs/sbx.md) or fix the sbx path"
