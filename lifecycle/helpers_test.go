@@ -17,6 +17,7 @@ import (
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/hostback"
 )
 
 func TestMain(m *testing.M) {
@@ -88,13 +89,15 @@ func (c *fakeClock) Advance(d time.Duration) {
 	c.mu.Unlock()
 }
 
-// testEnv is a manager on the real bwrap backend in a fresh state
-// directory.
+// testEnv is a manager in a fresh state directory, on the real bwrap
+// backend or (withHost) on the host test backend, which needs no
+// bubblewrap.
 type testEnv struct {
 	t        *testing.T
 	m        *Manager
-	bw       *bwrap.Backend
-	be       backend.Backend // what the manager drives (bw, or a wrapper of it)
+	bw       *bwrap.Backend    // nil with withHost
+	host     *hostback.Backend // nil without withHost
+	be       backend.Backend   // what the manager drives (bw or host, or a wrapper of it)
 	clock    *fakeClock
 	stateDir string
 	bwrapDir string
@@ -109,10 +112,18 @@ type envSetup struct {
 	cfg      func(*Config)
 	wrap     func(*bwrap.Backend) backend.Backend
 	bwrapCfg []func(*bwrap.Config)
+	host     bool
+	script   hostback.Script
 }
 
 func withBwrapConfig(f func(*bwrap.Config)) envOpt {
 	return func(s *envSetup) { s.bwrapCfg = append(s.bwrapCfg, f) }
+}
+
+// withHost runs the manager on the host test backend (backend/hostback)
+// instead of bubblewrap, with script deciding the commands it names.
+func withHost(script hostback.Script) envOpt {
+	return func(s *envSetup) { s.host, s.script = true, script }
 }
 
 func withJournal() envOpt { return func(s *envSetup) { s.journal = true } }
@@ -131,10 +142,16 @@ func newEnv(t *testing.T, opts ...envOpt) *testEnv {
 	}
 	stateDir := t.TempDir()
 	e := &testEnv{t: t, clock: newClock(), stateDir: stateDir, bwrapDir: filepath.Join(stateDir, "bwrap"), bwrapCfg: s.bwrapCfg}
-	e.bw = newBwrap(t, e.bwrapDir, s.bwrapCfg...)
-	e.be = e.bw
-	if s.wrap != nil {
-		e.be = s.wrap(e.bw)
+	if s.host {
+		hb, err := hostback.New(hostback.Config{Dir: e.bwrapDir, Script: s.script})
+		require.NoError(t, err)
+		e.host, e.be = hb, hb
+	} else {
+		e.bw = newBwrap(t, e.bwrapDir, s.bwrapCfg...)
+		e.be = e.bw
+		if s.wrap != nil {
+			e.be = s.wrap(e.bw)
+		}
 	}
 	if s.journal {
 		j, moved, err := OpenJournal(stateDir)
@@ -177,7 +194,13 @@ func (e *testEnv) create(c Caller, req CreateRequest) Sandbox {
 // listed returns the ids the backend has on disk.
 func (e *testEnv) listed() []string {
 	e.t.Helper()
-	ids, err := e.bw.List(context.Background())
+	var ids []string
+	var err error
+	if e.host != nil {
+		ids, err = e.host.List(context.Background())
+	} else {
+		ids, err = e.bw.List(context.Background())
+	}
 	require.NoError(e.t, err)
 	return ids
 }
@@ -190,7 +213,7 @@ func (e *testEnv) dirExists(id string) bool {
 
 // workspaceExists reports whether sandbox id's workspace exists on the host.
 func (e *testEnv) workspaceExists(id string) bool {
-	_, err := os.Stat(filepath.Join(e.bwrapDir, id, "work"))
+	_, err := os.Stat(filepath.Join(e.bwrapDir, id, "work")) // the same in both backends
 	return err == nil
 }
 

@@ -81,6 +81,9 @@ const (
 	FailCreateBackend   = "create-backend"    // backend made it, record still "creating"
 	FailDestroyJournal  = "destroy-journaled" // marked destroying, backend not asked
 	FailDestroyBackend  = "destroy-backend"   // backend destroyed it, record not deleted
+	// FailExecTerminated: a command ended with its sandbox, whose destroy
+	// is decided but not begun.
+	FailExecTerminated = "exec-terminated"
 )
 
 func (m *Manager) failpoint(name string) {
@@ -162,6 +165,7 @@ type record struct {
 	cmd            chan struct{} // one command at a time (a 1-slot semaphore)
 	running        int           // commands and file ops in progress
 	destroyFails   int           // failed destroy attempts
+	claimed        bool          // a destroy is under way (claimForDestroy)
 	retryAt        time.Time     // when the reaper retries a failed destroy
 
 	jmu     sync.Mutex
@@ -398,7 +402,7 @@ func (m *Manager) Create(ctx context.Context, c Caller, req CreateRequest) (Sand
 	m.failpoint(FailCreateBackend)
 	if err != nil {
 		log.Warn("create failed", "error", err)
-		m.destroyNow(rec, "create failed", log)
+		m.claimAndDestroy(rec, "create failed", log)
 		return Sandbox{}, err
 	}
 
@@ -411,13 +415,13 @@ func (m *Manager) Create(ctx context.Context, c Caller, req CreateRequest) (Sand
 	m.mu.Unlock()
 	if err := m.persist(rec); err != nil {
 		log.Error("journal write failed; destroying the new sandbox", "error", err)
-		m.destroyNow(rec, "journal write failed", log)
+		m.claimAndDestroy(rec, "journal write failed", log)
 		return Sandbox{}, fmt.Errorf("%w: %v; check the state directory's disk", ErrJournal, err)
 	}
 	if closing || ctx.Err() != nil {
 		// Shutdown began, or the client left, while we were creating:
 		// nobody will ever use this sandbox.
-		m.destroyNow(rec, "client gone during create", log)
+		m.claimAndDestroy(rec, "client gone during create", log)
 		if closing {
 			return Sandbox{}, ErrShuttingDown
 		}
@@ -617,27 +621,52 @@ func (m *Manager) Destroy(ctx context.Context, c Caller, id string) error {
 		return ErrShuttingDown
 	}
 	r, ok := m.boxes[id]
-	if !ok || (!c.Admin && (r.UID != c.UID || r.Pooled)) || (r.State != StateReady && r.State != StatePooled) {
+	if !ok || (!c.Admin && (r.UID != c.UID || r.Pooled)) || (r.State != StateReady && r.State != StatePooled) || !m.claimForDestroy(r) {
 		m.mu.Unlock()
 		// A sandbox still being created is destroyed by its creator's
 		// cleanup if needed; one already being destroyed needs nothing.
 		return nil
 	}
-	r.State = StateDestroying
 	m.mu.Unlock()
 	log := m.log.With("sandbox", id, "peer_uid", c.UID, "peer_pid", c.PID, "owner", r.Owner, "holder", r.Holder)
 	return m.destroyNow(r, "client request", log)
 }
 
-// destroyNow destroys rec: journal it as destroying, ask the backend
-// (detached, bounded), then forget it. On failure the record stays,
-// marked for the reaper to retry with backoff.
+// claimForDestroy is the only way into StateDestroying: it makes rec's
+// destroy the caller's and reports whether it did. Whoever wants a sandbox
+// gone (a client, destroy_run, the reaper, shutdown, a command that ended
+// with its sandbox, a failed create, recovery) claims it first, under m.mu,
+// and only the one that got it calls destroyNow; the others leave it
+// alone. A failed destroy gives the claim back, for the reaper's retry.
+// m.mu must be held.
+func (m *Manager) claimForDestroy(rec *record) bool {
+	if rec.claimed {
+		return false
+	}
+	rec.claimed = true
+	rec.State = StateDestroying
+	return true
+}
+
+// claimAndDestroy claims rec and, if that succeeded, destroys it; a
+// sandbox someone else is already destroying is left to them.
+func (m *Manager) claimAndDestroy(rec *record, reason string, log hclog.Logger) error {
+	m.mu.Lock()
+	claimed := m.claimForDestroy(rec)
+	m.mu.Unlock()
+	if !claimed {
+		return nil
+	}
+	return m.destroyNow(rec, reason, log)
+}
+
+// destroyNow destroys rec, which the caller claimed (claimForDestroy):
+// journal it as destroying, ask the backend (detached, bounded), then
+// forget it. On failure the record stays, marked for the reaper to retry
+// with backoff.
 func (m *Manager) destroyNow(rec *record, reason string, log hclog.Logger) error {
 	m.opsWG.Add(1)
 	defer m.opsWG.Done()
-	m.mu.Lock()
-	rec.State = StateDestroying
-	m.mu.Unlock()
 	if err := m.persist(rec); err != nil {
 		log.Error("journal write failed; destroying anyway", "error", err)
 	}
@@ -649,6 +678,7 @@ func (m *Manager) destroyNow(rec *record, reason string, log hclog.Logger) error
 	if err != nil {
 		m.mu.Lock()
 		rec.destroyFails++
+		rec.claimed = false // the reaper's to retry
 		rec.retryAt = m.cfg.Now().Add(backoff(rec.destroyFails))
 		retry := rec.retryAt
 		m.mu.Unlock()
@@ -764,11 +794,11 @@ func (m *Manager) Reap() int {
 	for _, r := range m.boxes {
 		switch {
 		case r.State == StateDestroying && r.destroyFails > 0 && !now.Before(r.retryAt):
-			r.retryAt = now.Add(retryMax) // claimed by this round
-			victims = append(victims, victim{r, "retrying failed destroy"})
+			if m.claimForDestroy(r) {
+				victims = append(victims, victim{r, "retrying failed destroy"})
+			}
 		default:
-			if why := reapReason(r.Sandbox, r.disconnectedAt, r.running, now, m.cfg.ConnGrace, m.cfg.IdleTimeout); why != "" {
-				r.State = StateDestroying
+			if why := reapReason(r.Sandbox, r.disconnectedAt, r.running, now, m.cfg.ConnGrace, m.cfg.IdleTimeout); why != "" && m.claimForDestroy(r) {
 				victims = append(victims, victim{r, why})
 			}
 		}
@@ -810,8 +840,7 @@ func (m *Manager) Close(ctx context.Context) error {
 	m.mu.Lock()
 	var victims []*record
 	for _, r := range m.boxes {
-		if (r.State == StateReady || r.State == StatePooled) && (r.ConnBound || m.journal == nil) {
-			r.State = StateDestroying
+		if (r.State == StateReady || r.State == StatePooled) && (r.ConnBound || m.journal == nil) && m.claimForDestroy(r) {
 			victims = append(victims, r)
 		}
 	}

@@ -53,10 +53,13 @@ func (m *Manager) Exec(ctx context.Context, c Caller, id string, req backend.Exe
 	}
 	m.mu.Lock()
 	still := m.boxes[id] == r && r.State == StateReady
+	// The backend gave up on the sandbox to stop the command: destroy it,
+	// unless the reaper or a client claimed it first.
+	claimed := still && res.SandboxTerminated && m.claimForDestroy(r)
 	m.mu.Unlock()
 	switch {
-	case res.SandboxTerminated && still:
-		// The backend gave up on the sandbox to stop the command.
+	case claimed:
+		m.failpoint(FailExecTerminated)
 		m.destroyNow(r, "terminated by the backend", m.log.With("sandbox", id))
 	case !still:
 		// Destroyed (by the client, the reaper or shutdown) meanwhile.

@@ -97,7 +97,7 @@ func (m *Manager) claimPooled(c Caller, req CreateRequest) (sb Sandbox, ok bool,
 	log := m.log.With("sandbox", r.ID, "peer_uid", c.UID, "peer_pid", c.PID, "owner", r.Owner)
 	if err := m.persist(r); err != nil {
 		log.Error("journal write failed; destroying the claimed sandbox", "error", err)
-		m.destroyNow(r, "journal write failed", log)
+		m.claimAndDestroy(r, "journal write failed", log)
 		return Sandbox{}, true, fmt.Errorf("%w: %v; check the state directory's disk", ErrJournal, err)
 	}
 	m.mu.Lock()
@@ -182,14 +182,14 @@ func (m *Manager) createPooled() error {
 	defer cancel()
 	info, err := m.be.Create(ctx, rec.ID, backend.Spec{})
 	if err != nil {
-		m.destroyNow(rec, "pool create failed", log)
+		m.claimAndDestroy(rec, "pool create failed", log)
 		return err
 	}
 	m.mu.Lock()
 	rec.Workdir, rec.Network, rec.HostUID, rec.State = info.Workdir, info.Network, info.HostUID, StatePooled
 	m.mu.Unlock()
 	if err := m.persist(rec); err != nil {
-		m.destroyNow(rec, "journal write failed", log)
+		m.claimAndDestroy(rec, "journal write failed", log)
 		return fmt.Errorf("%w: %v", ErrJournal, err)
 	}
 	log.Debug("warm pool member ready")

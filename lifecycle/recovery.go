@@ -111,7 +111,6 @@ func (m *Manager) Recover(ctx context.Context, dryRun bool) (RecoveryReport, err
 			continue
 		}
 		rep.Actions = append(rep.Actions, Action{jr.ID, "destroy", reason, jr.Owner})
-		r.State = StateDestroying
 		victims = append(victims, r)
 	}
 	nDestroy := len(victims)
@@ -122,7 +121,7 @@ func (m *Manager) Recover(ctx context.Context, dryRun bool) (RecoveryReport, err
 			m.mu.Unlock()
 			if sweepDecision(known[id] || inMemory) {
 				rep.Actions = append(rep.Actions, Action{id, "sweep", "the journal does not know it", ""})
-				victims = append(victims, newRecord(Sandbox{ID: id, State: StateDestroying, CreatedAt: now}))
+				victims = append(victims, newRecord(Sandbox{ID: id, CreatedAt: now}))
 			}
 		}
 	}
@@ -138,6 +137,7 @@ func (m *Manager) Recover(ctx context.Context, dryRun bool) (RecoveryReport, err
 	for i, r := range victims {
 		m.mu.Lock()
 		m.boxes[r.ID] = r
+		m.claimForDestroy(r) // nobody else knows it yet: always claimed
 		m.mu.Unlock()
 		sem <- struct{}{}
 		wg.Add(1)
@@ -194,8 +194,9 @@ func (m *Manager) Sweep(ctx context.Context, dryRun bool) ([]string, error) {
 		_, known := m.boxes[id]
 		var r *record
 		if sweepDecision(known) && !dryRun {
-			r = newRecord(Sandbox{ID: id, State: StateDestroying, CreatedAt: m.cfg.Now()})
+			r = newRecord(Sandbox{ID: id, CreatedAt: m.cfg.Now()})
 			m.boxes[id] = r
+			m.claimForDestroy(r)
 		}
 		m.mu.Unlock()
 		if !sweepDecision(known) {
