@@ -153,7 +153,7 @@ func TestReadTags(t *testing.T) {
 		TagHolder:    "",
 		TagExpiresAt: strconv.FormatInt(e.clock.Now().Add(time.Hour).Unix(), 10),
 		TagNetwork:   `{"allow_egress_to":[],"allow_egress_to_cidrs":[],"block_network":true}`,
-		TagWorkdir:   "/workspace",
+		TagWorkdir:   e.workdir(s.ID),
 	}, tags)
 }
 

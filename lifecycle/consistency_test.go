@@ -151,7 +151,7 @@ func TestSweep(t *testing.T) {
 	e := newEnv(t, withJournal())
 	ctx := context.Background()
 	known := e.create(alice, CreateRequest{})
-	_, err := e.bw.Create(ctx, "sc-stray0000000000", backend.Spec{})
+	_, err := e.base.Create(ctx, "sc-stray0000000000", backend.Spec{})
 	require.NoError(t, err)
 
 	ids, err := e.m.Sweep(ctx, true)

@@ -206,7 +206,7 @@ func TestFileOpsThroughManager(t *testing.T) {
 	ctx := context.Background()
 	s := e.create(alice, CreateRequest{})
 	require.NoError(t, e.m.WriteFile(ctx, alice, s.ID, "dir/a.txt", []byte("hello"), 0o644))
-	data, err := e.m.ReadFile(ctx, alice, s.ID, "/workspace/dir/a.txt", 100)
+	data, err := e.m.ReadFile(ctx, alice, s.ID, e.workdir(s.ID)+"/dir/a.txt", 100)
 	require.NoError(t, err)
 	assert.Equal(t, "hello", string(data))
 	entries, err := e.m.ListDirectory(ctx, alice, s.ID, "dir", 10)

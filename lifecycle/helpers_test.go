@@ -67,6 +67,41 @@ func newBwrap(t testing.TB, dir string, tweak ...func(*bwrap.Config)) *bwrap.Bac
 	return b
 }
 
+// newHost returns the host test backend on dir.
+func newHost(t testing.TB, dir string, script hostback.Script) *hostback.Backend {
+	t.Helper()
+	b, err := hostback.New(hostback.Config{Dir: dir, Script: script})
+	require.NoError(t, err)
+	return b
+}
+
+// newBase returns a second backend of the env's kind on its directory, as
+// a restarted daemon would make.
+func (e *testEnv) newBase() backend.Backend {
+	e.t.Helper()
+	if e.bw != nil {
+		return newBwrap(e.t, e.bwrapDir, e.bwrapCfg...)
+	}
+	return newHost(e.t, e.bwrapDir, nil)
+}
+
+// workdir and network are what the env's backend reports of a new
+// sandbox: bwrap's /workspace and no network, the host backend's directory
+// on the host and the host's network.
+func (e *testEnv) workdir(id string) string {
+	if e.bw != nil {
+		return "/workspace"
+	}
+	return filepath.Join(e.bwrapDir, id, "work")
+}
+
+func (e *testEnv) network() string {
+	if e.bw != nil {
+		return "none"
+	}
+	return "host"
+}
+
 // fakeClock is an injectable clock (Config.Now) moved by hand.
 type fakeClock struct {
 	mu  sync.Mutex
@@ -89,15 +124,16 @@ func (c *fakeClock) Advance(d time.Duration) {
 	c.mu.Unlock()
 }
 
-// testEnv is a manager in a fresh state directory, on the real bwrap
-// backend or (withHost) on the host test backend, which needs no
-// bubblewrap.
+// testEnv is a manager in a fresh state directory, on the host test
+// backend (backend/hostback: real commands and files, no bubblewrap
+// needed) or, withBwrap, on the real bwrap backend.
 type testEnv struct {
 	t        *testing.T
 	m        *Manager
-	bw       *bwrap.Backend    // nil with withHost
-	host     *hostback.Backend // nil without withHost
-	be       backend.Backend   // what the manager drives (bw or host, or a wrapper of it)
+	bw       *bwrap.Backend    // withBwrap
+	host     *hostback.Backend // otherwise
+	base     backend.Backend   // bw or host
+	be       backend.Backend   // what the manager drives (base, or a wrapper of it)
 	clock    *fakeClock
 	stateDir string
 	bwrapDir string
@@ -110,27 +146,37 @@ type envOpt func(*envSetup)
 type envSetup struct {
 	journal  bool
 	cfg      func(*Config)
-	wrap     func(*bwrap.Backend) backend.Backend
+	wrap     func(backend.Backend) backend.Backend
+	bwrap    bool
 	bwrapCfg []func(*bwrap.Config)
-	host     bool
 	script   hostback.Script
 }
 
+// withBwrapConfig runs the manager on the real bwrap backend (withBwrap),
+// configured by f.
 func withBwrapConfig(f func(*bwrap.Config)) envOpt {
-	return func(s *envSetup) { s.bwrapCfg = append(s.bwrapCfg, f) }
+	return func(s *envSetup) { s.bwrap, s.bwrapCfg = true, append(s.bwrapCfg, f) }
 }
 
-// withHost runs the manager on the host test backend (backend/hostback)
-// instead of bubblewrap, with script deciding the commands it names.
+// withHost gives the host test backend script, which decides the commands
+// it names.
 func withHost(script hostback.Script) envOpt {
-	return func(s *envSetup) { s.host, s.script = true, script }
+	return func(s *envSetup) { s.script = script }
 }
+
+// onBwrap makes every env use the bwrap backend (TestBwrapManager).
+var onBwrap bool
+
+// withBwrap runs the manager on the real bwrap backend, for the tests that
+// need what only it does (isolation, network and resource specs); they say
+// Bwrap in their names, and skip without bubblewrap except under CI=true.
+func withBwrap() envOpt { return func(s *envSetup) { s.bwrap = true } }
 
 func withJournal() envOpt { return func(s *envSetup) { s.journal = true } }
 
 func withConfig(f func(*Config)) envOpt { return func(s *envSetup) { s.cfg = f } }
 
-func withWrapper(f func(*bwrap.Backend) backend.Backend) envOpt {
+func withWrapper(f func(backend.Backend) backend.Backend) envOpt {
 	return func(s *envSetup) { s.wrap = f }
 }
 
@@ -142,16 +188,16 @@ func newEnv(t *testing.T, opts ...envOpt) *testEnv {
 	}
 	stateDir := t.TempDir()
 	e := &testEnv{t: t, clock: newClock(), stateDir: stateDir, bwrapDir: filepath.Join(stateDir, "bwrap"), bwrapCfg: s.bwrapCfg}
-	if s.host {
-		hb, err := hostback.New(hostback.Config{Dir: e.bwrapDir, Script: s.script})
-		require.NoError(t, err)
-		e.host, e.be = hb, hb
-	} else {
+	if s.bwrap || onBwrap {
 		e.bw = newBwrap(t, e.bwrapDir, s.bwrapCfg...)
-		e.be = e.bw
-		if s.wrap != nil {
-			e.be = s.wrap(e.bw)
-		}
+		e.base = e.bw
+	} else {
+		e.host = newHost(t, e.bwrapDir, s.script)
+		e.base = e.host
+	}
+	e.be = e.base
+	if s.wrap != nil {
+		e.be = s.wrap(e.base)
 	}
 	if s.journal {
 		j, moved, err := OpenJournal(stateDir)
@@ -194,13 +240,7 @@ func (e *testEnv) create(c Caller, req CreateRequest) Sandbox {
 // listed returns the ids the backend has on disk.
 func (e *testEnv) listed() []string {
 	e.t.Helper()
-	var ids []string
-	var err error
-	if e.host != nil {
-		ids, err = e.host.List(context.Background())
-	} else {
-		ids, err = e.bw.List(context.Background())
-	}
+	ids, err := e.base.List(context.Background())
 	require.NoError(e.t, err)
 	return ids
 }
@@ -249,12 +289,12 @@ func sandboxIDs(list []Sandbox) []string {
 	return out
 }
 
-// faultyBackend wraps the real bwrap backend and injects failures on
-// purpose: it exists only to test the manager's handling of a backend that
-// fails, which the real backend cannot be made to do reliably. Everything
-// else goes to the real backend.
+// faultyBackend wraps a real backend and injects failures on purpose: it
+// exists only to test the manager's handling of a backend that fails,
+// which a real backend cannot be made to do reliably. Everything else goes
+// to the real backend.
 type faultyBackend struct {
-	*bwrap.Backend
+	backend.Backend
 	// destroyFailures is how many Destroy calls still fail.
 	destroyFailures atomic.Int32
 	destroyCalls    atomic.Int32
@@ -344,4 +384,4 @@ func crashAt(t *testing.T, name string, op func()) {
 	require.True(t, hit, "failpoint %s was never reached", name)
 }
 
-type bwrapBackend = bwrap.Backend
+

@@ -41,7 +41,7 @@ func searchable(t *testing.T, dir string) {
 // Every sandbox's host uid is journaled; after a restart the re-adopted
 // sandboxes (a ready one and a warm-pool member) carry the same uid and a
 // new sandbox gets another.
-func TestJournalAndRecoveryCarryEachSandboxsHostUID(t *testing.T) {
+func TestBwrapJournalAndRecoveryCarryEachSandboxsHostUID(t *testing.T) {
 	opt := withHostUIDs(t)
 	e := newPoolEnv(t, 1, nil, withJournal(), opt)
 	kept := e.create(alice, CreateRequest{TTL: time.Hour})

@@ -27,10 +27,10 @@ func TestNewAppliesDefaults(t *testing.T) {
 	assert.Equal(t, DefaultMaxPerUID, c.MaxPerUID)
 	assert.Equal(t, DefaultMaxPerOwner, c.MaxPerOwner)
 	assert.Equal(t, DefaultMaxCmdsPerHost, c.MaxCmdsPerHost)
-	assert.Same(t, e.bw, e.m.Backend())
+	assert.Same(t, e.base, e.m.Backend())
 
 	// DefaultTTL never exceeds MaxLifetime.
-	m, err := New(Config{Backend: e.bw, MaxLifetime: time.Minute, DefaultTTL: time.Hour})
+	m, err := New(Config{Backend: e.base, MaxLifetime: time.Minute, DefaultTTL: time.Hour})
 	require.NoError(t, err)
 	assert.Equal(t, time.Minute, m.Config().DefaultTTL)
 }
@@ -49,8 +49,8 @@ func TestCreateKinds(t *testing.T) {
 		assert.Equal(t, now.Add(6*time.Hour), s.ExpiresAt, "a connection-bound sandbox still has the hard cap")
 		assert.Equal(t, now, s.CreatedAt)
 		assert.Equal(t, alice.UID, s.UID)
-		assert.Equal(t, "/workspace", s.Workdir)
-		assert.Equal(t, "none", s.Network)
+		assert.Equal(t, e.workdir(s.ID), s.Workdir, "as the backend reported it")
+		assert.Equal(t, e.network(), s.Network)
 		assert.Equal(t, `{"allow_egress_to":[],"allow_egress_to_cidrs":[],"block_network":true}`, s.NetSpec)
 		assert.Equal(t, map[string]string{"dag_id": "d"}, s.Labels)
 		assert.Regexp(t, `^sc-[0-9a-f]{16}$`, s.ID)
@@ -490,7 +490,7 @@ func TestDestroy(t *testing.T) {
 func TestCreateFailureHalfWayLeavesNothing(t *testing.T) {
 	var fb *faultyBackend
 	e := newEnv(t, withJournal(), withConfig(func(c *Config) { c.MaxPerHost = 1 }),
-		withWrapper(func(b *bwrapBackend) backend.Backend { fb = &faultyBackend{Backend: b}; return fb }))
+		withWrapper(func(b backend.Backend) backend.Backend { fb = &faultyBackend{Backend: b}; return fb }))
 	ctx := context.Background()
 
 	for _, mode := range []string{"after", "before"} {

@@ -10,6 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/hostback"
 )
 
 // restart simulates a daemon killed without Close and started again: the
@@ -23,7 +25,7 @@ func (e *testEnv) restart(cfg func(*Config)) *testEnv {
 	require.NoError(e.t, err)
 	require.Empty(e.t, moved)
 	e.t.Cleanup(func() { _ = j.Close() })
-	bw := newBwrap(e.t, e.bwrapDir, e.bwrapCfg...)
+	bw := e.newBase()
 	c := Config{Backend: bw, Journal: j, Now: e.clock.Now}
 	if cfg != nil {
 		cfg(&c)
@@ -35,7 +37,10 @@ func (e *testEnv) restart(cfg func(*Config)) *testEnv {
 		defer cancel()
 		_ = m.Close(ctx)
 	})
-	return &testEnv{t: e.t, m: m, bw: bw, be: bw, clock: e.clock, stateDir: e.stateDir, bwrapDir: e.bwrapDir, journal: j, bwrapCfg: e.bwrapCfg}
+	n := &testEnv{t: e.t, m: m, base: bw, be: bw, clock: e.clock, stateDir: e.stateDir, bwrapDir: e.bwrapDir, journal: j, bwrapCfg: e.bwrapCfg}
+	n.bw, _ = bw.(*bwrap.Backend)
+	n.host, _ = bw.(*hostback.Backend)
+	return n
 }
 
 func actionsByDo(rep RecoveryReport) map[string][]string {
@@ -86,7 +91,7 @@ func TestRecoverAfterCrash(t *testing.T) {
 
 	// One the journal never knew (a sandbox of this backend made by hand,
 	// or left over from a lost journal).
-	_, err = e.bw.Create(ctx, "sc-orphan0000000000", backend.Spec{})
+	_, err = e.base.Create(ctx, "sc-orphan0000000000", backend.Spec{})
 	require.NoError(t, err)
 	orphan := "sc-orphan0000000000"
 
@@ -148,7 +153,7 @@ func TestRecoverAfterCrash(t *testing.T) {
 	assert.Equal(t, map[string]string{"task_id": "t1"}, d.Labels)
 	assert.Equal(t, map[string]string{"team": "data"}, d.Tags)
 	assert.Equal(t, kept.ExpiresAt.Unix(), d.ExpiresAt.Unix())
-	assert.Equal(t, "/workspace", d.Workdir)
+	assert.Equal(t, e.workdir(kept.ID), d.Workdir)
 	assert.Equal(t, alice.UID, d.UID)
 	assert.Equal(t, e.clock.Now(), d.LastUsed, "the idle clock restarts")
 	res := e2.exec(alice, kept.ID, "cat notes.txt")
@@ -171,7 +176,7 @@ func TestRecoverAdoptedGoneFromBackend(t *testing.T) {
 	ctx := context.Background()
 	s := e.create(alice, CreateRequest{Owner: "dag/run"})
 	// The sandbox vanished while the daemon was down.
-	require.NoError(t, e.bw.Destroy(ctx, s.ID))
+	require.NoError(t, e.base.Destroy(ctx, s.ID))
 
 	e2 := e.restart(nil)
 	rep, err := e2.m.Recover(ctx, false)
@@ -189,7 +194,7 @@ func TestRecoverWithoutJournalSweepsEverything(t *testing.T) {
 	a := e.create(alice, CreateRequest{Owner: "dag/run"})
 	b := e.create(alice, CreateRequest{})
 
-	m2, err := New(Config{Backend: newBwrap(t, e.bwrapDir), Now: e.clock.Now})
+	m2, err := New(Config{Backend: e.newBase(), Now: e.clock.Now})
 	require.NoError(t, err)
 	rep, err := m2.Recover(ctx, true)
 	require.NoError(t, err)
@@ -280,7 +285,7 @@ func TestRecoverDestroyFailureIsRetried(t *testing.T) {
 	j, _, err := OpenJournal(e.stateDir)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = j.Close() })
-	fb := &faultyBackend{Backend: newBwrap(t, e.bwrapDir)}
+	fb := &faultyBackend{Backend: e.newBase()}
 	fb.destroyFailures.Store(1)
 	m2, err := New(Config{Backend: fb, Journal: j, Now: e.clock.Now})
 	require.NoError(t, err)
@@ -303,14 +308,14 @@ func TestRecoverBackendListFails(t *testing.T) {
 	e := newEnv(t, withJournal())
 	ctx := context.Background()
 	kept := e.create(alice, CreateRequest{Owner: "dag/run"})
-	_, err := e.bw.Create(ctx, "sc-orphan1111111111", backend.Spec{})
+	_, err := e.base.Create(ctx, "sc-orphan1111111111", backend.Spec{})
 	require.NoError(t, err)
 
 	require.NoError(t, e.journal.Close())
 	j, _, err := OpenJournal(e.stateDir)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = j.Close() })
-	fb := &faultyBackend{Backend: newBwrap(t, e.bwrapDir)}
+	fb := &faultyBackend{Backend: e.newBase()}
 	fb.listFails.Store(true)
 	m2, err := New(Config{Backend: fb, Journal: j, Now: e.clock.Now})
 	require.NoError(t, err)

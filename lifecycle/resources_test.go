@@ -13,12 +13,12 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 )
 
-// specRecorder wraps the real bwrap backend, remembers the spec of every
+// specRecorder wraps a real backend, remembers the spec of every
 // Create, and refuses memory beyond what it pretends to allow, as a backend
 // enforcing limits does. The real backend gets the spec without resources:
 // these tests are about what the manager does with them, on any host.
 type specRecorder struct {
-	*bwrapBackend
+	backend.Backend
 	mu     sync.Mutex
 	specs  map[string]backend.Spec
 	maxMem int64
@@ -32,7 +32,7 @@ func (s *specRecorder) Create(ctx context.Context, id string, spec backend.Spec)
 	s.specs[id] = spec
 	s.mu.Unlock()
 	spec.Resources = backend.Resources{}
-	return s.bwrapBackend.Create(ctx, id, spec)
+	return s.Backend.Create(ctx, id, spec)
 }
 
 func (s *specRecorder) spec(id string) (backend.Spec, bool) {
@@ -44,8 +44,8 @@ func (s *specRecorder) spec(id string) (backend.Spec, bool) {
 
 func TestPoolNeverServesACreateAskingForResources(t *testing.T) {
 	rec := &specRecorder{specs: map[string]backend.Spec{}, maxMem: 1 << 30}
-	e := newPoolEnv(t, 1, func(c *Config) { c.MaxPerUID = 10 }, withWrapper(func(b *bwrapBackend) backend.Backend {
-		rec.bwrapBackend = b
+	e := newPoolEnv(t, 1, func(c *Config) { c.MaxPerUID = 10 }, withWrapper(func(b backend.Backend) backend.Backend {
+		rec.Backend = b
 		return rec
 	}))
 	pooled := map[string]bool{}
@@ -83,8 +83,8 @@ func TestPoolNeverServesACreateAskingForResources(t *testing.T) {
 
 func TestResourcesAreJournaledAndReadopted(t *testing.T) {
 	rec := &specRecorder{specs: map[string]backend.Spec{}, maxMem: 1 << 30}
-	e := newEnv(t, withJournal(), withWrapper(func(b *bwrapBackend) backend.Backend {
-		rec.bwrapBackend = b
+	e := newEnv(t, withJournal(), withWrapper(func(b backend.Backend) backend.Backend {
+		rec.Backend = b
 		return rec
 	}))
 	res := backend.Resources{MemoryBytes: 128 << 20, CPUs: 1.5, PIDs: 100, DiskBytes: 1 << 30}

@@ -13,7 +13,7 @@ import (
 
 func TestDestroyRetriedWithBackoff(t *testing.T) {
 	var fb *faultyBackend
-	e := newEnv(t, withJournal(), withWrapper(func(b *bwrapBackend) backend.Backend {
+	e := newEnv(t, withJournal(), withWrapper(func(b backend.Backend) backend.Backend {
 		fb = &faultyBackend{Backend: b}
 		return fb
 	}))
@@ -80,7 +80,7 @@ func TestDestroyRetriedWithBackoff(t *testing.T) {
 
 func TestReapedDestroyFailureIsRetried(t *testing.T) {
 	var fb *faultyBackend
-	e := newEnv(t, withWrapper(func(b *bwrapBackend) backend.Backend {
+	e := newEnv(t, withWrapper(func(b backend.Backend) backend.Backend {
 		fb = &faultyBackend{Backend: b}
 		return fb
 	}))
@@ -97,7 +97,7 @@ func TestReapedDestroyFailureIsRetried(t *testing.T) {
 
 func TestDestroyRunReportsFailure(t *testing.T) {
 	var fb *faultyBackend
-	e := newEnv(t, withWrapper(func(b *bwrapBackend) backend.Backend {
+	e := newEnv(t, withWrapper(func(b backend.Backend) backend.Backend {
 		fb = &faultyBackend{Backend: b}
 		return fb
 	}))

@@ -11,7 +11,7 @@ import (
 // BenchmarkHealthHandle measures the health op inside the daemon, without
 // the socket: what it adds to the ipc round trip.
 func BenchmarkHealthHandle(b *testing.B) {
-	m, err := lifecycle.New(lifecycle.Config{Backend: newMemBackend(), IdleTimeout: -1})
+	m, err := lifecycle.New(lifecycle.Config{Backend: newTestBackend(b), IdleTimeout: -1})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
-	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -15,145 +13,66 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/hostback"
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/lifecycle"
 )
 
-// memBackend is an in-memory backend: it runs nothing, so the fuzzer spends
-// its time in argument decoding and validation, which is what it is after.
-// Every error it returns wraps one of the backend's sentinels.
-type memBackend struct {
-	mu    sync.Mutex
-	files map[string]map[string][]byte // sandbox -> path -> data
+// testBackend is the host test backend (backend/hostback) for the
+// service's tests, with what they steer: its commands are scripted (none
+// runs, so the fuzzer spends its time in decoding and validation), and it
+// takes block_network=true and resources up to what it pretends to allow,
+// which the host backend underneath never sees. Every error it returns
+// wraps one of the backend's sentinels.
+type testBackend struct {
+	*hostback.Backend
+	maxMemory int64
+
+	mu       sync.Mutex
+	result   *backend.ExecResult // every command's, when set
+	lastSpec backend.Spec
 }
 
-func newMemBackend() *memBackend { return &memBackend{files: map[string]map[string][]byte{}} }
-
-func (b *memBackend) Name() string { return "mem" }
-
-func (b *memBackend) Create(ctx context.Context, id string, spec backend.Spec) (backend.Info, error) {
-	if !backend.ValidID(id) {
-		return backend.Info{}, fmt.Errorf("%w: bad id", backend.ErrInvalidArgument)
+func newTestBackend(tb testing.TB) *testBackend {
+	tb.Helper()
+	b := &testBackend{maxMemory: 1 << 30}
+	hb, err := hostback.New(hostback.Config{Dir: tb.TempDir(), Script: b.script})
+	if err != nil {
+		tb.Fatal(err)
 	}
-	if len(spec.AllowEgressTo) > 0 || len(spec.AllowEgressToCIDRs) > 0 || (spec.BlockNetwork != nil && !*spec.BlockNetwork) {
+	b.Backend = hb
+	return b
+}
+
+// script: the result set by the test, else "oom" is an OOM kill and any
+// other command prints itself.
+func (b *testBackend) script(ctx context.Context, id string, req backend.ExecRequest) (backend.ExecResult, error, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case b.result != nil:
+		return *b.result, nil, true
+	case req.Command == "oom":
+		return backend.ExecResult{ExitCode: 137, OOMKilled: true, OOMKills: 1, AppliedTimeout: req.Timeout}, nil, true
+	}
+	return backend.ExecResult{Stdout: []byte(req.Command + strings.Join(req.Argv, " ")), AppliedTimeout: req.Timeout}, nil, true
+}
+
+func (b *testBackend) Create(ctx context.Context, id string, spec backend.Spec) (backend.Info, error) {
+	switch r := spec.Resources; {
+	case len(spec.AllowEgressTo) > 0 || len(spec.AllowEgressToCIDRs) > 0 || (spec.BlockNetwork != nil && !*spec.BlockNetwork):
 		return backend.Info{}, fmt.Errorf("%w: no network here", backend.ErrSpecUnenforceable)
-	}
-	if spec.Resources.DiskBytes > 1<<40 || spec.Resources.CPUs > 64 {
+	case r.MemoryBytes > b.maxMemory:
+		return backend.Info{}, fmt.Errorf("%w: memory_bytes %d is more than the %d this daemon allows; ask for less", backend.ErrSpecUnenforceable, r.MemoryBytes, b.maxMemory)
+	case r.DiskBytes > 1<<40 || r.CPUs > 64:
 		return backend.Info{}, fmt.Errorf("%w: more disk or CPUs than allowed here", backend.ErrSpecUnenforceable)
 	}
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.files[id] = map[string][]byte{}
-	return backend.Info{Workdir: "/workspace", Network: "none"}, nil
+	b.lastSpec = spec
+	b.mu.Unlock()
+	spec.BlockNetwork, spec.Resources = nil, backend.Resources{}
+	return b.Backend.Create(ctx, id, spec)
 }
-
-func (b *memBackend) sandbox(id string) (map[string][]byte, error) {
-	f, ok := b.files[id]
-	if !ok {
-		return nil, fmt.Errorf("%w: %s", backend.ErrNotFound, id)
-	}
-	return f, nil
-}
-
-func checkPath(p string) error {
-	if p == "" || strings.ContainsRune(p, 0) || strings.Contains(p, "..") || len(p) > 4096 {
-		return fmt.Errorf("%w: %q", backend.ErrBadPath, p)
-	}
-	return nil
-}
-
-func (b *memBackend) Exec(ctx context.Context, id string, req backend.ExecRequest) (backend.ExecResult, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if _, err := b.sandbox(id); err != nil {
-		return backend.ExecResult{}, err
-	}
-	if (req.Command == "") == (len(req.Argv) == 0) || req.Timeout <= 0 {
-		return backend.ExecResult{}, fmt.Errorf("%w: command", backend.ErrInvalidArgument)
-	}
-	if req.Command == "oom" {
-		return backend.ExecResult{ExitCode: 137, OOMKilled: true, OOMKills: 1, AppliedTimeout: req.Timeout}, nil
-	}
-	return backend.ExecResult{Stdout: []byte(req.Command), AppliedTimeout: req.Timeout}, nil
-}
-
-func (b *memBackend) ReadFile(ctx context.Context, id, path string, maxBytes int64) ([]byte, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	f, err := b.sandbox(id)
-	if err != nil {
-		return nil, err
-	}
-	if err := checkPath(path); err != nil {
-		return nil, err
-	}
-	data, ok := f[path]
-	if !ok {
-		return nil, fmt.Errorf("%w: %q", backend.ErrPathNotFound, path)
-	}
-	if int64(len(data)) > maxBytes {
-		return nil, &backend.FileTooLargeError{Path: path, Size: int64(len(data)), MaxBytes: maxBytes}
-	}
-	return data, nil
-}
-
-func (b *memBackend) WriteFile(ctx context.Context, id, path string, data []byte, mode os.FileMode) error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	f, err := b.sandbox(id)
-	if err != nil {
-		return err
-	}
-	if err := checkPath(path); err != nil {
-		return err
-	}
-	if len(f) >= 64 {
-		return fmt.Errorf("%w: full", backend.ErrUnavailable)
-	}
-	f[path] = append([]byte(nil), data...)
-	return nil
-}
-
-func (b *memBackend) ListDirectory(ctx context.Context, id, path string, maxEntries int) ([]backend.DirEntry, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	f, err := b.sandbox(id)
-	if err != nil {
-		return nil, err
-	}
-	if err := checkPath(path); err != nil {
-		return nil, err
-	}
-	var out []backend.DirEntry
-	for p := range f {
-		out = append(out, backend.DirEntry{Name: p})
-	}
-	if len(out) > maxEntries {
-		return nil, backend.ErrTooManyEntries
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out, nil
-}
-
-func (b *memBackend) Destroy(ctx context.Context, id string) error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	delete(b.files, id)
-	return nil
-}
-
-func (b *memBackend) List(ctx context.Context) ([]string, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	var ids []string
-	for id := range b.files {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids)
-	return ids, nil
-}
-
-func (b *memBackend) Health(ctx context.Context) error { return nil }
 
 // sandboxPlaceholder in a seed's "sandbox" argument stands for the
 // sandbox the fuzz target keeps alive.
@@ -211,7 +130,7 @@ func FuzzHandle(f *testing.F) {
 	seed(ipc.OpDestroy, map[string]any{"sandbox": "sc-0000000000000000"})
 	seed("no_such_op", map[string]any{"x": 1})
 
-	m, err := lifecycle.New(lifecycle.Config{Backend: newMemBackend(), MaxPerHost: 8, MaxPerUID: 8, MaxPerOwner: 4, IdleTimeout: -1})
+	m, err := lifecycle.New(lifecycle.Config{Backend: newTestBackend(f), MaxPerHost: 8, MaxPerUID: 8, MaxPerOwner: 4, IdleTimeout: -1})
 	if err != nil {
 		f.Fatal(err)
 	}

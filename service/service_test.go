@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"math"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -22,41 +21,10 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/lifecycle"
 )
 
-// stubBackend is the in-memory backend with what these tests steer: the
-// result of every command, the most memory it accepts, and the spec of
-// the last create.
-type stubBackend struct {
-	*memBackend
-	maxMemory int64
-
-	mu       sync.Mutex
-	result   backend.ExecResult
-	lastSpec backend.Spec
-}
-
-func (b *stubBackend) Create(ctx context.Context, id string, spec backend.Spec) (backend.Info, error) {
-	if spec.Resources.MemoryBytes > b.maxMemory {
-		return backend.Info{}, fmt.Errorf("%w: memory_bytes %d is more than the %d this daemon allows; ask for less", backend.ErrSpecUnenforceable, spec.Resources.MemoryBytes, b.maxMemory)
-	}
-	b.mu.Lock()
-	b.lastSpec = spec
-	b.mu.Unlock()
-	return b.memBackend.Create(ctx, id, spec)
-}
-
-func (b *stubBackend) Exec(ctx context.Context, id string, req backend.ExecRequest) (backend.ExecResult, error) {
-	if _, err := b.memBackend.Exec(ctx, id, req); err != nil {
-		return backend.ExecResult{}, err
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.result, nil
-}
-
 // reportingBackend also says which limits it enforces, and counts how
 // often it was asked.
 type reportingBackend struct {
-	*stubBackend
+	*testBackend
 	limits map[string]string
 	asked  atomic.Int32
 }
@@ -70,14 +38,14 @@ type harness struct {
 	t     *testing.T
 	svc   *Service
 	m     *lifecycle.Manager
-	be    *stubBackend
+	be    *testBackend
 	audit *bytes.Buffer
 	peer  *ipc.Peer
 }
 
-func newHarness(t *testing.T, wrap func(*stubBackend) backend.Backend) *harness {
+func newHarness(t *testing.T, wrap func(*testBackend) backend.Backend) *harness {
 	t.Helper()
-	be := &stubBackend{memBackend: newMemBackend(), maxMemory: 1 << 30}
+	be := newTestBackend(t)
 	var b backend.Backend = be
 	if wrap != nil {
 		b = wrap(be)
@@ -188,7 +156,7 @@ func TestRunCommandSaysWhyItEnded(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			h.be.mu.Lock()
-			h.be.result = c.res
+			h.be.result = &c.res
 			h.be.mu.Unlock()
 			res := h.ok(ipc.OpRunCommand, map[string]any{"sandbox": id, "command": "x"})
 			assert.Equal(t, c.reason, res["reason"])
@@ -305,8 +273,8 @@ func TestHelloAnnouncesResources(t *testing.T) {
 func TestHealthReportsTheLimitsInForce(t *testing.T) {
 	want := map[string]string{"memory": "cgroup v2", "pids": "cgroup v2", "cpu": "off", "disk": "off", "open_files": "rlimit"}
 	var rb *reportingBackend
-	h := newHarness(t, func(b *stubBackend) backend.Backend {
-		rb = &reportingBackend{stubBackend: b, limits: map[string]string{}}
+	h := newHarness(t, func(b *testBackend) backend.Backend {
+		rb = &reportingBackend{testBackend: b, limits: map[string]string{}}
 		for k, v := range want {
 			rb.limits[k] = v
 		}
