@@ -239,11 +239,13 @@ func errorFromWire(m map[string]any) *Error {
 	return e
 }
 
-// Call sends op with args and decodes the result into out (a pointer, or nil
-// to discard it). A daemon error is returned as *Error. ctx bounds the wait;
-// when it ends the call is abandoned (the daemon may still finish it).
-func (c *Client) Call(ctx context.Context, op string, args map[string]any, out any) error {
-	if args == nil {
+// Call sends op with args (a map, or one of ipc/api's request types) and
+// decodes the result into out (a pointer, or nil to discard it). A daemon
+// error is returned as *Error. ctx bounds the wait; when it ends the call
+// is abandoned (the daemon may still finish it). The typed methods
+// (RunCommand, ...) are Call with ipc/api's types.
+func (c *Client) Call(ctx context.Context, op string, args any, out any) error {
+	if m, isMap := args.(map[string]any); args == nil || (isMap && m == nil) {
 		args = map[string]any{}
 	}
 	ch := make(chan response, 1)

@@ -15,6 +15,7 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/hostback"
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
+	"github.com/sandbox-sidecar/sandbox-sidecar/ipc/api"
 	"github.com/sandbox-sidecar/sandbox-sidecar/lifecycle"
 )
 
@@ -157,7 +158,7 @@ func FuzzHandle(f *testing.F) {
 					t.Fatalf("cannot create the kept sandbox: %v", err)
 				}
 			}
-			keep = res.(map[string]any)["sandbox"].(string)
+			keep = res.(api.CreateResult).Sandbox
 		}
 		if args := req.Args.Map(); args != nil && args["sandbox"] == sandboxPlaceholder {
 			args["sandbox"] = keep

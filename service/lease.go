@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
+	"github.com/sandbox-sidecar/sandbox-sidecar/ipc/api"
 	"github.com/sandbox-sidecar/sandbox-sidecar/lifecycle"
 )
 
@@ -25,7 +26,7 @@ func (s *Service) renew(ctx context.Context, c lifecycle.Caller, args *ipc.Args,
 		return nil, err
 	}
 	a.add("expires_at", sb.ExpiresAt.Format(time.RFC3339))
-	return map[string]any{"expires_at": unixSeconds(sb.ExpiresAt), "remaining_s": max(time.Until(sb.ExpiresAt).Seconds(), 0)}, nil
+	return api.RenewResult{ExpiresAt: unixSeconds(sb.ExpiresAt), RemainingS: max(time.Until(sb.ExpiresAt).Seconds(), 0)}, nil
 }
 
 func (s *Service) attach(ctx context.Context, c lifecycle.Caller, args *ipc.Args, a *audit) (any, error) {
@@ -41,12 +42,12 @@ func (s *Service) attach(ctx context.Context, c lifecycle.Caller, args *ipc.Args
 	if err != nil {
 		return nil, err
 	}
-	return map[string]any{
-		"remaining_s": max(time.Until(sb.ExpiresAt).Seconds(), 0),
-		"expires_at":  unixSeconds(sb.ExpiresAt),
-		"workdir":     sb.Workdir,
-		"network":     sb.NetSpec,
-		"holder":      sb.Holder,
+	return api.AttachResult{
+		RemainingS: max(time.Until(sb.ExpiresAt).Seconds(), 0),
+		ExpiresAt:  unixSeconds(sb.ExpiresAt),
+		Workdir:    sb.Workdir,
+		Network:    sb.NetSpec,
+		Holder:     sb.Holder,
 	}, nil
 }
 
@@ -63,7 +64,7 @@ func (s *Service) release(ctx context.Context, c lifecycle.Caller, args *ipc.Arg
 		return nil, err
 	}
 	a.add("released", released)
-	return map[string]any{"released": released}, nil
+	return api.ReleaseResult{Released: released}, nil
 }
 
 func (s *Service) readTags(ctx context.Context, c lifecycle.Caller, args *ipc.Args, a *audit) (any, error) {
@@ -76,7 +77,7 @@ func (s *Service) readTags(ctx context.Context, c lifecycle.Caller, args *ipc.Ar
 	if err != nil {
 		return nil, err
 	}
-	return map[string]any{"tags": tags}, nil
+	return api.TagsResult{Tags: tags}, nil
 }
 
 func (s *Service) writeTags(ctx context.Context, c lifecycle.Caller, args *ipc.Args, a *audit) (any, error) {
@@ -94,7 +95,7 @@ func (s *Service) writeTags(ctx context.Context, c lifecycle.Caller, args *ipc.A
 	if err != nil {
 		return nil, err
 	}
-	return map[string]any{"tags": out}, nil
+	return api.TagsResult{Tags: out}, nil
 }
 
 func (s *Service) destroyRun(ctx context.Context, c lifecycle.Caller, args *ipc.Args, a *audit) (any, error) {
@@ -111,7 +112,7 @@ func (s *Service) destroyRun(ctx context.Context, c lifecycle.Caller, args *ipc.
 	if ids == nil {
 		ids = []string{}
 	}
-	return map[string]any{"destroyed": ids}, nil
+	return api.DestroyRunResult{Destroyed: ids}, nil
 }
 
 // gc sweeps orphans and reaps expired sandboxes now; admins only.
@@ -135,5 +136,5 @@ func (s *Service) gc(ctx context.Context, c lifecycle.Caller, args *ipc.Args, a 
 	if swept == nil {
 		swept = []string{}
 	}
-	return map[string]any{"swept": swept, "reaped": reaped, "dry_run": dryRun}, nil
+	return api.GCResult{Swept: swept, Reaped: reaped, DryRun: dryRun}, nil
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
+	"github.com/sandbox-sidecar/sandbox-sidecar/ipc/api"
 	"github.com/sandbox-sidecar/sandbox-sidecar/lifecycle"
 )
 
@@ -215,7 +216,7 @@ func (s *Service) dispatch(ctx context.Context, c lifecycle.Caller, peer *ipc.Pe
 			return nil, err
 		}
 		a.sandbox(id)
-		return map[string]any{}, s.m.Destroy(ctx, c, id)
+		return api.DestroyResult{}, s.m.Destroy(ctx, c, id)
 	case ipc.OpList:
 		return s.list(c, args)
 	case ipc.OpRenew:
@@ -248,52 +249,30 @@ func (s *Service) hello(c lifecycle.Caller, peer *ipc.Peer, args *ipc.Args) (any
 	if err := args.Done("argument"); err != nil {
 		return nil, err
 	}
-	return map[string]any{
-		"version":        ipc.ProtocolVersion,
-		"server_version": s.version,
-		"backend":        s.m.Backend().Name(),
-		"admin":          c.Admin,
-		"features":       Features,
-		"peer":           map[string]any{"uid": peer.UID, "gid": peer.GID, "pid": peer.PID},
-		"limits": map[string]any{
-			"max_frame_bytes":      s.lim.MaxFrame,
-			"max_output_bytes":     s.lim.MaxOutputBytes,
-			"default_output_bytes": s.lim.DefaultOutputBytes,
-			"max_file_bytes":       s.lim.MaxFileBytes,
-			"max_timeout_s":        s.lim.MaxTimeout.Seconds(),
-			"default_timeout_s":    s.lim.DefaultTimeout.Seconds(),
-			"max_list_entries":     s.lim.MaxListEntries,
+	return api.HelloResult{
+		Version:       ipc.ProtocolVersion,
+		ServerVersion: s.version,
+		Backend:       s.m.Backend().Name(),
+		Admin:         c.Admin,
+		Features:      Features,
+		Peer:          api.Peer{UID: peer.UID, GID: peer.GID, PID: peer.PID},
+		Limits: api.HelloLimits{
+			MaxFrameBytes:      s.lim.MaxFrame,
+			MaxOutputBytes:     s.lim.MaxOutputBytes,
+			DefaultOutputBytes: s.lim.DefaultOutputBytes,
+			MaxFileBytes:       s.lim.MaxFileBytes,
+			MaxTimeoutS:        s.lim.MaxTimeout.Seconds(),
+			DefaultTimeoutS:    s.lim.DefaultTimeout.Seconds(),
+			MaxListEntries:     s.lim.MaxListEntries,
 		},
 	}, nil
 }
 
 // HealthReport is the health op's result.
-type HealthReport struct {
-	Status        string  `msgpack:"status"`
-	Version       string  `msgpack:"version"`
-	Backend       string  `msgpack:"backend"`
-	BackendError  string  `msgpack:"backend_error,omitempty"`
-	Sandboxes     int     `msgpack:"sandboxes"`
-	Commands      int     `msgpack:"commands"`
-	UptimeSeconds float64 `msgpack:"uptime_s"`
-	// PendingDestroy counts sandboxes whose destroy failed and is retried.
-	PendingDestroy int            `msgpack:"pending_destroy"`
-	Pooled         int            `msgpack:"pooled"`
-	Recovery       RecoveryReport `msgpack:"recovery"`
-	// Limits names, for each per-sandbox limit, what enforces it on this
-	// host or "off"; only from a backend that reports them. Read-only.
-	Limits map[string]string `msgpack:"limits,omitempty"`
-}
+type HealthReport = api.HealthResult
 
 // RecoveryReport is what start-up recovery did, as health reports it.
-type RecoveryReport struct {
-	Adopted    int     `msgpack:"adopted"`
-	Destroyed  int     `msgpack:"destroyed"`
-	Swept      int     `msgpack:"swept"`
-	Failed     int     `msgpack:"failed"`
-	MovedAside string  `msgpack:"journal_moved_aside,omitempty"`
-	DurationS  float64 `msgpack:"duration_s"`
-}
+type RecoveryReport = api.RecoveryReport
 
 // Health checks the backend and reports live counts.
 func (s *Service) Health(ctx context.Context) HealthReport {
@@ -399,12 +378,12 @@ func (s *Service) create(ctx context.Context, c lifecycle.Caller, args *ipc.Args
 		return nil, err
 	}
 	a.add("sandbox", sb.ID, "conn_bound", sb.ConnBound)
-	return map[string]any{
-		"sandbox":    sb.ID,
-		"workdir":    sb.Workdir,
-		"network":    sb.Network,
-		"expires_at": unixSeconds(sb.ExpiresAt),
-		"conn_bound": sb.ConnBound,
+	return api.CreateResult{
+		Sandbox:   sb.ID,
+		Workdir:   sb.Workdir,
+		Network:   sb.Network,
+		ExpiresAt: unixSeconds(sb.ExpiresAt),
+		ConnBound: sb.ConnBound,
 	}, nil
 }
 
@@ -455,7 +434,7 @@ func positiveInt(sub *ipc.Args, key string, max int64, what string) int64 {
 	return n
 }
 
-// resourcesMap is resources on the wire (and in the audit trail): the
+// resourcesMap is resources in the audit trail (api.Resources on the wire): the
 // keys asked for, without the zero ones.
 func resourcesMap(r backend.Resources) map[string]any {
 	m := map[string]any{}
@@ -472,22 +451,6 @@ func resourcesMap(r backend.Resources) map[string]any {
 		m["disk_bytes"] = r.DiskBytes
 	}
 	return m
-}
-
-// ExecResult is run_command's result on the wire.
-type ExecResult struct {
-	ExitCode          int     `msgpack:"exit_code"`
-	Stdout            []byte  `msgpack:"stdout"`
-	Stderr            []byte  `msgpack:"stderr"`
-	TimedOut          bool    `msgpack:"timed_out"`
-	StdoutTruncated   bool    `msgpack:"stdout_truncated"`
-	StderrTruncated   bool    `msgpack:"stderr_truncated"`
-	SandboxTerminated bool    `msgpack:"sandbox_terminated"`
-	OOMKilled         bool    `msgpack:"oom_killed"`
-	OOMKills          uint64  `msgpack:"oom_kills"`
-	Reason            string  `msgpack:"reason"`
-	AppliedTimeoutS   float64 `msgpack:"applied_timeout_s"`
-	DurationS         float64 `msgpack:"duration_s"`
 }
 
 func (s *Service) runCommand(ctx context.Context, c lifecycle.Caller, r *ipc.Request, a *audit) (any, error) {
@@ -537,7 +500,7 @@ func (s *Service) runCommand(ctx context.Context, c lifecycle.Caller, r *ipc.Req
 	}
 	a.add("exit_code", res.ExitCode, "reason", res.Reason(), "timed_out", res.TimedOut, "sandbox_terminated", res.SandboxTerminated,
 		"oom_killed", res.OOMKilled, "oom_kills", res.OOMKills, "command_duration_ms", res.Duration.Milliseconds())
-	return ExecResult{
+	return api.RunCommandResult{
 		ExitCode:          res.ExitCode,
 		Stdout:            nonNil(res.Stdout),
 		Stderr:            nonNil(res.Stderr),
@@ -572,7 +535,7 @@ func (s *Service) readFile(ctx context.Context, c lifecycle.Caller, req *ipc.Req
 		return nil, err
 	}
 	a.add("bytes", len(data))
-	return map[string]any{"data": nonNil(data), "size_bytes": len(data)}, nil
+	return api.ReadFileResult{Data: nonNil(data), SizeBytes: len(data)}, nil
 }
 
 func (s *Service) writeFile(ctx context.Context, c lifecycle.Caller, args *ipc.Args, a *audit) (any, error) {
@@ -592,7 +555,7 @@ func (s *Service) writeFile(ctx context.Context, c lifecycle.Caller, args *ipc.A
 	if err := s.m.WriteFile(ctx, c, id, path, data, os.FileMode(mode)); err != nil {
 		return nil, err
 	}
-	return map[string]any{"bytes_written": len(data)}, nil
+	return api.WriteFileResult{BytesWritten: len(data)}, nil
 }
 
 func (s *Service) listDirectory(ctx context.Context, c lifecycle.Caller, req *ipc.Request, a *audit) (any, error) {
@@ -611,17 +574,13 @@ func (s *Service) listDirectory(ctx context.Context, c lifecycle.Caller, req *ip
 	if err != nil {
 		return nil, err
 	}
-	out := make([]map[string]any, len(entries))
+	out := make([]api.DirEntry, len(entries))
 	for i, e := range entries {
-		// Names that are not UTF-8 travel as bytes so that a strict
-		// msgpack decoder does not choke on them.
-		var name any = e.Name
-		if !utf8.ValidString(e.Name) {
-			name = []byte(e.Name)
-		}
-		out[i] = map[string]any{"name": name, "is_dir": e.IsDir}
+		// api.Name sends a name that is not UTF-8 as bytes, so that a
+		// strict msgpack decoder does not choke on it.
+		out[i] = api.DirEntry{Name: api.Name(e.Name), IsDir: e.IsDir}
 	}
-	return map[string]any{"entries": out}, nil
+	return api.ListDirectoryResult{Entries: out}, nil
 }
 
 func (s *Service) list(c lifecycle.Caller, args *ipc.Args) (any, error) {
@@ -631,27 +590,28 @@ func (s *Service) list(c lifecycle.Caller, args *ipc.Args) (any, error) {
 	}
 	now := time.Now()
 	boxes := s.m.List(c, owner)
-	out := make([]map[string]any, len(boxes))
+	out := make([]api.SandboxInfo, len(boxes))
 	for i, b := range boxes {
-		out[i] = map[string]any{
-			"sandbox":     b.ID,
-			"uid":         b.UID,
-			"owner":       b.Owner,
-			"holder":      b.Holder,
-			"labels":      nonNilMap(b.Labels),
-			"state":       string(b.State),
-			"workdir":     b.Workdir,
-			"network":     b.Network,
-			"conn_bound":  b.ConnBound,
-			"created_at":  unixSeconds(b.CreatedAt),
-			"expires_at":  unixSeconds(b.ExpiresAt),
-			"last_used":   unixSeconds(b.LastUsed),
-			"remaining_s": max(b.ExpiresAt.Sub(now).Seconds(), 0),
-			"tags":        b.TagMap(),
-			"resources":   resourcesMap(b.Resources),
+		r := b.Resources
+		out[i] = api.SandboxInfo{
+			Sandbox:    b.ID,
+			UID:        b.UID,
+			Owner:      b.Owner,
+			Holder:     b.Holder,
+			Labels:     nonNilMap(b.Labels),
+			State:      string(b.State),
+			Workdir:    b.Workdir,
+			Network:    b.Network,
+			ConnBound:  b.ConnBound,
+			CreatedAt:  unixSeconds(b.CreatedAt),
+			ExpiresAt:  unixSeconds(b.ExpiresAt),
+			LastUsed:   unixSeconds(b.LastUsed),
+			RemainingS: max(b.ExpiresAt.Sub(now).Seconds(), 0),
+			Tags:       b.TagMap(),
+			Resources:  api.Resources{MemoryBytes: r.MemoryBytes, CPUs: r.CPUs, PIDs: r.PIDs, DiskBytes: r.DiskBytes},
 		}
 	}
-	return map[string]any{"sandboxes": out}, nil
+	return api.ListResult{Sandboxes: out}, nil
 }
 
 // toWire maps a domain error to its stable code.

@@ -1,0 +1,379 @@
+// Package api is the one Go definition of the wire's results: a type per
+// op, with the msgpack keys docs/protocol.md documents. The daemon
+// (service) returns these types, and the Go client (ipc.Client's typed
+// methods), the CLI, the end-to-end tests, the escape battery and the bench
+// tool decode into them, so a field added here appears everywhere, and
+// TestDocumented holds docs/protocol.md against it.
+//
+// Requests are read with ipc.Args, whose accessors give the exact
+// bad_request messages; the ops' argument names are in docs/protocol.md.
+// This package imports nothing of the project.
+package api
+
+import (
+	"fmt"
+	"unicode/utf8"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// HelloResult is hello's result.
+type HelloResult struct {
+	Version       int         `msgpack:"version"`
+	ServerVersion string      `msgpack:"server_version"`
+	Backend       string      `msgpack:"backend"`
+	Admin         bool        `msgpack:"admin"`
+	Features      []string    `msgpack:"features"`
+	Peer          Peer        `msgpack:"peer"`
+	Limits        HelloLimits `msgpack:"limits"`
+}
+
+// Peer is the peer as the kernel reported it.
+type Peer struct {
+	UID uint32 `msgpack:"uid"`
+	GID uint32 `msgpack:"gid"`
+	PID int32  `msgpack:"pid"`
+}
+
+// HelloLimits are the daemon's request limits.
+type HelloLimits struct {
+	MaxFrameBytes      int     `msgpack:"max_frame_bytes"`
+	MaxOutputBytes     int     `msgpack:"max_output_bytes"`
+	DefaultOutputBytes int     `msgpack:"default_output_bytes"`
+	MaxFileBytes       int64   `msgpack:"max_file_bytes"`
+	MaxTimeoutS        float64 `msgpack:"max_timeout_s"`
+	DefaultTimeoutS    float64 `msgpack:"default_timeout_s"`
+	MaxListEntries     int     `msgpack:"max_list_entries"`
+}
+
+// HealthResult is health's result.
+type HealthResult struct {
+	Status        string  `msgpack:"status"`
+	Version       string  `msgpack:"version"`
+	Backend       string  `msgpack:"backend"`
+	BackendError  string  `msgpack:"backend_error,omitempty"`
+	Sandboxes     int     `msgpack:"sandboxes"`
+	Commands      int     `msgpack:"commands"`
+	UptimeSeconds float64 `msgpack:"uptime_s"`
+	// PendingDestroy counts sandboxes whose destroy failed and is retried.
+	PendingDestroy int            `msgpack:"pending_destroy"`
+	Pooled         int            `msgpack:"pooled"`
+	Recovery       RecoveryReport `msgpack:"recovery"`
+	// Limits names, for each per-sandbox limit, what enforces it on this
+	// host or "off"; only from a backend that reports them. Read-only.
+	Limits map[string]string `msgpack:"limits,omitempty"`
+}
+
+// RecoveryReport is what start-up recovery did, as health reports it.
+type RecoveryReport struct {
+	Adopted    int     `msgpack:"adopted"`
+	Destroyed  int     `msgpack:"destroyed"`
+	Swept      int     `msgpack:"swept"`
+	Failed     int     `msgpack:"failed"`
+	MovedAside string  `msgpack:"journal_moved_aside,omitempty"`
+	DurationS  float64 `msgpack:"duration_s"`
+}
+
+// CreateResult is create's result.
+type CreateResult struct {
+	Sandbox   string  `msgpack:"sandbox"`
+	Workdir   string  `msgpack:"workdir"`
+	Network   string  `msgpack:"network"`
+	ExpiresAt float64 `msgpack:"expires_at"`
+	ConnBound bool    `msgpack:"conn_bound"`
+}
+
+// Resources are create's resources as asked; a key left out is the
+// daemon's default.
+type Resources struct {
+	MemoryBytes int64   `msgpack:"memory_bytes,omitempty"`
+	CPUs        float64 `msgpack:"cpus,omitempty"`
+	PIDs        int64   `msgpack:"pids,omitempty"`
+	DiskBytes   int64   `msgpack:"disk_bytes,omitempty"`
+}
+
+// RunCommandResult is run_command's result.
+type RunCommandResult struct {
+	ExitCode          int     `msgpack:"exit_code"`
+	Stdout            []byte  `msgpack:"stdout"`
+	Stderr            []byte  `msgpack:"stderr"`
+	TimedOut          bool    `msgpack:"timed_out"`
+	StdoutTruncated   bool    `msgpack:"stdout_truncated"`
+	StderrTruncated   bool    `msgpack:"stderr_truncated"`
+	SandboxTerminated bool    `msgpack:"sandbox_terminated"`
+	OOMKilled         bool    `msgpack:"oom_killed"`
+	OOMKills          uint64  `msgpack:"oom_kills"`
+	Reason            string  `msgpack:"reason"`
+	AppliedTimeoutS   float64 `msgpack:"applied_timeout_s"`
+	DurationS         float64 `msgpack:"duration_s"`
+}
+
+// ReadFileResult is read_file's result.
+type ReadFileResult struct {
+	Data      []byte `msgpack:"data"`
+	SizeBytes int    `msgpack:"size_bytes"`
+}
+
+// WriteFileResult is write_file's result.
+type WriteFileResult struct {
+	BytesWritten int `msgpack:"bytes_written"`
+}
+
+// ListDirectoryResult is list_directory's result.
+type ListDirectoryResult struct {
+	Entries []DirEntry `msgpack:"entries"`
+}
+
+// DirEntry is one entry of a listing.
+type DirEntry struct {
+	Name  Name `msgpack:"name"`
+	IsDir bool `msgpack:"is_dir"`
+}
+
+// Name is a file name on the wire: a string, or bytes when it is not valid
+// UTF-8 (a strict msgpack decoder would refuse such a string). It decodes
+// from either.
+type Name string
+
+var (
+	_ msgpack.CustomEncoder = Name("")
+	_ msgpack.CustomDecoder = (*Name)(nil)
+)
+
+// EncodeMsgpack implements msgpack.CustomEncoder.
+func (n Name) EncodeMsgpack(enc *msgpack.Encoder) error {
+	if utf8.ValidString(string(n)) {
+		return enc.EncodeString(string(n))
+	}
+	return enc.EncodeBytes([]byte(n))
+}
+
+// DecodeMsgpack implements msgpack.CustomDecoder.
+func (n *Name) DecodeMsgpack(dec *msgpack.Decoder) error {
+	v, err := dec.DecodeInterface()
+	if err != nil {
+		return err
+	}
+	switch s := v.(type) {
+	case string:
+		*n = Name(s)
+	case []byte:
+		*n = Name(s)
+	default:
+		return fmt.Errorf("a name is a string or bytes, not %T", v)
+	}
+	return nil
+}
+
+// DestroyResult is destroy's result: nothing.
+type DestroyResult struct{}
+
+// RenewResult is renew's result.
+type RenewResult struct {
+	ExpiresAt  float64 `msgpack:"expires_at"`
+	RemainingS float64 `msgpack:"remaining_s"`
+}
+
+// AttachResult is attach's result.
+type AttachResult struct {
+	RemainingS float64 `msgpack:"remaining_s"`
+	ExpiresAt  float64 `msgpack:"expires_at"`
+	Workdir    string  `msgpack:"workdir"`
+	// Network is the airflow_network tag's JSON string.
+	Network string `msgpack:"network"`
+	Holder  string `msgpack:"holder"`
+}
+
+// ReleaseResult is release's result.
+type ReleaseResult struct {
+	Released bool `msgpack:"released"`
+}
+
+// TagsResult is read_tags's and write_tags's result.
+type TagsResult struct {
+	Tags map[string]string `msgpack:"tags"`
+}
+
+// DestroyRunResult is destroy_run's result.
+type DestroyRunResult struct {
+	Destroyed []string `msgpack:"destroyed"`
+}
+
+// ListResult is list's result.
+type ListResult struct {
+	Sandboxes []SandboxInfo `msgpack:"sandboxes"`
+}
+
+// SandboxInfo is one sandbox as list reports it.
+type SandboxInfo struct {
+	Sandbox    string            `msgpack:"sandbox"`
+	UID        uint32            `msgpack:"uid"`
+	Owner      string            `msgpack:"owner"`
+	Holder     string            `msgpack:"holder"`
+	Labels     map[string]string `msgpack:"labels"`
+	State      string            `msgpack:"state"`
+	Workdir    string            `msgpack:"workdir"`
+	Network    string            `msgpack:"network"`
+	ConnBound  bool              `msgpack:"conn_bound"`
+	CreatedAt  float64           `msgpack:"created_at"`
+	ExpiresAt  float64           `msgpack:"expires_at"`
+	LastUsed   float64           `msgpack:"last_used"`
+	RemainingS float64           `msgpack:"remaining_s"`
+	Tags       map[string]string `msgpack:"tags"`
+	Resources  Resources         `msgpack:"resources"`
+}
+
+// GCResult is gc's result.
+type GCResult struct {
+	Swept  []string `msgpack:"swept"`
+	Reaped int      `msgpack:"reaped"`
+	DryRun bool     `msgpack:"dry_run"`
+}
+
+// Results maps each op to its result type, for the documentation test and
+// for tools that walk the wire.
+var Results = map[string]any{
+	"hello":          HelloResult{},
+	"health":         HealthResult{},
+	"create":         CreateResult{},
+	"run_command":    RunCommandResult{},
+	"read_file":      ReadFileResult{},
+	"write_file":     WriteFileResult{},
+	"list_directory": ListDirectoryResult{},
+	"destroy":        DestroyResult{},
+	"renew":          RenewResult{},
+	"attach":         AttachResult{},
+	"release":        ReleaseResult{},
+	"read_tags":      TagsResult{},
+	"write_tags":     TagsResult{},
+	"destroy_run":    DestroyRunResult{},
+	"list":           ListResult{},
+	"gc":             GCResult{},
+}
+
+// Requests, as a Go client sends them. The daemon reads them with
+// ipc.Args (for its exact bad_request messages); these types name the
+// same keys, and TestDocumented holds them against docs/protocol.md too.
+// A field left at its zero value is left out, so the daemon's default
+// applies.
+
+// HelloRequest is hello's arguments.
+type HelloRequest struct {
+	Versions []int  `msgpack:"versions,omitempty"`
+	Client   string `msgpack:"client,omitempty"`
+}
+
+// CreateRequest is create's arguments.
+type CreateRequest struct {
+	Spec      *Spec             `msgpack:"spec,omitempty"`
+	Resources *Resources        `msgpack:"resources,omitempty"`
+	Labels    map[string]string `msgpack:"labels,omitempty"`
+	TTLS      float64           `msgpack:"ttl_s,omitempty"`
+}
+
+// Spec is what create's spec may ask.
+type Spec struct {
+	Env                map[string]string `msgpack:"env,omitempty"`
+	BlockNetwork       *bool             `msgpack:"block_network,omitempty"`
+	AllowEgressTo      []string          `msgpack:"allow_egress_to,omitempty"`
+	AllowEgressToCIDRs []string          `msgpack:"allow_egress_to_cidrs,omitempty"`
+	Owner              string            `msgpack:"owner,omitempty"`
+}
+
+// RunCommandRequest is run_command's arguments: exactly one of Command
+// and Argv.
+type RunCommandRequest struct {
+	Sandbox  string            `msgpack:"sandbox"`
+	Command  string            `msgpack:"command,omitempty"`
+	Argv     []string          `msgpack:"argv,omitempty"`
+	Stdin    []byte            `msgpack:"stdin,omitempty"`
+	Env      map[string]string `msgpack:"env,omitempty"`
+	Cwd      string            `msgpack:"cwd,omitempty"`
+	TimeoutS float64           `msgpack:"timeout_s,omitempty"`
+	// MaxOutputBytes: nil (or 0) for the daemon's default.
+	MaxOutputBytes *int `msgpack:"max_output_bytes,omitempty"`
+}
+
+// ReadFileRequest is read_file's arguments.
+type ReadFileRequest struct {
+	Sandbox string `msgpack:"sandbox"`
+	Path    string `msgpack:"path"`
+	// MaxBytes: nil for the daemon's cap.
+	MaxBytes *int64 `msgpack:"max_bytes,omitempty"`
+}
+
+// WriteFileRequest is write_file's arguments.
+type WriteFileRequest struct {
+	Sandbox string `msgpack:"sandbox"`
+	Path    string `msgpack:"path"`
+	Data    []byte `msgpack:"data"`
+	// Mode: 0 for 0o644.
+	Mode int `msgpack:"mode,omitempty"`
+}
+
+// ListDirectoryRequest is list_directory's arguments.
+type ListDirectoryRequest struct {
+	Sandbox string `msgpack:"sandbox"`
+	Path    string `msgpack:"path"`
+}
+
+// SandboxRequest is the arguments of destroy and read_tags.
+type SandboxRequest struct {
+	Sandbox string `msgpack:"sandbox"`
+}
+
+// RenewRequest is renew's arguments.
+type RenewRequest struct {
+	Sandbox string  `msgpack:"sandbox"`
+	TTLS    float64 `msgpack:"ttl_s"`
+}
+
+// AttachRequest is attach's arguments.
+type AttachRequest struct {
+	Sandbox string `msgpack:"sandbox"`
+	Owner   string `msgpack:"owner"`
+	Holder  string `msgpack:"holder"`
+}
+
+// ReleaseRequest is release's arguments.
+type ReleaseRequest struct {
+	Sandbox string `msgpack:"sandbox"`
+	Holder  string `msgpack:"holder"`
+}
+
+// WriteTagsRequest is write_tags's arguments.
+type WriteTagsRequest struct {
+	Sandbox string            `msgpack:"sandbox"`
+	Tags    map[string]string `msgpack:"tags"`
+}
+
+// OwnerRequest is the arguments of destroy_run (Owner required) and list
+// (an optional filter).
+type OwnerRequest struct {
+	Owner string `msgpack:"owner,omitempty"`
+}
+
+// GCRequest is gc's arguments.
+type GCRequest struct {
+	DryRun bool `msgpack:"dry_run,omitempty"`
+}
+
+// Requests maps each op to its arguments' type.
+var Requests = map[string]any{
+	"hello":          HelloRequest{},
+	"health":         struct{}{},
+	"create":         CreateRequest{},
+	"run_command":    RunCommandRequest{},
+	"read_file":      ReadFileRequest{},
+	"write_file":     WriteFileRequest{},
+	"list_directory": ListDirectoryRequest{},
+	"destroy":        SandboxRequest{},
+	"renew":          RenewRequest{},
+	"attach":         AttachRequest{},
+	"release":        ReleaseRequest{},
+	"read_tags":      SandboxRequest{},
+	"write_tags":     WriteTagsRequest{},
+	"destroy_run":    OwnerRequest{},
+	"list":           OwnerRequest{},
+	"gc":             GCRequest{},
+}

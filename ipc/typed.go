@@ -1,0 +1,97 @@
+package ipc
+
+import (
+	"context"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/ipc/api"
+)
+
+// The client's typed methods: one per op, with ipc/api's request and
+// result types, so a Go caller never spells a key of the wire.
+
+func call[R any](ctx context.Context, c *Client, op string, req any) (R, error) {
+	var res R
+	err := c.Call(ctx, op, req, &res)
+	return res, err
+}
+
+// Hello negotiates the protocol and returns the daemon's limits.
+func (c *Client) Hello(ctx context.Context, req api.HelloRequest) (api.HelloResult, error) {
+	return call[api.HelloResult](ctx, c, OpHello, req)
+}
+
+// Health reports the daemon's and the backend's state.
+func (c *Client) Health(ctx context.Context) (api.HealthResult, error) {
+	return call[api.HealthResult](ctx, c, OpHealth, nil)
+}
+
+// Create makes a sandbox.
+func (c *Client) Create(ctx context.Context, req api.CreateRequest) (api.CreateResult, error) {
+	return call[api.CreateResult](ctx, c, OpCreate, req)
+}
+
+// RunCommand runs one command in a sandbox.
+func (c *Client) RunCommand(ctx context.Context, req api.RunCommandRequest) (api.RunCommandResult, error) {
+	return call[api.RunCommandResult](ctx, c, OpRunCommand, req)
+}
+
+// ReadFile reads a file of a sandbox.
+func (c *Client) ReadFile(ctx context.Context, req api.ReadFileRequest) (api.ReadFileResult, error) {
+	return call[api.ReadFileResult](ctx, c, OpReadFile, req)
+}
+
+// WriteFile writes a file into a sandbox.
+func (c *Client) WriteFile(ctx context.Context, req api.WriteFileRequest) (api.WriteFileResult, error) {
+	return call[api.WriteFileResult](ctx, c, OpWriteFile, req)
+}
+
+// ListDirectory lists a directory of a sandbox.
+func (c *Client) ListDirectory(ctx context.Context, req api.ListDirectoryRequest) (api.ListDirectoryResult, error) {
+	return call[api.ListDirectoryResult](ctx, c, OpListDirectory, req)
+}
+
+// Destroy destroys a sandbox (idempotent).
+func (c *Client) Destroy(ctx context.Context, sandbox string) error {
+	_, err := call[api.DestroyResult](ctx, c, OpDestroy, api.SandboxRequest{Sandbox: sandbox})
+	return err
+}
+
+// List lists the sandboxes the peer may see, optionally of one owner.
+func (c *Client) List(ctx context.Context, owner string) (api.ListResult, error) {
+	return call[api.ListResult](ctx, c, OpList, api.OwnerRequest{Owner: owner})
+}
+
+// Renew extends an expiring sandbox's life.
+func (c *Client) Renew(ctx context.Context, req api.RenewRequest) (api.RenewResult, error) {
+	return call[api.RenewResult](ctx, c, OpRenew, req)
+}
+
+// Attach claims a sandbox of owner for holder.
+func (c *Client) Attach(ctx context.Context, req api.AttachRequest) (api.AttachResult, error) {
+	return call[api.AttachResult](ctx, c, OpAttach, req)
+}
+
+// Release gives up holder's claim.
+func (c *Client) Release(ctx context.Context, req api.ReleaseRequest) (api.ReleaseResult, error) {
+	return call[api.ReleaseResult](ctx, c, OpRelease, req)
+}
+
+// ReadTags returns a sandbox's tags.
+func (c *Client) ReadTags(ctx context.Context, sandbox string) (api.TagsResult, error) {
+	return call[api.TagsResult](ctx, c, OpReadTags, api.SandboxRequest{Sandbox: sandbox})
+}
+
+// WriteTags writes tags of a sandbox.
+func (c *Client) WriteTags(ctx context.Context, req api.WriteTagsRequest) (api.TagsResult, error) {
+	return call[api.TagsResult](ctx, c, OpWriteTags, req)
+}
+
+// DestroyRun destroys every sandbox of owner the peer may destroy.
+func (c *Client) DestroyRun(ctx context.Context, owner string) (api.DestroyRunResult, error) {
+	return call[api.DestroyRunResult](ctx, c, OpDestroyRun, api.OwnerRequest{Owner: owner})
+}
+
+// GC sweeps orphans and reaps now (admins only).
+func (c *Client) GC(ctx context.Context, req api.GCRequest) (api.GCResult, error) {
+	return call[api.GCResult](ctx, c, OpGC, req)
+}
