@@ -383,5 +383,3 @@ func crashAt(t *testing.T, name string, op func()) {
 	}()
 	require.True(t, hit, "failpoint %s was never reached", name)
 }
-
-
