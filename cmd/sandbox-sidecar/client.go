@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
+	"github.com/sandbox-sidecar/sandbox-sidecar/ipc/api"
 )
 
 // clientFlags are the flags every client subcommand has.
@@ -82,6 +83,8 @@ func runHealth(args []string, stdout, stderr io.Writer) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	// A map, not api.HealthResult: --json prints whatever the daemon
+	// reports, fields this CLI does not know included.
 	var rep map[string]any
 	err := func() error {
 		cl, ctx, cancel, err := cf.dial()
@@ -157,20 +160,27 @@ func toFloat(v any) float64 {
 	return 0
 }
 
+// listedSandbox is what ls --json prints of a sandbox.
 type listedSandbox struct {
-	Sandbox    string            `msgpack:"sandbox" json:"sandbox"`
-	UID        uint32            `msgpack:"uid" json:"uid"`
-	Owner      string            `msgpack:"owner" json:"owner"`
-	Holder     string            `msgpack:"holder" json:"holder"`
-	Labels     map[string]string `msgpack:"labels" json:"labels"`
-	State      string            `msgpack:"state" json:"state"`
-	Workdir    string            `msgpack:"workdir" json:"workdir"`
-	Network    string            `msgpack:"network" json:"network"`
-	ConnBound  bool              `msgpack:"conn_bound" json:"conn_bound"`
-	CreatedAt  float64           `msgpack:"created_at" json:"created_at"`
-	ExpiresAt  float64           `msgpack:"expires_at" json:"expires_at"`
-	LastUsed   float64           `msgpack:"last_used" json:"last_used"`
-	RemainingS float64           `msgpack:"remaining_s" json:"remaining_s"`
+	Sandbox    string            `json:"sandbox"`
+	UID        uint32            `json:"uid"`
+	Owner      string            `json:"owner"`
+	Holder     string            `json:"holder"`
+	Labels     map[string]string `json:"labels"`
+	State      string            `json:"state"`
+	Workdir    string            `json:"workdir"`
+	Network    string            `json:"network"`
+	ConnBound  bool              `json:"conn_bound"`
+	CreatedAt  float64           `json:"created_at"`
+	ExpiresAt  float64           `json:"expires_at"`
+	LastUsed   float64           `json:"last_used"`
+	RemainingS float64           `json:"remaining_s"`
+}
+
+func listed(s api.SandboxInfo) listedSandbox {
+	return listedSandbox{Sandbox: s.Sandbox, UID: s.UID, Owner: s.Owner, Holder: s.Holder, Labels: s.Labels, State: s.State,
+		Workdir: s.Workdir, Network: s.Network, ConnBound: s.ConnBound, CreatedAt: s.CreatedAt, ExpiresAt: s.ExpiresAt,
+		LastUsed: s.LastUsed, RemainingS: s.RemainingS}
 }
 
 func runList(args []string, stdout, stderr io.Writer) error {
@@ -190,29 +200,24 @@ func runList(args []string, stdout, stderr io.Writer) error {
 	}
 	defer cancel()
 	defer cl.Close()
-	var res struct {
-		Sandboxes []listedSandbox `msgpack:"sandboxes"`
-	}
-	callArgs := map[string]any{}
-	if owner != "" {
-		callArgs["owner"] = owner
-	}
-	if err := cl.Call(ctx, ipc.OpList, callArgs, &res); err != nil {
+	res, err := cl.List(ctx, owner)
+	if err != nil {
 		return err
 	}
 	if asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		if res.Sandboxes == nil {
-			res.Sandboxes = []listedSandbox{}
+		out := make([]listedSandbox, 0, len(res.Sandboxes))
+		for _, s := range res.Sandboxes {
+			out = append(out, listed(s))
 		}
-		return enc.Encode(res.Sandboxes)
+		return enc.Encode(out)
 	}
 	if len(res.Sandboxes) == 0 {
 		fmt.Fprintln(stdout, "no sandboxes")
 		return nil
 	}
-	groups := map[string][]listedSandbox{}
+	groups := map[string][]api.SandboxInfo{}
 	var owners []string
 	for _, s := range res.Sandboxes {
 		if _, ok := groups[s.Owner]; !ok {
@@ -265,14 +270,6 @@ func (e envFlag) Set(v string) error {
 	return nil
 }
 
-func envArg(e envFlag) map[string]any {
-	m := make(map[string]any, len(e))
-	for k, v := range e {
-		m[k] = v
-	}
-	return m
-}
-
 // resourceFlags are a sandbox's limits below the daemon's (create's
 // resources); zero leaves the daemon's.
 type resourceFlags struct {
@@ -288,20 +285,12 @@ func (r *resourceFlags) register(fs *flag.FlagSet) {
 }
 
 // arg is create's resources argument, or nil when nothing was asked for.
-func (r *resourceFlags) arg() map[string]any {
-	m := map[string]any{}
-	for k, v := range map[string]int64{"memory_bytes": r.memory, "pids": r.pids, "disk_bytes": r.disk} {
-		if v != 0 {
-			m[k] = v
-		}
-	}
-	if r.cpus != 0 {
-		m["cpus"] = r.cpus
-	}
-	if len(m) == 0 {
+func (r *resourceFlags) arg() *api.Resources {
+	res := api.Resources{MemoryBytes: r.memory, CPUs: r.cpus, PIDs: r.pids, DiskBytes: r.disk}
+	if res == (api.Resources{}) {
 		return nil
 	}
-	return m
+	return &res
 }
 
 func runCreate(args []string, stdout, stderr io.Writer) error {
@@ -328,35 +317,12 @@ func runCreate(args []string, stdout, stderr io.Writer) error {
 	}
 	defer cancel()
 	defer cl.Close()
-	spec := map[string]any{"env": envArg(env)}
-	if owner != "" {
-		spec["owner"] = owner
-	}
-	createArgs := map[string]any{"spec": spec, "ttl_s": ttl.Seconds()}
-	if r := res.arg(); r != nil {
-		createArgs["resources"] = r
-	}
-	var created struct {
-		Sandbox string `msgpack:"sandbox"`
-	}
-	if err := cl.Call(ctx, ipc.OpCreate, createArgs, &created); err != nil {
+	created, err := cl.Create(ctx, api.CreateRequest{Spec: &api.Spec{Env: env, Owner: owner}, TTLS: ttl.Seconds(), Resources: res.arg()})
+	if err != nil {
 		return err
 	}
 	fmt.Fprintln(stdout, created.Sandbox)
 	return nil
-}
-
-type execResult struct {
-	ExitCode          int     `msgpack:"exit_code"`
-	Stdout            []byte  `msgpack:"stdout"`
-	Stderr            []byte  `msgpack:"stderr"`
-	TimedOut          bool    `msgpack:"timed_out"`
-	StdoutTruncated   bool    `msgpack:"stdout_truncated"`
-	StderrTruncated   bool    `msgpack:"stderr_truncated"`
-	SandboxTerminated bool    `msgpack:"sandbox_terminated"`
-	OOMKilled         bool    `msgpack:"oom_killed"`
-	AppliedTimeoutS   float64 `msgpack:"applied_timeout_s"`
-	DurationS         float64 `msgpack:"duration_s"`
 }
 
 func runExec(args []string, stdout, stderr io.Writer) error {
@@ -397,37 +363,28 @@ func runExec(args []string, stdout, stderr io.Writer) error {
 	defer cancel()
 	defer cl.Close()
 	if sandbox == "" {
-		var res struct {
-			Sandbox string `msgpack:"sandbox"`
-		}
-		var createArgs map[string]any
-		if r := resources.arg(); r != nil {
-			createArgs = map[string]any{"resources": r}
-		}
-		if err := cl.Call(ctx, ipc.OpCreate, createArgs, &res); err != nil {
+		res, err := cl.Create(ctx, api.CreateRequest{Resources: resources.arg()})
+		if err != nil {
 			return err
 		}
 		sandbox = res.Sandbox
-		defer cl.Call(context.WithoutCancel(ctx), ipc.OpDestroy, map[string]any{"sandbox": sandbox}, nil)
+		defer cl.Destroy(context.WithoutCancel(ctx), sandbox)
 	}
-	callArgs := map[string]any{"sandbox": sandbox, "timeout_s": cmdTimeout.Seconds(), "max_output_bytes": maxOut, "env": envArg(env)}
+	req := api.RunCommandRequest{Sandbox: sandbox, TimeoutS: cmdTimeout.Seconds(), MaxOutputBytes: &maxOut, Env: env, Cwd: cwd}
 	if shell != "" {
-		callArgs["command"] = shell
+		req.Command = shell
 	} else {
-		callArgs["argv"] = argv
-	}
-	if cwd != "" {
-		callArgs["cwd"] = cwd
+		req.Argv = argv
 	}
 	if stdin {
 		data, err := io.ReadAll(io.LimitReader(os.Stdin, 8<<20))
 		if err != nil {
 			return err
 		}
-		callArgs["stdin"] = data
+		req.Stdin = data
 	}
-	var res execResult
-	if err := cl.Call(ctx, ipc.OpRunCommand, callArgs, &res); err != nil {
+	res, err := cl.RunCommand(ctx, req)
+	if err != nil {
 		return err
 	}
 	stdout.Write(res.Stdout)
@@ -471,7 +428,8 @@ func runWrite(args []string, stdout, stderr io.Writer) error {
 	}
 	defer cancel()
 	defer cl.Close()
-	return cl.Call(ctx, ipc.OpWriteFile, map[string]any{"sandbox": fs.Arg(0), "path": fs.Arg(1), "data": data, "mode": mode}, nil)
+	_, err = cl.WriteFile(ctx, api.WriteFileRequest{Sandbox: fs.Arg(0), Path: fs.Arg(1), Data: data, Mode: int(mode)})
+	return err
 }
 
 func runRead(args []string, stdout, stderr io.Writer) error {
@@ -492,10 +450,8 @@ func runRead(args []string, stdout, stderr io.Writer) error {
 	}
 	defer cancel()
 	defer cl.Close()
-	var res struct {
-		Data []byte `msgpack:"data"`
-	}
-	if err := cl.Call(ctx, ipc.OpReadFile, map[string]any{"sandbox": fs.Arg(0), "path": fs.Arg(1), "max_bytes": maxBytes}, &res); err != nil {
+	res, err := cl.ReadFile(ctx, api.ReadFileRequest{Sandbox: fs.Arg(0), Path: fs.Arg(1), MaxBytes: &maxBytes})
+	if err != nil {
 		return err
 	}
 	_, err = stdout.Write(res.Data)
@@ -521,10 +477,7 @@ func runRemove(args []string, stdout, stderr io.Writer) error {
 	defer cancel()
 	defer cl.Close()
 	if run != "" {
-		var res struct {
-			Destroyed []string `msgpack:"destroyed"`
-		}
-		err := cl.Call(ctx, ipc.OpDestroyRun, map[string]any{"owner": run}, &res)
+		res, err := cl.DestroyRun(ctx, run)
 		for _, id := range res.Destroyed {
 			fmt.Fprintln(stdout, id)
 		}
@@ -532,7 +485,7 @@ func runRemove(args []string, stdout, stderr io.Writer) error {
 	}
 	var errs []error
 	for _, id := range fs.Args() {
-		if err := cl.Call(ctx, ipc.OpDestroy, map[string]any{"sandbox": id}, nil); err != nil {
+		if err := cl.Destroy(ctx, id); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", id, err))
 			continue
 		}

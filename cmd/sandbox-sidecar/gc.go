@@ -11,7 +11,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
+	"github.com/sandbox-sidecar/sandbox-sidecar/ipc/api"
 )
 
 // runGC sweeps orphans. With a daemon running it asks the daemon (which
@@ -38,11 +38,8 @@ func runGC(args []string, stdout, stderr io.Writer) error {
 	if err == nil {
 		defer cancel()
 		defer cl.Close()
-		var res struct {
-			Swept  []string `msgpack:"swept"`
-			Reaped int      `msgpack:"reaped"`
-		}
-		if err := cl.Call(ctx, ipc.OpGC, map[string]any{"dry_run": dryRun}, &res); err != nil {
+		res, err := cl.GC(ctx, api.GCRequest{DryRun: dryRun})
+		if err != nil {
 			return err
 		}
 		verb := "swept"

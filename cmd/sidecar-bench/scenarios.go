@@ -16,6 +16,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
+	"github.com/sandbox-sidecar/sandbox-sidecar/ipc/api"
 )
 
 func callCtx() (context.Context, context.CancelFunc) {
@@ -28,25 +29,18 @@ func call(c *ipc.Client, op string, args map[string]any, out any) error {
 	return c.Call(ctx, op, args, out)
 }
 
-type execResult struct {
-	ExitCode        int     `msgpack:"exit_code"`
-	Stdout          []byte  `msgpack:"stdout"`
-	StdoutTruncated bool    `msgpack:"stdout_truncated"`
-	TimedOut        bool    `msgpack:"timed_out"`
-	DurationS       float64 `msgpack:"duration_s"`
-}
+type execResult = api.RunCommandResult
 
 func create(c *ipc.Client, args map[string]any) (string, error) {
-	var res struct {
-		Sandbox string `msgpack:"sandbox"`
-	}
+	var res api.CreateResult
 	err := call(c, ipc.OpCreate, args, &res)
 	return res.Sandbox, err
 }
 
 func runCmd(c *ipc.Client, id string, argv []string) (execResult, error) {
-	var res execResult
-	err := call(c, ipc.OpRunCommand, map[string]any{"sandbox": id, "argv": argv, "timeout_s": 120}, &res)
+	ctx, cancel := callCtx()
+	defer cancel()
+	res, err := c.RunCommand(ctx, api.RunCommandRequest{Sandbox: id, Argv: argv, TimeoutS: 120})
 	if err == nil && res.ExitCode != 0 {
 		err = fmt.Errorf("%v exited %d", argv, res.ExitCode)
 	}
@@ -343,9 +337,7 @@ func provisionRuns(o options, n, pool int, flags []string) (creates, firsts []ti
 func waitPooled(c *ipc.Client, n int) {
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		var h struct {
-			Pooled int `msgpack:"pooled"`
-		}
+		var h api.HealthResult
 		if call(c, ipc.OpHealth, nil, &h) == nil && h.Pooled >= n {
 			return
 		}
@@ -552,14 +544,7 @@ func benchRecovery(o options, rep *report) error {
 		return err
 	}
 	defer c.Close()
-	var h struct {
-		Recovery struct {
-			Adopted   int     `msgpack:"adopted"`
-			Destroyed int     `msgpack:"destroyed"`
-			Failed    int     `msgpack:"failed"`
-			DurationS float64 `msgpack:"duration_s"`
-		} `msgpack:"recovery"`
-	}
+	var h api.HealthResult
 	if err := call(c, ipc.OpHealth, nil, &h); err != nil {
 		return err
 	}

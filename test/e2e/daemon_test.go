@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
+	"github.com/sandbox-sidecar/sandbox-sidecar/ipc/api"
 	"github.com/sandbox-sidecar/sandbox-sidecar/test/internal/testdaemon"
 )
 
@@ -161,17 +162,8 @@ func create(t *testing.T, c *ipc.Client, args map[string]any) string {
 }
 
 // execResult is run_command's result.
-type execResult struct {
-	ExitCode          int     `msgpack:"exit_code"`
-	Stdout            []byte  `msgpack:"stdout"`
-	Stderr            []byte  `msgpack:"stderr"`
-	TimedOut          bool    `msgpack:"timed_out"`
-	StdoutTruncated   bool    `msgpack:"stdout_truncated"`
-	StderrTruncated   bool    `msgpack:"stderr_truncated"`
-	SandboxTerminated bool    `msgpack:"sandbox_terminated"`
-	AppliedTimeoutS   float64 `msgpack:"applied_timeout_s"`
-	DurationS         float64 `msgpack:"duration_s"`
-}
+// execResult is run_command's result, the wire's own type.
+type execResult = api.RunCommandResult
 
 func run(t *testing.T, c *ipc.Client, id, command string, extra ...any) execResult {
 	t.Helper()

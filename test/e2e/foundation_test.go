@@ -19,6 +19,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
+	"github.com/sandbox-sidecar/sandbox-sidecar/ipc/api"
 )
 
 func TestSessionOverSocket(t *testing.T) {
@@ -351,12 +352,7 @@ func TestPeerCredentials(t *testing.T) {
 
 	// Root is an admin: sees and may destroy it.
 	c := d.client(t)
-	var listed struct {
-		Sandboxes []struct {
-			Sandbox string `msgpack:"sandbox"`
-			UID     uint32 `msgpack:"uid"`
-		} `msgpack:"sandboxes"`
-	}
+	var listed api.ListResult
 	require.NoError(t, c.Call(context.Background(), ipc.OpList, nil, &listed))
 	require.Len(t, listed.Sandboxes, 1)
 	assert.EqualValues(t, 4242, listed.Sandboxes[0].UID)

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
+	"github.com/sandbox-sidecar/sandbox-sidecar/ipc/api"
 	"github.com/sandbox-sidecar/sandbox-sidecar/lifecycle"
 )
 
@@ -25,11 +26,7 @@ import (
 func listed(t *testing.T, d *daemon) []string {
 	t.Helper()
 	c := d.client(t)
-	var res struct {
-		Sandboxes []struct {
-			Sandbox string `msgpack:"sandbox"`
-		} `msgpack:"sandboxes"`
-	}
+	var res api.ListResult
 	require.NoError(t, c.Call(context.Background(), ipc.OpList, nil, &res))
 	var ids []string
 	for _, s := range res.Sandboxes {

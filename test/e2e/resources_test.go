@@ -14,25 +14,28 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
+	"github.com/sandbox-sidecar/sandbox-sidecar/ipc/api"
 )
 
-// whyResult is run_command's result with why the command ended.
+// whyResult is the part of run_command's result that says why the command
+// ended, so a test can compare it whole.
 type whyResult struct {
-	ExitCode          int    `msgpack:"exit_code"`
-	TimedOut          bool   `msgpack:"timed_out"`
-	SandboxTerminated bool   `msgpack:"sandbox_terminated"`
-	OOMKilled         bool   `msgpack:"oom_killed"`
-	OOMKills          uint64 `msgpack:"oom_kills"`
-	Reason            string `msgpack:"reason"`
+	ExitCode          int
+	TimedOut          bool
+	SandboxTerminated bool
+	OOMKilled         bool
+	OOMKills          uint64
+	Reason            string
 }
 
 func runWhy(t *testing.T, c *ipc.Client, id, command string, timeoutS float64) whyResult {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	var res whyResult
-	require.NoError(t, c.Call(ctx, ipc.OpRunCommand, map[string]any{"sandbox": id, "command": command, "timeout_s": timeoutS}, &res))
-	return res
+	r, err := c.RunCommand(ctx, api.RunCommandRequest{Sandbox: id, Command: command, TimeoutS: timeoutS})
+	require.NoError(t, err)
+	return whyResult{ExitCode: r.ExitCode, TimedOut: r.TimedOut, SandboxTerminated: r.SandboxTerminated,
+		OOMKilled: r.OOMKilled, OOMKills: r.OOMKills, Reason: r.Reason}
 }
 
 // requireMemoryLimit returns health's limits; a host that cannot enforce a memory
@@ -170,9 +173,7 @@ func TestSandboxDisksNeverOutliveTheDaemon(t *testing.T) {
 	d.restart()
 	c = d.client(t)
 	defer c.Close()
-	var out struct {
-		Stdout []byte `msgpack:"stdout"`
-	}
+	var out api.RunCommandResult
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	require.NoError(t, c.Call(ctx, ipc.OpRunCommand, map[string]any{"sandbox": id, "command": "cat /workspace/f", "timeout_s": 30}, &out))

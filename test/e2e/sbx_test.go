@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
+	"github.com/sandbox-sidecar/sandbox-sidecar/ipc/api"
 )
 
 // startSbxDaemon runs the daemon with the sbx backend driving the fake
@@ -90,9 +91,7 @@ func TestSbxWarmPoolHidesSlowCreates(t *testing.T) {
 	d, _ := startSbxDaemon(t, "1.5s", "--pool-size", "2")
 	c := d.client(t)
 	eventually(t, 20*time.Second, "the pool to fill", func() bool {
-		var h struct {
-			Pooled int `msgpack:"pooled"`
-		}
+		var h api.HealthResult
 		return c.Call(t.Context(), ipc.OpHealth, nil, &h) == nil && h.Pooled == 2
 	})
 	start := time.Now()

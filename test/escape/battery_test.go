@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
+	"github.com/sandbox-sidecar/sandbox-sidecar/ipc/api"
 )
 
 // Verdicts in the table.
@@ -213,9 +214,7 @@ func hostFiles(b *battery) {
 	// and write_file replaces rather than writes through.
 	r = h.run(id, "ln /etc/passwd hl 2>&1; ln /usr/bin/su su2 2>&1; echo orig > a; ln a b; echo done", 30)
 	require.NoError(t, h.call(ipc.OpWriteFile, map[string]any{"sandbox": id, "path": "b", "data": []byte("new")}, nil))
-	var rf struct {
-		Data []byte `msgpack:"data"`
-	}
+	var rf api.ReadFileResult
 	require.NoError(t, h.call(ipc.OpReadFile, map[string]any{"sandbox": id, "path": "a"}, &rf))
 	b.record(g, "hard links to host files; write_file on a hard-linked name", "EXDEV for host files; the other name keeps its content",
 		r.out()+"; a="+strings.TrimSpace(string(rf.Data)), judge(strings.TrimSpace(string(rf.Data)) == "orig" && strings.Count(r.out(), "Invalid cross-device link") == 2))
@@ -232,9 +231,7 @@ func hostFiles(b *battery) {
 	leaked, reads, okReads, refused := false, 0, 0, 0
 	deadline := time.Now().Add(4 * time.Second)
 	read := func() string {
-		var res struct {
-			Data []byte `msgpack:"data"`
-		}
+		var res api.ReadFileResult
 		code := h.fileErr(ipc.OpReadFile, map[string]any{"sandbox": id, "path": "race"}, &res)
 		if code == "" && len(shadow) > 0 && bytes.Contains(res.Data, shadow[:min(len(shadow), 16)]) {
 			leaked = true
@@ -720,23 +717,20 @@ print(n)'`, 120)
 		st, _ := h.cg.Stats()
 		took := time.Since(start)
 		hits := st.PIDsLimitHits - before.PIDsLimitHits
-		reason := "reason absent"
-		if r.Reason != nil {
-			reason = "reason=" + *r.Reason
-		}
+		reason := "reason=" + r.Reason
 		// Contained by the sandbox's own limit when the harness's, around
 		// the whole daemon, was never reached.
 		b.record(g, "fork bomb", "contained by the sandbox's pids limit; reported; the daemon unaffected",
 			fmt.Sprintf("timed_out=%v after %s; harness pids.max hits +%d; %s", r.TimedOut, took.Round(time.Second), hits, reason),
-			gapOr(r.Reason != nil && hits == 0 && r.TimedOut))
+			gapOr(hits == 0 && r.TimedOut))
 	})
 	fresh(func(id string) {
 		before, _ := h.cg.Stats()
 		r := h.run(id, `/usr/bin/python3 -c 'b = bytearray(4 << 30); print("survived")'`, 60)
 		after, _ := h.cg.Stats()
-		oom := r.OOMKilled != nil && *r.OOMKilled
+		oom := r.OOMKilled
 		b.record(g, "memory balloon (4 GiB)", "exit 137 with oom_killed, distinct from timed_out",
-			fmt.Sprintf("exit %d timed_out=%v oom_killed=%v; harness OOM kills +%d", r.ExitCode, r.TimedOut, fieldOr(r.OOMKilled), after.OOMKills-before.OOMKills),
+			fmt.Sprintf("exit %d timed_out=%v oom_killed=%v; harness OOM kills +%d", r.ExitCode, r.TimedOut, r.OOMKilled, after.OOMKills-before.OOMKills),
 			gapOr(oom && r.ExitCode == 137 && !r.TimedOut))
 		if r.ExitCode != 137 || strings.Contains(r.out(), "survived") {
 			b.record(g, "memory balloon stopped at all", "killed", r.out(), failed)
@@ -757,13 +751,6 @@ print(n)'`, 120)
 			b.record(g, "disk fill stopped at all", "ENOSPC", r.out(), failed)
 		}
 	})
-}
-
-func fieldOr(p *bool) string {
-	if p == nil {
-		return "absent"
-	}
-	return fmt.Sprint(*p)
 }
 
 // ---- the table in docs/security.md -------------------------------------

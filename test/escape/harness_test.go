@@ -37,6 +37,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
+	"github.com/sandbox-sidecar/sandbox-sidecar/ipc/api"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
 	"github.com/sandbox-sidecar/sandbox-sidecar/test/internal/testdaemon"
 )
@@ -236,9 +237,7 @@ func (h *harness) call(op string, args map[string]any, out any) error {
 
 func (h *harness) create() string {
 	h.t.Helper()
-	var res struct {
-		Sandbox string `msgpack:"sandbox"`
-	}
+	var res api.CreateResult
 	require.NoError(h.t, h.call(ipc.OpCreate, map[string]any{}, &res))
 	require.NotEmpty(h.t, res.Sandbox)
 	return res.Sandbox
@@ -249,18 +248,8 @@ func (h *harness) destroy(id string) {
 	require.NoError(h.t, h.call(ipc.OpDestroy, map[string]any{"sandbox": id}, nil))
 }
 
-type execResult struct {
-	ExitCode          int     `msgpack:"exit_code"`
-	Stdout            []byte  `msgpack:"stdout"`
-	Stderr            []byte  `msgpack:"stderr"`
-	TimedOut          bool    `msgpack:"timed_out"`
-	StdoutTruncated   bool    `msgpack:"stdout_truncated"`
-	SandboxTerminated bool    `msgpack:"sandbox_terminated"`
-	DurationS         float64 `msgpack:"duration_s"`
-	// Reported once limits are wired (absent today).
-	OOMKilled *bool   `msgpack:"oom_killed"`
-	Reason    *string `msgpack:"reason"`
-}
+// execResult is run_command's result (the wire's own type), with a helper.
+type execResult api.RunCommandResult
 
 func (r execResult) out() string { return strings.TrimSpace(string(r.Stdout)) }
 
@@ -296,19 +285,14 @@ func (h *harness) healthy() error {
 	if !h.running() {
 		return fmt.Errorf("the daemon exited: %v", h.proc.Err())
 	}
-	var res struct {
-		Status string `msgpack:"status"`
-		Err    string `msgpack:"backend_error"`
-	}
+	var res api.HealthResult
 	if err := h.call(ipc.OpHealth, map[string]any{}, &res); err != nil {
 		return fmt.Errorf("health: %w", err)
 	}
 	if res.Status != "ok" {
-		return fmt.Errorf("health is %q: %s", res.Status, res.Err)
+		return fmt.Errorf("health is %q: %s", res.Status, res.BackendError)
 	}
-	var c struct {
-		Sandbox string `msgpack:"sandbox"`
-	}
+	var c api.CreateResult
 	if err := h.call(ipc.OpCreate, map[string]any{}, &c); err != nil {
 		return fmt.Errorf("create after the attempt: %w", err)
 	}
