@@ -28,6 +28,17 @@ func NewArgs(m map[string]any) Args {
 // Map returns the raw arguments.
 func (a *Args) Map() map[string]any { return a.m }
 
+// Asked returns, sorted, every key asked for so far, present or not: the
+// arguments an op reads (a test holds them against ipc/api's requests).
+func (a *Args) Asked() []string {
+	out := make([]string, 0, len(a.used))
+	for k := range a.used {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
 func (a *Args) get(key string) (any, bool) {
 	if a.used == nil {
 		a.used = map[string]bool{}

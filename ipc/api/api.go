@@ -5,9 +5,10 @@
 // tool decode into them, so a field added here appears everywhere, and
 // TestDocumented holds docs/protocol.md against it.
 //
-// Requests are read with ipc.Args, whose accessors give the exact
-// bad_request messages; the ops' argument names are in docs/protocol.md.
-// This package imports nothing of the project.
+// The daemon reads requests with ipc.Args, whose accessors give the exact
+// bad_request messages; service's TestOpsReadTheRequestTypesKeys holds the
+// keys it reads against the request types below, so the names still come
+// from one place. This package imports nothing of the project.
 package api
 
 import (
