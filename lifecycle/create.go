@@ -1,0 +1,200 @@
+package lifecycle
+
+// Creating a sandbox: ids, the checks on what a create may ask, the
+// quotas it must fit, and the order of its durable steps.
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+)
+
+// NewID returns a fresh sandbox id: "sc-" and 16 hex digits.
+func NewID() string {
+	var b [8]byte
+	rand.Read(b[:]) // never fails on Linux (crypto/rand panics otherwise)
+	return "sc-" + hex.EncodeToString(b[:])
+}
+
+// Bounds on what a client may attach to a sandbox.
+const (
+	MaxOwnerLen  = 512
+	MaxHolderLen = 512
+	MaxLabels    = 16
+	MaxLabelKey  = 64
+	MaxLabelVal  = 256
+	MaxTags      = 32
+	MaxTagKey    = 64
+	MaxTagVal    = 1024
+)
+
+func validText(s string, max int) bool {
+	return len(s) <= max && utf8.ValidString(s) && !strings.ContainsRune(s, 0)
+}
+
+func checkMap(what string, m map[string]string, maxN, maxKey, maxVal int) error {
+	if len(m) > maxN {
+		return fmt.Errorf("%w: at most %d %s", ErrInvalid, maxN, what)
+	}
+	for k, v := range m {
+		if k == "" || !validText(k, maxKey) || !validText(v, maxVal) {
+			return fmt.Errorf("%w: %s %q: keys of 1-%d bytes and values of at most %d bytes, UTF-8 without NUL", ErrInvalid, what, k, maxKey, maxVal)
+		}
+	}
+	return nil
+}
+
+// netSpecJSON renders the airflow_network tag: compact JSON, sorted keys.
+func netSpecJSON(s backend.Spec) string {
+	block := true
+	if s.BlockNetwork != nil {
+		block = *s.BlockNetwork
+	}
+	hosts, cidrs := s.AllowEgressTo, s.AllowEgressToCIDRs
+	if hosts == nil {
+		hosts = []string{}
+	}
+	if cidrs == nil {
+		cidrs = []string{}
+	}
+	// encoding/json writes map keys sorted.
+	b, _ := json.Marshal(map[string]any{"allow_egress_to": hosts, "allow_egress_to_cidrs": cidrs, "block_network": block})
+	return string(b)
+}
+
+// Create provisions a sandbox for caller. Quotas are checked and the
+// record reserved (in memory and in the journal) before the backend is
+// asked, so a refused create leaves nothing behind and a crash mid-create
+// leaves a record that recovery destroys; a failed create is cleaned up
+// before returning, whatever happened to ctx.
+func (m *Manager) Create(ctx context.Context, c Caller, req CreateRequest) (Sandbox, error) {
+	if !validText(req.Owner, MaxOwnerLen) {
+		return Sandbox{}, fmt.Errorf("%w: owner must be valid UTF-8 of at most %d bytes", ErrInvalid, MaxOwnerLen)
+	}
+	if err := checkMap("labels", req.Labels, MaxLabels, MaxLabelKey, MaxLabelVal); err != nil {
+		return Sandbox{}, err
+	}
+	if req.TTL < 0 {
+		return Sandbox{}, fmt.Errorf("%w: ttl must be positive", ErrInvalid)
+	}
+	if sb, ok, err := m.claimPooled(c, req); ok {
+		return sb, err
+	}
+
+	now := m.cfg.Now()
+	s := Sandbox{
+		ID:        NewID(),
+		UID:       c.UID,
+		Owner:     req.Owner,
+		Labels:    cloneMap(req.Labels),
+		NetSpec:   netSpecJSON(req.Spec),
+		Resources: req.Spec.Resources,
+		State:     StateCreating,
+		CreatedAt: now,
+		LastUsed:  now,
+		ConnBound: req.Owner == "" && req.TTL == 0,
+		ConnID:    c.ConnID,
+	}
+	life := m.cfg.MaxLifetime
+	if !s.ConnBound {
+		life = req.TTL
+		if life == 0 {
+			life = m.cfg.DefaultTTL
+		}
+		life = min(life, m.cfg.MaxLifetime)
+	}
+	s.ExpiresAt = now.Add(life)
+	rec := newRecord(s)
+
+	if err := m.reserve(rec); err != nil {
+		return Sandbox{}, err
+	}
+	log := m.log.With("sandbox", rec.ID, "peer_uid", c.UID, "peer_pid", c.PID, "owner", rec.Owner)
+
+	m.opsWG.Add(1)
+	defer m.opsWG.Done()
+	m.failpoint(FailCreateReserved)
+	if err := m.persist(rec); err != nil {
+		m.forget(rec)
+		log.Error("journal write failed; sandbox not created", "error", err)
+		return Sandbox{}, fmt.Errorf("%w: %v; check the state directory's disk", ErrJournal, err)
+	}
+	m.failpoint(FailCreateJournaled)
+	// The backend work is detached from the request: a client that hangs
+	// up mid-create must not leave a half-made sandbox behind.
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.CreateTimeout)
+	defer cancel()
+	info, err := m.be.Create(bctx, rec.ID, req.Spec)
+	m.failpoint(FailCreateBackend)
+	if err != nil {
+		log.Warn("create failed", "error", err)
+		m.claimAndDestroy(rec, "create failed", log)
+		return Sandbox{}, err
+	}
+
+	m.mu.Lock()
+	rec.Workdir = info.Workdir
+	rec.Network = info.Network
+	rec.HostUID = info.HostUID
+	rec.State = StateReady
+	closing := m.closing
+	m.mu.Unlock()
+	if err := m.persist(rec); err != nil {
+		log.Error("journal write failed; destroying the new sandbox", "error", err)
+		m.claimAndDestroy(rec, "journal write failed", log)
+		return Sandbox{}, fmt.Errorf("%w: %v; check the state directory's disk", ErrJournal, err)
+	}
+	if closing || ctx.Err() != nil {
+		// Shutdown began, or the client left, while we were creating:
+		// nobody will ever use this sandbox.
+		m.claimAndDestroy(rec, "client gone during create", log)
+		if closing {
+			return Sandbox{}, ErrShuttingDown
+		}
+		return Sandbox{}, ctx.Err()
+	}
+	m.mu.Lock()
+	snap := rec.snapshot()
+	m.mu.Unlock()
+	log.Info("sandbox created", "conn_bound", snap.ConnBound, "expires_at", snap.ExpiresAt.Format(time.RFC3339), "labels", snap.Labels, "host_uid", snap.HostUID)
+	return snap, nil
+}
+
+// reserve checks quotas and inserts rec, atomically.
+func (m *Manager) reserve(rec *record) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closing {
+		return ErrShuttingDown
+	}
+	var perUID, perOwner int
+	for _, r := range m.boxes {
+		if r.Pooled {
+			continue // the pool's sandboxes count against the host only
+		}
+		if r.UID == rec.UID {
+			perUID++
+		}
+		if rec.Owner != "" && r.Owner == rec.Owner {
+			perOwner++
+		}
+	}
+	switch {
+	case len(m.boxes) >= m.cfg.MaxPerHost:
+		return &QuotaError{Scope: "host", Limit: m.cfg.MaxPerHost}
+	case rec.Pooled:
+	case perUID >= m.cfg.MaxPerUID:
+		return &QuotaError{Scope: "uid", Limit: m.cfg.MaxPerUID}
+	case rec.Owner != "" && perOwner >= m.cfg.MaxPerOwner:
+		return &QuotaError{Scope: "owner", Limit: m.cfg.MaxPerOwner}
+	}
+	m.boxes[rec.ID] = rec
+	return nil
+}
