@@ -2,7 +2,8 @@
 # Install what the tests need (as root) and run the whole suite: formatting,
 # go vet, every Go test under the race detector (including the fuzz seed
 # corpus, the end-to-end tests and the escape battery against the real
-# daemon and bubblewrap), a short fuzzing run of every decoder, a smoke run
+# daemon and bubblewrap, and the gvisor backend's tests against a cached
+# build of the pinned runsc), a short fuzzing run of every decoder, a smoke run
 # of the benchmark tool, the Python client's tests against the real daemon,
 # and the Debian package's test in a booted container.
 set -euo pipefail
@@ -22,6 +23,17 @@ if [ ${#missing[@]} -gt 0 ]; then
   else
     echo "missing apt packages: ${missing[*]} (sudo apt-get install ${missing[*]}); tests that need them will skip" >&2
   fi
+fi
+
+# gVisor's runsc at the pinned version, built once per machine and cached
+# (scripts/install-runsc.sh); the gvisor backend's tests use it through
+# SANDBOX_SIDECAR_RUNSC.
+if [ "$(id -u)" -eq 0 ]; then
+  echo "== runsc (cached build)"
+  SANDBOX_SIDECAR_RUNSC=$(scripts/install-runsc.sh)
+  export SANDBOX_SIDECAR_RUNSC
+else
+  echo "not root: the gvisor backend's tests will skip (scripts/install-runsc.sh needs root)" >&2
 fi
 
 echo "== gofmt"

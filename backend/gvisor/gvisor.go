@@ -1,0 +1,704 @@
+// Package gvisor is the backend that runs every sandbox in a gVisor
+// sandbox (runsc): the guest's system calls are served by gVisor's
+// user-space kernel (the sentry), not by the host's, so a bug in the host
+// kernel reachable from an unprivileged process is not reachable from the
+// guest. It needs no KVM: the systrap platform runs on any Linux host.
+//
+// It owns the directory it is given (Config.Dir): one subdirectory per
+// sandbox holding the guest's /workspace and /tmp, spec.json and the OCI
+// bundle runsc boots; runsc's own state (--root) in Dir/.runsc; and a
+// read-only root filesystem shared by every sandbox in Dir/.rootfs (the
+// host's /usr bound in read-only, a synthetic /etc, mount points), as the
+// bubblewrap backend shows its guests the host.
+//
+// One runsc sandbox per sandbox, booted by Create and kept: its only
+// process is an init of ours (the daemon's own executable, bound in
+// read-only; see InitMain) that starts every command, so a command costs a
+// fork and an exec inside gVisor rather than a `runsc exec`. The daemon and
+// init talk over the container's stdio pipes (see wire.go). Init kills
+// everything a command started when the command ends; the files and /tmp
+// persist between commands. A restarted daemon finds every init gone (its
+// pipes died with the previous daemon), deletes what runsc still lists and
+// boots a fresh sandbox at the sandbox's next command.
+//
+// File operations run on the host through os.Root, on the directories
+// bound into the guest with gVisor's shared file access, so either side
+// sees the other's writes at once.
+package gvisor
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/statedir"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
+)
+
+// Name is the backend's name as reported to clients.
+const Name = "gvisor"
+
+// Platforms runsc can be told to use.
+const (
+	PlatformSystrap = "systrap"
+	PlatformPtrace  = "ptrace"
+	PlatformKVM     = "kvm"
+)
+
+// Defaults for the zero fields of Config.
+const (
+	DefaultKillGrace = 2 * time.Second
+	DefaultExecGrace = 5 * time.Second
+)
+
+// Named bounds on the backend's own waits.
+const (
+	// bootTimeout bounds `runsc run -detach` and init's ready frame.
+	bootTimeout = 30 * time.Second
+	// cliTimeout bounds every other runsc command (list, delete, kill).
+	cliTimeout = 15 * time.Second
+	// cliOutputBytes caps what is kept of a runsc command's output.
+	cliOutputBytes = 64 << 10
+	// destroyWait bounds how long Destroy waits for operations in flight.
+	destroyWait = 10 * time.Second
+	// killAnswer bounds how long init has to report a command it was told
+	// to kill before the daemon gives up on the sandbox.
+	killAnswer = 5 * time.Second
+	// sendTimeout bounds handing init one request.
+	sendTimeout = 10 * time.Second
+	// maxActivePerSandbox bounds operations in flight in one sandbox.
+	maxActivePerSandbox = 32
+	// maxSpecFileBytes bounds how much of spec.json is read back.
+	maxSpecFileBytes = 4 << 20
+	// specVersion is the version of persistedSpec written by this code.
+	specVersion = 1
+	// healthCacheTTL is how long a successful trial sandbox vouches for
+	// the host.
+	healthCacheTTL = 30 * time.Second
+	// logTailBytes is how much of a sandbox's runsc log errors quote.
+	logTailBytes = 2 << 10
+)
+
+// Layout of Dir and Dir/<id>.
+const (
+	runscRootName = ".runsc"  // runsc --root
+	rootfsName    = ".rootfs" // the shared read-only root
+	probePrefix   = ".probe-" // Health's trial sandboxes; never a valid id
+	workDirName   = "work"
+	tmpDirName    = "tmp"
+	bundleName    = "bundle"
+	specName      = "spec.json"
+	logName       = "runsc.log"
+)
+
+// Network values reported in backend.Info.
+const networkNone = "none"
+
+// Config configures a Backend.
+type Config struct {
+	// Dir is the backend's state directory; sandbox <id> lives in Dir/<id>.
+	Dir string
+	// RunscPath is the runsc binary; empty means "runsc" on PATH.
+	RunscPath string
+	// Platform is runsc's --platform (default systrap).
+	Platform string
+	// ExtraFlags are added to every runsc command line before the
+	// subcommand (e.g. "--debug-log=/var/log/runsc/").
+	ExtraFlags []string
+	// KillGrace is the in-guest timeout's --kill-after (default DefaultKillGrace).
+	KillGrace time.Duration
+	// ExecGrace is the time beyond a command's Timeout+KillGrace after which
+	// the daemon has init kill it (default DefaultExecGrace).
+	ExecGrace time.Duration
+	// Limits are every sandbox's limits. This backend enforces the rlimits
+	// (OpenFiles, FileSizeBytes) through the OCI spec; the others are
+	// not enforced yet, and a spec asking for one is refused.
+	Limits limits.Limits
+	// Logger receives the backend's logs; nil discards them.
+	Logger hclog.Logger
+}
+
+// Backend implements backend.Backend with gVisor.
+type Backend struct {
+	cfg     Config
+	runsc   string
+	version string // runsc --version, first line
+	exe     string // the daemon's executable, bound into every sandbox as init
+	log     hclog.Logger
+
+	mu        sync.Mutex
+	sandboxes map[string]*sandbox
+
+	healthMu     sync.Mutex
+	healthyUntil time.Time
+}
+
+var _ backend.Backend = (*Backend)(nil)
+
+// New validates cfg, finds runsc and checks that it runs, makes Dir and the
+// shared root, and removes every runsc sandbox a previous daemon left in
+// Dir (their inits died with it). It boots no sandbox; Health does.
+func New(cfg Config) (*Backend, error) {
+	if cfg.Dir == "" || !filepath.IsAbs(cfg.Dir) {
+		return nil, fmt.Errorf("gvisor backend: Dir %q must be an absolute path to the state directory", cfg.Dir)
+	}
+	cfg.Dir = filepath.Clean(cfg.Dir)
+	if cfg.KillGrace < 0 || cfg.ExecGrace < 0 {
+		return nil, fmt.Errorf("gvisor backend: KillGrace (%v) and ExecGrace (%v) must not be negative; use 0 for the defaults", cfg.KillGrace, cfg.ExecGrace)
+	}
+	if cfg.KillGrace == 0 {
+		cfg.KillGrace = DefaultKillGrace
+	}
+	if cfg.ExecGrace == 0 {
+		cfg.ExecGrace = DefaultExecGrace
+	}
+	switch cfg.Platform {
+	case "":
+		cfg.Platform = PlatformSystrap
+	case PlatformSystrap, PlatformPtrace, PlatformKVM:
+	default:
+		return nil, fmt.Errorf("gvisor backend: unknown platform %q; use systrap (the default, no KVM needed), ptrace, or kvm where the host allows it", cfg.Platform)
+	}
+	for _, f := range cfg.ExtraFlags {
+		if !strings.HasPrefix(f, "--") {
+			return nil, fmt.Errorf("gvisor backend: extra runsc flag %q must start with --", f)
+		}
+		for _, owned := range []string{"--root", "--platform", "--network"} {
+			if f == owned || strings.HasPrefix(f, owned+"=") {
+				return nil, fmt.Errorf("gvisor backend: extra runsc flag %q sets something the backend decides itself (%s); drop it", f, owned)
+			}
+		}
+	}
+	if err := cfg.Limits.Validate(); err != nil {
+		return nil, fmt.Errorf("gvisor backend: %w", err)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+	if os.Geteuid() != 0 {
+		return nil, fmt.Errorf("%w: the gvisor backend needs the daemon to run as root (runsc sets up namespaces, a chroot and cgroups for every sandbox); see docs/operations.md (gVisor)", backend.ErrUnavailable)
+	}
+	bin, err := findRunsc(cfg.RunscPath)
+	if err != nil {
+		return nil, err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("gvisor backend: cannot find the daemon's own executable, which every sandbox runs as its init: %w", err)
+	}
+	b := &Backend{cfg: cfg, runsc: bin, exe: exe, log: cfg.Logger, sandboxes: make(map[string]*sandbox)}
+	if b.version, err = b.runscVersion(context.Background()); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("gvisor backend: cannot create state directory %s: %w", cfg.Dir, err)
+	}
+	if err := os.Chmod(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("gvisor backend: cannot set mode 0700 on %s: %w", cfg.Dir, err)
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.Dir, runscRootName), 0o700); err != nil {
+		return nil, fmt.Errorf("gvisor backend: %w", err)
+	}
+	if err := makeRootfs(filepath.Join(cfg.Dir, rootfsName), "/"); err != nil {
+		return nil, fmt.Errorf("gvisor backend: cannot make the sandboxes' root filesystem: %w", err)
+	}
+	// No sandbox of this process runs yet: every runsc sandbox in our root
+	// was left by a daemon that died, and its init with it.
+	if n := b.sweepRunsc(context.Background(), nil); n > 0 {
+		b.log.Warn("removed runsc sandboxes left by a previous daemon", "count", n)
+	}
+	if probes, _ := filepath.Glob(filepath.Join(cfg.Dir, probePrefix+"*")); len(probes) > 0 {
+		for _, p := range probes {
+			_ = statedir.RemoveAll(p)
+		}
+	}
+	b.log.Info("gvisor backend ready", "runsc", bin, "version", b.version, "platform", cfg.Platform)
+	return b, nil
+}
+
+func findRunsc(configured string) (string, error) {
+	const hint = "install gVisor's runsc (docs/operations.md, gVisor)"
+	if configured == "" {
+		p, err := exec.LookPath("runsc")
+		if err != nil {
+			return "", fmt.Errorf("%w: runsc is not on PATH; %s or set gvisor.runsc_path: %v", backend.ErrUnavailable, hint, err)
+		}
+		return p, nil
+	}
+	if !filepath.IsAbs(configured) {
+		return "", fmt.Errorf("%w: gvisor.runsc_path %q must be an absolute path", backend.ErrUnavailable, configured)
+	}
+	fi, err := os.Stat(configured)
+	if err != nil {
+		return "", fmt.Errorf("%w: runsc binary %s: %v; %s or fix gvisor.runsc_path", backend.ErrUnavailable, configured, err, hint)
+	}
+	if fi.IsDir() || fi.Mode().Perm()&0o111 == 0 {
+		return "", fmt.Errorf("%w: %s is not an executable file; %s or fix gvisor.runsc_path", backend.ErrUnavailable, configured, hint)
+	}
+	return configured, nil
+}
+
+// runscVersion runs `runsc --version` and returns its first line's
+// version ("v0.0.0-20250205023644-9414b50a5633", or a release's date).
+func (b *Backend) runscVersion(ctx context.Context) (string, error) {
+	out, err := b.cli(ctx, cliTimeout, "--version")
+	if err != nil {
+		return "", fmt.Errorf("%w: %s --version failed (%v); is it a working runsc binary?", backend.ErrUnavailable, b.runsc, err)
+	}
+	line, _, _ := strings.Cut(string(out), "\n")
+	v, ok := strings.CutPrefix(strings.TrimSpace(line), "runsc version ")
+	if !ok || v == "" {
+		return "", fmt.Errorf("%w: %s --version printed %q, not a runsc version; is it runsc?", backend.ErrUnavailable, b.runsc, backend.ShortName(line))
+	}
+	return v, nil
+}
+
+// Version is the runsc version in use; Platform its platform. Health
+// reports both.
+func (b *Backend) Version() string  { return b.version }
+func (b *Backend) Platform() string { return b.cfg.Platform }
+
+// Name reports "gvisor".
+func (b *Backend) Name() string { return Name }
+
+// globalFlags are the runsc flags before every subcommand.
+func (b *Backend) globalFlags() []string {
+	f := []string{
+		"--root=" + filepath.Join(b.cfg.Dir, runscRootName),
+		"--platform=" + b.cfg.Platform,
+		"--network=none",
+		// The root is read-only and ours; no overlay over it.
+		"--overlay2=none",
+		// The workspace and /tmp are changed from the host (file
+		// operations) while the guest uses them: gVisor must not cache
+		// them as if it owned them exclusively.
+		"--file-access-mounts=shared",
+	}
+	return append(f, b.cfg.ExtraFlags...)
+}
+
+// cli runs one runsc command to completion within limit and returns its
+// output (stdout and stderr, bounded).
+func (b *Backend) cli(ctx context.Context, limit time.Duration, args ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	if len(args) == 0 || args[0] != "--version" {
+		args = append(b.globalFlags(), args...)
+	}
+	cmd := exec.CommandContext(ctx, b.runsc, args...)
+	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	var out boundedBuffer
+	out.limit = cliOutputBytes
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.WaitDelay = time.Second
+	err := cmd.Run()
+	if err != nil {
+		if ctx.Err() != nil {
+			return out.Bytes(), fmt.Errorf("runsc %s did not finish within %v", args[len(args)-1], limit)
+		}
+		return out.Bytes(), fmt.Errorf("%w: %s", err, bytes.TrimSpace(out.Bytes()))
+	}
+	return out.Bytes(), nil
+}
+
+// boundedBuffer keeps the first limit bytes written to it.
+type boundedBuffer struct {
+	mu    sync.Mutex
+	buf   bytes.Buffer
+	limit int
+}
+
+func (w *boundedBuffer) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if room := w.limit - w.buf.Len(); room > 0 {
+		w.buf.Write(p[:min(len(p), room)])
+	}
+	return len(p), nil
+}
+
+func (w *boundedBuffer) Bytes() []byte {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return bytes.Clone(w.buf.Bytes())
+}
+
+// Health checks that runsc still runs and, at most once per
+// healthCacheTTL while it keeps succeeding, that it boots a trial sandbox
+// and runs a command in it.
+func (b *Backend) Health(ctx context.Context) error {
+	if _, err := os.Stat(b.cfg.Dir); err != nil {
+		return fmt.Errorf("%w: state directory %s: %v; restart the daemon to recreate it", backend.ErrUnavailable, b.cfg.Dir, err)
+	}
+	if _, err := b.runscVersion(ctx); err != nil {
+		return err
+	}
+	b.healthMu.Lock()
+	defer b.healthMu.Unlock()
+	if time.Now().Before(b.healthyUntil) {
+		return nil
+	}
+	if err := b.probe(ctx); err != nil {
+		return err
+	}
+	b.healthyUntil = time.Now().Add(healthCacheTTL)
+	return nil
+}
+
+// probe boots a trial sandbox, runs /bin/true in it and removes it.
+func (b *Backend) probe(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, bootTimeout+cliTimeout)
+	defer cancel()
+	dir, err := os.MkdirTemp(b.cfg.Dir, probePrefix)
+	if err != nil {
+		return fmt.Errorf("%w: a trial sandbox cannot be made in %s: %v", backend.ErrUnavailable, b.cfg.Dir, err)
+	}
+	name := filepath.Base(dir)
+	sb := newSandbox(name, dir, persistedSpec{Version: specVersion, Network: networkNone}, b.cfg.Limits)
+	defer func() {
+		b.stopInit(sb)
+		_, _ = b.cli(context.Background(), cliTimeout, "delete", "--force", sb.containerID())
+		_ = statedir.RemoveAll(dir)
+	}()
+	if err := b.prepareDirs(sb); err != nil {
+		return fmt.Errorf("%w: a trial sandbox: %v", backend.ErrUnavailable, err)
+	}
+	res, err := b.execIn(ctx, ctx, sb, backend.ExecRequest{Argv: []string{"/bin/true"}, Timeout: 10 * time.Second, MaxOutputBytes: 1024})
+	switch {
+	case err != nil:
+		return fmt.Errorf("%w: a trial sandbox failed: %v", backend.ErrUnavailable, err)
+	case res.ExitCode != 0 || res.SandboxTerminated:
+		return fmt.Errorf("%w: a trial sandbox ran /bin/true with exit %d (terminated %v): %s", backend.ErrUnavailable, res.ExitCode, res.SandboxTerminated, bytes.TrimSpace(res.Stderr))
+	}
+	return nil
+}
+
+// persistedSpec is spec.json: what a restarted daemon needs to keep running
+// commands in a sandbox it finds on disk.
+type persistedSpec struct {
+	Version   int               `json:"version"`
+	Network   string            `json:"network"`
+	Env       map[string]string `json:"env,omitempty"`
+	Resources backend.Resources `json:"resources,omitempty"`
+}
+
+func (b *Backend) sandboxDir(id string) string { return filepath.Join(b.cfg.Dir, id) }
+
+// lookup returns sandbox id, loading it from disk when this process has
+// not seen it yet (a restarted daemon re-adopting its sandboxes).
+func (b *Backend) lookup(id string) (*sandbox, error) {
+	if !backend.ValidID(id) {
+		return nil, backend.NotFound(id)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if sb, ok := b.sandboxes[id]; ok {
+		if _, err := os.Stat(sb.workDir()); err != nil && !sb.isDestroying() {
+			delete(b.sandboxes, id)
+			go b.forget(sb)
+			return nil, backend.NotFound(id)
+		}
+		return sb, nil
+	}
+	var spec persistedSpec
+	if err := statedir.ReadSettings(b.sandboxDir(id), specName, id, maxSpecFileBytes, &spec); err != nil {
+		return nil, err
+	}
+	switch {
+	case spec.Version != specVersion:
+		return nil, fmt.Errorf("%w: settings of sandbox %q are from another version (%d); destroy it and create a new one", backend.ErrNotFound, id, spec.Version)
+	case spec.Network != networkNone:
+		return nil, fmt.Errorf("%w: sandbox %q has unknown network %q in its settings; destroy it and create a new one", backend.ErrNotFound, id, spec.Network)
+	}
+	if err := backend.ValidateEnv(spec.Env, "the sandbox's"); err != nil {
+		return nil, fmt.Errorf("sandbox %s has bad settings on disk (%w); destroy it and create a new one", id, err)
+	}
+	lim, err := b.effectiveLimits(spec.Resources)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s was created with limits this daemon no longer enforces (%w); destroy it and create a new one", id, err)
+	}
+	sb := newSandbox(id, b.sandboxDir(id), spec, lim)
+	if _, err := os.Stat(sb.workDir()); err != nil {
+		return nil, backend.NotFound(id)
+	}
+	b.sandboxes[id] = sb
+	return sb, nil
+}
+
+// forget stops what is left of a sandbox whose directory vanished.
+func (b *Backend) forget(sb *sandbox) {
+	sb.cancelAll()
+	b.stopInit(sb)
+	_, _ = b.cli(context.Background(), cliTimeout, "delete", "--force", sb.containerID())
+	b.log.With("sandbox", sb.id).Warn("the sandbox's directory was removed behind the daemon's back; its gVisor sandbox is stopped")
+}
+
+// effectiveLimits is what one sandbox gets: the daemon's limits. Until
+// memory, CPU, process and disk limits are enforced for gVisor sandboxes,
+// a spec asking for any of them is refused.
+func (b *Backend) effectiveLimits(r backend.Resources) (limits.Limits, error) {
+	if !r.IsZero() {
+		return limits.Limits{}, fmt.Errorf("%w: the gvisor backend does not enforce per-sandbox memory, CPU, process or disk limits yet; leave resources out", backend.ErrSpecUnenforceable)
+	}
+	return b.cfg.Limits, nil
+}
+
+// Create makes Dir/<id> with an empty workspace and /tmp, records the spec
+// and boots the sandbox's gVisor sandbox with its init. It refuses any
+// network but none.
+func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ backend.Info, err error) {
+	if !backend.ValidID(id) {
+		return backend.Info{}, fmt.Errorf("%w: sandbox id %q is not a valid id (lowercase letters, digits and '-', at most 63)", backend.ErrInvalidArgument, id)
+	}
+	if err := ctx.Err(); err != nil {
+		return backend.Info{}, fmt.Errorf("sandbox %s was not created: %w", id, err)
+	}
+	if len(spec.AllowEgressTo) > 0 || len(spec.AllowEgressToCIDRs) > 0 {
+		return backend.Info{}, fmt.Errorf("%w: the gvisor backend gives sandboxes no network (runsc --network=none), so it cannot allow egress to allow_egress_to or allow_egress_to_cidrs; drop them", backend.ErrSpecUnenforceable)
+	}
+	if spec.BlockNetwork != nil && !*spec.BlockNetwork {
+		return backend.Info{}, fmt.Errorf("%w: the gvisor backend gives sandboxes no network (runsc --network=none); keep block_network=true", backend.ErrSpecUnenforceable)
+	}
+	if err := backend.ValidateEnv(spec.Env, "the sandbox's"); err != nil {
+		return backend.Info{}, err
+	}
+	lim, err := b.effectiveLimits(spec.Resources)
+	if err != nil {
+		return backend.Info{}, err
+	}
+	log := b.log.With("sandbox", id)
+
+	b.mu.Lock()
+	_, known := b.sandboxes[id]
+	b.mu.Unlock()
+	if known {
+		return backend.Info{}, fmt.Errorf("sandbox %q already exists or is being destroyed; destroy it first or choose another id: %w", id, fs.ErrExist)
+	}
+	dir := b.sandboxDir(id)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return backend.Info{}, fmt.Errorf("sandbox %q already exists; destroy it first or choose another id: %w", id, err)
+		}
+		return backend.Info{}, fmt.Errorf("create sandbox %s: %w; check that the state directory is writable", id, err)
+	}
+	saved := persistedSpec{Version: specVersion, Network: networkNone, Env: maps.Clone(spec.Env), Resources: spec.Resources}
+	sb := newSandbox(id, dir, saved, lim)
+	defer func() {
+		if err != nil {
+			b.stopInit(sb)
+			_, _ = b.cli(context.Background(), cliTimeout, "delete", "--force", sb.containerID())
+			if rmErr := statedir.RemoveAll(dir); rmErr != nil {
+				log.Error("cannot remove half-made sandbox", "error", rmErr)
+			}
+		}
+	}()
+	if err := b.prepareDirs(sb); err != nil {
+		return backend.Info{}, fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	if err := statedir.WriteJSON(filepath.Join(dir, specName), saved); err != nil {
+		return backend.Info{}, fmt.Errorf("create sandbox %s: save its settings: %w", id, err)
+	}
+	b.mu.Lock()
+	if _, raced := b.sandboxes[id]; raced {
+		b.mu.Unlock()
+		return backend.Info{}, fmt.Errorf("sandbox %q was used while being created; create it again: %w", id, fs.ErrExist)
+	}
+	b.sandboxes[id] = sb
+	b.mu.Unlock()
+	// Boot now: a sandbox that cannot boot fails its Create, not its first
+	// command. Registered first, so a Destroy meanwhile stops the boot.
+	if _, err := b.acquireInit(ctx, sb); err != nil {
+		b.mu.Lock()
+		if b.sandboxes[id] == sb {
+			delete(b.sandboxes, id)
+		}
+		b.mu.Unlock()
+		return backend.Info{}, err
+	}
+	sb.releaseInit()
+	log.Info("sandbox created", "network", networkNone, "env_vars", len(spec.Env))
+	return backend.Info{Workdir: guestWorkspace, Network: networkNone}, nil
+}
+
+// prepareDirs makes the guest's directories and the OCI bundle of sb.
+func (b *Backend) prepareDirs(sb *sandbox) error {
+	for _, p := range []string{sb.workDir(), sb.tmpDir()} {
+		if err := os.Mkdir(p, 0o700); err != nil {
+			return err
+		}
+		if err := os.Lchown(p, guestUID, guestGID); err != nil {
+			return err
+		}
+	}
+	return b.writeBundle(sb)
+}
+
+// Destroy stops the sandbox's running commands and its gVisor sandbox,
+// waits (boundedly) for its operations and removes Dir/<id>. It is
+// idempotent, and an id that is not a valid id succeeds without touching
+// any path.
+func (b *Backend) Destroy(ctx context.Context, id string) error {
+	if !backend.ValidID(id) {
+		return nil
+	}
+	b.mu.Lock()
+	sb, ok := b.sandboxes[id]
+	if !ok {
+		sb = newSandbox(id, b.sandboxDir(id), persistedSpec{}, limits.Limits{})
+		b.sandboxes[id] = sb
+	}
+	b.mu.Unlock()
+	log := b.log.With("sandbox", id)
+
+	sb.cancelAll()
+	b.stopInit(sb)
+	var err error
+	if out, derr := b.cli(context.WithoutCancel(ctx), cliTimeout, "delete", "--force", sb.containerID()); derr != nil && !notExist(out) {
+		err = fmt.Errorf("runsc delete: %w", derr)
+	}
+	if !sb.wait(ctx, destroyWait) {
+		log.Warn("operations in flight did not all end in time; removing the files anyway", "waited_up_to", destroyWait)
+	}
+	if err == nil {
+		err = statedir.RemoveAll(sb.dir)
+	}
+	b.mu.Lock()
+	if b.sandboxes[id] == sb {
+		delete(b.sandboxes, id)
+	}
+	b.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("destroy sandbox %s: its commands are stopped but it could not all be removed (%w); call destroy again to retry", id, err)
+	}
+	if ok {
+		log.Info("sandbox destroyed")
+	}
+	return nil
+}
+
+// notExist reports whether runsc's output says the container is unknown.
+func notExist(out []byte) bool {
+	return bytes.Contains(out, []byte("does not exist")) || bytes.Contains(out, []byte("no such file or directory"))
+}
+
+// List returns the ids of the sandboxes in Dir, complete or not, and of
+// every runsc sandbox in the backend's runsc root: the state directory and
+// runsc's own listing are both sources.
+func (b *Backend) List(ctx context.Context) ([]string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	entries, err := os.ReadDir(b.cfg.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("%w: list state directory %s: %v", backend.ErrUnavailable, b.cfg.Dir, err)
+	}
+	seen := map[string]bool{}
+	for _, e := range entries {
+		if e.IsDir() && backend.ValidID(e.Name()) {
+			seen[e.Name()] = true
+		}
+	}
+	ids, err := b.runscList(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range ids {
+		if backend.ValidID(id) {
+			seen[id] = true
+		}
+	}
+	out := make([]string, 0, len(seen))
+	for id := range seen {
+		out = append(out, id)
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// runscList returns the ids runsc lists in the backend's root.
+func (b *Backend) runscList(ctx context.Context) ([]string, error) {
+	out, err := b.cli(ctx, cliTimeout, "list", "--quiet")
+	if err != nil {
+		return nil, fmt.Errorf("%w: runsc list: %v", backend.ErrUnavailable, err)
+	}
+	var ids []string
+	for _, line := range strings.Split(string(out), "\n") {
+		if line = strings.TrimSpace(line); line != "" {
+			ids = append(ids, line)
+		}
+	}
+	return ids, nil
+}
+
+// sweepRunsc force-deletes every runsc sandbox in the root but those in
+// keep, and returns how many it removed.
+func (b *Backend) sweepRunsc(ctx context.Context, keep map[string]bool) int {
+	ids, err := b.runscList(ctx)
+	if err != nil {
+		b.log.Warn("cannot list runsc sandboxes to remove leftovers", "error", err)
+		return 0
+	}
+	n := 0
+	for _, id := range ids {
+		if keep[id] {
+			continue
+		}
+		if out, err := b.cli(ctx, cliTimeout, "delete", "--force", id); err != nil && !notExist(out) {
+			b.log.Warn("cannot remove a leftover runsc sandbox", "container", id, "error", err)
+			continue
+		}
+		n++
+	}
+	return n
+}
+
+// Close stops every sandbox's gVisor sandbox (they would stop with the
+// daemon anyway, their inits' pipes closing). The sandboxes' files stay; a
+// daemon started on the same directory re-adopts them.
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	boxes := make([]*sandbox, 0, len(b.sandboxes))
+	for _, sb := range b.sandboxes {
+		boxes = append(boxes, sb)
+	}
+	b.mu.Unlock()
+	for _, sb := range boxes {
+		sb.cancelAll()
+		b.stopInit(sb)
+	}
+	b.sweepRunsc(context.Background(), nil)
+	return nil
+}
+
+// LimitsInForce names the mechanism enforcing each limit.
+func (b *Backend) LimitsInForce() map[string]string {
+	l := b.cfg.Limits
+	mech := func(configured bool, how string) string {
+		if !configured {
+			return "none"
+		}
+		return how
+	}
+	return map[string]string{
+		"memory":     mech(l.MemoryBytes > 0, "off"),
+		"pids":       mech(l.PIDs > 0, "off"),
+		"cpu":        mech(l.CPUs > 0 || l.CPUWeight > 0, "off"),
+		"disk":       mech(l.DiskBytes > 0, "off"),
+		"open_files": mech(l.OpenFiles > 0, "rlimit"),
+		"file_size":  mech(l.FileSizeBytes > 0, "rlimit"),
+		"syscalls":   "gvisor",
+	}
+}

@@ -1,0 +1,286 @@
+package gvisor
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// initEnv is set (to "1") in the environment of a sandbox's init, and
+// nowhere else: it is how the daemon's binary, run again inside gVisor as
+// the container's process, knows it is init.
+const initEnv = "SANDBOX_SIDECAR_GVISOR_INIT"
+
+// initName is init's process name inside the sandbox.
+const initName = "sandbox-init"
+
+// initDrainWait bounds how long init waits for a command's output pipes
+// to reach EOF once every process of the command is dead.
+const initDrainWait = 2 * time.Second
+
+// IsInit reports whether this process is a gVisor sandbox's init.
+func IsInit() bool { return os.Getenv(initEnv) == "1" }
+
+// InitMain runs a sandbox's init and never returns when IsInit is true;
+// otherwise it returns at once. The daemon's main function calls it first
+// thing, and so does every test binary that creates gVisor sandboxes.
+func InitMain() {
+	if !IsInit() {
+		return
+	}
+	os.Exit(runInit())
+}
+
+// What a hostile guest can do to init, and why it does not help it: init
+// is pid 1 of the sandbox and runs as root inside it, the guest's commands
+// as uid 1000 without capabilities, so they can neither signal nor trace it
+// (and init drops the signals a pid 1 may receive from inside); it makes
+// itself non-dumpable, so /proc/1/fd, environ and mem are closed to them;
+// the daemon's pipes are its stdin and stdout, which no command inherits
+// (each gets pipes of its own). Everything a command started is killed when
+// it ends, so no guest process lives between commands. Init still checks
+// every frame and bounds what it reads, and runs only argv that begin with
+// GNU timeout.
+
+// initState is init's whole state.
+type initState struct {
+	out     *bufio.Writer // to the daemon
+	outMu   sync.Mutex
+	mu      sync.Mutex
+	running bool
+}
+
+func runInit() int {
+	_ = os.WriteFile("/proc/self/comm", []byte(initName), 0)
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return initFail("cannot make init non-dumpable: %v", err)
+	}
+	if os.Getpid() != 1 {
+		return initFail("init must be pid 1 of the sandbox, not %d", os.Getpid())
+	}
+	sink := make(chan os.Signal, 1)
+	signal.Notify(sink, shieldedSignals()...)
+	if err := unix.Chdir("/"); err != nil {
+		return initFail("chdir /: %v", err)
+	}
+	st := &initState{out: bufio.NewWriterSize(os.Stdout, maxChunk+frameHeaderSize)}
+	if err := st.send(kindReady, nil); err != nil {
+		return initFail("cannot tell the daemon it is ready: %v", err)
+	}
+	in := bufio.NewReader(os.Stdin)
+	for {
+		kind, payload, err := readFrame(in, 1<<kindRun|1<<kindKill|1<<kindLstat)
+		if err != nil {
+			// The daemon went away (EOF) or broke the protocol: either way
+			// nobody will collect what runs here.
+			killAllButInit()
+			if !errors.Is(err, io.EOF) {
+				return initFail("reading the daemon's requests: %v", err)
+			}
+			return 0
+		}
+		switch kind {
+		case kindKill:
+			st.mu.Lock()
+			if st.running {
+				killAllButInit()
+			}
+			st.mu.Unlock()
+		case kindLstat:
+			st.lstat(string(payload))
+		case kindRun:
+			req, err := decodeRunRequest(payload)
+			if err != nil {
+				st.failed(fmt.Sprintf("init refused a request: %v", err))
+				continue
+			}
+			st.mu.Lock()
+			busy := st.running
+			st.running = !busy
+			st.mu.Unlock()
+			if busy {
+				st.failed("init is already running a command")
+				continue
+			}
+			go st.run(req)
+		}
+	}
+}
+
+func initFail(format string, args ...any) int {
+	fmt.Fprintf(os.Stderr, "sandbox init: "+format+"\n", args...)
+	return 2
+}
+
+// shieldedSignals are the signals init handles (by dropping them): all of
+// 1-31 but SIGKILL and SIGSTOP, SIGCHLD (init reaps), SIGURG and SIGPROF
+// (the Go runtime's own).
+func shieldedSignals() []os.Signal {
+	var sigs []os.Signal
+	for s := syscall.Signal(1); s <= 31; s++ {
+		switch s {
+		case syscall.SIGKILL, syscall.SIGSTOP, syscall.SIGCHLD, syscall.SIGURG, syscall.SIGPROF:
+			continue
+		}
+		sigs = append(sigs, s)
+	}
+	return sigs
+}
+
+// send writes one frame to the daemon.
+func (st *initState) send(kind byte, payload []byte) error {
+	st.outMu.Lock()
+	defer st.outMu.Unlock()
+	if err := writeFrame(st.out, kind, payload); err != nil {
+		return err
+	}
+	return st.out.Flush()
+}
+
+func (st *initState) failed(reason string) {
+	if len(reason) > maxReasonBytes {
+		reason = reason[:maxReasonBytes]
+	}
+	_ = st.send(kindFailed, []byte(reason))
+}
+
+// lstat answers what the guest's kernel has at path: gVisor keeps FIFOs
+// and sockets made inside the sandbox in its own memory, so the host's view
+// of the workspace lacks them. The answer is the file type bits and 0, or
+// 0 and the errno.
+func (st *initState) lstat(path string) {
+	var fi unix.Stat_t
+	var typ, errno uint32
+	if err := unix.Lstat(path, &fi); err != nil {
+		e, _ := errors.AsType[unix.Errno](err)
+		errno = uint32(e)
+		if errno == 0 {
+			errno = uint32(unix.EIO)
+		}
+	} else {
+		typ = fi.Mode & unix.S_IFMT
+	}
+	_ = st.send(kindLstated, exitStatus(typ, errno))
+}
+
+// killAllButInit sends SIGKILL to every process of the sandbox but init.
+func killAllButInit() { _ = unix.Kill(-1, unix.SIGKILL) }
+
+// run starts one command with pipes of its own, forwards its output, waits
+// for it (reaping every orphan meanwhile), kills whatever it left and
+// reports how it ended once all of its output has been sent.
+func (st *initState) run(req runRequest) {
+	// Init takes the next command as soon as it has answered this one,
+	// so it is idle again before its last frame.
+	idle := func() {
+		st.mu.Lock()
+		st.running = false
+		st.mu.Unlock()
+	}
+	fail := func(format string, args ...any) {
+		idle()
+		st.failed(fmt.Sprintf("sandbox: "+format+"\n", args...))
+	}
+	var pipes [3][2]*os.File // [stream][read, write]
+	for i := range pipes {
+		r, w, err := os.Pipe()
+		if err != nil {
+			for _, p := range pipes[:i] {
+				p[0].Close()
+				p[1].Close()
+			}
+			fail("cannot create pipes: %v", err)
+			return
+		}
+		pipes[i] = [2]*os.File{r, w}
+	}
+	pid, err := syscall.ForkExec(req.argv[0], req.argv, &syscall.ProcAttr{
+		Dir:   req.cwd,
+		Env:   req.env,
+		Files: []uintptr{pipes[0][0].Fd(), pipes[1][1].Fd(), pipes[2][1].Fd()},
+		Sys: &syscall.SysProcAttr{Setsid: true,
+			Credential: &syscall.Credential{Uid: guestUID, Gid: guestGID, Groups: []uint32{}}},
+	})
+	pipes[0][0].Close()
+	pipes[1][1].Close()
+	pipes[2][1].Close()
+	if err != nil {
+		pipes[0][1].Close()
+		pipes[1][0].Close()
+		pipes[2][0].Close()
+		// The child changes directory after it became the guest uid, so
+		// a directory the guest may not enter fails here as it should.
+		fail("cannot start the command in %s (is the working directory there and a directory the sandbox user may enter?): %v", req.cwd, err)
+		return
+	}
+	_ = st.send(kindStarted, []byte{byte(pid), byte(pid >> 8), byte(pid >> 16), byte(pid >> 24)})
+
+	go func() {
+		_, _ = pipes[0][1].Write(req.stdin)
+		pipes[0][1].Close()
+	}()
+	var drained sync.WaitGroup
+	for i, kind := range []byte{kindStdout, kindStderr} {
+		drained.Add(1)
+		go func() {
+			defer drained.Done()
+			defer pipes[i+1][0].Close()
+			buf := make([]byte, maxChunk)
+			for {
+				n, err := pipes[i+1][0].Read(buf)
+				if n > 0 {
+					_ = st.send(kind, buf[:n])
+				}
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+
+	// Reap everything until the command itself exits.
+	var status unix.WaitStatus
+	for {
+		var ws unix.WaitStatus
+		got, err := unix.Wait4(-1, &ws, 0, nil)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			break // ECHILD: cannot happen while the command lives
+		}
+		if got == pid {
+			status = ws
+			break
+		}
+	}
+	// A command's processes end with it: background jobs, setsid and
+	// double-fork escapees alike.
+	killAllButInit()
+	for {
+		_, err := unix.Wait4(-1, nil, 0, nil)
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
+	done := make(chan struct{})
+	go func() { drained.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(initDrainWait):
+	}
+	how, value := uint32(endExited), uint32(status.ExitStatus())
+	if status.Signaled() {
+		how, value = endKilled, uint32(status.Signal())
+	}
+	idle()
+	_ = st.send(kindExited, exitStatus(how, value))
+}

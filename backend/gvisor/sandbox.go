@@ -1,0 +1,453 @@
+package gvisor
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
+)
+
+// errSandboxDestroyed is the cancellation cause Destroy gives operations in
+// flight, so Exec can tell "destroyed under you" from "request cancelled".
+var errSandboxDestroyed = errors.New("sandbox destroyed")
+
+// sandbox is the in-memory state of one sandbox: its settings, the
+// operations in flight (so Destroy can stop them and wait for them), and
+// its init.
+//
+// The registry and operation tracking here are the same as the bubblewrap
+// backend's; they move to the shared backend skeleton when it lands.
+type sandbox struct {
+	id, dir string
+	env     map[string]string
+	limits  limits.Limits
+
+	mu         sync.Mutex
+	destroying bool
+	active     map[uint64]context.CancelCauseFunc
+	nextOp     uint64
+	wg         sync.WaitGroup
+
+	// initSlot holds the init while no command uses it: one command at a
+	// time per sandbox. There is no init until this process boots one (a
+	// new sandbox, or one re-adopted after a restart). gone means it died
+	// or was stopped in this process: the sandbox is terminated for good,
+	// and goneReported that an Exec has told its caller so.
+	initSlot     chan struct{}
+	initMu       sync.Mutex
+	init         *initConn
+	gone         bool
+	goneReported bool
+}
+
+func newSandbox(id, dir string, spec persistedSpec, lim limits.Limits) *sandbox {
+	sb := &sandbox{id: id, dir: dir, env: spec.Env, limits: lim,
+		active: make(map[uint64]context.CancelCauseFunc), initSlot: make(chan struct{}, 1)}
+	sb.initSlot <- struct{}{}
+	return sb
+}
+
+func (sb *sandbox) workDir() string   { return filepath.Join(sb.dir, workDirName) }
+func (sb *sandbox) tmpDir() string    { return filepath.Join(sb.dir, tmpDirName) }
+func (sb *sandbox) bundleDir() string { return filepath.Join(sb.dir, bundleName) }
+
+// containerID is the sandbox's name in runsc: its id, or for a trial
+// sandbox "probe." and the rest of its directory's name (a '.' is never in
+// an id, so List never reports one).
+func (sb *sandbox) containerID() string {
+	base := filepath.Base(sb.dir)
+	if rest, ok := strings.CutPrefix(base, probePrefix); ok {
+		return "probe." + rest
+	}
+	return base
+}
+
+func (sb *sandbox) isDestroying() bool {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return sb.destroying
+}
+
+// begin registers one operation. The returned context ends when ctx does or
+// when Destroy cancels it; done must be called when the operation is over.
+func (sb *sandbox) begin(ctx context.Context) (context.Context, func(), error) {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.destroying {
+		return nil, nil, backend.NotFound(sb.id)
+	}
+	if len(sb.active) >= maxActivePerSandbox {
+		return nil, nil, fmt.Errorf("%w: sandbox %s already has %d commands and file operations in flight; wait for one to finish", backend.ErrUnavailable, sb.id, maxActivePerSandbox)
+	}
+	opCtx, cancel := context.WithCancelCause(ctx)
+	key := sb.nextOp
+	sb.nextOp++
+	sb.active[key] = cancel
+	sb.wg.Add(1)
+	var once sync.Once
+	done := func() {
+		once.Do(func() {
+			sb.mu.Lock()
+			delete(sb.active, key)
+			sb.mu.Unlock()
+			cancel(nil)
+			sb.wg.Done()
+		})
+	}
+	return opCtx, done, nil
+}
+
+// cancelAll refuses new operations and cancels those in flight.
+func (sb *sandbox) cancelAll() {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	sb.destroying = true
+	for _, cancel := range sb.active {
+		cancel(errSandboxDestroyed)
+	}
+}
+
+// wait waits for the operations in flight for at most limit or until ctx
+// ends; it reports whether they all ended.
+func (sb *sandbox) wait(ctx context.Context, limit time.Duration) bool {
+	finished := make(chan struct{})
+	go func() { sb.wg.Wait(); close(finished) }()
+	t := time.NewTimer(limit)
+	defer t.Stop()
+	select {
+	case <-finished:
+		return true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return false
+}
+
+// initConn is the daemon's side of one running init: the write end of its
+// stdin, the read end of its stdout, and the frames read from it.
+type initConn struct {
+	toInit   *os.File
+	fromInit *os.File
+	log      *os.File // runsc's and init's stderr
+
+	wmu sync.Mutex
+
+	// dead is closed when the stream from init ends (init, or the whole
+	// sandbox, died or was stopped); deadErr says how.
+	dead    chan struct{}
+	deadErr error
+
+	mu  sync.Mutex
+	cur *command // the command frames are for
+
+	// lstatMu lets one lstat request at a time wait for its answer on
+	// lstated.
+	lstatMu sync.Mutex
+	lstated chan [2]uint32
+}
+
+// command is one command's share of the stream.
+type command struct {
+	stdout, stderr *capture.Buffer
+	end            chan frameEnd // exited or failed, once
+}
+
+// frameEnd is how init said a command ended.
+type frameEnd struct {
+	exitCode int
+	failed   string // the reason the command did not start
+}
+
+var errInitGone = errors.New("the sandbox's init is gone")
+
+// errInitDied is what acquireInit returns the first time after init died.
+var errInitDied = errors.New("the sandbox's init died")
+
+// readLoop reads init's frames until the stream ends, handing them to the
+// current command.
+func (c *initConn) readLoop() {
+	r := bufio.NewReaderSize(c.fromInit, maxChunk+frameHeaderSize)
+	const allowed = 1<<kindStarted | 1<<kindStdout | 1<<kindStderr | 1<<kindExited | 1<<kindFailed | 1<<kindLstated
+	var err error
+	for {
+		var kind byte
+		var payload []byte
+		kind, payload, err = readFrame(r, allowed)
+		if err != nil {
+			break
+		}
+		if kind == kindLstated {
+			select {
+			case c.lstated <- [2]uint32{binary.LittleEndian.Uint32(payload), binary.LittleEndian.Uint32(payload[4:])}:
+			default: // nobody asked: init is confused, but harmless
+			}
+			continue
+		}
+		c.mu.Lock()
+		cur := c.cur
+		switch kind {
+		case kindStdout, kindStderr:
+			if cur != nil {
+				buf := cur.stdout
+				if kind == kindStderr {
+					buf = cur.stderr
+				}
+				_, _ = buf.Write(payload)
+			}
+		case kindExited, kindFailed:
+			var e frameEnd
+			if kind == kindFailed {
+				e = frameEnd{exitCode: 1, failed: string(bytes.ToValidUTF8(payload, []byte("?")))}
+				if cur != nil {
+					_, _ = cur.stderr.Write(payload)
+				}
+			} else if e.exitCode, err = exitCode(payload); err != nil {
+				c.mu.Unlock()
+				break
+			}
+			c.cur = nil
+			if cur != nil {
+				cur.end <- e
+			}
+		}
+		c.mu.Unlock()
+		if err != nil {
+			break
+		}
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, os.ErrClosed) {
+		err = errInitGone
+	}
+	c.deadErr = err
+	close(c.dead)
+}
+
+func (c *initConn) alive() bool {
+	select {
+	case <-c.dead:
+		return false
+	default:
+		return true
+	}
+}
+
+// send writes one frame to init within sendTimeout.
+func (c *initConn) send(kind byte, payload []byte) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if err := c.toInit.SetWriteDeadline(time.Now().Add(sendTimeout)); err != nil {
+		return err
+	}
+	return writeFrame(c.toInit, kind, payload)
+}
+
+// lstatTimeout bounds one lstat request to init.
+const lstatTimeout = 5 * time.Second
+
+// guestLstat asks init what the guest sees at path: its file type bits
+// (unix.S_IFMT of the mode), or the errno of its lstat.
+func (c *initConn) guestLstat(ctx context.Context, path string) (typ uint32, errno unix.Errno, err error) {
+	c.lstatMu.Lock()
+	defer c.lstatMu.Unlock()
+	// Drop a stale answer to a request that timed out.
+	select {
+	case <-c.lstated:
+	default:
+	}
+	if err := c.send(kindLstat, []byte(path)); err != nil {
+		return 0, 0, err
+	}
+	t := time.NewTimer(lstatTimeout)
+	defer t.Stop()
+	select {
+	case a := <-c.lstated:
+		return a[0], unix.Errno(a[1]), nil
+	case <-c.dead:
+		return 0, 0, errInitGone
+	case <-t.C:
+		return 0, 0, fmt.Errorf("init did not answer within %v", lstatTimeout)
+	case <-ctx.Done():
+		return 0, 0, ctx.Err()
+	}
+}
+
+// logTail returns the end of what runsc and init wrote to stderr.
+func (c *initConn) logTail() string {
+	if c == nil || c.log == nil {
+		return ""
+	}
+	fi, err := c.log.Stat()
+	if err != nil || fi.Size() == 0 {
+		return ""
+	}
+	off := max(fi.Size()-logTailBytes, 0)
+	buf := make([]byte, fi.Size()-off)
+	n, _ := c.log.ReadAt(buf, off)
+	return string(bytes.TrimSpace(bytes.ToValidUTF8(buf[:n], []byte("?"))))
+}
+
+func (c *initConn) close() {
+	_ = c.toInit.Close()
+	_ = c.fromInit.Close()
+	if c.log != nil {
+		_ = c.log.Close()
+	}
+}
+
+// acquireInit takes sb's init for one command, booting the sandbox if this
+// process has no init for it yet. It waits for a command in flight to end
+// (until ctx does). It fails with errInitDied the first time after init
+// died, and with an error wrapping ErrNotFound after that. The caller
+// calls releaseInit when done.
+func (b *Backend) acquireInit(ctx context.Context, sb *sandbox) (*initConn, error) {
+	select {
+	case <-sb.initSlot:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	sb.initMu.Lock()
+	defer sb.initMu.Unlock()
+	if c := sb.init; c != nil && !c.alive() {
+		b.log.With("sandbox", sb.id).Warn("the sandbox's init died; the sandbox is terminated", "error", c.deadErr, "log", c.logTail())
+		c.close()
+		sb.init, sb.gone = nil, true
+	}
+	var err error
+	switch {
+	case sb.gone && !sb.goneReported:
+		sb.goneReported = true
+		err = errInitDied
+	case sb.gone:
+		err = fmt.Errorf("%w: sandbox %q was terminated (its gVisor sandbox died); destroy it and create a new one", backend.ErrNotFound, sb.id)
+	case sb.init == nil:
+		sb.init, err = b.boot(ctx, sb)
+	}
+	if err != nil {
+		sb.initSlot <- struct{}{}
+		return nil, err
+	}
+	return sb.init, nil
+}
+
+func (sb *sandbox) releaseInit() { sb.initSlot <- struct{}{} }
+
+// stopInit marks sb terminated and closes the daemon's ends of its init's
+// pipes: init reads EOF, kills every process of the sandbox and exits,
+// which stops the gVisor sandbox. Callers that want it gone at once also
+// run `runsc delete --force`.
+func (b *Backend) stopInit(sb *sandbox) {
+	sb.initMu.Lock()
+	defer sb.initMu.Unlock()
+	if sb.init != nil {
+		sb.init.close()
+		sb.init = nil
+	}
+	sb.gone, sb.goneReported = true, true
+}
+
+// terminate stops sb's gVisor sandbox because its init stopped answering;
+// the caller reports SandboxTerminated.
+func (b *Backend) terminate(sb *sandbox, c *initConn, why string) {
+	sb.initMu.Lock()
+	if sb.init == c && c != nil {
+		b.log.With("sandbox", sb.id).Warn("sandbox terminated: "+why, "log", c.logTail())
+		c.close()
+		sb.init = nil
+	}
+	sb.gone, sb.goneReported = true, true
+	sb.initMu.Unlock()
+	_, _ = b.cli(context.Background(), cliTimeout, "delete", "--force", sb.containerID())
+}
+
+// boot starts sb's gVisor sandbox with init as its process and waits for
+// init's ready frame. A sandbox runsc still has under that name (left by a
+// daemon that died) is deleted first.
+func (b *Backend) boot(ctx context.Context, sb *sandbox) (_ *initConn, err error) {
+	log := b.log.With("sandbox", sb.id)
+	if out, err := b.cli(ctx, cliTimeout, "delete", "--force", sb.containerID()); err != nil && !notExist(out) {
+		return nil, fmt.Errorf("%w: a stale gVisor sandbox of %s cannot be removed: %v", backend.ErrUnavailable, sb.id, err)
+	}
+	if err := b.writeBundle(sb); err != nil {
+		return nil, fmt.Errorf("%w: write the OCI bundle of sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
+	}
+	inR, inW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("%w: pipes for sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		inR.Close()
+		inW.Close()
+		return nil, fmt.Errorf("%w: pipes for sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
+	}
+	logf, err := os.OpenFile(filepath.Join(sb.dir, logName), os.O_RDWR|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o600)
+	if err != nil {
+		inR.Close()
+		inW.Close()
+		outR.Close()
+		outW.Close()
+		return nil, fmt.Errorf("%w: log of sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
+	}
+	c := &initConn{toInit: inW, fromInit: outR, log: logf, dead: make(chan struct{}), lstated: make(chan [2]uint32, 1)}
+	defer func() {
+		if err != nil {
+			c.close()
+			_, _ = b.cli(context.Background(), cliTimeout, "delete", "--force", sb.containerID())
+		}
+	}()
+
+	bctx, cancel := context.WithTimeout(ctx, bootTimeout)
+	defer cancel()
+	args := append(b.globalFlags(), "run", "--detach", "--bundle", sb.bundleDir(), sb.containerID())
+	cmd := exec.CommandContext(bctx, b.runsc, args...)
+	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, logf
+	cmd.WaitDelay = time.Second
+	start := time.Now()
+	runErr := cmd.Run()
+	inR.Close()
+	outW.Close()
+	if runErr != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("the gVisor sandbox of %s was not started: %w", sb.id, ctx.Err())
+		}
+		return nil, fmt.Errorf("%w: runsc could not start sandbox %s (%v): %s; check `%s --version` and docs/operations.md (gVisor)",
+			backend.ErrUnavailable, sb.id, runErr, c.logTail(), b.runsc)
+	}
+	if err := outR.SetReadDeadline(start.Add(bootTimeout)); err != nil {
+		return nil, fmt.Errorf("%w: %v", backend.ErrUnavailable, err)
+	}
+	stop := context.AfterFunc(ctx, func() { _ = outR.SetReadDeadline(time.Now()) })
+	kind, _, rerr := readFrame(outR, 1<<kindReady)
+	stop()
+	switch {
+	case rerr == nil && kind == kindReady:
+	case ctx.Err() != nil:
+		return nil, fmt.Errorf("the gVisor sandbox of %s was not started: %w", sb.id, ctx.Err())
+	case errors.Is(rerr, os.ErrDeadlineExceeded):
+		return nil, fmt.Errorf("%w: the init of sandbox %s did not start within %v; the host may be overloaded: %s", backend.ErrUnavailable, sb.id, bootTimeout, c.logTail())
+	default:
+		return nil, fmt.Errorf("%w: the init of sandbox %s did not start (%v): %s", backend.ErrUnavailable, sb.id, rerr, c.logTail())
+	}
+	if err := outR.SetReadDeadline(time.Time{}); err != nil {
+		return nil, fmt.Errorf("%w: %v", backend.ErrUnavailable, err)
+	}
+	go c.readLoop()
+	log.Debug("gVisor sandbox booted", "duration", time.Since(start))
+	return c, nil
+}

@@ -1,0 +1,270 @@
+package gvisor
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"path"
+	"strings"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+)
+
+// The conversation between the daemon and a sandbox's init.
+//
+// Init is the container's process (pid 1 inside gVisor). Its stdin and
+// stdout are two host pipes whose other ends only the daemon holds: runsc
+// donates the container process's stdio to the sandbox as host files, and
+// nothing else of the host reaches the guest that way. bubblewrap's init
+// protocol does not fit here: it hands init each command's pipes with
+// SCM_RIGHTS, and a descriptor cannot cross gVisor's boundary after the
+// sandbox started (the sentry does not accept host descriptors in control
+// messages). A Unix socket on a bind mount would need --host-uds, which lets
+// every guest process connect to host sockets on its mounts. So one ordered
+// byte stream each way carries frames:
+//
+//	init → daemon:  ready                     once, when init is set up
+//	daemon → init:  run (request)             one command: argv, env, cwd, stdin
+//	init → daemon:  started (pid) | failed (reason: the command did not start)
+//	init → daemon:  stdout / stderr (bytes)   the command's output, in chunks
+//	init → daemon:  exited (how, value)       after every process the command
+//	                                          started is dead and its output sent
+//	daemon → init:  kill                      kill the command now
+//	daemon → init:  lstat (path)              what the guest sees at path
+//	init → daemon:  lstat result (type, errno)
+//
+// A frame is a kind byte, three zero bytes and a little-endian u32 payload
+// length, then the payload. Both sides check every header and bound every
+// length before reading it. Output and the exit share one stream, so the
+// daemon has all of a command's output when it reads its exit.
+const (
+	frameHeaderSize = 8
+	// maxChunk bounds an output frame's payload (init sends at most this).
+	maxChunk = 64 << 10
+	// maxRunPayload bounds a run request: argv and env (backend.MaxExecBytes
+	// and the environment's 1 MiB) plus stdin (maxStdinBytes).
+	maxRunPayload = maxStdinBytes + 4<<20
+	// maxStdinBytes bounds a command's stdin, which travels in its request.
+	maxStdinBytes = 32 << 20
+	// maxReasonBytes bounds a failed frame's text.
+	maxReasonBytes = 4 << 10
+	requestMagic   = 0x71657267 // "greq"
+)
+
+// Frame kinds.
+const (
+	kindReady   = 1
+	kindRun     = 2
+	kindKill    = 3
+	kindStarted = 4
+	kindStdout  = 5
+	kindStderr  = 6
+	kindExited  = 7
+	kindFailed  = 8
+	kindLstat   = 9
+	kindLstated = 10
+)
+
+// How a command ended (the si_code of waitid).
+const (
+	endExited = 1 // the value is the exit status
+	endKilled = 2 // the value is the signal
+)
+
+var errBadFrame = errors.New("malformed frame")
+
+// maxPayload is the largest payload a frame of kind may carry, 0 for an
+// unknown kind.
+func maxPayload(kind byte) int {
+	switch kind {
+	case kindReady, kindKill:
+		return 0
+	case kindStarted:
+		return 4
+	case kindExited:
+		return 8
+	case kindStdout, kindStderr:
+		return maxChunk
+	case kindFailed:
+		return maxReasonBytes
+	case kindLstat:
+		return backend.MaxGuestPathLen
+	case kindLstated:
+		return 8
+	case kindRun:
+		return maxRunPayload
+	}
+	return -1
+}
+
+// writeFrame writes one frame. Callers serialise writes to one stream.
+func writeFrame(w io.Writer, kind byte, payload []byte) error {
+	buf := make([]byte, frameHeaderSize, frameHeaderSize+len(payload))
+	buf[0] = kind
+	binary.LittleEndian.PutUint32(buf[4:], uint32(len(payload)))
+	_, err := w.Write(append(buf, payload...))
+	return err
+}
+
+// readFrame reads one frame of a kind in allowed (a bitmask of 1<<kind).
+func readFrame(r io.Reader, allowed uint32) (byte, []byte, error) {
+	var h [frameHeaderSize]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return 0, nil, err
+	}
+	kind := h[0]
+	n := binary.LittleEndian.Uint32(h[4:])
+	limit := maxPayload(kind)
+	switch {
+	case h[1] != 0 || h[2] != 0 || h[3] != 0:
+		return 0, nil, fmt.Errorf("%w: reserved header bytes set", errBadFrame)
+	case kind >= 32 || allowed&(1<<kind) == 0 || limit < 0:
+		return 0, nil, fmt.Errorf("%w: unexpected kind %d", errBadFrame, kind)
+	case int64(n) > int64(limit):
+		return 0, nil, fmt.Errorf("%w: kind %d with %d bytes, more than %d", errBadFrame, kind, n, limit)
+	}
+	payload := make([]byte, n)
+	if _, err := io.ReadFull(r, payload); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return 0, nil, err
+	}
+	return kind, payload, nil
+}
+
+// exitStatus encodes an exited frame's payload.
+func exitStatus(how, value uint32) []byte {
+	b := binary.LittleEndian.AppendUint32(nil, how)
+	return binary.LittleEndian.AppendUint32(b, value)
+}
+
+// exitCode turns an exited frame's payload into the status a shell would
+// report: the exit status, or 128+N for a command killed by signal N.
+func exitCode(p []byte) (int, error) {
+	if len(p) != 8 {
+		return 0, fmt.Errorf("%w: exit status of %d bytes", errBadFrame, len(p))
+	}
+	how, v := binary.LittleEndian.Uint32(p), binary.LittleEndian.Uint32(p[4:])
+	switch {
+	case how == endExited && v <= 255:
+		return int(v), nil
+	case how == endKilled && v >= 1 && v <= 64:
+		return 128 + int(v), nil
+	}
+	return 0, fmt.Errorf("%w: not a valid exit (%d/%d)", errBadFrame, how, v)
+}
+
+// runRequest is what init needs to start one command.
+type runRequest struct {
+	argv  []string // argv[0] is timeoutPath: init only runs budgeted commands
+	env   []string // "NAME=value", the whole environment
+	cwd   string   // absolute, inside the sandbox
+	stdin []byte
+}
+
+// Bounds init applies to a request, beyond the total size.
+const (
+	maxRequestArgv = backend.MaxArgv + 8 // the command's and timeout's own
+	maxRequestEnv  = 1 << 16
+)
+
+func (r runRequest) encode() []byte {
+	n := 5*4 + len(r.cwd) + len(r.stdin)
+	for _, s := range append(r.argv[:len(r.argv):len(r.argv)], r.env...) {
+		n += 4 + len(s)
+	}
+	buf := make([]byte, 0, n)
+	buf = binary.LittleEndian.AppendUint32(buf, requestMagic)
+	for _, list := range [][]string{r.argv, r.env} {
+		buf = binary.LittleEndian.AppendUint32(buf, uint32(len(list)))
+		for _, s := range list {
+			buf = binary.LittleEndian.AppendUint32(buf, uint32(len(s)))
+			buf = append(buf, s...)
+		}
+	}
+	buf = binary.LittleEndian.AppendUint32(buf, uint32(len(r.cwd)))
+	buf = append(buf, r.cwd...)
+	buf = binary.LittleEndian.AppendUint32(buf, uint32(len(r.stdin)))
+	return append(buf, r.stdin...)
+}
+
+// decodeRunRequest parses and checks a request: every count and length
+// within what is left, no NUL in a string, argv starting with timeoutPath,
+// every environment entry NAME=value, a clean absolute cwd, nothing
+// trailing.
+func decodeRunRequest(buf []byte) (runRequest, error) {
+	bad := func(format string, args ...any) (runRequest, error) {
+		return runRequest{}, fmt.Errorf("%w: request: "+format, append([]any{errBadFrame}, args...)...)
+	}
+	u32 := func() (uint32, bool) {
+		if len(buf) < 4 {
+			return 0, false
+		}
+		v := binary.LittleEndian.Uint32(buf)
+		buf = buf[4:]
+		return v, true
+	}
+	bytesField := func() ([]byte, bool) {
+		n, ok := u32()
+		if !ok || uint64(n) > uint64(len(buf)) {
+			return nil, false
+		}
+		b := buf[:n]
+		buf = buf[n:]
+		return b, true
+	}
+	str := func() (string, bool) {
+		b, ok := bytesField()
+		return string(b), ok && !strings.ContainsRune(string(b), 0)
+	}
+	list := func(limit uint32) ([]string, bool) {
+		n, ok := u32()
+		if !ok || n > limit || uint64(n)*4 > uint64(len(buf)) {
+			return nil, false
+		}
+		out := make([]string, 0, n)
+		for range n {
+			s, ok := str()
+			if !ok {
+				return nil, false
+			}
+			out = append(out, s)
+		}
+		return out, true
+	}
+	if magic, ok := u32(); !ok || magic != requestMagic {
+		return bad("wrong magic")
+	}
+	var r runRequest
+	var ok bool
+	if r.argv, ok = list(maxRequestArgv); !ok {
+		return bad("bad argv")
+	}
+	if r.env, ok = list(maxRequestEnv); !ok {
+		return bad("bad environment")
+	}
+	if r.cwd, ok = str(); !ok {
+		return bad("bad working directory")
+	}
+	stdin, ok := bytesField()
+	if !ok || len(stdin) > maxStdinBytes {
+		return bad("bad stdin")
+	}
+	r.stdin = stdin
+	switch {
+	case len(buf) != 0:
+		return bad("%d bytes trailing", len(buf))
+	case len(r.argv) < 2 || r.argv[0] != timeoutPath:
+		return bad("argv must run %s and a command", timeoutPath)
+	case !path.IsAbs(r.cwd) || path.Clean(r.cwd) != r.cwd || len(r.cwd) > backend.MaxGuestPathLen:
+		return bad("working directory %q is not a clean absolute path", r.cwd)
+	}
+	for _, kv := range r.env {
+		if k, _, found := strings.Cut(kv, "="); !found || k == "" {
+			return bad("environment entry without a name")
+		}
+	}
+	return r, nil
+}
