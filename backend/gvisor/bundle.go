@@ -122,13 +122,13 @@ type ociSpec struct {
 type annotations map[string]string
 
 type ociProcess struct {
-	User            ociUser      `json:"user"`
-	Args            []string     `json:"args"`
-	Env             []string     `json:"env"`
-	Cwd             string       `json:"cwd"`
-	NoNewPrivileges bool         `json:"noNewPrivileges"`
-	Capabilities    ociCaps      `json:"capabilities"`
-	Rlimits         []ociRlimit  `json:"rlimits,omitempty"`
+	User            ociUser     `json:"user"`
+	Args            []string    `json:"args"`
+	Env             []string    `json:"env"`
+	Cwd             string      `json:"cwd"`
+	NoNewPrivileges bool        `json:"noNewPrivileges"`
+	Capabilities    ociCaps     `json:"capabilities"`
+	Rlimits         []ociRlimit `json:"rlimits,omitempty"`
 }
 
 type ociUser struct {
