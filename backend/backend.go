@@ -92,6 +92,12 @@ type LimitReporter interface {
 	LimitsInForce() map[string]string
 }
 
+// Describer is implemented by backends with facts about themselves that
+// health reports (the gvisor backend: its runsc version and platform).
+type Describer interface {
+	Describe() map[string]string
+}
+
 // Spec is what a client requires of a new sandbox. The zero value means
 // "no requirements stated": the backend's defaults apply (no network).
 type Spec struct {

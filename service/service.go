@@ -116,6 +116,9 @@ type Service struct {
 	// limits is the backend's LimitsInForce, read once at New (it does not
 	// change while the daemon runs) and shared, read-only, by every health.
 	limits map[string]string
+	// backendInfo is the backend's Describe, fixed at start; shared
+	// read-only like limits.
+	backendInfo map[string]string
 }
 
 type backendHealth struct {
@@ -135,6 +138,9 @@ func New(cfg Config) *Service {
 	s := &Service{m: cfg.Manager, policy: cfg.Policy, lim: cfg.Limits, log: cfg.Logger, version: cfg.Version, started: time.Now()}
 	if lr, ok := cfg.Manager.Backend().(backend.LimitReporter); ok {
 		s.limits = maps.Clone(lr.LimitsInForce())
+	}
+	if d, ok := cfg.Manager.Backend().(backend.Describer); ok {
+		s.backendInfo = maps.Clone(d.Describe())
 	}
 	return s
 }
@@ -282,7 +288,7 @@ func (s *Service) Health(ctx context.Context) HealthReport {
 		PendingDestroy: st.PendingDestroy, Pooled: st.Pooled,
 		Recovery: RecoveryReport{Adopted: st.Recovery.Adopted, Destroyed: st.Recovery.Destroyed, Swept: st.Recovery.Swept,
 			Failed: st.Recovery.Failed, MovedAside: st.Recovery.MovedAside, DurationS: st.Recovery.Duration.Seconds()},
-		Limits: s.limits}
+		Limits: s.limits, BackendInfo: s.backendInfo}
 	if err := s.backendHealth(ctx); err != nil {
 		r.Status = "degraded"
 		r.BackendError = err.Error()

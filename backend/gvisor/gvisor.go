@@ -39,6 +39,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -191,6 +192,11 @@ func New(cfg Config) (*Backend, error) {
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("%w: the gvisor backend needs the daemon to run as root (runsc sets up namespaces, a chroot and cgroups for every sandbox); see docs/operations.md (gVisor)", backend.ErrUnavailable)
 	}
+	if cfg.Platform == PlatformKVM {
+		if err := KVMUsable("/dev/kvm"); err != nil {
+			return nil, fmt.Errorf("%w: gvisor.platform kvm needs a working KVM, and this host has none (%v); use systrap, which needs no KVM", backend.ErrUnavailable, err)
+		}
+	}
 	bin, err := findRunsc(cfg.RunscPath)
 	if err != nil {
 		return nil, err
@@ -266,10 +272,32 @@ func (b *Backend) runscVersion(ctx context.Context) (string, error) {
 	return v, nil
 }
 
-// Version is the runsc version in use; Platform its platform. Health
-// reports both.
-func (b *Backend) Version() string  { return b.version }
-func (b *Backend) Platform() string { return b.cfg.Platform }
+// Describe implements backend.Describer: health reports the runsc binary,
+// its version and the platform.
+func (b *Backend) Describe() map[string]string {
+	return map[string]string{"runsc": b.runsc, "runsc_version": b.version, "platform": b.cfg.Platform}
+}
+
+// kvmCreateVM is the KVM_CREATE_VM ioctl (_IO(KVMIO, 0x01)).
+const kvmCreateVM = 0xAE01
+
+// KVMUsable reports whether this host lets the daemon make a KVM virtual
+// machine, which runsc's kvm platform needs: /dev/kvm opens and
+// KVM_CREATE_VM succeeds. That /dev/kvm exists proves nothing (a container
+// may have the node without access, a nested host may refuse the VM).
+func KVMUsable(device string) error {
+	f, err := os.OpenFile(device, os.O_RDWR|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", device, err)
+	}
+	defer f.Close()
+	vm, _, errno := syscall.Syscall(syscall.SYS_IOCTL, f.Fd(), kvmCreateVM, 0)
+	if errno != 0 {
+		return fmt.Errorf("KVM_CREATE_VM on %s: %w", device, errno)
+	}
+	_ = syscall.Close(int(vm))
+	return nil
+}
 
 // Name reports "gvisor".
 func (b *Backend) Name() string { return Name }

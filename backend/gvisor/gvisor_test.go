@@ -3,6 +3,7 @@ package gvisor
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -137,4 +138,175 @@ func TestGVisorConformance(t *testing.T) {
 			return nil
 		},
 	})
+}
+
+func execOK(t *testing.T, b *Backend, id, command string) string {
+	t.Helper()
+	res, err := b.Exec(context.Background(), id, backend.ExecRequest{Command: command, Timeout: 30 * time.Second})
+	if err != nil || res.ExitCode != 0 || res.SandboxTerminated {
+		t.Fatalf("%q: %+v, %v", command, res, err)
+	}
+	return string(res.Stdout)
+}
+
+// TestGVisorFilesVisibleAtOnceBothWays writes on one side and reads on the
+// other immediately, many times over with changing sizes: gVisor must not
+// serve the guest a cached view of the workspace (or /tmp), and the host
+// must see what the guest wrote as soon as the command returns.
+func TestGVisorFilesVisibleAtOnceBothWays(t *testing.T) {
+	b := newTestBackend(t)
+	ctx := context.Background()
+	const id = "files-both-ways"
+	if _, err := b.Create(ctx, id, backend.Spec{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range []string{"/workspace", "/tmp"} {
+		for i := range 8 {
+			p := dir + "/f"
+			// Host then guest: a new size each time (a stale cached size
+			// shows as a cut or padded read).
+			want := strings.Repeat(fmt.Sprintf("host %d;", i), i+1)
+			if err := b.WriteFile(ctx, id, p, []byte(want), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if got := execOK(t, b, id, "cat "+p); got != want {
+				t.Fatalf("guest read %q right after the host wrote %q", got, want)
+			}
+			// Guest then host.
+			want = strings.Repeat(fmt.Sprintf("guest %d;", i), 9-i)
+			execOK(t, b, id, fmt.Sprintf("printf %%s '%s' > %s", want, p))
+			got, err := b.ReadFile(ctx, id, p, 1<<20)
+			if err != nil || string(got) != want {
+				t.Fatalf("host read %q (%v) right after the guest wrote %q", got, err, want)
+			}
+		}
+		// A removal on the host is seen inside at once, and one inside on
+		// the host.
+		if err := os.Remove(filepath.Join(b.sandboxDir(id), map[string]string{"/workspace": workDirName, "/tmp": tmpDirName}[dir], "f")); err != nil {
+			t.Fatal(err)
+		}
+		if got := execOK(t, b, id, "ls -A "+dir); got != "" {
+			t.Fatalf("guest still lists %q in %s after the host removed it", got, dir)
+		}
+		execOK(t, b, id, "echo x > "+dir+"/g && mkdir "+dir+"/d && rm "+dir+"/g")
+		entries, err := b.ListDirectory(ctx, id, dir, 10)
+		if err != nil || len(entries) != 1 || entries[0].Name != "d" || !entries[0].IsDir {
+			t.Fatalf("host lists %+v (%v) in %s, want just the directory d", entries, err, dir)
+		}
+	}
+}
+
+// TestGVisorRestartReadopts simulates a daemon killed with -9: the first
+// backend's pipes to init close without a destroy (init then ends its
+// sandbox), a new backend on the same directory removes every runsc
+// sandbox left in its root, and the sandbox's next command boots a fresh
+// gVisor sandbox over the same files.
+func TestGVisorRestartReadopts(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "gvisor")
+	first := newTestBackend(t, func(c *Config) { c.Dir = dir })
+	ctx := context.Background()
+	const id = "survivor"
+	if _, err := first.Create(ctx, id, backend.Spec{Env: map[string]string{"WHO": "me"}}); err != nil {
+		t.Fatal(err)
+	}
+	execOK(t, first, id, "echo kept > /workspace/f")
+	// What kill -9 of the daemon leaves: runsc's sandbox still listed (it
+	// may still be winding down), no destroy.
+	first.mu.Lock()
+	sb := first.sandboxes[id]
+	first.mu.Unlock()
+	sb.initMu.Lock()
+	sb.init.close()
+	sb.init = nil
+	sb.initMu.Unlock()
+
+	second := newTestBackend(t, func(c *Config) { c.Dir = dir })
+	if ids, err := second.runscList(ctx); err != nil || len(ids) != 0 {
+		t.Fatalf("after a restart runsc still lists %v (%v); New must remove what the dead daemon left", ids, err)
+	}
+	if ids, err := second.List(ctx); err != nil || len(ids) != 1 || ids[0] != id {
+		t.Fatalf("List after a restart: %v, %v", ids, err)
+	}
+	if got := execOK(t, second, id, `cat /workspace/f; echo "$WHO"`); got != "kept\nme\n" {
+		t.Fatalf("re-adopted sandbox printed %q", got)
+	}
+	if err := second.Destroy(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if ids, err := second.runscList(ctx); err != nil || len(ids) != 0 {
+		t.Fatalf("after Destroy runsc still lists %v (%v)", ids, err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, id)); !os.IsNotExist(err) {
+		t.Fatalf("after Destroy the sandbox's directory is still there: %v", err)
+	}
+}
+
+// TestGVisorKilledRunscIsTerminatedNotHung kills a sandbox's runsc
+// processes with SIGKILL while a command runs: the command comes back
+// SandboxTerminated at once, and the next one finds the sandbox gone.
+func TestGVisorKilledRunscIsTerminatedNotHung(t *testing.T) {
+	b := newTestBackend(t)
+	ctx := context.Background()
+	const id = "killed"
+	if _, err := b.Create(ctx, id, backend.Spec{}); err != nil {
+		t.Fatal(err)
+	}
+	type outcome struct {
+		res backend.ExecResult
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res, err := b.Exec(ctx, id, backend.ExecRequest{Command: "echo started; sleep 600", Timeout: 20 * time.Minute})
+		done <- outcome{res, err}
+	}()
+	time.Sleep(time.Second)
+	for _, pid := range sandboxPIDs(t, b, id) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	select {
+	case o := <-done:
+		if o.err != nil || !o.res.SandboxTerminated || o.res.Reason() != backend.ReasonSandboxTerminated {
+			t.Fatalf("the running command returned %+v, %v; want sandbox_terminated", o.res, o.err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the running command did not come back within 20s of its sandbox's death")
+	}
+	if _, err := b.Exec(ctx, id, backend.ExecRequest{Command: "true", Timeout: time.Minute}); !errors.Is(err, backend.ErrNotFound) {
+		t.Fatalf("the next command: %v, want ErrNotFound", err)
+	}
+	if err := b.Destroy(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if ids, _ := b.runscList(ctx); len(ids) != 0 {
+		t.Fatalf("runsc still lists %v", ids)
+	}
+}
+
+// TestGVisorStartErrors: a missing or broken runsc, a relative path and an
+// unusable platform are clear start errors.
+func TestGVisorStartErrors(t *testing.T) {
+	runsc := testRunsc(t)
+	dir := t.TempDir()
+	notRunsc := filepath.Join(dir, "not-runsc")
+	if err := os.WriteFile(notRunsc, []byte("#!/bin/sh\necho 'this is not runsc'\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{Dir: filepath.Join(dir, "a"), RunscPath: filepath.Join(dir, "missing")}, "no such file"},
+		{Config{Dir: filepath.Join(dir, "b"), RunscPath: "runsc-relative"}, "absolute path"},
+		{Config{Dir: filepath.Join(dir, "c"), RunscPath: notRunsc}, "not a runsc version"},
+		{Config{Dir: filepath.Join(dir, "d"), RunscPath: dir}, "not an executable file"},
+		{Config{Dir: filepath.Join(dir, "e"), RunscPath: runsc, Platform: "vmware"}, "unknown platform"},
+		{Config{Dir: filepath.Join(dir, "f"), RunscPath: runsc, ExtraFlags: []string{"--network=host"}}, "decides itself"},
+		{Config{Dir: "relative", RunscPath: runsc}, "absolute path"},
+	} {
+		_, err := New(tc.cfg)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("New(%+v) = %v, want an error saying %q", tc.cfg, err, tc.want)
+		}
+	}
 }

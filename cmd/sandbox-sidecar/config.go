@@ -7,12 +7,14 @@ import (
 	"io"
 	"math"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/pelletier/go-toml/v2"
 
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/gvisor"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/sbx"
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/lifecycle"
@@ -33,6 +35,7 @@ type Config struct {
 	Limits    LimitsSection    `toml:"limits"`
 	Bwrap     BwrapSection     `toml:"bwrap"`
 	Sbx       SbxSection       `toml:"sbx"`
+	Gvisor    GvisorSection    `toml:"gvisor"`
 }
 
 type ServerSection struct {
@@ -198,6 +201,19 @@ type SbxSection struct {
 	KVMDevice     string   `toml:"kvm_device"`
 }
 
+// GvisorSection configures the gvisor (runsc) backend; see
+// docs/operations.md (gVisor).
+type GvisorSection struct {
+	// RunscPath is the runsc binary; empty means runsc on PATH.
+	RunscPath string `toml:"runsc_path"`
+	// Platform is runsc's platform: systrap (the default; no KVM needed),
+	// ptrace, or kvm (refused at start unless KVM_CREATE_VM works here).
+	Platform string `toml:"platform"`
+	// ExtraFlags are added to every runsc command line.
+	ExtraFlags List     `toml:"extra_flags"`
+	KillGrace  Duration `toml:"kill_grace"`
+}
+
 func defaultConfig() Config {
 	return Config{
 		Server: ServerSection{
@@ -232,6 +248,7 @@ func defaultConfig() Config {
 			ExecGrace: Duration(sbx.DefaultExecGrace), ListTimeout: Duration(sbx.DefaultListTimeout),
 			HostPolicy: string(sbx.PolicyUnknown), KVMDevice: sbx.DefaultKVMDevice,
 		},
+		Gvisor: GvisorSection{Platform: gvisor.PlatformSystrap, KillGrace: Duration(gvisor.DefaultKillGrace)},
 	}
 }
 
@@ -301,9 +318,22 @@ func (c *Config) validate() error {
 		bad("server.state_dir must not be empty")
 	}
 	switch c.Server.Backend {
-	case "bwrap", "sbx":
+	case "bwrap", "sbx", "gvisor":
 	default:
-		bad("server.backend %q: this build has bwrap and sbx", c.Server.Backend)
+		bad("server.backend %q: this build has bwrap, sbx and gvisor", c.Server.Backend)
+	}
+	switch c.Gvisor.Platform {
+	case gvisor.PlatformSystrap, gvisor.PlatformPtrace, gvisor.PlatformKVM:
+	default:
+		bad("gvisor.platform %q: use systrap (the default), ptrace or kvm", c.Gvisor.Platform)
+	}
+	if c.Gvisor.RunscPath != "" && !filepath.IsAbs(c.Gvisor.RunscPath) {
+		bad("gvisor.runsc_path %q must be an absolute path (or empty for runsc on PATH)", c.Gvisor.RunscPath)
+	}
+	for _, f := range c.Gvisor.ExtraFlags {
+		if !strings.HasPrefix(f, "--") {
+			bad("gvisor.extra_flags: %q must start with --", f)
+		}
 	}
 	if _, err := sbx.ParseHostPolicy(c.Sbx.HostPolicy); err != nil {
 		bad("sbx.host_policy: %v", err)
@@ -355,6 +385,7 @@ func (c *Config) validate() error {
 		"sbx.kill_after":                    int64(c.Sbx.KillAfter),
 		"sbx.exec_grace":                    int64(c.Sbx.ExecGrace),
 		"sbx.list_timeout":                  int64(c.Sbx.ListTimeout),
+		"gvisor.kill_grace":                 int64(c.Gvisor.KillGrace),
 	}
 	for name, v := range positive {
 		if v <= 0 {

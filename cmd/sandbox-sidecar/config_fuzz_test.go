@@ -67,7 +67,7 @@ func FuzzLoadConfig(f *testing.F) {
 
 // normalize maps empty lists to nil: TOML cannot tell them apart.
 func normalize(c Config) Config {
-	for _, l := range []*List{&c.Access.AllowUIDs, &c.Access.AllowGroups, &c.Access.AdminUIDs, &c.Access.AdminGroups} {
+	for _, l := range []*List{&c.Access.AllowUIDs, &c.Access.AllowGroups, &c.Access.AdminUIDs, &c.Access.AdminGroups, &c.Gvisor.ExtraFlags} {
 		if len(*l) == 0 {
 			*l = nil
 		}

@@ -12,6 +12,7 @@ import (
 	"sort"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/gvisor"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -70,6 +71,8 @@ func main() {
 	// In a sandbox's init process (the daemon's own binary, started by
 	// bubblewrap) this runs the init and never returns.
 	bwrap.InitMain()
+	// The same for a gVisor sandbox's init, started by runsc.
+	gvisor.InitMain()
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 

@@ -20,6 +20,7 @@ import (
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/gvisor"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/sbx"
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/hostids"
@@ -49,7 +50,7 @@ func serveConfig(args []string, stderr io.Writer) (Config, error) {
 	fs.Var(&s.SocketMode, "socket-mode", "mode of the socket; its directory gets the matching r-x bits")
 	fs.StringVar(&s.SocketGroup, "socket-group", s.SocketGroup, "group (name or gid) owning the socket; its members may connect (default: 'sandbox-sidecar' when that group exists and the daemon runs as root)")
 	fs.StringVar(&s.StateDir, "state-dir", s.StateDir, "state directory (one daemon per directory)")
-	fs.StringVar(&s.Backend, "backend", s.Backend, "sandbox backend: bwrap (namespaces, the default) or sbx (Docker Sandboxes microVMs; docs/sbx.md)")
+	fs.StringVar(&s.Backend, "backend", s.Backend, "sandbox backend: bwrap (namespaces, the default), gvisor (gVisor's runsc: a user-space kernel) or sbx (Docker Sandboxes microVMs; docs/sbx.md)")
 	fs.StringVar(&s.LogFormat, "log-format", s.LogFormat, "log format: text or json")
 	fs.StringVar(&s.LogLevel, "log-level", s.LogLevel, "log level: trace, debug, info, warn, error")
 	fs.IntVar(&s.MaxFrameBytes, "max-frame-bytes", s.MaxFrameBytes, "largest frame accepted or sent")
@@ -108,6 +109,10 @@ func serveConfig(args []string, stderr io.Writer) (Config, error) {
 	fs.StringVar(&sx.HostPolicy, "sbx-host-policy", sx.HostPolicy, "what `sbx policy init` was run with on this host: deny-all, allow-all or unknown")
 	fs.StringVar(&sx.Marker, "sbx-marker", sx.Marker, "prefix of the sbx sandbox names this daemon makes (default: derived from the state directory)")
 	fs.StringVar(&sx.KVMDevice, "sbx-kvm-device", sx.KVMDevice, "the KVM device the health check looks at")
+	gv := &cfg.Gvisor
+	fs.StringVar(&gv.RunscPath, "gvisor-runsc-path", gv.RunscPath, "the runsc binary (gvisor backend; empty: runsc on PATH)")
+	fs.StringVar(&gv.Platform, "gvisor-platform", gv.Platform, "runsc platform: systrap (no KVM needed), ptrace, or kvm (only where KVM_CREATE_VM works)")
+	fs.Var(&listFlag{l: &gv.ExtraFlags}, "gvisor-extra-flag", "an extra runsc flag, such as --debug-log=/var/log/runsc/ (repeatable)")
 	if err := parseFlags(fs, args); err != nil {
 		return cfg, err
 	}
@@ -116,7 +121,7 @@ func serveConfig(args []string, stderr io.Writer) (Config, error) {
 	}
 	fs.Visit(func(f *flag.Flag) {
 		if f.Name == "kill-grace" {
-			cfg.Bwrap.KillGrace, cfg.Sbx.KillAfter = killGrace, killGrace
+			cfg.Bwrap.KillGrace, cfg.Sbx.KillAfter, cfg.Gvisor.KillGrace = killGrace, killGrace, killGrace
 		}
 	})
 	if err := cfg.validate(); err != nil {
@@ -425,8 +430,14 @@ func newBackend(cfg Config, log hclog.Logger, enf *enforcement) (backend.Backend
 			KillAfter: cfg.Sbx.KillAfter.D(), ExecGrace: cfg.Sbx.ExecGrace.D(), ListTimeout: cfg.Sbx.ListTimeout.D(),
 			HostPolicy: policy, Marker: cfg.Sbx.Marker, KVMDevice: cfg.Sbx.KVMDevice, Logger: log.Named("sbx"),
 		})
+	case "gvisor":
+		return gvisor.New(gvisor.Config{
+			Dir: filepath.Join(cfg.Server.StateDir, "gvisor"), RunscPath: cfg.Gvisor.RunscPath,
+			Platform: cfg.Gvisor.Platform, ExtraFlags: cfg.Gvisor.ExtraFlags, KillGrace: cfg.Gvisor.KillGrace.D(),
+			Limits: cfg.Limits.sandboxLimits(), Logger: log.Named("gvisor"),
+		})
 	}
-	return nil, errors.New("unknown backend; this build has: bwrap, sbx")
+	return nil, errors.New("unknown backend; this build has: bwrap, gvisor, sbx")
 }
 
 // uint32Flag parses a flag's value into *p.

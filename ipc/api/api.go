@@ -63,6 +63,9 @@ type HealthResult struct {
 	// Limits names, for each per-sandbox limit, what enforces it on this
 	// host or "off"; only from a backend that reports them. Read-only.
 	Limits map[string]string `msgpack:"limits,omitempty"`
+	// BackendInfo is what the backend says about itself (gvisor: its
+	// runsc binary, version and platform); only from a backend that does.
+	BackendInfo map[string]string `msgpack:"backend_info,omitempty"`
 }
 
 // RecoveryReport is what start-up recovery did, as health reports it.

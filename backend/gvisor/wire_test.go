@@ -1,0 +1,100 @@
+package gvisor
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestRunRequestRoundTrip(t *testing.T) {
+	want := runRequest{argv: []string{timeoutPath, "--", "1.000", "sh", "-c", "echo 'x'"}, env: []string{"A=b", "EMPTY="},
+		cwd: "/workspace/sub", stdin: []byte("in\x00put")}
+	got, err := decodeRunRequest(want.encode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got.argv, want.argv) || !slices.Equal(got.env, want.env) || got.cwd != want.cwd || !bytes.Equal(got.stdin, want.stdin) {
+		t.Fatalf("round trip: %+v, want %+v", got, want)
+	}
+}
+
+func TestDecodeRunRequestRefuses(t *testing.T) {
+	good := runRequest{argv: []string{timeoutPath, "true"}, env: []string{"A=b"}, cwd: "/workspace"}
+	for name, req := range map[string]runRequest{
+		"not under timeout":  {argv: []string{"/bin/sh", "-c", "true"}, cwd: "/workspace"},
+		"timeout alone":      {argv: []string{timeoutPath}, cwd: "/workspace"},
+		"relative cwd":       {argv: good.argv, cwd: "workspace"},
+		"unclean cwd":        {argv: good.argv, cwd: "/workspace/../etc"},
+		"env without a name": {argv: good.argv, env: []string{"=x"}, cwd: "/workspace"},
+		"env without =":      {argv: good.argv, env: []string{"A"}, cwd: "/workspace"},
+		"NUL in argv":        {argv: []string{timeoutPath, "a\x00b"}, cwd: "/workspace"},
+	} {
+		if _, err := decodeRunRequest(req.encode()); !errors.Is(err, errBadFrame) {
+			t.Errorf("%s: err = %v, want errBadFrame", name, err)
+		}
+	}
+	enc := good.encode()
+	for name, buf := range map[string][]byte{
+		"empty":       nil,
+		"wrong magic": append([]byte{1, 2, 3, 4}, enc[4:]...),
+		"truncated":   enc[:len(enc)-3],
+		"trailing":    append(slices.Clone(enc), 0),
+		"huge count":  append(slices.Clone(enc[:4]), 0xff, 0xff, 0xff, 0x7f),
+	} {
+		if _, err := decodeRunRequest(buf); !errors.Is(err, errBadFrame) {
+			t.Errorf("%s: err = %v, want errBadFrame", name, err)
+		}
+	}
+}
+
+func TestFrames(t *testing.T) {
+	var buf bytes.Buffer
+	if err := writeFrame(&buf, kindStdout, []byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeFrame(&buf, kindExited, exitStatus(endKilled, 9)); err != nil {
+		t.Fatal(err)
+	}
+	allowed := uint32(1<<kindStdout | 1<<kindExited)
+	kind, p, err := readFrame(&buf, allowed)
+	if err != nil || kind != kindStdout || string(p) != "hello" {
+		t.Fatalf("first frame: %d %q %v", kind, p, err)
+	}
+	kind, p, err = readFrame(&buf, allowed)
+	if err != nil || kind != kindExited {
+		t.Fatalf("second frame: %d %v", kind, err)
+	}
+	if code, err := exitCode(p); err != nil || code != 137 {
+		t.Fatalf("exit code %d, %v; want 137", code, err)
+	}
+	if _, _, err := readFrame(&buf, allowed); !errors.Is(err, io.EOF) {
+		t.Fatalf("at the end: %v, want EOF", err)
+	}
+
+	bad := map[string][]byte{
+		"kind not allowed":   {kindRun, 0, 0, 0, 0, 0, 0, 0},
+		"unknown kind":       {99, 0, 0, 0, 0, 0, 0, 0},
+		"reserved bytes":     {kindStdout, 1, 0, 0, 0, 0, 0, 0},
+		"payload over bound": {kindStdout, 0, 0, 0, 0xff, 0xff, 0xff, 0xff},
+		"exit too long":      {kindExited, 0, 0, 0, 9, 0, 0, 0},
+	}
+	for name, b := range bad {
+		if _, _, err := readFrame(bytes.NewReader(b), allowed); !errors.Is(err, errBadFrame) {
+			t.Errorf("%s: err = %v, want errBadFrame", name, err)
+		}
+	}
+	// A frame cut short is an unexpected EOF, not a clean end.
+	var cut bytes.Buffer
+	_ = writeFrame(&cut, kindStdout, []byte(strings.Repeat("x", 100)))
+	if _, _, err := readFrame(bytes.NewReader(cut.Bytes()[:50]), allowed); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Errorf("cut frame: %v, want ErrUnexpectedEOF", err)
+	}
+	for _, p := range [][]byte{exitStatus(endExited, 256), exitStatus(endKilled, 0), exitStatus(7, 1), {1, 2}} {
+		if _, err := exitCode(p); !errors.Is(err, errBadFrame) {
+			t.Errorf("exitCode(%v): %v, want errBadFrame", p, err)
+		}
+	}
+}
