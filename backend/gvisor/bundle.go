@@ -17,8 +17,6 @@ const (
 	guestPath      = "/usr/local/bin:/usr/bin:/bin"
 	// guestInit is where the daemon's executable is bound, read-only.
 	guestInit = "/.sandbox-sidecar-init"
-
-	timeoutPath = "/usr/bin/timeout" // GNU coreutils, under the bound /usr
 )
 
 // Files bound into every sandbox's /etc, read-only, when the host has them:

@@ -59,7 +59,6 @@ func (b *Backend) execIn(ctx, opCtx context.Context, sb *sandbox, req backend.Ex
 		return backend.ExecResult{}, err
 	}
 	applied := backend.GuestTimeout(req.Timeout)
-	argv = append([]string{timeoutPath, "--kill-after=" + backend.TimeoutSeconds(backend.GuestTimeout(b.cfg.KillGrace)), "--", backend.TimeoutSeconds(applied)}, argv...)
 	terminated := backend.ExecResult{ExitCode: backend.ExitKilled, SandboxTerminated: true, AppliedTimeout: applied}
 	log := b.log.With("sandbox", sb.id)
 
@@ -100,7 +99,8 @@ func (b *Backend) execIn(ctx, opCtx context.Context, sb *sandbox, req backend.Ex
 			AppliedTimeout: applied, Duration: time.Since(start),
 		}
 	}
-	if err := c.send(kindRun, runRequest{argv: argv, env: env, cwd: cwd, stdin: req.Stdin}.encode()); err != nil {
+	run := runRequest{argv: argv, env: env, cwd: cwd, stdin: req.Stdin, timeout: applied, killAfter: backend.GuestTimeout(b.cfg.KillGrace)}
+	if err := c.send(kindRun, run.encode()); err != nil {
 		b.terminate(sb, c, fmt.Sprintf("cannot hand its init a command: %v", err))
 		res := result(backend.ExitKilled)
 		res.SandboxTerminated = true
@@ -125,7 +125,7 @@ func (b *Backend) execIn(ctx, opCtx context.Context, sb *sandbox, req backend.Ex
 			if e.failed != "" {
 				return res, nil // init wrote why to the command's stderr
 			}
-			res.TimedOut = outerFired || ((e.exitCode == backend.ExitTimedOut || e.exitCode == backend.ExitKilled) && res.Duration >= applied)
+			res.TimedOut = outerFired || e.timedOut
 			switch {
 			case cancelled && errors.Is(context.Cause(opCtx), errSandboxDestroyed):
 				res.SandboxTerminated, res.TimedOut = true, false

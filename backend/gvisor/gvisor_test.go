@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -308,5 +309,56 @@ func TestGVisorStartErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("New(%+v) = %v, want an error saying %q", tc.cfg, err, tc.want)
 		}
+	}
+}
+
+// TestGVisorMeasure logs, interleaved in one run, what a command costs
+// through the sandbox's init and through a bare `runsc exec` of the same
+// command in the same sandbox, and what a create costs. It asserts nothing
+// (performance is never asserted) and runs only with
+// SANDBOX_SIDECAR_GVISOR_MEASURE=1.
+func TestGVisorMeasure(t *testing.T) {
+	if os.Getenv("SANDBOX_SIDECAR_GVISOR_MEASURE") != "1" {
+		t.Skip("set SANDBOX_SIDECAR_GVISOR_MEASURE=1 to measure")
+	}
+	b := newTestBackend(t)
+	ctx := context.Background()
+	const rounds = 15
+	median := func(d []time.Duration) time.Duration {
+		s := slices.Clone(d)
+		slices.Sort(s)
+		return s[len(s)/2]
+	}
+	var creates []time.Duration
+	for i := range 5 {
+		start := time.Now()
+		id := fmt.Sprintf("measure-%d", i)
+		if _, err := b.Create(ctx, id, backend.Spec{}); err != nil {
+			t.Fatal(err)
+		}
+		creates = append(creates, time.Since(start))
+		if i > 0 {
+			_ = b.Destroy(ctx, id)
+		}
+	}
+	t.Logf("create (boot included): median %v", median(creates))
+	const id = "measure-0"
+	for _, argv := range [][]string{{"/bin/true"}, {"python3", "-c", "pass"}} {
+		var viaInit, viaExec []time.Duration
+		for range rounds {
+			start := time.Now()
+			if res, err := b.Exec(ctx, id, backend.ExecRequest{Argv: argv, Timeout: time.Minute}); err != nil || res.ExitCode != 0 {
+				t.Fatalf("%v: %+v %v", argv, res, err)
+			}
+			viaInit = append(viaInit, time.Since(start))
+			start = time.Now()
+			args := append([]string{"exec", "--user", "1000:1000", "--cwd", guestWorkspace, "--env", "PATH=" + guestPath, id}, argv...)
+			if out, err := b.cli(ctx, time.Minute, args...); err != nil {
+				t.Fatalf("runsc exec %v: %v %s", argv, err, out)
+			}
+			viaExec = append(viaExec, time.Since(start))
+		}
+		t.Logf("%v: through init median %v, bare runsc exec median %v (ratio %.2f)", argv, median(viaInit), median(viaExec),
+			float64(median(viaInit))/float64(median(viaExec)))
 	}
 }

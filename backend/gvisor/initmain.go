@@ -7,6 +7,8 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -168,7 +170,7 @@ func (st *initState) lstat(path string) {
 	} else {
 		typ = fi.Mode & unix.S_IFMT
 	}
-	_ = st.send(kindLstated, exitStatus(typ, errno))
+	_ = st.send(kindLstated, u32s(typ, errno))
 }
 
 // killAllButInit sends SIGKILL to every process of the sandbox but init.
@@ -189,6 +191,13 @@ func (st *initState) run(req runRequest) {
 		idle()
 		st.failed(fmt.Sprintf("sandbox: "+format+"\n", args...))
 	}
+	if fi, err := os.Stat(req.cwd); err != nil || !fi.IsDir() {
+		if err == nil {
+			err = unix.ENOTDIR
+		}
+		fail("cannot change directory to %s: %v", req.cwd, err)
+		return
+	}
 	var pipes [3][2]*os.File // [stream][read, write]
 	for i := range pipes {
 		r, w, err := os.Pipe()
@@ -202,7 +211,24 @@ func (st *initState) run(req runRequest) {
 		}
 		pipes[i] = [2]*os.File{r, w}
 	}
-	pid, err := syscall.ForkExec(req.argv[0], req.argv, &syscall.ProcAttr{
+	prog, err := lookPath(req.argv[0], req.env)
+	if err != nil {
+		// As a shell reports it: 127 for a command that is not there,
+		// 126 for one that cannot be run.
+		for _, p := range pipes {
+			p[0].Close()
+			p[1].Close()
+		}
+		code := uint32(126)
+		if errors.Is(err, unix.ENOENT) {
+			code = 127
+		}
+		idle()
+		_ = st.send(kindStderr, fmt.Appendf(nil, "sandbox: %s: %v\n", truncate(req.argv[0], 256), err))
+		_ = st.send(kindExited, u32s(endExited, code, timedNo))
+		return
+	}
+	pid, err := syscall.ForkExec(prog, req.argv, &syscall.ProcAttr{
 		Dir:   req.cwd,
 		Env:   req.env,
 		Files: []uintptr{pipes[0][0].Fd(), pipes[1][1].Fd(), pipes[2][1].Fd()},
@@ -217,10 +243,38 @@ func (st *initState) run(req runRequest) {
 		pipes[1][0].Close()
 		pipes[2][0].Close()
 		// The child changes directory after it became the guest uid, so
-		// a directory the guest may not enter fails here as it should.
-		fail("cannot start the command in %s (is the working directory there and a directory the sandbox user may enter?): %v", req.cwd, err)
+		// a directory the guest may not enter fails here as it should;
+		// so does a program it may not run.
+		code := uint32(126)
+		if errors.Is(err, unix.ENOENT) {
+			code = 127
+		}
+		idle()
+		_ = st.send(kindStderr, fmt.Appendf(nil, "sandbox: cannot run %s in %s: %v\n", truncate(req.argv[0], 256), req.cwd, err))
+		_ = st.send(kindExited, u32s(endExited, code, timedNo))
 		return
 	}
+	// The budget, as GNU timeout keeps it: SIGTERM to the command's
+	// process group at the budget, SIGKILL to every process of the
+	// sandbox once the grace is spent too.
+	var timedMu sync.Mutex
+	timed, reaped := uint32(timedNo), false
+	term := time.AfterFunc(req.timeout, func() {
+		timedMu.Lock()
+		defer timedMu.Unlock()
+		if !reaped {
+			timed = timedTerm
+			_ = unix.Kill(-pid, unix.SIGTERM)
+		}
+	})
+	kill := time.AfterFunc(req.timeout+req.killAfter, func() {
+		timedMu.Lock()
+		defer timedMu.Unlock()
+		if !reaped {
+			timed = timedKill
+			killAllButInit()
+		}
+	})
 	_ = st.send(kindStarted, []byte{byte(pid), byte(pid >> 8), byte(pid >> 16), byte(pid >> 24)})
 
 	go func() {
@@ -262,6 +316,11 @@ func (st *initState) run(req runRequest) {
 			break
 		}
 	}
+	timedMu.Lock()
+	reaped = true
+	timedMu.Unlock()
+	term.Stop()
+	kill.Stop()
 	// A command's processes end with it: background jobs, setsid and
 	// double-fork escapees alike.
 	killAllButInit()
@@ -282,5 +341,43 @@ func (st *initState) run(req runRequest) {
 		how, value = endKilled, uint32(status.Signal())
 	}
 	idle()
-	_ = st.send(kindExited, exitStatus(how, value))
+	_ = st.send(kindExited, u32s(how, value, timed))
+}
+
+// lookPath finds name as execvp would with env's PATH: a name with a
+// slash is used as it is.
+func lookPath(name string, env []string) (string, error) {
+	if strings.Contains(name, "/") {
+		return name, nil
+	}
+	pathVar := ""
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			pathVar = v
+		}
+	}
+	var found error = unix.ENOENT
+	for _, dir := range filepath.SplitList(pathVar) {
+		if dir == "" {
+			dir = "."
+		}
+		p := filepath.Join(dir, name)
+		fi, err := os.Stat(p)
+		if err != nil || fi.IsDir() {
+			continue
+		}
+		if fi.Mode().Perm()&0o111 == 0 {
+			found = unix.EACCES
+			continue
+		}
+		return p, nil
+	}
+	return "", found
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "..."
+	}
+	return s
 }

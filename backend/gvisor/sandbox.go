@@ -170,6 +170,7 @@ type command struct {
 // frameEnd is how init said a command ended.
 type frameEnd struct {
 	exitCode int
+	timedOut bool   // init stopped the command at its budget
 	failed   string // the reason the command did not start
 }
 
@@ -216,7 +217,7 @@ func (c *initConn) readLoop() {
 				if cur != nil {
 					_, _ = cur.stderr.Write(payload)
 				}
-			} else if e.exitCode, err = exitCode(payload); err != nil {
+			} else if e.exitCode, e.timedOut, err = exitCode(payload); err != nil {
 				c.mu.Unlock()
 				break
 			}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"path"
 	"strings"
+	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 )
@@ -28,7 +29,7 @@ import (
 //	daemon → init:  run (request)             one command: argv, env, cwd, stdin
 //	init → daemon:  started (pid) | failed (reason: the command did not start)
 //	init → daemon:  stdout / stderr (bytes)   the command's output, in chunks
-//	init → daemon:  exited (how, value)       after every process the command
+//	init → daemon:  exited (how, value, timed) after every process the command
 //	                                          started is dead and its output sent
 //	daemon → init:  kill                      kill the command now
 //	daemon → init:  lstat (path)              what the guest sees at path
@@ -83,7 +84,7 @@ func maxPayload(kind byte) int {
 	case kindStarted:
 		return 4
 	case kindExited:
-		return 8
+		return 12
 	case kindStdout, kindStderr:
 		return maxChunk
 	case kindFailed:
@@ -134,34 +135,54 @@ func readFrame(r io.Reader, allowed uint32) (byte, []byte, error) {
 	return kind, payload, nil
 }
 
-// exitStatus encodes an exited frame's payload.
-func exitStatus(how, value uint32) []byte {
-	b := binary.LittleEndian.AppendUint32(nil, how)
-	return binary.LittleEndian.AppendUint32(b, value)
+// What init did about a command's budget, in an exited frame.
+const (
+	timedNo   = 0 // the command ended within its budget
+	timedTerm = 1 // init sent the command's process group SIGTERM at the budget
+	timedKill = 2 // and, the grace spent, SIGKILL to every process of the sandbox
+)
+
+// u32s encodes little-endian u32 values (an exited or lstated payload).
+func u32s(vs ...uint32) []byte {
+	var b []byte
+	for _, v := range vs {
+		b = binary.LittleEndian.AppendUint32(b, v)
+	}
+	return b
 }
 
 // exitCode turns an exited frame's payload into the status a shell would
-// report: the exit status, or 128+N for a command killed by signal N.
-func exitCode(p []byte) (int, error) {
-	if len(p) != 8 {
-		return 0, fmt.Errorf("%w: exit status of %d bytes", errBadFrame, len(p))
+// report (the exit status, or 128+N for a command killed by signal N) and
+// whether init stopped the command at its budget. A timed-out command's
+// status is what GNU timeout gives: 124, or 137 when SIGKILL was needed.
+func exitCode(p []byte) (code int, timedOut bool, err error) {
+	if len(p) != 12 {
+		return 0, false, fmt.Errorf("%w: exit status of %d bytes", errBadFrame, len(p))
 	}
-	how, v := binary.LittleEndian.Uint32(p), binary.LittleEndian.Uint32(p[4:])
+	how, v, timed := binary.LittleEndian.Uint32(p), binary.LittleEndian.Uint32(p[4:]), binary.LittleEndian.Uint32(p[8:])
 	switch {
+	case timed == timedTerm:
+		return backend.ExitTimedOut, true, nil
+	case timed == timedKill:
+		return backend.ExitKilled, true, nil
+	case timed != timedNo:
 	case how == endExited && v <= 255:
-		return int(v), nil
+		return int(v), false, nil
 	case how == endKilled && v >= 1 && v <= 64:
-		return 128 + int(v), nil
+		return 128 + int(v), false, nil
 	}
-	return 0, fmt.Errorf("%w: not a valid exit (%d/%d)", errBadFrame, how, v)
+	return 0, false, fmt.Errorf("%w: not a valid exit (%d/%d/%d)", errBadFrame, how, v, timed)
 }
 
 // runRequest is what init needs to start one command.
 type runRequest struct {
-	argv  []string // argv[0] is timeoutPath: init only runs budgeted commands
+	argv  []string // the command, argv[0] a path or a name looked up in PATH
 	env   []string // "NAME=value", the whole environment
 	cwd   string   // absolute, inside the sandbox
 	stdin []byte
+	// timeout is the command's budget: at it init sends the command's
+	// process group SIGTERM, and killAfter later SIGKILL to everything.
+	timeout, killAfter time.Duration
 }
 
 // Bounds init applies to a request, beyond the total size.
@@ -171,12 +192,14 @@ const (
 )
 
 func (r runRequest) encode() []byte {
-	n := 5*4 + len(r.cwd) + len(r.stdin)
+	n := 5*4 + 16 + len(r.cwd) + len(r.stdin)
 	for _, s := range append(r.argv[:len(r.argv):len(r.argv)], r.env...) {
 		n += 4 + len(s)
 	}
 	buf := make([]byte, 0, n)
 	buf = binary.LittleEndian.AppendUint32(buf, requestMagic)
+	buf = binary.LittleEndian.AppendUint64(buf, uint64(r.timeout))
+	buf = binary.LittleEndian.AppendUint64(buf, uint64(r.killAfter))
 	for _, list := range [][]string{r.argv, r.env} {
 		buf = binary.LittleEndian.AppendUint32(buf, uint32(len(list)))
 		for _, s := range list {
@@ -191,9 +214,9 @@ func (r runRequest) encode() []byte {
 }
 
 // decodeRunRequest parses and checks a request: every count and length
-// within what is left, no NUL in a string, argv starting with timeoutPath,
-// every environment entry NAME=value, a clean absolute cwd, nothing
-// trailing.
+// within what is left, no NUL in a string, a budget within
+// backend.MaxTimeout, a non-empty argv, every environment entry NAME=value,
+// a clean absolute cwd, nothing trailing.
 func decodeRunRequest(buf []byte) (runRequest, error) {
 	bad := func(format string, args ...any) (runRequest, error) {
 		return runRequest{}, fmt.Errorf("%w: request: "+format, append([]any{errBadFrame}, args...)...)
@@ -238,6 +261,15 @@ func decodeRunRequest(buf []byte) (runRequest, error) {
 		return bad("wrong magic")
 	}
 	var r runRequest
+	if len(buf) < 16 {
+		return bad("no budget")
+	}
+	r.timeout = time.Duration(binary.LittleEndian.Uint64(buf))
+	r.killAfter = time.Duration(binary.LittleEndian.Uint64(buf[8:]))
+	buf = buf[16:]
+	if r.timeout <= 0 || r.timeout > backend.MaxTimeout || r.killAfter <= 0 || r.killAfter > backend.MaxTimeout {
+		return bad("budget %v, grace %v out of range", r.timeout, r.killAfter)
+	}
 	var ok bool
 	if r.argv, ok = list(maxRequestArgv); !ok {
 		return bad("bad argv")
@@ -256,8 +288,8 @@ func decodeRunRequest(buf []byte) (runRequest, error) {
 	switch {
 	case len(buf) != 0:
 		return bad("%d bytes trailing", len(buf))
-	case len(r.argv) < 2 || r.argv[0] != timeoutPath:
-		return bad("argv must run %s and a command", timeoutPath)
+	case len(r.argv) == 0 || r.argv[0] == "":
+		return bad("empty argv")
 	case !path.IsAbs(r.cwd) || path.Clean(r.cwd) != r.cwd || len(r.cwd) > backend.MaxGuestPathLen:
 		return bad("working directory %q is not a clean absolute path", r.cwd)
 	}

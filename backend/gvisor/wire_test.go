@@ -7,30 +7,37 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 )
 
 func TestRunRequestRoundTrip(t *testing.T) {
-	want := runRequest{argv: []string{timeoutPath, "--", "1.000", "sh", "-c", "echo 'x'"}, env: []string{"A=b", "EMPTY="},
-		cwd: "/workspace/sub", stdin: []byte("in\x00put")}
+	want := runRequest{argv: []string{"sh", "-c", "echo 'x'"}, env: []string{"A=b", "EMPTY="},
+		cwd: "/workspace/sub", stdin: []byte("in\x00put"), timeout: 1500 * time.Millisecond, killAfter: time.Second}
 	got, err := decodeRunRequest(want.encode())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(got.argv, want.argv) || !slices.Equal(got.env, want.env) || got.cwd != want.cwd || !bytes.Equal(got.stdin, want.stdin) {
+	if !slices.Equal(got.argv, want.argv) || !slices.Equal(got.env, want.env) || got.cwd != want.cwd || !bytes.Equal(got.stdin, want.stdin) ||
+		got.timeout != want.timeout || got.killAfter != want.killAfter {
 		t.Fatalf("round trip: %+v, want %+v", got, want)
 	}
 }
 
 func TestDecodeRunRequestRefuses(t *testing.T) {
-	good := runRequest{argv: []string{timeoutPath, "true"}, env: []string{"A=b"}, cwd: "/workspace"}
+	s := time.Second
+	good := runRequest{argv: []string{"true"}, env: []string{"A=b"}, cwd: "/workspace", timeout: s, killAfter: s}
 	for name, req := range map[string]runRequest{
-		"not under timeout":  {argv: []string{"/bin/sh", "-c", "true"}, cwd: "/workspace"},
-		"timeout alone":      {argv: []string{timeoutPath}, cwd: "/workspace"},
-		"relative cwd":       {argv: good.argv, cwd: "workspace"},
-		"unclean cwd":        {argv: good.argv, cwd: "/workspace/../etc"},
-		"env without a name": {argv: good.argv, env: []string{"=x"}, cwd: "/workspace"},
-		"env without =":      {argv: good.argv, env: []string{"A"}, cwd: "/workspace"},
-		"NUL in argv":        {argv: []string{timeoutPath, "a\x00b"}, cwd: "/workspace"},
+		"no budget":          {argv: good.argv, cwd: "/workspace", killAfter: s},
+		"no grace":           {argv: good.argv, cwd: "/workspace", timeout: s},
+		"budget too long":    {argv: good.argv, cwd: "/workspace", timeout: backend.MaxTimeout + 1, killAfter: s},
+		"empty argv":         {cwd: "/workspace", timeout: s, killAfter: s},
+		"relative cwd":       {argv: good.argv, cwd: "workspace", timeout: s, killAfter: s},
+		"unclean cwd":        {argv: good.argv, cwd: "/workspace/../etc", timeout: s, killAfter: s},
+		"env without a name": {argv: good.argv, env: []string{"=x"}, cwd: "/workspace", timeout: s, killAfter: s},
+		"env without =":      {argv: good.argv, env: []string{"A"}, cwd: "/workspace", timeout: s, killAfter: s},
+		"NUL in argv":        {argv: []string{"a\x00b"}, cwd: "/workspace", timeout: s, killAfter: s},
 	} {
 		if _, err := decodeRunRequest(req.encode()); !errors.Is(err, errBadFrame) {
 			t.Errorf("%s: err = %v, want errBadFrame", name, err)
@@ -55,7 +62,7 @@ func TestFrames(t *testing.T) {
 	if err := writeFrame(&buf, kindStdout, []byte("hello")); err != nil {
 		t.Fatal(err)
 	}
-	if err := writeFrame(&buf, kindExited, exitStatus(endKilled, 9)); err != nil {
+	if err := writeFrame(&buf, kindExited, u32s(endKilled, 9, timedNo)); err != nil {
 		t.Fatal(err)
 	}
 	allowed := uint32(1<<kindStdout | 1<<kindExited)
@@ -67,8 +74,8 @@ func TestFrames(t *testing.T) {
 	if err != nil || kind != kindExited {
 		t.Fatalf("second frame: %d %v", kind, err)
 	}
-	if code, err := exitCode(p); err != nil || code != 137 {
-		t.Fatalf("exit code %d, %v; want 137", code, err)
+	if code, timed, err := exitCode(p); err != nil || code != 137 || timed {
+		t.Fatalf("exit code %d (timed out %v), %v; want 137 not timed out", code, timed, err)
 	}
 	if _, _, err := readFrame(&buf, allowed); !errors.Is(err, io.EOF) {
 		t.Fatalf("at the end: %v, want EOF", err)
@@ -79,7 +86,7 @@ func TestFrames(t *testing.T) {
 		"unknown kind":       {99, 0, 0, 0, 0, 0, 0, 0},
 		"reserved bytes":     {kindStdout, 1, 0, 0, 0, 0, 0, 0},
 		"payload over bound": {kindStdout, 0, 0, 0, 0xff, 0xff, 0xff, 0xff},
-		"exit too long":      {kindExited, 0, 0, 0, 9, 0, 0, 0},
+		"exit too long":      {kindExited, 0, 0, 0, 13, 0, 0, 0},
 	}
 	for name, b := range bad {
 		if _, _, err := readFrame(bytes.NewReader(b), allowed); !errors.Is(err, errBadFrame) {
@@ -92,9 +99,15 @@ func TestFrames(t *testing.T) {
 	if _, _, err := readFrame(bytes.NewReader(cut.Bytes()[:50]), allowed); !errors.Is(err, io.ErrUnexpectedEOF) {
 		t.Errorf("cut frame: %v, want ErrUnexpectedEOF", err)
 	}
-	for _, p := range [][]byte{exitStatus(endExited, 256), exitStatus(endKilled, 0), exitStatus(7, 1), {1, 2}} {
-		if _, err := exitCode(p); !errors.Is(err, errBadFrame) {
+	for _, p := range [][]byte{u32s(endExited, 256, 0), u32s(endKilled, 0, 0), u32s(7, 1, 0), u32s(endExited, 0, 3), u32s(endExited, 0), {1, 2}} {
+		if _, _, err := exitCode(p); !errors.Is(err, errBadFrame) {
 			t.Errorf("exitCode(%v): %v, want errBadFrame", p, err)
+		}
+	}
+	// A command init stopped at its budget reads as GNU timeout's status.
+	for timed, want := range map[uint32]int{timedTerm: 124, timedKill: 137} {
+		if code, to, err := exitCode(u32s(endKilled, 15, timed)); err != nil || code != want || !to {
+			t.Errorf("timed %d: %d %v %v, want %d timed out", timed, code, to, err, want)
 		}
 	}
 }
