@@ -99,13 +99,16 @@ type harness struct {
 	proc     *testdaemon.Process
 
 	client *ipc.Client
-	bounds string // what the harness verified, for the report
+	bounds string   // what the harness verified, for the report
+	extra  []string // more serve flags
 }
 
-func startHarness(t *testing.T) *harness {
+// startHarness starts the daemon in the harness; extra are more serve
+// flags (another backend).
+func startHarness(t *testing.T, extra ...string) *harness {
 	t.Helper()
 	requireHost(t)
-	h := &harness{t: t}
+	h := &harness{t: t, extra: extra}
 
 	// The state directory lives on a capped tmpfs.
 	base, err := os.MkdirTemp("", "sidecar-escape")
@@ -196,6 +199,7 @@ func (h *harness) start() {
 		"serve", "--socket", h.socket, "--state-dir", h.stateDir, "--log-format", "json", "--reap-interval", "200ms",
 		// Each sandbox's disk cap must fit in the harness's tmpfs.
 		"--limit-disk", strconv.Itoa(harnessSandboxDisk)}
+	args = append(args, h.extra...)
 	h.cmd = exec.Command("/bin/sh", args...)
 	h.cmd.ExtraFiles = []*os.File{gateR}
 	h.cmd.Env = os.Environ()
