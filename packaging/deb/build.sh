@@ -119,7 +119,7 @@ Maintainer: $maintainer
 Installed-Size: $installed_size
 Depends: bubblewrap (>= 0.5.0), systemd | systemd-standalone-sysusers | systemd-sysusers
 Recommends: systemd
-Suggests: python3
+Suggests: python3, runsc
 Section: admin
 Priority: optional
 Homepage: https://github.com/sandbox-sidecar/sandbox-sidecar

@@ -19,6 +19,8 @@ a host uid of its own from the uid range, in an unprivileged user namespace
 the packaged service has no network of its own.'
   [sbx]='With backend = "sbx", install the drop-in that gives the service /dev/kvm
 and the network: /usr/share/doc/sandbox-sidecar/examples/sbx-backend.conf.'
+  [gvisor]='With backend = "gvisor", install gVisor'"'"'s runsc (docs/operations.md, gVisor) and the
+drop-in that runs the service as root: /usr/share/doc/sandbox-sidecar/examples/gvisor-backend.conf.'
   [server.audit_file]='The service may write under /var/log/sandbox-sidecar (LogsDirectory=).'
   [limits.cgroups]='The service has Delegate=yes: sandboxes get cgroups of their own where the
 host'"'"'s cgroup v2 has the memory, pids and cpu controllers (Debian 12,
