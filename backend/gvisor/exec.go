@@ -92,6 +92,7 @@ func (b *Backend) execIn(ctx, opCtx context.Context, sb *sandbox, req backend.Ex
 	}()
 
 	start := time.Now()
+	oomBefore := sb.oomKills()
 	result := func(code int) backend.ExecResult {
 		return backend.ExecResult{
 			ExitCode: code, Stdout: cmd.stdout.Bytes(), Stderr: cmd.stderr.Bytes(),
@@ -141,6 +142,11 @@ func (b *Backend) execIn(ctx, opCtx context.Context, sb *sandbox, req backend.Ex
 		case <-c.dead:
 			res := result(backend.ExitKilled)
 			res.SandboxTerminated = true
+			// The host's OOM killer can only kill the sentry or gofer:
+			// a sandbox past its memory limit dies whole.
+			if after := sb.oomKills(); after > oomBefore {
+				res.OOMKills, res.OOMKilled = after-oomBefore, true
+			}
 			destroyed := errors.Is(context.Cause(opCtx), errSandboxDestroyed)
 			if !destroyed {
 				b.terminate(sb, c, fmt.Sprintf("its gVisor sandbox died during a command (%v)", c.deadErr))

@@ -46,6 +46,7 @@ import (
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/statedir"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 )
 
@@ -124,10 +125,17 @@ type Config struct {
 	// ExecGrace is the time beyond a command's Timeout+KillGrace after which
 	// the daemon has init kill it (default DefaultExecGrace).
 	ExecGrace time.Duration
-	// Limits are every sandbox's limits. This backend enforces the rlimits
-	// (OpenFiles, FileSizeBytes) through the OCI spec; the others are
-	// not enforced yet, and a spec asking for one is refused.
+	// Limits are every sandbox's limits, and the most a spec may ask for.
+	// The rlimits (OpenFiles, FileSizeBytes) are set through the OCI spec;
+	// MemoryBytes, PIDs, CPUs and CPUWeight need Cgroups. Disk caps are not
+	// enforced by this backend (DiskBytes is ignored and reported off, and a
+	// spec asking for one is refused).
 	Limits limits.Limits
+	// Cgroups gives every sandbox a cgroup of its own with the memory,
+	// process and CPU limits of Limits, holding its runsc sandbox and gofer.
+	// Nil: those limits are not enforced and a spec asking for one is
+	// refused.
+	Cgroups *cgroup.Manager
 	// Logger receives the backend's logs; nil discards them.
 	Logger hclog.Logger
 }
@@ -226,6 +234,7 @@ func New(cfg Config) (*Backend, error) {
 	if n := b.sweepRunsc(context.Background(), nil); n > 0 {
 		b.log.Warn("removed runsc sandboxes left by a previous daemon", "count", n)
 	}
+	b.sweepCgroups()
 	if probes, _ := filepath.Glob(filepath.Join(cfg.Dir, probePrefix+"*")); len(probes) > 0 {
 		for _, p := range probes {
 			_ = statedir.RemoveAll(p)
@@ -314,6 +323,10 @@ func (b *Backend) globalFlags() []string {
 		// operations) while the guest uses them: gVisor must not cache
 		// them as if it owned them exclusively.
 		"--file-access-mounts=shared",
+		// The daemon owns the sandboxes' cgroups: runsc would otherwise
+		// make one per container at the top of the hierarchy and move the
+		// sentry and gofer there, out of the group they were born in.
+		"--ignore-cgroups",
 	}
 	return append(f, b.cfg.ExtraFlags...)
 }
@@ -399,6 +412,7 @@ func (b *Backend) probe(ctx context.Context) error {
 	defer func() {
 		b.stopInit(sb)
 		_, _ = b.cli(context.Background(), cliTimeout, "delete", "--force", sb.containerID())
+		_ = b.removeCgroup(sb)
 		_ = statedir.RemoveAll(dir)
 	}()
 	if err := b.prepareDirs(sb); err != nil {
@@ -474,16 +488,6 @@ func (b *Backend) forget(sb *sandbox) {
 	b.log.With("sandbox", sb.id).Warn("the sandbox's directory was removed behind the daemon's back; its gVisor sandbox is stopped")
 }
 
-// effectiveLimits is what one sandbox gets: the daemon's limits. Until
-// memory, CPU, process and disk limits are enforced for gVisor sandboxes,
-// a spec asking for any of them is refused.
-func (b *Backend) effectiveLimits(r backend.Resources) (limits.Limits, error) {
-	if !r.IsZero() {
-		return limits.Limits{}, fmt.Errorf("%w: the gvisor backend does not enforce per-sandbox memory, CPU, process or disk limits yet; leave resources out", backend.ErrSpecUnenforceable)
-	}
-	return b.cfg.Limits, nil
-}
-
 // Create makes Dir/<id> with an empty workspace and /tmp, records the spec
 // and boots the sandbox's gVisor sandbox with its init. It refuses any
 // network but none.
@@ -528,6 +532,9 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 		if err != nil {
 			b.stopInit(sb)
 			_, _ = b.cli(context.Background(), cliTimeout, "delete", "--force", sb.containerID())
+			if rmErr := b.removeCgroup(sb); rmErr != nil {
+				log.Error("cannot remove the cgroup of a half-made sandbox", "error", rmErr)
+			}
 			if rmErr := statedir.RemoveAll(dir); rmErr != nil {
 				log.Error("cannot remove half-made sandbox", "error", rmErr)
 			}
@@ -597,6 +604,9 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	if out, derr := b.cli(context.WithoutCancel(ctx), cliTimeout, "delete", "--force", sb.containerID()); derr != nil && !notExist(out) {
 		err = fmt.Errorf("runsc delete: %w", derr)
 	}
+	// The cgroup by name: a sandbox never used by this process has none in
+	// memory, yet may have one on the host.
+	err = errors.Join(err, b.removeCgroup(sb))
 	if !sb.wait(ctx, destroyWait) {
 		log.Warn("operations in flight did not all end in time; removing the files anyway", "waited_up_to", destroyWait)
 	}
@@ -708,25 +718,6 @@ func (b *Backend) Close() error {
 		b.stopInit(sb)
 	}
 	b.sweepRunsc(context.Background(), nil)
+	b.sweepCgroups()
 	return nil
-}
-
-// LimitsInForce names the mechanism enforcing each limit.
-func (b *Backend) LimitsInForce() map[string]string {
-	l := b.cfg.Limits
-	mech := func(configured bool, how string) string {
-		if !configured {
-			return "none"
-		}
-		return how
-	}
-	return map[string]string{
-		"memory":     mech(l.MemoryBytes > 0, "off"),
-		"pids":       mech(l.PIDs > 0, "off"),
-		"cpu":        mech(l.CPUs > 0 || l.CPUWeight > 0, "off"),
-		"disk":       mech(l.DiskBytes > 0, "off"),
-		"open_files": mech(l.OpenFiles > 0, "rlimit"),
-		"file_size":  mech(l.FileSizeBytes > 0, "rlimit"),
-		"syscalls":   "gvisor",
-	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/backendtest"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 )
 
@@ -360,5 +361,85 @@ func TestGVisorMeasure(t *testing.T) {
 		}
 		t.Logf("%v: through init median %v, bare runsc exec median %v (ratio %.2f)", argv, median(viaInit), median(viaExec),
 			float64(median(viaInit))/float64(median(viaExec)))
+	}
+}
+
+// testCgroups is a cgroup manager of the test's own (root only).
+func testCgroups(t *testing.T) *cgroup.Manager {
+	t.Helper()
+	base := fmt.Sprintf("sandbox-sidecar-gvisor-test-%d-%d", os.Getpid(), time.Now().UnixNano())
+	m, err := cgroup.New(cgroup.Options{Base: base, UnderRoot: true})
+	if err != nil {
+		skipOrFail(t, "cgroups unavailable: %v", err)
+	}
+	t.Cleanup(func() {
+		names, _ := m.List()
+		for _, n := range names {
+			_ = m.Remove(context.Background(), n)
+		}
+		for _, d := range m.Dirs() {
+			if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("the test's cgroup base %s is left behind: %v", d, err)
+			}
+		}
+	})
+	return m
+}
+
+// TestGVisorConformanceWithLimits runs the suite again with a cgroup per
+// sandbox and the daemon's default limits.
+func TestGVisorConformanceWithLimits(t *testing.T) {
+	testRunsc(t)
+	backendtest.Run(t, func(t *testing.T) backend.Backend {
+		// A manager per backend: New removes every cgroup under its base.
+		cgm := testCgroups(t)
+		return newTestBackend(t, func(c *Config) { c.Cgroups, c.Limits = cgm, limits.Defaults() })
+	}, backendtest.Options{
+		Workdir: guestWorkspace, RealIsolation: true, AcceptBlockNetwork: true,
+		KillGrace: 500 * time.Millisecond, KillsEscapeesAtTimeout: true,
+	})
+}
+
+// TestGVisorMemoryLimit: a sandbox that allocates past its memory limit is
+// killed whole (the host's OOM killer sees only the sentry), its command
+// reports sandbox_terminated with oom_killed, and the host is unharmed; a
+// spec asking for more than the daemon's maximum, or for a disk cap, is
+// refused.
+func TestGVisorMemoryLimit(t *testing.T) {
+	testRunsc(t)
+	cgm := testCgroups(t)
+	lim := limits.Defaults()
+	b := newTestBackend(t, func(c *Config) { c.Cgroups, c.Limits = cgm, lim })
+	ctx := context.Background()
+	for _, r := range []backend.Resources{{MemoryBytes: 2 * lim.MemoryBytes}, {DiskBytes: 1 << 20}, {PIDs: -1}} {
+		if _, err := b.Create(ctx, "refused", backend.Spec{Resources: r}); !errors.Is(err, backend.ErrSpecUnenforceable) {
+			t.Errorf("Create with %+v: %v, want ErrSpecUnenforceable", r, err)
+		}
+	}
+	const id = "balloon"
+	if _, err := b.Create(ctx, id, backend.Spec{Resources: backend.Resources{MemoryBytes: 256 << 20, PIDs: 64}}); err != nil {
+		t.Fatal(err)
+	}
+	sb, err := b.lookup(id)
+	if err != nil || sb.cg == nil {
+		t.Fatalf("the sandbox has no cgroup: %v", err)
+	}
+	pids, err := sb.cg.PIDs()
+	if err != nil || len(pids) == 0 {
+		t.Fatalf("the sandbox's cgroup holds no process (%v): runsc was not started in it", err)
+	}
+	// dd's one 400 MiB buffer, written to: more than the sandbox may hold.
+	res, err := b.Exec(ctx, id, backend.ExecRequest{Command: `dd if=/dev/zero of=/dev/null bs=400M count=1`, Timeout: 2 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.SandboxTerminated || !res.OOMKilled || res.OOMKills == 0 {
+		t.Fatalf("a balloon past 256 MiB: %+v; want sandbox_terminated with oom_killed", res)
+	}
+	if err := b.Destroy(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if names, _ := cgm.List(); len(names) != 0 {
+		t.Fatalf("cgroups left after Destroy: %v", names)
 	}
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 )
 
@@ -36,6 +37,7 @@ type sandbox struct {
 	id, dir string
 	env     map[string]string
 	limits  limits.Limits
+	cg      *cgroup.Cgroup // nil without cgroups; made at each boot
 
 	mu         sync.Mutex
 	destroying bool
@@ -386,6 +388,9 @@ func (b *Backend) boot(ctx context.Context, sb *sandbox) (_ *initConn, err error
 	if err := b.writeBundle(sb); err != nil {
 		return nil, fmt.Errorf("%w: write the OCI bundle of sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
 	}
+	if err := b.makeCgroup(ctx, sb); err != nil {
+		return nil, err
+	}
 	inR, inW, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("%w: pipes for sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
@@ -420,7 +425,15 @@ func (b *Backend) boot(ctx context.Context, sb *sandbox) (_ *initConn, err error
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, logf
 	cmd.WaitDelay = time.Second
 	start := time.Now()
-	runErr := cmd.Run()
+	release, runErr := b.placed(sb, cmd)
+	if runErr == nil {
+		if runErr = release(); runErr != nil {
+			_ = cmd.Process.Kill()
+		}
+		if werr := cmd.Wait(); runErr == nil {
+			runErr = werr
+		}
+	}
 	inR.Close()
 	outW.Close()
 	if runErr != nil {

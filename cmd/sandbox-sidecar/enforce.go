@@ -257,12 +257,16 @@ func useDiskCaps(h host, lim LimitsSection, log hclog.Logger) (bool, error) {
 // uses it (sbx sandboxes are microVMs with their own memory and CPUs).
 func setupEnforcement(h host, cfg Config, log hclog.Logger) (*enforcement, error) {
 	e := &enforcement{}
-	if cfg.Server.Backend != "bwrap" {
+	if cfg.Server.Backend != "bwrap" && cfg.Server.Backend != "gvisor" {
 		return e, nil
 	}
 	var err error
 	if e.cgroups, err = newCgroups(h, cfg.Limits, cfg.Server.StateDir, log); err != nil {
 		return nil, err
+	}
+	if cfg.Server.Backend == "gvisor" {
+		// No disk caps: the gvisor backend reports them off.
+		return e, nil
 	}
 	if e.diskCaps, err = useDiskCaps(h, cfg.Limits, log); err != nil {
 		e.release(log)
@@ -278,7 +282,7 @@ func setupEnforcement(h host, cfg Config, log hclog.Logger) (*enforcement, error
 // process, warns or fails.
 func gcEnforcement(h host, cfg Config, dryRun bool, log hclog.Logger) *enforcement {
 	e := &enforcement{}
-	if cfg.Server.Backend != "bwrap" {
+	if cfg.Server.Backend != "bwrap" && cfg.Server.Backend != "gvisor" {
 		return e
 	}
 	// The backend removes every cgroup under the base when it starts: not
@@ -290,6 +294,6 @@ func gcEnforcement(h host, cfg Config, dryRun bool, log hclog.Logger) *enforceme
 		}
 		e.cgroups = m
 	}
-	e.diskCaps = cfg.Limits.DiskCaps != enforceOff && h.euid == 0 && h.diskCheck() == nil
+	e.diskCaps = cfg.Server.Backend == "bwrap" && cfg.Limits.DiskCaps != enforceOff && h.euid == 0 && h.diskCheck() == nil
 	return e
 }

@@ -434,7 +434,7 @@ func newBackend(cfg Config, log hclog.Logger, enf *enforcement) (backend.Backend
 		return gvisor.New(gvisor.Config{
 			Dir: filepath.Join(cfg.Server.StateDir, "gvisor"), RunscPath: cfg.Gvisor.RunscPath,
 			Platform: cfg.Gvisor.Platform, ExtraFlags: cfg.Gvisor.ExtraFlags, KillGrace: cfg.Gvisor.KillGrace.D(),
-			Limits: cfg.Limits.sandboxLimits(), Logger: log.Named("gvisor"),
+			Limits: cfg.Limits.sandboxLimits(), Cgroups: enf.cgroups, Logger: log.Named("gvisor"),
 		})
 	}
 	return nil, errors.New("unknown backend; this build has: bwrap, gvisor, sbx")
