@@ -195,6 +195,10 @@ func (c *initConn) readLoop() {
 			break
 		}
 		if kind == kindLstated {
+			if len(payload) != 8 {
+				err = fmt.Errorf("%w: lstat answer of %d bytes", errBadFrame, len(payload))
+				break
+			}
 			select {
 			case c.lstated <- [2]uint32{binary.LittleEndian.Uint32(payload), binary.LittleEndian.Uint32(payload[4:])}:
 			default: // nobody asked: init is confused, but harmless
@@ -220,8 +224,7 @@ func (c *initConn) readLoop() {
 					_, _ = cur.stderr.Write(payload)
 				}
 			} else if e.exitCode, e.timedOut, err = exitCode(payload); err != nil {
-				c.mu.Unlock()
-				break
+				break // out of the switch; the loop ends below
 			}
 			c.cur = nil
 			if cur != nil {

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"os"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
 )
 
 func TestRunRequestRoundTrip(t *testing.T) {
@@ -109,5 +111,52 @@ func TestFrames(t *testing.T) {
 		if code, to, err := exitCode(u32s(endKilled, 15, timed)); err != nil || code != want || !to {
 			t.Errorf("timed %d: %d %v %v, want %d timed out", timed, code, to, err, want)
 		}
+	}
+}
+
+// TestReadLoopEndsOnABadFrame feeds the daemon's reader frames init would
+// never send: a malformed exit, a short lstat answer. Each ends the stream
+// (the sandbox is then stopped as dead) with the reason, and the command
+// waiting on it is not told an exit; nothing panics.
+func TestReadLoopEndsOnABadFrame(t *testing.T) {
+	for name, frame := range map[string][]byte{
+		"bad exit":          append([]byte{kindExited, 0, 0, 0, 12, 0, 0, 0}, u32s(7, 7, 7)...),
+		"short lstat":       {kindLstated, 0, 0, 0, 0, 0, 0, 0},
+		"unknown kind":      {42, 0, 0, 0, 0, 0, 0, 0},
+		"payload too large": {kindStdout, 0, 0, 0, 0, 0, 0x10, 0},
+	} {
+		t.Run(name, func(t *testing.T) {
+			r, w, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
+			c := &initConn{fromInit: r, dead: make(chan struct{}), lstated: make(chan [2]uint32, 1)}
+			cmd := &command{stdout: capture.NewTail(100), stderr: capture.NewTail(100), end: make(chan frameEnd, 1)}
+			c.cur = cmd
+			go c.readLoop()
+			var good bytes.Buffer
+			_ = writeFrame(&good, kindStdout, []byte("before"))
+			if _, err := w.Write(append(good.Bytes(), frame...)); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-c.dead:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the reader did not stop at a bad frame")
+			}
+			w.Close()
+			if !errors.Is(c.deadErr, errBadFrame) {
+				t.Errorf("deadErr = %v, want errBadFrame", c.deadErr)
+			}
+			select {
+			case e := <-cmd.end:
+				t.Errorf("the command was told it ended: %+v", e)
+			default:
+			}
+			if got := string(cmd.stdout.Bytes()); got != "before" {
+				t.Errorf("output before the bad frame: %q", got)
+			}
+		})
 	}
 }
