@@ -443,3 +443,24 @@ func TestGVisorMemoryLimit(t *testing.T) {
 		t.Fatalf("cgroups left after Destroy: %v", names)
 	}
 }
+
+// TestGVisorHealthLeavesNothing: Health boots a trial sandbox (under a
+// cgroup like any sandbox's) and removes all of it; it reports the runsc
+// version and platform.
+func TestGVisorHealthLeavesNothing(t *testing.T) {
+	testRunsc(t)
+	cgm := testCgroups(t)
+	b := newTestBackend(t, func(c *Config) { c.Cgroups, c.Limits = cgm, limits.Defaults() })
+	if err := b.Health(context.Background()); err != nil {
+		t.Fatalf("Health: %v", err)
+	}
+	if d := b.Describe(); d["platform"] != PlatformSystrap || d["runsc_version"] == "" {
+		t.Errorf("Describe: %v", d)
+	}
+	probes, _ := filepath.Glob(filepath.Join(b.cfg.Dir, probePrefix+"*"))
+	names, _ := cgm.List()
+	ids, _ := b.runscList(context.Background())
+	if len(probes)+len(names)+len(ids) != 0 {
+		t.Fatalf("Health left %v, cgroups %v, runsc sandboxes %v", probes, names, ids)
+	}
+}
