@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/registry"
 	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
 )
 
@@ -37,7 +38,7 @@ func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 	if _, _, err := backend.CheckExecRequest(req, guestWorkspace); err != nil {
 		return backend.ExecResult{}, err
 	}
-	opCtx, done, err := sb.begin(ctx)
+	opCtx, done, err := sb.ops.Begin(ctx)
 	if err != nil {
 		return backend.ExecResult{}, err
 	}
@@ -65,7 +66,7 @@ func (b *Backend) execIn(ctx, opCtx context.Context, sb *sandbox, req backend.Ex
 	c, err := b.acquireInit(opCtx, sb)
 	switch {
 	case err == nil:
-	case errors.Is(err, errInitDied), errors.Is(context.Cause(opCtx), errSandboxDestroyed):
+	case errors.Is(err, errInitDied), registry.Destroyed(opCtx):
 		log.Info("command not run: the sandbox is terminated", "reason", err)
 		return terminated, nil
 	case ctx.Err() != nil:
@@ -128,7 +129,7 @@ func (b *Backend) execIn(ctx, opCtx context.Context, sb *sandbox, req backend.Ex
 			}
 			res.TimedOut = outerFired || e.timedOut
 			switch {
-			case cancelled && errors.Is(context.Cause(opCtx), errSandboxDestroyed):
+			case cancelled && registry.Destroyed(opCtx):
 				res.SandboxTerminated, res.TimedOut = true, false
 				return res, nil
 			case cancelled:
@@ -147,7 +148,7 @@ func (b *Backend) execIn(ctx, opCtx context.Context, sb *sandbox, req backend.Ex
 			if after := sb.oomKills(); after > oomBefore {
 				res.OOMKills, res.OOMKilled = after-oomBefore, true
 			}
-			destroyed := errors.Is(context.Cause(opCtx), errSandboxDestroyed)
+			destroyed := registry.Destroyed(opCtx)
 			if !destroyed {
 				b.terminate(sb, c, fmt.Sprintf("its gVisor sandbox died during a command (%v)", c.deadErr))
 			}
@@ -156,7 +157,7 @@ func (b *Backend) execIn(ctx, opCtx context.Context, sb *sandbox, req backend.Ex
 		case <-opDone:
 			if !cancelled {
 				cancelled = true
-				if errors.Is(context.Cause(opCtx), errSandboxDestroyed) {
+				if registry.Destroyed(opCtx) {
 					// Destroy stops the sandbox; wait (boundedly) to see it go.
 					killBy = time.After(killAnswer)
 				} else {
@@ -171,7 +172,7 @@ func (b *Backend) execIn(ctx, opCtx context.Context, sb *sandbox, req backend.Ex
 			b.terminate(sb, c, "its init did not report a killed command")
 			res := result(backend.ExitKilled)
 			res.SandboxTerminated, res.TimedOut = true, outerFired
-			if cancelled && !errors.Is(context.Cause(opCtx), errSandboxDestroyed) && ctx.Err() != nil {
+			if cancelled && !registry.Destroyed(opCtx) && ctx.Err() != nil {
 				return res, fmt.Errorf("command in sandbox %s was killed because the request ended: %w", sb.id, ctx.Err())
 			}
 			return res, nil

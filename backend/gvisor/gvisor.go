@@ -45,6 +45,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/registry"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/statedir"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
@@ -74,17 +75,11 @@ const (
 	cliTimeout = 15 * time.Second
 	// cliOutputBytes caps what is kept of a runsc command's output.
 	cliOutputBytes = 64 << 10
-	// destroyWait bounds how long Destroy waits for operations in flight.
-	destroyWait = 10 * time.Second
 	// killAnswer bounds how long init has to report a command it was told
 	// to kill before the daemon gives up on the sandbox.
 	killAnswer = 5 * time.Second
 	// sendTimeout bounds handing init one request.
 	sendTimeout = 10 * time.Second
-	// maxActivePerSandbox bounds operations in flight in one sandbox.
-	maxActivePerSandbox = 32
-	// maxSpecFileBytes bounds how much of spec.json is read back.
-	maxSpecFileBytes = 4 << 20
 	// specVersion is the version of persistedSpec written by this code.
 	specVersion = 1
 	// healthCacheTTL is how long a successful trial sandbox vouches for
@@ -102,7 +97,6 @@ const (
 	workDirName   = "work"
 	tmpDirName    = "tmp"
 	bundleName    = "bundle"
-	specName      = "spec.json"
 	logName       = "runsc.log"
 )
 
@@ -148,8 +142,7 @@ type Backend struct {
 	exe     string // the daemon's executable, bound into every sandbox as init
 	log     hclog.Logger
 
-	mu        sync.Mutex
-	sandboxes map[string]*sandbox
+	reg *registry.Registry[*sandbox]
 
 	healthMu     sync.Mutex
 	healthyUntil time.Time
@@ -213,7 +206,16 @@ func New(cfg Config) (*Backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gvisor backend: cannot find the daemon's own executable, which every sandbox runs as its init: %w", err)
 	}
-	b := &Backend{cfg: cfg, runsc: bin, exe: exe, log: cfg.Logger, sandboxes: make(map[string]*sandbox)}
+	b := &Backend{cfg: cfg, runsc: bin, exe: exe, log: cfg.Logger}
+	b.reg = registry.New(registry.Hooks[*sandbox]{
+		Load:   b.load,
+		Usable: func(sb *sandbox) bool { _, err := os.Stat(sb.workDir()); return err == nil },
+		Exists: func(sb *sandbox) bool { _, err := os.Lstat(sb.dir); return err == nil },
+		Forget: b.forget,
+		Placeholder: func(id string) *sandbox {
+			return newSandbox(id, b.sandboxDir(id), persistedSpec{}, limits.Limits{})
+		},
+	})
 	if b.version, err = b.runscVersion(context.Background()); err != nil {
 		return nil, err
 	}
@@ -437,32 +439,22 @@ type persistedSpec struct {
 	Resources backend.Resources `json:"resources,omitempty"`
 }
 
+// SpecVersion implements registry.Versioned.
+func (p *persistedSpec) SpecVersion() int { return p.Version }
+
 func (b *Backend) sandboxDir(id string) string { return filepath.Join(b.cfg.Dir, id) }
 
 // lookup returns sandbox id, loading it from disk when this process has
 // not seen it yet (a restarted daemon re-adopting its sandboxes).
-func (b *Backend) lookup(id string) (*sandbox, error) {
-	if !backend.ValidID(id) {
-		return nil, backend.NotFound(id)
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if sb, ok := b.sandboxes[id]; ok {
-		if _, err := os.Stat(sb.workDir()); err != nil && !sb.isDestroying() {
-			delete(b.sandboxes, id)
-			go b.forget(sb)
-			return nil, backend.NotFound(id)
-		}
-		return sb, nil
-	}
+func (b *Backend) lookup(id string) (*sandbox, error) { return b.reg.Lookup(id) }
+
+// load makes the state of a sandbox found on disk (registry.Hooks.Load).
+func (b *Backend) load(id string) (*sandbox, error) {
 	var spec persistedSpec
-	if err := statedir.ReadSettings(b.sandboxDir(id), specName, id, maxSpecFileBytes, &spec); err != nil {
+	if err := registry.LoadSpec(b.sandboxDir(id), id, specVersion, &spec); err != nil {
 		return nil, err
 	}
-	switch {
-	case spec.Version != specVersion:
-		return nil, fmt.Errorf("%w: settings of sandbox %q are from another version (%d); destroy it and create a new one", backend.ErrNotFound, id, spec.Version)
-	case spec.Network != networkNone:
+	if spec.Network != networkNone {
 		return nil, fmt.Errorf("%w: sandbox %q has unknown network %q in its settings; destroy it and create a new one", backend.ErrNotFound, id, spec.Network)
 	}
 	if err := backend.ValidateEnv(spec.Env, "the sandbox's"); err != nil {
@@ -476,13 +468,12 @@ func (b *Backend) lookup(id string) (*sandbox, error) {
 	if _, err := os.Stat(sb.workDir()); err != nil {
 		return nil, backend.NotFound(id)
 	}
-	b.sandboxes[id] = sb
 	return sb, nil
 }
 
-// forget stops what is left of a sandbox whose directory vanished.
+// forget stops what is left of a sandbox whose directory vanished (its
+// operations are already cancelled).
 func (b *Backend) forget(sb *sandbox) {
-	sb.cancelAll()
 	b.stopInit(sb)
 	_, _ = b.cli(context.Background(), cliTimeout, "delete", "--force", sb.containerID())
 	b.log.With("sandbox", sb.id).Warn("the sandbox's directory was removed behind the daemon's back; its gVisor sandbox is stopped")
@@ -513,10 +504,7 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	}
 	log := b.log.With("sandbox", id)
 
-	b.mu.Lock()
-	_, known := b.sandboxes[id]
-	b.mu.Unlock()
-	if known {
+	if b.reg.KnownAndPresent(id) {
 		return backend.Info{}, fmt.Errorf("sandbox %q already exists or is being destroyed; destroy it first or choose another id: %w", id, fs.ErrExist)
 	}
 	dir := b.sandboxDir(id)
@@ -543,24 +531,21 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	if err := b.prepareDirs(sb); err != nil {
 		return backend.Info{}, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
-	if err := statedir.WriteJSON(filepath.Join(dir, specName), saved); err != nil {
+	if err := registry.SaveSpec(dir, saved); err != nil {
 		return backend.Info{}, fmt.Errorf("create sandbox %s: save its settings: %w", id, err)
 	}
-	b.mu.Lock()
-	if _, raced := b.sandboxes[id]; raced {
-		b.mu.Unlock()
-		return backend.Info{}, fmt.Errorf("sandbox %q was used while being created; create it again: %w", id, fs.ErrExist)
+	if err := b.reg.Created(id, sb); err != nil {
+		return backend.Info{}, err
 	}
-	b.sandboxes[id] = sb
-	b.mu.Unlock()
+	// An operation may have loaded these same settings first: boot the
+	// state the registry holds.
+	if held, err := b.reg.Lookup(id); err == nil {
+		sb = held
+	}
 	// Boot now: a sandbox that cannot boot fails its Create, not its first
 	// command. Registered first, so a Destroy meanwhile stops the boot.
 	if _, err := b.acquireInit(ctx, sb); err != nil {
-		b.mu.Lock()
-		if b.sandboxes[id] == sb {
-			delete(b.sandboxes, id)
-		}
-		b.mu.Unlock()
+		b.reg.Done(id, sb)
 		return backend.Info{}, err
 	}
 	sb.releaseInit()
@@ -589,16 +574,10 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	if !backend.ValidID(id) {
 		return nil
 	}
-	b.mu.Lock()
-	sb, ok := b.sandboxes[id]
-	if !ok {
-		sb = newSandbox(id, b.sandboxDir(id), persistedSpec{}, limits.Limits{})
-		b.sandboxes[id] = sb
-	}
-	b.mu.Unlock()
+	sb, ok := b.reg.Destroying(id)
 	log := b.log.With("sandbox", id)
 
-	sb.cancelAll()
+	sb.ops.CancelAll()
 	b.stopInit(sb)
 	var err error
 	if out, derr := b.cli(context.WithoutCancel(ctx), cliTimeout, "delete", "--force", sb.containerID()); derr != nil && !notExist(out) {
@@ -607,17 +586,13 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	// The cgroup by name: a sandbox never used by this process has none in
 	// memory, yet may have one on the host.
 	err = errors.Join(err, b.removeCgroup(sb))
-	if !sb.wait(ctx, destroyWait) {
-		log.Warn("operations in flight did not all end in time; removing the files anyway", "waited_up_to", destroyWait)
+	if !sb.ops.Wait(ctx, registry.DestroyWait) {
+		log.Warn("operations in flight did not all end in time; removing the files anyway", "waited_up_to", registry.DestroyWait)
 	}
 	if err == nil {
 		err = statedir.RemoveAll(sb.dir)
 	}
-	b.mu.Lock()
-	if b.sandboxes[id] == sb {
-		delete(b.sandboxes, id)
-	}
-	b.mu.Unlock()
+	b.reg.Done(id, sb)
 	if err != nil {
 		return fmt.Errorf("destroy sandbox %s: its commands are stopped but it could not all be removed (%w); call destroy again to retry", id, err)
 	}
@@ -707,14 +682,8 @@ func (b *Backend) sweepRunsc(ctx context.Context, keep map[string]bool) int {
 // daemon anyway, their inits' pipes closing). The sandboxes' files stay; a
 // daemon started on the same directory re-adopts them.
 func (b *Backend) Close() error {
-	b.mu.Lock()
-	boxes := make([]*sandbox, 0, len(b.sandboxes))
-	for _, sb := range b.sandboxes {
-		boxes = append(boxes, sb)
-	}
-	b.mu.Unlock()
-	for _, sb := range boxes {
-		sb.cancelAll()
+	for _, sb := range b.reg.All() {
+		sb.ops.CancelAll()
 		b.stopInit(sb)
 	}
 	b.sweepRunsc(context.Background(), nil)

@@ -214,9 +214,10 @@ func TestGVisorRestartReadopts(t *testing.T) {
 	execOK(t, first, id, "echo kept > /workspace/f")
 	// What kill -9 of the daemon leaves: runsc's sandbox still listed (it
 	// may still be winding down), no destroy.
-	first.mu.Lock()
-	sb := first.sandboxes[id]
-	first.mu.Unlock()
+	sb, err := first.lookup(id)
+	if err != nil {
+		t.Fatal(err)
+	}
 	sb.initMu.Lock()
 	sb.init.close()
 	sb.init = nil

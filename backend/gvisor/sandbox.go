@@ -18,32 +18,24 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/registry"
 	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 )
 
-// errSandboxDestroyed is the cancellation cause Destroy gives operations in
-// flight, so Exec can tell "destroyed under you" from "request cancelled".
-var errSandboxDestroyed = errors.New("sandbox destroyed")
-
 // sandbox is the in-memory state of one sandbox: its settings, the
 // operations in flight (so Destroy can stop them and wait for them), and
 // its init.
 //
-// The registry and operation tracking here are the same as the bubblewrap
-// backend's; they move to the shared backend skeleton when it lands.
+// The backend's registry (backend/registry) holds them.
 type sandbox struct {
 	id, dir string
 	env     map[string]string
 	limits  limits.Limits
 	cg      *cgroup.Cgroup // nil without cgroups; made at each boot
 
-	mu         sync.Mutex
-	destroying bool
-	active     map[uint64]context.CancelCauseFunc
-	nextOp     uint64
-	wg         sync.WaitGroup
+	ops registry.Ops
 
 	// initSlot holds the init while no command uses it: one command at a
 	// time per sandbox. There is no init until this process boots one (a
@@ -58,8 +50,7 @@ type sandbox struct {
 }
 
 func newSandbox(id, dir string, spec persistedSpec, lim limits.Limits) *sandbox {
-	sb := &sandbox{id: id, dir: dir, env: spec.Env, limits: lim,
-		active: make(map[uint64]context.CancelCauseFunc), initSlot: make(chan struct{}, 1)}
+	sb := &sandbox{id: id, dir: dir, env: spec.Env, limits: lim, ops: registry.Ops{ID: id}, initSlot: make(chan struct{}, 1)}
 	sb.initSlot <- struct{}{}
 	return sb
 }
@@ -79,66 +70,8 @@ func (sb *sandbox) containerID() string {
 	return base
 }
 
-func (sb *sandbox) isDestroying() bool {
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	return sb.destroying
-}
-
-// begin registers one operation. The returned context ends when ctx does or
-// when Destroy cancels it; done must be called when the operation is over.
-func (sb *sandbox) begin(ctx context.Context) (context.Context, func(), error) {
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	if sb.destroying {
-		return nil, nil, backend.NotFound(sb.id)
-	}
-	if len(sb.active) >= maxActivePerSandbox {
-		return nil, nil, fmt.Errorf("%w: sandbox %s already has %d commands and file operations in flight; wait for one to finish", backend.ErrUnavailable, sb.id, maxActivePerSandbox)
-	}
-	opCtx, cancel := context.WithCancelCause(ctx)
-	key := sb.nextOp
-	sb.nextOp++
-	sb.active[key] = cancel
-	sb.wg.Add(1)
-	var once sync.Once
-	done := func() {
-		once.Do(func() {
-			sb.mu.Lock()
-			delete(sb.active, key)
-			sb.mu.Unlock()
-			cancel(nil)
-			sb.wg.Done()
-		})
-	}
-	return opCtx, done, nil
-}
-
-// cancelAll refuses new operations and cancels those in flight.
-func (sb *sandbox) cancelAll() {
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	sb.destroying = true
-	for _, cancel := range sb.active {
-		cancel(errSandboxDestroyed)
-	}
-}
-
-// wait waits for the operations in flight for at most limit or until ctx
-// ends; it reports whether they all ended.
-func (sb *sandbox) wait(ctx context.Context, limit time.Duration) bool {
-	finished := make(chan struct{})
-	go func() { sb.wg.Wait(); close(finished) }()
-	t := time.NewTimer(limit)
-	defer t.Stop()
-	select {
-	case <-finished:
-		return true
-	case <-t.C:
-	case <-ctx.Done():
-	}
-	return false
-}
+// Ops implements registry.Sandbox.
+func (sb *sandbox) Ops() *registry.Ops { return &sb.ops }
 
 // initConn is the daemon's side of one running init: the write end of its
 // stdin, the read end of its stdout, and the frames read from it.
