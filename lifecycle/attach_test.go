@@ -251,6 +251,26 @@ func TestWriteTagsOwnerRespectsOwnerQuota(t *testing.T) {
 	assert.True(t, d.ConnBound)
 }
 
+// TestWriteTagsOwnerQuotaIsPerUID: owners are scoped inside a uid, so
+// bob's sandboxes of a run named like alice's do not count against
+// alice's owner quota when she tags one of hers with it (#13, #14).
+func TestWriteTagsOwnerQuotaIsPerUID(t *testing.T) {
+	e := newEnv(t, withConfig(func(c *Config) { c.MaxPerOwner = 1 }))
+	ctx := context.Background()
+	e.create(bob, CreateRequest{Owner: "dag/run"})
+	mine := e.create(alice, CreateRequest{})
+	tags, err := e.m.WriteTags(ctx, alice, mine.ID, map[string]string{TagOwner: "dag/run"})
+	require.NoError(t, err, "bob's sandbox must not spend alice's quota")
+	assert.Equal(t, "dag/run", tags[TagOwner])
+
+	// Alice's own quota still holds.
+	another := e.create(alice, CreateRequest{})
+	_, err = e.m.WriteTags(ctx, alice, another.ID, map[string]string{TagOwner: "dag/run"})
+	var qe *QuotaError
+	require.ErrorAs(t, err, &qe)
+	assert.Equal(t, "owner", qe.Scope)
+}
+
 func TestWriteTagsHolder(t *testing.T) {
 	e := newEnv(t, withJournal())
 	ctx := context.Background()

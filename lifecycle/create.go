@@ -179,9 +179,12 @@ func (m *Manager) reserve(rec *record) error {
 		if r.Pooled {
 			continue // the pool's sandboxes count against the host only
 		}
-		if r.UID == rec.UID {
-			perUID++
+		if r.UID != rec.UID {
+			continue
 		}
+		perUID++
+		// Owners are scoped inside a uid: another uid naming the same run
+		// neither sees this uid's sandboxes nor spends its quota.
 		if rec.Owner != "" && r.Owner == rec.Owner {
 			perOwner++
 		}

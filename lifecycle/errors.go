@@ -16,8 +16,8 @@ var (
 
 // QuotaError says which limit a request would exceed.
 type QuotaError struct {
-	// Scope is "uid", "owner", "host", "commands_per_host" or
-	// "commands_per_sandbox".
+	// Scope is "uid", "owner", "host", "commands_per_host",
+	// "commands_per_uid" or "commands_per_sandbox".
 	Scope string
 	Limit int
 }
@@ -26,8 +26,12 @@ func (e *QuotaError) Error() string {
 	switch e.Scope {
 	case "commands_per_host":
 		return fmt.Sprintf("quota exceeded: at most %d commands may run at once on this host", e.Limit)
+	case "commands_per_uid":
+		return fmt.Sprintf("quota exceeded: at most %d commands of one uid may run at once on this host; wait for one to finish", e.Limit)
 	case "commands_per_sandbox":
 		return fmt.Sprintf("quota exceeded: a command is already running in this sandbox; commands in one sandbox run one at a time (at most %d)", e.Limit)
+	case "owner":
+		return fmt.Sprintf("quota exceeded: at most %d sandboxes per owner (run) of one uid", e.Limit)
 	}
 	return fmt.Sprintf("quota exceeded: at most %d sandboxes per %s", e.Limit, e.Scope)
 }

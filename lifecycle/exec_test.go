@@ -180,7 +180,9 @@ func TestExecReapedDuringCommand(t *testing.T) {
 func TestExecHostCommandQuota(t *testing.T) {
 	e := newEnv(t, withConfig(func(c *Config) { c.MaxCmdsPerHost = 1 }))
 	a := e.create(alice, CreateRequest{})
-	b := e.create(alice, CreateRequest{})
+	// Another uid's command: alice's own limit (one, like the host's) is not
+	// what refuses it.
+	b := e.create(bob, CreateRequest{})
 	const secs = "39.789"
 	done := make(chan error, 1)
 	go func() {
@@ -189,7 +191,7 @@ func TestExecHostCommandQuota(t *testing.T) {
 	}()
 	require.Eventually(t, func() bool { return e.m.Stats().Commands == 1 }, 10*time.Second, 5*time.Millisecond)
 
-	_, err := e.m.Exec(context.Background(), alice, b.ID, backend.ExecRequest{Command: "true", Timeout: time.Second})
+	_, err := e.m.Exec(context.Background(), bob, b.ID, backend.ExecRequest{Command: "true", Timeout: time.Second})
 	var qe *QuotaError
 	require.ErrorAs(t, err, &qe)
 	assert.Equal(t, "commands_per_host", qe.Scope)
@@ -198,7 +200,58 @@ func TestExecHostCommandQuota(t *testing.T) {
 	require.NoError(t, e.m.Destroy(context.Background(), alice, a.ID))
 	require.NoError(t, <-done)
 	assert.Zero(t, e.m.Stats().Commands)
-	e.exec(alice, b.ID, "true")
+	e.exec(bob, b.ID, "true")
+}
+
+// TestExecUIDCommandQuota: one uid running commands in all its sandboxes
+// reaches its own limit (commands_per_uid, three quarters of the host's by
+// default) before the host's, so another uid can still run one (#13).
+func TestExecUIDCommandQuota(t *testing.T) {
+	e := newEnv(t, withConfig(func(c *Config) { c.MaxCmdsPerHost = 4 }))
+	require.Equal(t, 3, e.m.Config().MaxCmdsPerUID)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	var mine []Sandbox
+	for range 4 {
+		mine = append(mine, e.create(alice, CreateRequest{}))
+	}
+	for _, s := range mine[:3] {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			e.m.Exec(ctx, alice, s.ID, backend.ExecRequest{Argv: []string{"sleep", "39.789"}, Timeout: time.Minute})
+		}()
+	}
+	require.Eventually(t, func() bool { return e.m.Stats().Commands == 3 }, 20*time.Second, 5*time.Millisecond)
+
+	_, err := e.m.Exec(context.Background(), alice, mine[3].ID, backend.ExecRequest{Command: "true", Timeout: time.Second})
+	var qe *QuotaError
+	require.ErrorAs(t, err, &qe)
+	assert.Equal(t, "commands_per_uid", qe.Scope)
+	assert.Equal(t, 3, qe.Limit)
+	assert.Contains(t, qe.Error(), "3 commands of one uid")
+
+	theirs := e.create(bob, CreateRequest{})
+	res := e.exec(bob, theirs.ID, "echo mine")
+	assert.Equal(t, "mine\n", string(res.Stdout), "another uid still gets a host slot")
+
+	// Alice's slots come back when her commands end.
+	cancel()
+	wg.Wait()
+	require.Eventually(t, func() bool { return e.m.Stats().Commands == 0 }, 20*time.Second, 5*time.Millisecond)
+	e.exec(alice, mine[3].ID, "true")
+}
+
+func TestDefaultMaxCmdsPerUID(t *testing.T) {
+	for host, want := range map[int]int{1: 1, 2: 1, 4: 3, 32: 24, 100: 75} {
+		assert.Equal(t, want, DefaultMaxCmdsPerUID(host), "host limit %d", host)
+	}
+	// An explicit per-uid limit above the host's is cut to it.
+	m, err := New(Config{Backend: &faultyBackend{}, MaxCmdsPerHost: 2, MaxCmdsPerUID: 5})
+	require.NoError(t, err)
+	assert.Equal(t, 2, m.Config().MaxCmdsPerUID)
 }
 
 func TestFileOpsThroughManager(t *testing.T) {

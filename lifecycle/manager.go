@@ -24,6 +24,11 @@ const (
 	DefaultMaxPerUID      = 32
 	DefaultMaxPerOwner    = 16
 	DefaultMaxCmdsPerHost = 32
+	// The per-uid command limit defaults to this share of the host's
+	// (DefaultMaxCmdsPerUID), so that one uid cannot take every command
+	// slot while a single-uid host (every Airflow task as one user) loses
+	// little.
+	defaultCmdsPerUIDNum, defaultCmdsPerUIDDen = 3, 4
 	// retryBase and retryMax bound the backoff between attempts to
 	// destroy a sandbox the backend failed to destroy.
 	retryBase = 2 * time.Second
@@ -55,6 +60,10 @@ type Config struct {
 	MaxPerUID      int
 	MaxPerOwner    int
 	MaxCmdsPerHost int
+	// MaxCmdsPerUID caps the commands one uid may run at once (0:
+	// DefaultMaxCmdsPerUID of MaxCmdsPerHost); it is never above
+	// MaxCmdsPerHost.
+	MaxCmdsPerUID int
 	// PoolSize is how many ready sandboxes to keep for creates that a
 	// plain sandbox can serve (0: no pool).
 	PoolSize int
@@ -180,7 +189,8 @@ type Manager struct {
 	boxes   map[string]*record
 	closing bool
 
-	hostCmds chan struct{} // concurrent commands across the host
+	hostCmds chan struct{}  // concurrent commands across the host
+	uidCmds  map[uint32]int // concurrent commands per uid; guarded by mu
 
 	stop     chan struct{}
 	reaperWG sync.WaitGroup
@@ -218,6 +228,8 @@ func New(cfg Config) (*Manager, error) {
 	defInt(&cfg.MaxPerUID, DefaultMaxPerUID)
 	defInt(&cfg.MaxPerOwner, DefaultMaxPerOwner)
 	defInt(&cfg.MaxCmdsPerHost, DefaultMaxCmdsPerHost)
+	defInt(&cfg.MaxCmdsPerUID, DefaultMaxCmdsPerUID(cfg.MaxCmdsPerHost))
+	cfg.MaxCmdsPerUID = min(cfg.MaxCmdsPerUID, cfg.MaxCmdsPerHost)
 	cfg.DefaultTTL = min(cfg.DefaultTTL, cfg.MaxLifetime)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -232,9 +244,16 @@ func New(cfg Config) (*Manager, error) {
 		log:      cfg.Logger,
 		boxes:    map[string]*record{},
 		hostCmds: make(chan struct{}, cfg.MaxCmdsPerHost),
+		uidCmds:  map[uint32]int{},
 		stop:     make(chan struct{}),
 		poolKick: make(chan struct{}, 1),
 	}, nil
+}
+
+// DefaultMaxCmdsPerUID is the per-uid command limit for a host limit of
+// perHost: three quarters of it, at least one.
+func DefaultMaxCmdsPerUID(perHost int) int {
+	return max(1, perHost*defaultCmdsPerUIDNum/defaultCmdsPerUIDDen)
 }
 
 // Config returns the effective configuration (defaults applied).

@@ -140,8 +140,9 @@ func TestQuotas(t *testing.T) {
 		},
 		{
 			name: "owner", cfg: func(c *Config) { c.MaxPerOwner = 2 },
-			// The owner quota spans uids.
-			fill:   []step{{alice, "dag/run"}, {bob, "dag/run"}, {alice, "dag/other"}, {alice, ""}},
+			// Owners are scoped inside a uid: bob's sandboxes of a run
+			// of the same name spend none of alice's quota (#13).
+			fill:   []step{{alice, "dag/run"}, {bob, "dag/run"}, {bob, "dag/run"}, {alice, "dag/other"}, {alice, ""}, {alice, "dag/run"}},
 			refuse: step{alice, "dag/run"}, scope: "owner", limit: 2,
 		},
 		{

@@ -25,6 +25,10 @@ func (m *Manager) Exec(ctx context.Context, c Caller, id string, req backend.Exe
 		return backend.ExecResult{}, &QuotaError{Scope: "commands_per_sandbox", Limit: 1}
 	}
 	defer func() { <-r.cmd }()
+	if err := m.takeUIDCmd(c.UID); err != nil {
+		return backend.ExecResult{}, err
+	}
+	defer m.giveUIDCmd(c.UID)
 	select {
 	case m.hostCmds <- struct{}{}:
 	default:
@@ -66,6 +70,27 @@ func (m *Manager) Exec(ctx context.Context, c Caller, id string, req backend.Exe
 		res.SandboxTerminated = true
 	}
 	return res, nil
+}
+
+// takeUIDCmd takes one of uid's command slots, or refuses with
+// commands_per_uid: one uid running commands in all its sandboxes must
+// not leave another uid without a host slot.
+func (m *Manager) takeUIDCmd(uid uint32) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.uidCmds[uid] >= m.cfg.MaxCmdsPerUID {
+		return &QuotaError{Scope: "commands_per_uid", Limit: m.cfg.MaxCmdsPerUID}
+	}
+	m.uidCmds[uid]++
+	return nil
+}
+
+func (m *Manager) giveUIDCmd(uid uint32) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.uidCmds[uid]--; m.uidCmds[uid] <= 0 {
+		delete(m.uidCmds, uid)
+	}
 }
 
 // ReadFile reads a file from a sandbox.

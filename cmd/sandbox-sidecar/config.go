@@ -81,7 +81,10 @@ type LifecycleSection struct {
 	MaxSandboxesPerUID   int      `toml:"max_sandboxes_per_uid"`
 	MaxSandboxesPerOwner int      `toml:"max_sandboxes_per_owner"`
 	MaxCommands          int      `toml:"max_commands"`
-	PoolSize             int      `toml:"pool_size"`
+	// MaxCommandsPerUID caps one uid's running commands (0: three
+	// quarters of max_commands), so one uid cannot take every slot.
+	MaxCommandsPerUID int `toml:"max_commands_per_uid"`
+	PoolSize          int `toml:"pool_size"`
 }
 
 type LimitsSection struct {
@@ -394,6 +397,9 @@ func (c *Config) validate() error {
 	}
 	if c.Lifecycle.PoolSize < 0 || c.Lifecycle.PoolSize > c.Lifecycle.MaxSandboxes {
 		bad("lifecycle.pool_size must be between 0 (no pool) and lifecycle.max_sandboxes")
+	}
+	if c.Lifecycle.MaxCommandsPerUID < 0 || c.Lifecycle.MaxCommandsPerUID > c.Lifecycle.MaxCommands {
+		bad("lifecycle.max_commands_per_uid must be between 0 (three quarters of lifecycle.max_commands) and lifecycle.max_commands")
 	}
 	if c.Lifecycle.IdleTimeout < 0 {
 		bad("lifecycle.idle_timeout must not be negative (0 disables it)")

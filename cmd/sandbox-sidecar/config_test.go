@@ -49,6 +49,12 @@ func TestConfigValuesAndErrors(t *testing.T) {
 	assert.Equal(t, limits.Defaults().OpenFiles, cfg.Limits.OpenFiles, "sandbox rlimits default to limits.Defaults()")
 	assert.Equal(t, limits.Defaults().FileSizeBytes, cfg.Limits.FileSize)
 
+	p = writeConfig(t, "[lifecycle]\nmax_commands = 8\nmax_commands_per_uid = 5\n")
+	cfg = defaultConfig()
+	require.NoError(t, loadConfigFile(&cfg, p, true))
+	require.NoError(t, cfg.validate())
+	assert.Equal(t, 5, cfg.Lifecycle.MaxCommandsPerUID)
+
 	p = writeConfig(t, "[limits]\nopen_files = 4096\nfile_size = 0\n")
 	cfg = defaultConfig()
 	require.NoError(t, loadConfigFile(&cfg, p, true))
@@ -70,16 +76,18 @@ func TestConfigValuesAndErrors(t *testing.T) {
 	}
 
 	for name, mutate := range map[string]func(*Config){
-		"negative grace":    func(c *Config) { c.Lifecycle.ConnGrace = -1 },
-		"unknown backend":   func(c *Config) { c.Server.Backend = "docker" },
-		"unknown group":     func(c *Config) { c.Server.SocketGroup = "no-such-group-here" },
-		"file over frame":   func(c *Config) { c.Limits.MaxFileBytes = int64(c.Server.MaxFrameBytes) },
-		"pool over host":    func(c *Config) { c.Lifecycle.PoolSize = c.Lifecycle.MaxSandboxes + 1 },
-		"mode without rw":   func(c *Config) { c.Server.SocketMode = 0o060 },
-		"bad host policy":   func(c *Config) { c.Sbx.HostPolicy = "sometimes" },
-		"bad log level":     func(c *Config) { c.Server.LogLevel = "loud" },
-		"unknown admin uid": func(c *Config) { c.Access.AdminUIDs = List{"no-such-user-here"} },
-		"open files tiny":   func(c *Config) { c.Limits.OpenFiles = 3 },
+		"negative grace":             func(c *Config) { c.Lifecycle.ConnGrace = -1 },
+		"unknown backend":            func(c *Config) { c.Server.Backend = "docker" },
+		"unknown group":              func(c *Config) { c.Server.SocketGroup = "no-such-group-here" },
+		"file over frame":            func(c *Config) { c.Limits.MaxFileBytes = int64(c.Server.MaxFrameBytes) },
+		"pool over host":             func(c *Config) { c.Lifecycle.PoolSize = c.Lifecycle.MaxSandboxes + 1 },
+		"mode without rw":            func(c *Config) { c.Server.SocketMode = 0o060 },
+		"bad host policy":            func(c *Config) { c.Sbx.HostPolicy = "sometimes" },
+		"bad log level":              func(c *Config) { c.Server.LogLevel = "loud" },
+		"unknown admin uid":          func(c *Config) { c.Access.AdminUIDs = List{"no-such-user-here"} },
+		"open files tiny":            func(c *Config) { c.Limits.OpenFiles = 3 },
+		"per-uid commands over host": func(c *Config) { c.Lifecycle.MaxCommandsPerUID = c.Lifecycle.MaxCommands + 1 },
+		"negative per-uid commands":  func(c *Config) { c.Lifecycle.MaxCommandsPerUID = -1 },
 	} {
 		cfg := defaultConfig()
 		mutate(&cfg)

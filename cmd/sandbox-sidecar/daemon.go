@@ -80,7 +80,8 @@ func openDaemon(cfg Config, log hclog.Logger, mode daemonMode) (_ *daemonParts, 
 		Backend: d.be, Journal: d.journal, Logger: log.Named("lifecycle"), Failpoint: failpoint,
 		ConnGrace: lc.ConnGrace.D(), MaxLifetime: lc.MaxLifetime.D(), DefaultTTL: lc.DefaultTTL.D(), IdleTimeout: idle,
 		ReapInterval: lc.ReapInterval.D(), MaxPerHost: lc.MaxSandboxes, MaxPerUID: lc.MaxSandboxesPerUID,
-		MaxPerOwner: lc.MaxSandboxesPerOwner, MaxCmdsPerHost: lc.MaxCommands, PoolSize: lc.PoolSize,
+		MaxPerOwner: lc.MaxSandboxesPerOwner, MaxCmdsPerHost: lc.MaxCommands, MaxCmdsPerUID: lc.MaxCommandsPerUID,
+		PoolSize:      lc.PoolSize,
 		CreateTimeout: createTimeout,
 	})
 	if err != nil {
