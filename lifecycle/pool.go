@@ -48,10 +48,11 @@ func (m *Manager) claimPooled(c Caller, req CreateRequest) (sb Sandbox, ok bool,
 			pooled = append(pooled, r)
 		case r.Pooled:
 		default:
-			if r.UID == c.UID {
-				perUID++
+			if r.UID != c.UID {
+				continue
 			}
-			if req.Owner != "" && r.Owner == req.Owner {
+			perUID++
+			if req.Owner != "" && r.Owner == req.Owner { // owners are scoped inside a uid
 				perOwner++
 			}
 		}

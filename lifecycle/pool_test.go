@@ -133,3 +133,25 @@ func TestPoolMembersAreJournaledAndReadopted(t *testing.T) {
 		assert.False(t, e.dirExists(id))
 	}
 }
+
+// TestPoolOwnerQuotaIsPerUID: a create served from the pool counts the
+// owner quota per (uid, owner) like any create: bob's sandboxes of a run
+// named like alice's spend none of hers (#13).
+func TestPoolOwnerQuotaIsPerUID(t *testing.T) {
+	e := newPoolEnv(t, 1, func(c *Config) { c.MaxPerUID = 4; c.MaxPerOwner = 1 })
+	e.create(bob, CreateRequest{Owner: "dag/run"})
+	waitPool(t, e, 1)
+	var member string
+	for _, s := range e.m.List(admin, "") {
+		if s.State == StatePooled {
+			member = s.ID
+		}
+	}
+	s := e.create(alice, CreateRequest{Owner: "dag/run"})
+	assert.Equal(t, member, s.ID, "served from the pool")
+	waitPool(t, e, 1)
+	_, err := e.m.Create(context.Background(), alice, CreateRequest{Owner: "dag/run"})
+	var q *QuotaError
+	require.ErrorAs(t, err, &q, "alice's own quota still holds")
+	assert.Equal(t, "owner", q.Scope)
+}
