@@ -98,6 +98,15 @@ type Describer interface {
 	Describe() map[string]string
 }
 
+// EnvChecker is implemented by backends that can pass only some
+// environments to a guest (sbx writes them to an env file, one variable a
+// line). The lifecycle asks it about the env of a create it serves from
+// the warm pool, which never reaches the backend's Create; an error wraps
+// ErrInvalidArgument.
+type EnvChecker interface {
+	CheckEnv(env map[string]string) error
+}
+
 // Spec is what a client requires of a new sandbox. The zero value means
 // "no requirements stated": the backend's defaults apply (no network).
 type Spec struct {

@@ -35,6 +35,11 @@ func (m *Manager) claimPooled(c Caller, req CreateRequest) (sb Sandbox, ok bool,
 	if err := backend.ValidateEnv(req.Spec.Env, "the sandbox's"); err != nil {
 		return Sandbox{}, true, err
 	}
+	if ec, ok := m.be.(backend.EnvChecker); ok {
+		if err := ec.CheckEnv(req.Spec.Env); err != nil {
+			return Sandbox{}, true, err
+		}
+	}
 	m.mu.Lock()
 	if m.closing {
 		m.mu.Unlock()

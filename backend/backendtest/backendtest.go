@@ -454,15 +454,33 @@ func testHostIsolation(s *suite) {
 }
 
 func testEnvironment(s *suite) {
-	tricky := "spaces  and 'quotes' \"double\" $HOME `x` \\ ; | & é\nsecond line"
-	sb := s.create(backend.Spec{Env: map[string]string{"SANDBOX_VAR": "from-spec", "OVERRIDDEN": "spec", "TRICKY": tricky}})
+	tricky := "spaces  and 'quotes' \"double\" $HOME `x` \\ ; | & é = # c"
+	multiline := "first line\nsecond line"
+	env := map[string]string{"SANDBOX_VAR": "from-spec", "OVERRIDDEN": "spec", "TRICKY": tricky, "MULTILINE": multiline}
+	// A backend that can pass only some environments (backend.EnvChecker)
+	// must refuse a newline it cannot carry, at create, with
+	// ErrInvalidArgument and nothing left behind; any other must carry it.
+	if ec, ok := s.b.(backend.EnvChecker); ok && ec.CheckEnv(map[string]string{"MULTILINE": multiline}) != nil {
+		id := newID()
+		if _, err := s.b.Create(s.ctx(), id, backend.Spec{Env: env}); !errors.Is(err, backend.ErrInvalidArgument) {
+			s.Errorf("Create with an env its CheckEnv refuses = %v, want ErrInvalidArgument", err)
+			_ = s.b.Destroy(s.ctx(), id)
+		}
+		delete(env, "MULTILINE")
+	}
+	sb := s.create(backend.Spec{Env: env})
+	if _, ok := env["MULTILINE"]; ok {
+		if got := s.runOK(sb, `printf '%s' "$MULTILINE"`); got != multiline {
+			s.Errorf("a value with a newline came through as %q", got)
+		}
+	}
 	for range 2 { // every command sees it, not only the first
 		if got := s.runOK(sb, `printf '%s|%s' "$SANDBOX_VAR" "$OVERRIDDEN"`); got != "from-spec|spec" {
 			s.Errorf("spec env in a command: %q", got)
 		}
 	}
 	if got := s.runOK(sb, `printf '%s' "$TRICKY"`); got != tricky {
-		s.Errorf("a value with metacharacters and a newline came through as %q", got)
+		s.Errorf("a value with metacharacters came through as %q", got)
 	}
 	res := s.exec(sb, backend.ExecRequest{Command: `printf '%s|%s|%s' "$SANDBOX_VAR" "$OVERRIDDEN" "$REQUEST_ONLY"`,
 		Env: map[string]string{"OVERRIDDEN": "request", "REQUEST_ONLY": "r"}})

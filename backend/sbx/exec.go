@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
@@ -20,12 +21,14 @@ const (
 
 // Exec runs one command in the sandbox's microVM:
 //
-//	sbx exec [-i] [-e K=V]... -w CWD -- NAME timeout --kill-after=K -- S ARGV...
+//	sbx exec [-i] [--env-file F] -w CWD -- NAME timeout --kill-after=K -- S ARGV...
 //
 // ARGV is "sh -c COMMAND" or the request's argv; S is req.Timeout rounded
 // up to whole milliseconds (never 0, which GNU timeout reads as "none"); the
 // environment is the sandbox's Env overridden by req.Env, passed on every
-// call (sbx keeps none between calls). A zero req.MaxOutputBytes keeps
+// call (sbx keeps none between calls) in the file F, which only the daemon
+// can read and which is removed after the call (see envfile.go): never on
+// the command line, which every local user can read. A zero req.MaxOutputBytes keeps
 // capture.DefaultMaxOutputBytes of each stream, the tail.
 //
 // TimedOut is exit 124 once S has passed, or 137 once S+K has. When sbx exec
@@ -53,6 +56,11 @@ func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 	if err != nil {
 		return backend.ExecResult{}, err
 	}
+	for whose, e := range map[string]map[string]string{"the sandbox's": sb.env, "the command's": req.Env} {
+		if err := checkEnvFile(e, whose); err != nil {
+			return backend.ExecResult{}, err
+		}
+	}
 	applied := backend.GuestTimeout(req.Timeout)
 	killAfter := backend.GuestTimeout(b.cfg.KillAfter)
 
@@ -60,8 +68,10 @@ func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 	if len(req.Stdin) > 0 {
 		args = append(args, "-i")
 	}
-	for _, kv := range env {
-		args = append(args, "-e", kv)
+	envAt := -1 // where the env file's path goes, once the request is known to be good
+	if len(env) > 0 {
+		args = append(args, "--env-file", "")
+		envAt = len(args) - 1
 	}
 	args = append(args, "-w", cwd, "--", sb.name,
 		"timeout", "--kill-after="+backend.TimeoutSeconds(killAfter), "--", backend.TimeoutSeconds(applied))
@@ -75,6 +85,15 @@ func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 		return backend.ExecResult{}, err
 	}
 	defer done()
+
+	if envAt >= 0 {
+		path, err := writeEnvFile(sb.dir, env)
+		if err != nil {
+			return backend.ExecResult{}, err
+		}
+		defer os.Remove(path)
+		args[envAt] = path
+	}
 
 	log := b.log.With("sandbox", id)
 	res, runErr := b.runSbx(opCtx, applied+killAfter+b.cfg.ExecGrace, req.MaxOutputBytes, req.Stdin, args...)

@@ -210,6 +210,44 @@ func (f *fakeHost) called(prefix ...string) bool {
 	})
 }
 
+// callsOf returns the fake invocations whose arguments start with prefix.
+func (f *fakeHost) callsOf(prefix ...string) [][]string {
+	var out [][]string
+	for _, args := range f.calls() {
+		if len(args) >= len(prefix) && slices.Equal(args[:len(prefix)], prefix) {
+			out = append(out, args)
+		}
+	}
+	return out
+}
+
+// envFile is what the fake saw of an env file sbx exec read.
+type envFile struct {
+	Path, Mode string
+	UID        uint32
+}
+
+// envFiles returns the env files the fake's exec read, in order.
+func (f *fakeHost) envFiles() []envFile {
+	f.t.Helper()
+	data, err := os.ReadFile(filepath.Join(f.state, "envfiles.log"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	var out []envFile
+	for _, line := range bytes.Split(bytes.TrimSpace(data), []byte("\n")) {
+		var e envFile
+		if err := json.Unmarshal(line, &e); err != nil {
+			f.t.Fatalf("envfiles.log: %v", err)
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
 func newID() string {
 	raw := make([]byte, 8)
 	_, _ = rand.Read(raw)

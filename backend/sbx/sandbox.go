@@ -239,6 +239,9 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	if err := backend.ValidateEnv(spec.Env, "the sandbox's"); err != nil {
 		return backend.Info{}, err
 	}
+	if err := checkEnvFile(spec.Env, "the sandbox's"); err != nil {
+		return backend.Info{}, err
+	}
 	resourceArgs, err := b.resourceArgs(spec.Resources)
 	if err != nil {
 		return backend.Info{}, err

@@ -35,14 +35,93 @@ func TestSbxCommandLines(t *testing.T) {
 	if _, err := b.Exec(context.Background(), id, backend.ExecRequest{Command: "cat", Stdin: []byte("in"), Timeout: 1500 * time.Millisecond, Env: map[string]string{"C": "3"}}); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"exec", "-i", "-e", "A=1", "-e", "B=2", "-e", "C=3", "-w", ws, "--", name,
+	// The environment goes in a file (--env-file), never on the command line.
+	execs := f.callsOf("exec", "-i", "--env-file")
+	if len(execs) != 1 {
+		t.Fatalf("no sbx exec -i --env-file in %q", f.calls())
+	}
+	want := []string{"exec", "-i", "--env-file", execs[0][3], "-w", ws, "--", name,
 		"timeout", "--kill-after=0.500", "--", "1.500", "/bin/sh", "-c", "cat"}
-	if !f.called(want...) {
-		t.Errorf("no sbx exec %q in %q", want, f.calls())
+	if !slices.Equal(execs[0], want) {
+		t.Errorf("sbx exec %q, want %q", execs[0], want)
 	}
 	run(t, b, id, "true")
-	if !f.called("exec", "-e", "A=1", "-e", "B=2", "-w", ws, "--", name, "timeout") {
+	if len(f.callsOf("exec", "--env-file")) != 1 {
 		t.Errorf("an exec without stdin should not pass -i; calls: %q", f.calls())
+	}
+}
+
+// TestSbxEnvNeverOnTheCommandLine: a sandbox's env and a command's env reach
+// the command through an env file only the daemon could read, removed after
+// the call; no value appears in any argv sbx was given, which every local
+// user can read in ps (#13).
+func TestSbxEnvNeverOnTheCommandLine(t *testing.T) {
+	b, f := newFakeBackend(t)
+	const token, other = "s3cr3t-api-token-4f1d", "req-value-9a7e"
+	id, _ := create(t, b, backend.Spec{Env: map[string]string{"API_TOKEN": token, "SPACED": "  a # b = c "}})
+	res, err := b.Exec(context.Background(), id, backend.ExecRequest{
+		Command: `printf '%s|%s|%s' "$API_TOKEN" "$SPACED" "$OTHER"`, Timeout: 10 * time.Second, Env: map[string]string{"OTHER": other}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := string(res.Stdout), token+"|  a # b = c |"+other; got != want {
+		t.Errorf("the command saw %q, want %q (values byte for byte)", got, want)
+	}
+	for _, c := range f.calls() {
+		for _, a := range c {
+			if strings.Contains(a, token) || strings.Contains(a, other) {
+				t.Errorf("an env value is on sbx's command line: %q", c)
+			}
+		}
+	}
+	files := f.envFiles()
+	if len(files) != 1 {
+		t.Fatalf("sbx read %d env files, want 1: %v", len(files), files)
+	}
+	if files[0].Mode != "0600" || files[0].UID != uint32(os.Getuid()) {
+		t.Errorf("the env file was mode %s, uid %d: want 0600 and the daemon's uid %d", files[0].Mode, files[0].UID, os.Getuid())
+	}
+	if !strings.HasPrefix(files[0].Path, filepath.Join(f.dir, id)+"/") || strings.HasPrefix(files[0].Path, filepath.Join(f.dir, id, "workspace")) {
+		t.Errorf("the env file %s is not in the sandbox's state directory outside its workspace", files[0].Path)
+	}
+	if _, err := os.Lstat(files[0].Path); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the env file %s is still there after the call: %v", files[0].Path, err)
+	}
+}
+
+// TestSbxRefusesEnvAnEnvFileCannotCarry: a value with a newline (or
+// anything else an env file would change) is refused with
+// ErrInvalidArgument (bad_request) at create, and in a command's env at
+// exec, before sbx is called.
+func TestSbxRefusesEnvAnEnvFileCannotCarry(t *testing.T) {
+	b, f := newFakeBackend(t)
+	for name, env := range map[string]map[string]string{
+		"newline":         {"K": "line1\nline2"},
+		"carriage return": {"K": "v\r"},
+		"invalid UTF-8":   {"K": "\xff"},
+		"space in name":   {"A B": "v"},
+		"comment name":    {"#K": "v"},
+		"too long":        {"K": strings.Repeat("x", maxEnvFileLine)},
+	} {
+		before := len(f.calls())
+		_, err := b.Create(context.Background(), newID(), backend.Spec{Env: env})
+		if !errors.Is(err, backend.ErrInvalidArgument) || !strings.Contains(err.Error(), "env file") {
+			t.Errorf("%s: Create = %v, want ErrInvalidArgument naming the env file", name, err)
+		}
+		if len(f.calls()) != before {
+			t.Errorf("%s: sbx was called for a create refused up front", name)
+		}
+	}
+	if err := b.CheckEnv(map[string]string{"K": "a\nb"}); !errors.Is(err, backend.ErrInvalidArgument) {
+		t.Errorf("CheckEnv (the warm pool's check) = %v", err)
+	}
+	if err := b.CheckEnv(map[string]string{"K": "a = b # c", "EMPTY": ""}); err != nil {
+		t.Errorf("CheckEnv of a plain env = %v", err)
+	}
+	id, _ := create(t, b, backend.Spec{})
+	_, err := b.Exec(context.Background(), id, backend.ExecRequest{Command: "true", Timeout: 10 * time.Second, Env: map[string]string{"K": "a\nb"}})
+	if !errors.Is(err, backend.ErrInvalidArgument) {
+		t.Errorf("Exec with a newline in the command's env = %v, want ErrInvalidArgument", err)
 	}
 }
 

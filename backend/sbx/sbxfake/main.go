@@ -20,8 +20,10 @@
 // the same here. It is not a sandbox: the command runs on the host.
 //
 // Every invocation is appended to $SBXFAKE_STATE/calls.log as a JSON line
-// {"args": [...]}. Behaviours are switched by a file of that name in the
-// state directory or by an environment variable SBXFAKE_<NAME>:
+// {"args": [...]}, and every env file exec reads to envfiles.log as
+// {"path": ..., "mode": "0600", "uid": ...}. Behaviours are switched by a
+// file of that name in the state directory or by an environment variable
+// SBXFAKE_<NAME>:
 //
 //	banner        ls prints "Starting sandboxd daemon…" before its output
 //	ls-hang       ls never answers
@@ -51,6 +53,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 const (
@@ -413,6 +417,7 @@ func (f *fake) exec(args []string) int {
 
 	env := []string{f.sandboxTag(name), "PATH=" + guestPATH, "HOME=" + r.Workspaces[0], "LANG=C.UTF-8", "HOSTNAME=" + name}
 	for _, file := range flags["env-file"] {
+		f.logEnvFile(file)
 		lines, err := readEnvFile(file)
 		if err != nil {
 			return fail(1, "%v", err)
@@ -504,6 +509,12 @@ func checkExec(p string) error {
 	return nil
 }
 
+// readEnvFile reads an env file as sbx (Docker's CLI) does: one
+// NAME=value a line, leading whitespace (and a byte-order mark on the
+// first line) trimmed, blank lines and # comments skipped, a bare NAME
+// taken from the caller's environment; invalid UTF-8 and whitespace in a
+// name are errors, and so is a line longer than the reader's 64 KiB buffer.
+// The value is everything after the first '=', byte for byte.
 func readEnvFile(file string) ([]string, error) {
 	fh, err := os.Open(file)
 	if err != nil {
@@ -512,18 +523,48 @@ func readEnvFile(file string) ([]string, error) {
 	defer fh.Close()
 	var out []string
 	sc := bufio.NewScanner(fh)
-	for sc.Scan() {
-		line := strings.TrimLeft(sc.Text(), " \t")
+	for n := 1; sc.Scan(); n++ {
+		raw := sc.Bytes()
+		if n == 1 {
+			raw = bytes.TrimPrefix(raw, []byte("\xef\xbb\xbf"))
+		}
+		if !utf8.Valid(raw) {
+			return nil, fmt.Errorf("env file %s contains invalid utf8 bytes at line %d: %v", file, n, raw)
+		}
+		line := strings.TrimLeftFunc(string(raw), unicode.IsSpace)
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
-		if strings.Contains(line, "=") {
-			out = append(out, line)
-		} else if v, ok := os.LookupEnv(line); ok {
-			out = append(out, line+"="+v)
+		name, value, hasValue := strings.Cut(line, "=")
+		if strings.IndexFunc(name, unicode.IsSpace) >= 0 {
+			return nil, fmt.Errorf("variable '%s' contains whitespaces", name)
+		}
+		if name == "" {
+			return nil, fmt.Errorf("no variable name on line '%s'", line)
+		}
+		if hasValue {
+			out = append(out, name+"="+value)
+		} else if v, ok := os.LookupEnv(name); ok {
+			out = append(out, name+"="+v)
 		}
 	}
 	return out, sc.Err()
+}
+
+// logEnvFile records, in envfiles.log, the mode an env file had when exec
+// read it, for tests that check only the daemon could read it.
+func (f *fake) logEnvFile(file string) {
+	fi, err := os.Stat(file)
+	if err != nil {
+		return
+	}
+	line, _ := json.Marshal(map[string]any{"path": file, "mode": fmt.Sprintf("%04o", fi.Mode().Perm()), "uid": fi.Sys().(*syscall.Stat_t).Uid})
+	lf, err := os.OpenFile(f.path("envfiles.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return
+	}
+	defer lf.Close()
+	lf.Write(append(line, '\n'))
 }
 
 // sandboxTag is the environment entry every command of sandbox name
