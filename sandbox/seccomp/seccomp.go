@@ -7,7 +7,10 @@
 // container runtimes deny an unprivileged container by default (Docker's
 // default profile: kernel modules, kexec, keyrings, bpf, perf, userfaultfd,
 // handle-based opens, clock and swap changes, NUMA placement, mounting,
-// namespaces, tracing other processes, io_uring) and every system call made
+// namespaces, tracing other processes, io_uring), a few more (modify_ldt,
+// memfd_secret, every socket family but AF_UNIX, AF_INET, AF_INET6 and
+// AF_NETLINK; docs/security.md compares it with Docker's profile call by
+// call) and every system call made
 // through a foreign ABI (32-bit int 0x80 and x32 on x86-64), which would
 // otherwise bypass a denylist keyed on x86-64 numbers. What is denied depends
 // on Options, so that a supervisor that itself creates nested namespaces can
@@ -80,6 +83,29 @@ const (
 	NamespaceFlags = cloneNewNS | cloneNewCgroup | cloneNewUTS | cloneNewIPC | cloneNewUser | cloneNewPID | cloneNewNet
 )
 
+// Socket address families the filter lets through (linux/socket.h):
+// local sockets, IPv4, IPv6 (what every network tool needs, loopback
+// included) and netlink (what ip, ss and glibc's getaddrinfo use to read
+// the sandbox's own interfaces and routes). Everything else is refused with
+// EAFNOSUPPORT, the kernel's own answer for a family it lacks, so programs
+// fall back as they would on a kernel built without it. Among the refused:
+// AF_VSOCK, which is not namespaced (a guest would bind ports in the host's
+// vsock space and, on a VM, reach the hypervisor's), AF_PACKET (raw frames),
+// AF_ALG (the kernel crypto API), AF_KEY, AF_XDP, and the long tail of
+// protocol families (TIPC, RDS, CAN, Bluetooth, ...) whose code is rarely
+// exercised and a steady source of kernel bugs.
+const (
+	afUnix    = 1
+	afInet    = 2
+	afInet6   = 10
+	afNetlink = 16
+	afVsock   = 40
+)
+
+// AllowedSocketFamilies lists the families socket(2) and socketpair(2)
+// may create.
+var AllowedSocketFamilies = []uint64{afUnix, afInet, afInet6, afNetlink}
+
 // personalities the filter lets through (Docker's list): PER_LINUX,
 // PER_LINUX32, UNAME26, PER_LINUX32|UNAME26, and 0xffffffff, which only
 // queries. Anything else (READ_IMPLIES_EXEC, ADDR_NO_RANDOMIZE, ...) weakens
@@ -124,6 +150,20 @@ func Rules(o Options) []Rule {
 		Errno: unix.EPERM, Why: "the clock is the host's"})
 	add(Rule{Syscalls: []string{"mbind", "set_mempolicy", "get_mempolicy", "set_mempolicy_home_node", "move_pages", "migrate_pages"},
 		Errno: unix.EPERM, Why: "NUMA placement of memory, including other processes'"})
+	add(Rule{Syscalls: []string{"fanotify_init"},
+		Errno: unix.EPERM, Why: "filesystem-wide event monitoring; its unprivileged mode is recent and little used (inotify serves the sandbox's tools)"})
+	add(Rule{Syscalls: []string{"modify_ldt"},
+		Errno: unix.EPERM, Why: "16-bit segments in a per-process descriptor table: only DOS and Win16 emulators need them, and the code behind them has had several privilege escalations"})
+	add(Rule{Syscalls: []string{"memfd_secret"},
+		Errno: unix.EPERM, Why: "secret memory is taken out of the kernel's direct map (fragmenting it for the whole host), locked in RAM and hidden from the host's own tools; nothing a sandbox runs needs it"})
+
+	family := libseccomp.ArgumentConditions{}
+	for _, f := range AllowedSocketFamilies {
+		family = append(family, libseccomp.Condition{Argument: 0, Operation: libseccomp.NotEqual, Value: f})
+	}
+	add(Rule{Syscalls: []string{"socket", "socketpair"}, When: "family not AF_UNIX, AF_INET, AF_INET6 or AF_NETLINK",
+		Errno: unix.EAFNOSUPPORT, Why: "address families beyond local, IP and netlink sockets: AF_VSOCK is not namespaced (the host's and hypervisor's vsock space), the others are rarely used kernel code",
+		conds: []libseccomp.ArgumentConditions{family}})
 
 	personality := libseccomp.ArgumentConditions{}
 	for _, p := range allowedPersonalities {

@@ -94,8 +94,9 @@ func (v vmFilter) call(name string, args ...uint64) uint32 {
 const allow uint32 = unix.SECCOMP_RET_ALLOW
 
 var (
-	eperm  = retErrno(unix.EPERM)
-	enosys = retErrno(unix.ENOSYS)
+	eperm        = retErrno(unix.EPERM)
+	enosys       = retErrno(unix.ENOSYS)
+	eafnosupport = retErrno(unix.EAFNOSUPPORT)
 )
 
 func TestGuestFilterDecisions(t *testing.T) {
@@ -146,6 +147,28 @@ func TestGuestFilterDecisions(t *testing.T) {
 		{"personality", []uint64{0x0400000 /* READ_IMPLIES_EXEC */}, eperm},
 		{"personality", []uint64{0x0040000 /* ADDR_NO_RANDOMIZE */}, eperm},
 		{"personality", []uint64{1 << 32}, eperm},
+		{"modify_ldt", []uint64{0, 0, 0}, eperm},
+		{"modify_ldt", []uint64{1, 0, 16}, eperm},
+		{"memfd_secret", []uint64{0}, eperm},
+		// Socket families: local, IP and netlink only.
+		{"socket", []uint64{unix.AF_UNIX, unix.SOCK_STREAM, 0}, allow},
+		{"socket", []uint64{unix.AF_INET, unix.SOCK_DGRAM, 0}, allow},
+		{"socket", []uint64{unix.AF_INET6, unix.SOCK_STREAM, 0}, allow},
+		{"socket", []uint64{unix.AF_NETLINK, unix.SOCK_RAW, 0}, allow},
+		{"socket", []uint64{unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_ICMP}, allow}, // the kernel refuses it without CAP_NET_RAW
+		{"socket", []uint64{unix.AF_VSOCK, unix.SOCK_STREAM, 0}, eafnosupport},
+		{"socket", []uint64{unix.AF_PACKET, unix.SOCK_RAW, 0}, eafnosupport},
+		{"socket", []uint64{unix.AF_ALG, unix.SOCK_SEQPACKET, 0}, eafnosupport},
+		{"socket", []uint64{unix.AF_KEY, unix.SOCK_RAW, 2}, eafnosupport},
+		{"socket", []uint64{unix.AF_XDP, unix.SOCK_RAW, 0}, eafnosupport},
+		{"socket", []uint64{unix.AF_TIPC, unix.SOCK_RDM, 0}, eafnosupport},
+		{"socket", []uint64{unix.AF_BLUETOOTH, unix.SOCK_RAW, 0}, eafnosupport},
+		{"socket", []uint64{unix.AF_UNSPEC, unix.SOCK_STREAM, 0}, eafnosupport},
+		// Garbage in the upper half is not AF_UNIX: refused, never let through.
+		{"socket", []uint64{1<<32 | unix.AF_VSOCK, unix.SOCK_STREAM, 0}, eafnosupport},
+		{"socket", []uint64{1<<32 | unix.AF_UNIX, unix.SOCK_STREAM, 0}, eafnosupport},
+		{"socketpair", []uint64{unix.AF_UNIX, unix.SOCK_STREAM, 0, 0}, allow},
+		{"socketpair", []uint64{unix.AF_VSOCK, unix.SOCK_STREAM, 0, 0}, eafnosupport},
 	}
 	for _, c := range cases {
 		require.Equal(t, fmt.Sprintf("%#x", c.want), fmt.Sprintf("%#x", v.call(c.name, c.args...)), "%s(%#x)", c.name, c.args)
@@ -165,12 +188,16 @@ func TestForeignABIsAreRefused(t *testing.T) {
 }
 
 // With every argument zero, exactly the unconditional rules (and clone3)
-// deny, whatever the syscall number: no rule leaks into another, and no
-// rule is skipped. This is what catches a chaining mistake.
+// deny, whatever the syscall number, besides socket and socketpair, whose
+// family 0 (AF_UNSPEC) is not an allowed one: no rule leaks into another,
+// and no rule is skipped. This is what catches a chaining mistake.
 func TestEveryNumberWithZeroArguments(t *testing.T) {
 	for _, o := range []Options{Guest(), Supervisor(), {AllowPtrace: true}} {
 		v := newVM(t, o)
-		want := map[int]uint32{}
+		want := map[int]uint32{
+			v.info.SyscallNames["socket"]:     eafnosupport,
+			v.info.SyscallNames["socketpair"]: eafnosupport,
+		}
 		for _, r := range Rules(o) {
 			if r.conds != nil {
 				continue
@@ -256,7 +283,8 @@ func TestRulesCoverWhatContainerRuntimesDeny(t *testing.T) {
 	}
 	for _, s := range []string{"keyctl", "bpf", "perf_event_open", "userfaultfd", "kexec_load", "kexec_file_load",
 		"init_module", "finit_module", "mount", "ptrace", "unshare", "setns", "clone", "clone3", "open_by_handle_at",
-		"add_key", "request_key", "swapon", "reboot", "pivot_root", "umount2", "acct", "settimeofday"} {
+		"add_key", "request_key", "swapon", "reboot", "pivot_root", "umount2", "acct", "settimeofday",
+		"modify_ldt", "memfd_secret", "socket", "socketpair"} {
 		require.True(t, denied[s], "%s is not denied", s)
 	}
 }
@@ -294,7 +322,26 @@ func probes() map[string]func() unix.Errno {
 		"ptrace":      func() unix.Errno { return raw(unix.SYS_PTRACE, unix.PTRACE_PEEKUSR, 0x7ffffff0, 0, 0) },
 		"personality": func() unix.Errno { return raw(unix.SYS_PERSONALITY, 0x0400000) },
 		"io_uring":    func() unix.Errno { return raw(unix.SYS_IO_URING_SETUP, 0, 0) },
+		// Allowed, they open a descriptor: closed at once.
+		"socket_unix": func() unix.Errno { return closeFd(unix.Syscall(unix.SYS_SOCKET, unix.AF_UNIX, unix.SOCK_STREAM, 0)) },
+		"socket_inet": func() unix.Errno { return closeFd(unix.Syscall(unix.SYS_SOCKET, unix.AF_INET, unix.SOCK_DGRAM, 0)) },
+		"socket_vsock": func() unix.Errno {
+			return closeFd(unix.Syscall(unix.SYS_SOCKET, unix.AF_VSOCK, unix.SOCK_STREAM, 0))
+		},
+		"socketpair_vsock": func() unix.Errno { return raw(unix.SYS_SOCKETPAIR, unix.AF_VSOCK, unix.SOCK_STREAM, 0, 0) },
+		// modify_ldt(0 = read, NULL, 0) reads nothing; memfd_secret(0)
+		// would open a descriptor, closed at once.
+		"modify_ldt":   func() unix.Errno { return raw(unix.SYS_MODIFY_LDT, 0, 0, 0) },
+		"memfd_secret": func() unix.Errno { return closeFd(unix.Syscall(unix.SYS_MEMFD_SECRET, 0, 0, 0)) },
 	}
+}
+
+// closeFd closes what a probe that succeeded opened and returns its errno.
+func closeFd(fd, _ uintptr, e unix.Errno) unix.Errno {
+	if e == 0 {
+		unix.Close(int(fd))
+	}
+	return e
 }
 
 func runChild(mode string) int {
@@ -354,10 +401,14 @@ func TestInstalledGuestFilterDenies(t *testing.T) {
 	require.Equal(t, "2", res["Seccomp"])
 	require.Equal(t, "1", res["NoNewPrivs"])
 	require.Equal(t, "0", res["getpid"])
-	for _, name := range []string{"keyctl", "bpf", "perf_event_open", "userfaultfd", "unshare_user", "mount", "ptrace", "personality", "io_uring"} {
+	for _, name := range []string{"keyctl", "bpf", "perf_event_open", "userfaultfd", "unshare_user", "mount", "ptrace", "personality", "io_uring", "modify_ldt", "memfd_secret"} {
 		require.Equal(t, errno(unix.EPERM), res[name], "%s", name)
 	}
 	require.Equal(t, errno(unix.ENOSYS), res["clone3"])
+	require.Equal(t, errno(unix.EAFNOSUPPORT), res["socket_vsock"])
+	require.Equal(t, errno(unix.EAFNOSUPPORT), res["socketpair_vsock"])
+	require.Equal(t, "0", res["socket_unix"])
+	require.Equal(t, "0", res["socket_inet"])
 }
 
 func TestInstalledSupervisorFilterAllowsNamespacesAndStacks(t *testing.T) {
@@ -403,4 +454,139 @@ exec 3<&- 2>/dev/null; ls /proc/self/fd | tr '\n' ' '`
 	require.Contains(t, s, "Seccomp:\t2")
 	require.Contains(t, s, "NoNewPrivs:\t1")
 	require.Contains(t, s, "unshare=1", "unshare -U must fail under the filter: %s", s)
+}
+
+// guestProbe is a guest program (Python, through libc as real tools call
+// it) that tries what the filter refuses beyond Docker's default profile,
+// and two things it must allow, and prints errno names as JSON.
+const guestProbe = `import ctypes, errno, json, socket
+libc = ctypes.CDLL(None, use_errno=True)
+def sc(nr, *a):
+    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(x) for x in a])
+    return "allowed" if r >= 0 else errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno()))
+def sock(fam, kind):
+    try:
+        socket.socket(fam, kind).close()
+        return "allowed"
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e.errno))
+print(json.dumps({
+    "vsock": sock(40, socket.SOCK_STREAM),
+    "alg": sock(38, socket.SOCK_SEQPACKET),
+    "unix": sock(socket.AF_UNIX, socket.SOCK_STREAM),
+    "inet": sock(socket.AF_INET, socket.SOCK_DGRAM),
+    "inet6": sock(socket.AF_INET6, socket.SOCK_DGRAM),
+    "netlink": sock(socket.AF_NETLINK, socket.SOCK_RAW),
+    "modify_ldt": sc(154, 0, 0, 0),
+    "memfd_secret": sc(447, 0),
+}))
+`
+
+// TestBubblewrapGuestRefusesFamiliesAndSyscalls runs guestProbe under
+// bubblewrap with the guest filter, as a sandbox's commands run: AF_VSOCK
+// and AF_ALG sockets, modify_ldt and memfd_secret are refused by the
+// filter; local, IP and netlink sockets still work (#13).
+func TestBubblewrapGuestRefusesFamiliesAndSyscalls(t *testing.T) {
+	bwrap, err := exec.LookPath("bwrap")
+	requireCI(t, err == nil, "bubblewrap (apt-get install bubblewrap)")
+	_, err = os.Stat("/usr/bin/python3")
+	requireCI(t, err == nil, "/usr/bin/python3")
+	if arch.X86_64.ID != mustArch(t).ID {
+		t.Skip("the probe's system call numbers are x86-64's")
+	}
+	f, err := Memfd(Guest())
+	require.NoError(t, err)
+	defer f.Close()
+	cmd := exec.Command(bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+		"--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
+		"--symlink", "usr/lib64", "/lib64", "--proc", "/proc", "--dev", "/dev",
+		"--seccomp", "3", "--", "/usr/bin/python3", "-c", guestProbe)
+	cmd.ExtraFiles = []*os.File{f}
+	cmd.Env = []string{"PATH=/usr/bin:/bin"}
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	var got map[string]string
+	require.NoError(t, json.Unmarshal(out, &got), "%s", out)
+	require.Equal(t, map[string]string{
+		"vsock": "EAFNOSUPPORT", "alg": "EAFNOSUPPORT",
+		"unix": "allowed", "inet": "allowed", "inet6": "allowed", "netlink": "allowed",
+		"modify_ldt": "EPERM", "memfd_secret": "EPERM",
+	}, got)
+}
+
+func mustArch(t *testing.T) *arch.Info {
+	t.Helper()
+	info, err := arch.GetInfo("")
+	require.NoError(t, err)
+	return info
+}
+
+// dockerDenies are the x86-64 system calls Docker's default seccomp
+// profile (moby profiles/seccomp/default.json) refuses a container without
+// capabilities, which is what a sandbox's guest is: the calls of the
+// architecture's table that the profile neither allows outright nor allows
+// under a condition.
+var dockerDenies = strings.Fields(`_sysctl acct add_key afs_syscall bpf cachestat chroot clock_settime
+create_module delete_module fanotify_init fchmodat2 finit_module fsconfig fsmount fsopen fspick
+futex_requeue futex_wait futex_wake get_kernel_syms get_mempolicy getpmsg getxattrat init_module
+ioperm iopl kcmp kexec_file_load kexec_load keyctl listmount listxattrat lookup_dcookie
+lsm_get_self_attr lsm_list_modules lsm_set_self_attr map_shadow_stack mbind migrate_pages mount
+mount_setattr move_mount move_pages mseal nfsservctl open_by_handle_at open_tree open_tree_attr
+perf_event_open pidfd_getfd pivot_root process_madvise putpmsg query_module quotactl quotactl_fd
+reboot removexattrat request_key security set_mempolicy set_mempolicy_home_node setdomainname
+sethostname setns settimeofday setxattrat statmount swapoff swapon sysfs syslog tuxcall umount2
+unshare uretprobe uselib userfaultfd ustat vhangup vserver`)
+
+// allowedUnlikeDocker are the calls of dockerDenies the guest filter lets
+// through on purpose, each for the reason docs/security.md gives ("The
+// guest filter and Docker's default profile").
+var allowedUnlikeDocker = map[string]string{
+	// Not implemented by Linux on x86-64: the kernel answers ENOSYS.
+	"afs_syscall": "unimplemented", "getpmsg": "unimplemented", "putpmsg": "unimplemented",
+	"security": "unimplemented", "tuxcall": "unimplemented", "vserver": "unimplemented",
+	// The kernel refuses them without a capability the guest never has.
+	"chroot": "needs CAP_SYS_CHROOT", "sethostname": "needs CAP_SYS_ADMIN", "setdomainname": "needs CAP_SYS_ADMIN",
+	"vhangup": "needs CAP_SYS_TTY_CONFIG",
+	// Newer than the profile's list; variants of calls it allows.
+	"fchmodat2": "fchmodat", "futex_wait": "futex", "futex_wake": "futex", "futex_requeue": "futex",
+	"getxattrat": "getxattr", "setxattrat": "setxattr", "listxattrat": "listxattr", "removexattrat": "removexattr",
+	"cachestat": "mincore", "listmount": "/proc/self/mountinfo", "statmount": "/proc/self/mountinfo",
+	"lsm_get_self_attr": "/proc/self/attr", "lsm_set_self_attr": "/proc/self/attr", "lsm_list_modules": "/sys/kernel/security/lsm",
+	"map_shadow_stack": "hardening", "mseal": "hardening", "uretprobe": "only from the kernel's trampoline",
+	// Only with a CLONE_NEW* flag (unsharing the caller's own files, fs
+	// or semaphores stays allowed).
+	"unshare": "conditional",
+}
+
+// TestGuestFilterAgainstDockersDefault: every call Docker's default
+// profile refuses a capability-less container is refused by the guest
+// filter too, or listed, with its reason, in allowedUnlikeDocker (and
+// docs/security.md). A call added to the filter or dropped from it that
+// changes this comparison fails here until the list and the docs say so.
+func TestGuestFilterAgainstDockersDefault(t *testing.T) {
+	v := newVM(t, Guest())
+	denied := map[string]bool{}
+	for _, r := range Rules(Guest()) {
+		for _, name := range r.Syscalls {
+			denied[name] = true
+		}
+	}
+	for _, name := range dockerDenies {
+		_, known := v.info.SyscallNames[name]
+		why, justified := allowedUnlikeDocker[name]
+		switch {
+		case !known:
+			t.Errorf("%s is not in the library's x86-64 table", name)
+		case denied[name] && justified && why != "conditional":
+			t.Errorf("%s is denied, but allowedUnlikeDocker says it is allowed (%s)", name, why)
+		case !denied[name] && !justified:
+			t.Errorf("Docker's default profile refuses %s and the guest filter lets it through: deny it, or justify it in allowedUnlikeDocker and docs/security.md", name)
+		}
+	}
+	// Where the guest filter is stricter than Docker's profile.
+	for _, name := range []string{"io_uring_setup", "io_uring_enter", "io_uring_register", "name_to_handle_at",
+		"ptrace", "process_vm_readv", "process_vm_writev", "modify_ldt", "memfd_secret", "clock_adjtime"} {
+		require.Equal(t, eperm, v.call(name), "%s", name)
+	}
+	require.Equal(t, eafnosupport, v.call("socket", unix.AF_ALG, unix.SOCK_SEQPACKET, 0), "Docker refuses only AF_VSOCK")
 }

@@ -464,7 +464,16 @@ for fam, kind, proto in ((socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP),
     try: socket.socket(fam, kind, proto); print("OPENED", fam, kind)
     except OSError as e: print(e.strerror)`)
 	rawOpened := strings.Contains(r.out(), "OPENED AddressFamily.AF_INET SocketKind.SOCK_RAW") || strings.Contains(r.out(), "OPENED AddressFamily.AF_PACKET")
-	b.record(g, "raw and packet sockets (and an ICMP datagram socket)", "raw/packet: operation not permitted", r.out(), judge(!rawOpened))
+	b.record(g, "raw and packet sockets (and an ICMP datagram socket)", "raw/packet: refused", r.out(), judge(!rawOpened))
+
+	// vsock is not namespaced: a guest that could open one would bind
+	// ports in the host's vsock space (and on a VM reach the hypervisor's).
+	r = py(`import socket
+try:
+    s = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM); s.bind((socket.VMADDR_CID_ANY, 5000)); s.listen(); print("BOUND", s.getsockname())
+except OSError as e: print(type(e).__name__, e.errno, e.strerror)`)
+	b.record(g, "bind an AF_VSOCK port (the host's vsock space)", "address family not supported (the seccomp filter)", r.out(),
+		judge(!strings.Contains(r.out(), "BOUND") && strings.Contains(r.out(), "not supported")))
 }
 
 // ---- privileges ---------------------------------------------------------
@@ -494,6 +503,11 @@ res["ptrace"] = sc(101, 3, 99999, 0, 0)
 res["personality"] = sc(135, 0x0400000)
 res["setns"] = sc(308, -1, 0)
 res["clone3"] = sc(435, 0, 0)
+res["modify_ldt"] = sc(154, 0, 0, 0)
+res["memfd_secret"] = sc(447, 0)
+res["socket(AF_VSOCK)"] = sc(41, 40, 1, 0)
+res["socket(AF_ALG)"] = sc(41, 38, 5, 0)
+res["socketpair(AF_VSOCK)"] = sc(53, 40, 1, 0, 0)
 res["mount"] = libc.mount(tmpfs, tgt, tmpfs, 0, None) == 0 and "allowed" or errno.errorcode[ctypes.get_errno()]
 res["unshare(CLONE_NEWUSER)"] = sc(272, 0x10000000)
 print(json.dumps(res))
@@ -521,10 +535,14 @@ func privileges(b *battery) {
 			b.record(g, "system call probe", "JSON", string(r.Stdout)+string(r.Stderr), failed)
 		} else {
 			for _, name := range []string{"keyctl", "add_key", "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "init_module", "finit_module",
-				"kexec_load", "open_by_handle_at", "ptrace", "personality", "setns", "clone3", "mount", "unshare(CLONE_NEWUSER)"} {
+				"kexec_load", "open_by_handle_at", "ptrace", "personality", "setns", "clone3", "mount", "unshare(CLONE_NEWUSER)",
+				"modify_ldt", "memfd_secret", "socket(AF_VSOCK)", "socket(AF_ALG)", "socketpair(AF_VSOCK)"} {
 				want := "EPERM"
-				if name == "clone3" {
+				switch {
+				case name == "clone3":
 					want = "ENOSYS"
+				case strings.HasPrefix(name, "socket"):
+					want = "EAFNOSUPPORT"
 				}
 				got := res[name]
 				obs := got
