@@ -123,6 +123,16 @@ type Options struct {
 	// Give it only in the daemon, whose cgroup is its own.
 	SupervisorLeaf string
 
+	// BaseMemoryBytes caps the memory of every sandbox group together: the
+	// base's own limit (v2 memory.max, v1 memory.limit_in_bytes of the
+	// memory controller's base, swap capped alike where the kernel accounts
+	// it). Per-sandbox limits alone promise the sum of them, which can be
+	// more than the host has (64 sandboxes of 1 GiB on a 24 GiB host); past
+	// this one the kernel reclaims and then OOM-kills inside the sandboxes,
+	// never outside them. 0 leaves the base unlimited (and lifts a limit a
+	// previous daemon set). New applies it; see BaseMemory.
+	BaseMemoryBytes int64
+
 	// Paths, injectable for tests: where /proc/self/mountinfo and
 	// /proc/self/cgroup are read from.
 	MountInfo, SelfCgroup string
@@ -146,6 +156,7 @@ func (o Options) required() []string {
 type Manager struct {
 	version     Version
 	controllers []string
+	baseMemory  int64 // Options.BaseMemoryBytes
 	// v2: the directory under which sandbox cgroups are made.
 	v2Base string
 	// v1: that directory in each controller's hierarchy.
@@ -191,6 +202,9 @@ func New(opts Options) (*Manager, error) {
 	if opts.SupervisorLeaf != "" && (!validName.MatchString(opts.SupervisorLeaf) || opts.SupervisorLeaf == opts.Base) {
 		return nil, fmt.Errorf("cgroup leaf %q must be a plain name other than the base's", opts.SupervisorLeaf)
 	}
+	if opts.BaseMemoryBytes < 0 || (opts.BaseMemoryBytes > 0 && opts.BaseMemoryBytes < 4<<20) {
+		return nil, fmt.Errorf("a memory limit for every sandbox together of %d bytes is too small; give at least 4 MiB, or 0 for none", opts.BaseMemoryBytes)
+	}
 	lay, err := readLayout(opts)
 	if err != nil {
 		return nil, err
@@ -208,18 +222,160 @@ func New(opts Options) (*Manager, error) {
 			return nil, err
 		}
 	}
+	if opts.BaseMemoryBytes > 0 && !slices.Contains(m.controllers, "memory") {
+		return nil, fmt.Errorf("%w: a memory limit for every sandbox together needs the memory controller", ErrUnavailable)
+	}
+	m.baseMemory = opts.BaseMemoryBytes
 	if m.version == V2 {
 		if err := m.prepareV2Base(); err != nil {
 			return nil, err
 		}
-		return m, nil
-	}
-	for c, dir := range m.v1Base {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return nil, fmt.Errorf("%w: cannot create %s for the %s controller: %v; run the daemon as root or give it a delegated cgroup", ErrUnavailable, dir, c, err)
+	} else {
+		for c, dir := range m.v1Base {
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return nil, fmt.Errorf("%w: cannot create %s for the %s controller: %v; run the daemon as root or give it a delegated cgroup", ErrUnavailable, dir, c, err)
+			}
 		}
 	}
+	if err := m.applyBaseMemory(); err != nil {
+		return nil, err
+	}
 	return m, nil
+}
+
+// memoryBase is the base directory whose memory files bound every sandbox
+// together, or "" when the manager has no memory controller.
+func (m *Manager) memoryBase() string {
+	if !slices.Contains(m.controllers, "memory") {
+		return ""
+	}
+	if m.version == V2 {
+		return m.v2Base
+	}
+	return m.v1Base["memory"]
+}
+
+// applyBaseMemory writes the base's memory limit (or lifts it, for 0).
+func (m *Manager) applyBaseMemory() error {
+	dir := m.memoryBase()
+	if dir == "" {
+		return nil
+	}
+	if m.version == V2 {
+		limit, swap := "max", "max"
+		if m.baseMemory > 0 {
+			limit, swap = strconv.FormatInt(m.baseMemory, 10), "0"
+		}
+		if err := writeFile(filepath.Join(dir, "memory.max"), limit); err != nil && !(m.baseMemory == 0 && errors.Is(err, fs.ErrNotExist)) {
+			return fmt.Errorf("%w: cannot set %s/memory.max to %s (the memory of every sandbox together): %v", ErrUnavailable, dir, limit, err)
+		}
+		if err := writeFile(filepath.Join(dir, "memory.swap.max"), swap); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("%w: cannot set %s/memory.swap.max to %s: %v", ErrUnavailable, dir, swap, err)
+		}
+		return nil
+	}
+	// v1 accounts children in their parent only with use_hierarchy, which
+	// kernels since 5.10 always have; older ones take it while the base has
+	// no children yet.
+	_ = writeFile(filepath.Join(dir, "memory.use_hierarchy"), "1")
+	limit := "-1"
+	if m.baseMemory > 0 {
+		limit = strconv.FormatInt(m.baseMemory, 10)
+	}
+	// memory+swap must never be below memory: lowering writes memory
+	// first, raising memsw first; try one order, then the other.
+	mem, memsw := filepath.Join(dir, "memory.limit_in_bytes"), filepath.Join(dir, "memory.memsw.limit_in_bytes")
+	err := writeFile(mem, limit)
+	if m.baseMemory == 0 && errors.Is(err, fs.ErrNotExist) {
+		return nil // nothing to lift (a tree without the files: tests)
+	}
+	if err == nil {
+		if err := writeFile(memsw, limit); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("%w: cannot set %s to %s: %v", ErrUnavailable, memsw, limit, err)
+		}
+		return nil
+	}
+	if werr := writeFile(memsw, limit); werr == nil {
+		err = writeFile(mem, limit)
+	}
+	if err != nil {
+		return fmt.Errorf("%w: cannot set %s to %s (the memory of every sandbox together; lower than what they use now?): %v", ErrUnavailable, mem, limit, err)
+	}
+	return nil
+}
+
+// BaseMemory is what every sandbox group together may use and uses.
+type BaseMemory struct {
+	// LimitBytes is the base's limit (Options.BaseMemoryBytes); 0: none.
+	LimitBytes int64
+	// UsedBytes is the memory charged to every sandbox together now, page
+	// cache and tmpfs included.
+	UsedBytes int64
+	// OOMKills counts processes of the live sandbox groups the kernel
+	// killed for a lack of memory, their own limits' kills included (v2
+	// memory.events of the base; v1 the groups' memory.oom_control summed).
+	OOMKills uint64
+}
+
+// BaseMemory reads the base's memory limit and use. Without a memory
+// controller it returns an error wrapping ErrUnavailable.
+func (m *Manager) BaseMemory() (BaseMemory, error) {
+	dir := m.memoryBase()
+	if dir == "" {
+		return BaseMemory{}, fmt.Errorf("%w: no memory controller", ErrUnavailable)
+	}
+	var b BaseMemory
+	var err error
+	limitFile, usedFile, events, oomKey := "memory.max", "memory.current", "memory.events", "oom_kill"
+	if m.version == V1 {
+		limitFile, usedFile, events = "memory.limit_in_bytes", "memory.usage_in_bytes", "memory.oom_control"
+	}
+	if b.LimitBytes, err = readInt(filepath.Join(dir, limitFile)); err != nil {
+		return b, err
+	}
+	if b.LimitBytes >= v1Unlimited {
+		b.LimitBytes = 0 // "max", or v1's page-rounded "no limit"
+	}
+	if b.UsedBytes, err = readInt(filepath.Join(dir, usedFile)); err != nil {
+		return b, err
+	}
+	b.OOMKills = readKeyed(filepath.Join(dir, events))[oomKey]
+	if m.version == V1 {
+		// v1 counts a kill in the victim's own group only: add the
+		// sandbox groups' counts.
+		entries, _ := os.ReadDir(dir)
+		for _, e := range entries {
+			if e.IsDir() && validName.MatchString(e.Name()) {
+				b.OOMKills += readKeyed(filepath.Join(dir, e.Name(), events))[oomKey]
+			}
+		}
+	}
+	return b, nil
+}
+
+// v1Unlimited: v1 reports "no limit" as the largest page-aligned int64
+// (9223372036854771712), v2 as "max" (read as math.MaxInt64).
+const v1Unlimited = math.MaxInt64 &^ (1<<12 - 1)
+
+// HostMemoryBytes is the host's memory (MemTotal of /proc/meminfo), for a
+// default share of it.
+func HostMemoryBytes() (int64, error) { return memTotal("/proc/meminfo") }
+
+func memTotal(p string) (int64, error) {
+	b, err := readBounded(p)
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("%s: MemTotal %q: %w", p, rest, err)
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, fmt.Errorf("%s has no MemTotal line", p)
 }
 
 // plan chooses the version and the base directories.
@@ -545,10 +701,16 @@ func (m *Manager) Create(name string, l Limits) (_ *Cgroup, err error) {
 // remakeBase recreates a base directory that disappeared.
 func (m *Manager) remakeBase(base string) error {
 	if m.version == V2 {
-		return m.prepareV2Base()
+		if err := m.prepareV2Base(); err != nil {
+			return err
+		}
+		return m.applyBaseMemory() // the limit went with the directory
 	}
 	if err := os.Mkdir(base, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 		return fmt.Errorf("%w: cannot recreate %s: %v", ErrUnavailable, base, err)
+	}
+	if base == m.memoryBase() {
+		return m.applyBaseMemory()
 	}
 	return nil
 }

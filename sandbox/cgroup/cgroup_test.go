@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -470,5 +471,96 @@ func TestCreateRemakesAVanishedBase(t *testing.T) {
 	for _, d := range cg.Dirs() {
 		_, err := os.Stat(d)
 		require.NoError(t, err)
+	}
+}
+
+// TestRealBaseMemoryBoundsEverySandboxTogether: two groups, each within
+// its own limit, together past the base's: the kernel kills inside them
+// rather than let them take what the host was not promised to give (#13).
+func TestRealBaseMemoryBoundsEverySandboxTogether(t *testing.T) {
+	const base, each, balloon = 112 << 20, 96 << 20, 72 << 20
+	m := realManager(t, Options{BaseMemoryBytes: base})
+	bm, err := m.BaseMemory()
+	require.NoError(t, err)
+	require.Equal(t, int64(base), bm.LimitBytes)
+	memDir := m.memoryBase()
+	if m.Version() == V1 {
+		require.Equal(t, "117440512", readTrim(t, filepath.Join(memDir, "memory.limit_in_bytes")))
+	} else {
+		require.Equal(t, "117440512", readTrim(t, filepath.Join(memDir, "memory.max")))
+	}
+
+	// The first sandbox takes its balloon and holds it.
+	a, err := m.Create("a", Limits{MemoryBytes: each, PIDs: 16})
+	require.NoError(t, err)
+	ga := startGated(t, fmt.Sprintf(`exec /usr/bin/python3 -c 'import time; b = b"x" * %d; time.sleep(60)'`, balloon))
+	require.NoError(t, a.Add(ga.cmd.Process.Pid))
+	ga.release(t)
+	require.Eventually(t, func() bool {
+		st, err := a.Stats()
+		return err == nil && st.MemoryBytes >= balloon
+	}, 30*time.Second, 20*time.Millisecond, "the first balloon is charged to its group")
+	bm, err = m.BaseMemory()
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, bm.UsedBytes, int64(balloon), "the base counts its children: %+v", bm)
+
+	// The second, within its own limit too, does not fit beside it: the
+	// kernel kills one of the two (the larger at that moment, its choice).
+	b, err := m.Create("b", Limits{MemoryBytes: each, PIDs: 16})
+	require.NoError(t, err)
+	gb := startGated(t, fmt.Sprintf(`exec /usr/bin/python3 -c 'import time; b = b"x" * %d; time.sleep(60)'`, balloon))
+	require.NoError(t, b.Add(gb.cmd.Process.Pid))
+	gb.release(t)
+	killed := func(g *gated) bool {
+		select {
+		case <-g.done:
+			var ee *exec.ExitError
+			if errors.As(g.err, &ee) {
+				ws := ee.Sys().(syscall.WaitStatus)
+				return ws.Signaled() && ws.Signal() == syscall.SIGKILL
+			}
+		default:
+		}
+		return false
+	}
+	require.Eventually(t, func() bool { return killed(ga) || killed(gb) }, 60*time.Second, 20*time.Millisecond,
+		"two balloons of %d MiB in groups of %d MiB each must not both live under a base of %d MiB", balloon>>20, each>>20, base>>20)
+	for _, cg := range []*Cgroup{a, b} {
+		st, err := cg.Stats()
+		require.NoError(t, err)
+		require.Less(t, st.MemoryPeakBytes, int64(each), "stopped by the base's limit, not its own")
+	}
+	bm, err = m.BaseMemory()
+	require.NoError(t, err)
+	require.LessOrEqual(t, bm.UsedBytes, int64(base))
+	require.NotZero(t, bm.OOMKills, "the kill is counted at the base: %+v", bm)
+
+	// A limit of 0 lifts it again (a daemon restarted without one).
+	m2, err := New(Options{Base: filepath.Base(m.Dirs()[0])})
+	require.NoError(t, err)
+	bm, err = m2.BaseMemory()
+	require.NoError(t, err)
+	require.Zero(t, bm.LimitBytes)
+}
+
+func TestMemTotal(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "meminfo")
+	require.NoError(t, os.WriteFile(p, []byte("MemTotal:       24564280 kB\nMemFree:        23000000 kB\n"), 0o644))
+	n, err := memTotal(p)
+	require.NoError(t, err)
+	require.Equal(t, int64(24564280)<<10, n)
+	require.NoError(t, os.WriteFile(p, []byte("MemFree: 1 kB\n"), 0o644))
+	_, err = memTotal(p)
+	require.Error(t, err)
+	n, err = HostMemoryBytes()
+	require.NoError(t, err)
+	require.Greater(t, n, int64(64<<20))
+}
+
+func TestBaseMemoryOptionIsChecked(t *testing.T) {
+	for _, bad := range []int64{-1, 1 << 20} {
+		_, err := New(Options{Base: "x", BaseMemoryBytes: bad, MountInfo: "/nonexistent"})
+		require.Error(t, err)
+		require.Contains(t, err.Error(), "too small")
 	}
 }
