@@ -129,8 +129,9 @@ type Options struct {
 	// it). Per-sandbox limits alone promise the sum of them, which can be
 	// more than the host has (64 sandboxes of 1 GiB on a 24 GiB host); past
 	// this one the kernel reclaims and then OOM-kills inside the sandboxes,
-	// never outside them. 0 leaves the base unlimited (and lifts a limit a
-	// previous daemon set). New applies it; see BaseMemory.
+	// never outside them. New applies it; 0 leaves the base's limit as it
+	// is (a fresh base has none; an offline sweep must not lift a running
+	// daemon's). See BaseMemory.
 	BaseMemoryBytes int64
 
 	// Paths, injectable for tests: where /proc/self/mountinfo and
@@ -255,22 +256,19 @@ func (m *Manager) memoryBase() string {
 	return m.v1Base["memory"]
 }
 
-// applyBaseMemory writes the base's memory limit (or lifts it, for 0).
+// applyBaseMemory writes the base's memory limit, if there is one.
 func (m *Manager) applyBaseMemory() error {
 	dir := m.memoryBase()
-	if dir == "" {
+	if dir == "" || m.baseMemory == 0 {
 		return nil
 	}
+	limit := strconv.FormatInt(m.baseMemory, 10)
 	if m.version == V2 {
-		limit, swap := "max", "max"
-		if m.baseMemory > 0 {
-			limit, swap = strconv.FormatInt(m.baseMemory, 10), "0"
-		}
-		if err := writeFile(filepath.Join(dir, "memory.max"), limit); err != nil && !(m.baseMemory == 0 && errors.Is(err, fs.ErrNotExist)) {
+		if err := writeFile(filepath.Join(dir, "memory.max"), limit); err != nil {
 			return fmt.Errorf("%w: cannot set %s/memory.max to %s (the memory of every sandbox together): %v", ErrUnavailable, dir, limit, err)
 		}
-		if err := writeFile(filepath.Join(dir, "memory.swap.max"), swap); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("%w: cannot set %s/memory.swap.max to %s: %v", ErrUnavailable, dir, swap, err)
+		if err := writeFile(filepath.Join(dir, "memory.swap.max"), "0"); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("%w: cannot set %s/memory.swap.max to 0: %v", ErrUnavailable, dir, err)
 		}
 		return nil
 	}
@@ -278,17 +276,10 @@ func (m *Manager) applyBaseMemory() error {
 	// kernels since 5.10 always have; older ones take it while the base has
 	// no children yet.
 	_ = writeFile(filepath.Join(dir, "memory.use_hierarchy"), "1")
-	limit := "-1"
-	if m.baseMemory > 0 {
-		limit = strconv.FormatInt(m.baseMemory, 10)
-	}
 	// memory+swap must never be below memory: lowering writes memory
 	// first, raising memsw first; try one order, then the other.
 	mem, memsw := filepath.Join(dir, "memory.limit_in_bytes"), filepath.Join(dir, "memory.memsw.limit_in_bytes")
 	err := writeFile(mem, limit)
-	if m.baseMemory == 0 && errors.Is(err, fs.ErrNotExist) {
-		return nil // nothing to lift (a tree without the files: tests)
-	}
 	if err == nil {
 		if err := writeFile(memsw, limit); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("%w: cannot set %s to %s: %v", ErrUnavailable, memsw, limit, err)

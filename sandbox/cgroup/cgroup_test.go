@@ -535,12 +535,18 @@ func TestRealBaseMemoryBoundsEverySandboxTogether(t *testing.T) {
 	require.LessOrEqual(t, bm.UsedBytes, int64(base))
 	require.NotZero(t, bm.OOMKills, "the kill is counted at the base: %+v", bm)
 
-	// A limit of 0 lifts it again (a daemon restarted without one).
+	// A manager without a limit (the offline sweep) leaves it in place;
+	// one with another limit replaces it.
 	m2, err := New(Options{Base: filepath.Base(m.Dirs()[0])})
 	require.NoError(t, err)
 	bm, err = m2.BaseMemory()
 	require.NoError(t, err)
-	require.Zero(t, bm.LimitBytes)
+	require.Equal(t, int64(base), bm.LimitBytes)
+	m3, err := New(Options{Base: filepath.Base(m.Dirs()[0]), BaseMemoryBytes: 2 * base})
+	require.NoError(t, err)
+	bm, err = m3.BaseMemory()
+	require.NoError(t, err)
+	require.Equal(t, int64(2*base), bm.LimitBytes)
 }
 
 func TestMemTotal(t *testing.T) {
