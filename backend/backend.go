@@ -98,6 +98,25 @@ type Describer interface {
 	Describe() map[string]string
 }
 
+// MemoryReporter is implemented by backends that bound the memory of every
+// sandbox together (bwrap, on a cgroup all sandbox groups sit under);
+// health reports it, so an operator can read what the host can hold.
+type MemoryReporter interface {
+	MemoryInForce() (HostMemory, error)
+}
+
+// HostMemory is what every sandbox together may use of the host's memory.
+type HostMemory struct {
+	// HostBytes is the host's memory (MemTotal).
+	HostBytes int64
+	// LimitBytes caps every sandbox together; 0: no such limit.
+	LimitBytes int64
+	// UsedBytes is what they use now, page cache and tmpfs included.
+	UsedBytes int64
+	// PerSandboxBytes is one sandbox's memory limit by default; 0: none.
+	PerSandboxBytes int64
+}
+
 // EnvChecker is implemented by backends that can pass only some
 // environments to a guest (sbx writes them to an env file, one variable a
 // line). The lifecycle asks it about the env of a create it serves from

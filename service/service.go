@@ -277,6 +277,28 @@ func (s *Service) hello(c lifecycle.Caller, peer *ipc.Peer, args *ipc.Args) (any
 // HealthReport is the health op's result.
 type HealthReport = api.HealthResult
 
+// memoryReport reads the backend's memory bound, if it has one.
+func (s *Service) memoryReport() *api.MemoryReport {
+	mr, ok := s.m.Backend().(backend.MemoryReporter)
+	if !ok {
+		return nil
+	}
+	hm, err := mr.MemoryInForce()
+	if err != nil {
+		return nil
+	}
+	r := &api.MemoryReport{HostBytes: hm.HostBytes, LimitBytes: hm.LimitBytes, UsedBytes: hm.UsedBytes,
+		PerSandboxBytes: hm.PerSandboxBytes, MaxSandboxes: s.m.Config().MaxPerHost}
+	if hm.PerSandboxBytes > 0 {
+		room := hm.LimitBytes
+		if room == 0 || (hm.HostBytes > 0 && hm.HostBytes < room) {
+			room = hm.HostBytes
+		}
+		r.FitsSandboxes = room / hm.PerSandboxBytes
+	}
+	return r
+}
+
 // RecoveryReport is what start-up recovery did, as health reports it.
 type RecoveryReport = api.RecoveryReport
 
@@ -288,7 +310,7 @@ func (s *Service) Health(ctx context.Context) HealthReport {
 		PendingDestroy: st.PendingDestroy, Pooled: st.Pooled,
 		Recovery: RecoveryReport{Adopted: st.Recovery.Adopted, Destroyed: st.Recovery.Destroyed, Swept: st.Recovery.Swept,
 			Failed: st.Recovery.Failed, MovedAside: st.Recovery.MovedAside, DurationS: st.Recovery.Duration.Seconds()},
-		Limits: s.limits, BackendInfo: s.backendInfo}
+		Limits: s.limits, BackendInfo: s.backendInfo, Memory: s.memoryReport()}
 	if err := s.backendHealth(ctx); err != nil {
 		r.Status = "degraded"
 		r.BackendError = err.Error()

@@ -336,6 +336,24 @@ func (b *Backend) LimitsInForce() map[string]string {
 	}
 }
 
+// MemoryInForce implements backend.MemoryReporter: the limit and use of
+// the cgroup every sandbox's group sits under. Without cgroups it returns
+// an error wrapping backend.ErrUnavailable.
+func (b *Backend) MemoryInForce() (backend.HostMemory, error) {
+	if b.cfg.Cgroups == nil {
+		return backend.HostMemory{}, fmt.Errorf("%w: no sandbox cgroups", backend.ErrUnavailable)
+	}
+	bm, err := b.cfg.Cgroups.BaseMemory()
+	if err != nil {
+		return backend.HostMemory{}, err
+	}
+	total, err := cgroup.HostMemoryBytes()
+	if err != nil {
+		return backend.HostMemory{}, err
+	}
+	return backend.HostMemory{HostBytes: total, LimitBytes: bm.LimitBytes, UsedBytes: bm.UsedBytes, PerSandboxBytes: b.cfg.Limits.MemoryBytes}, nil
+}
+
 // Close is for a daemon that stops: it stops every sandbox's init (they
 // would die with the daemon anyway), removes every sandbox cgroup and
 // unmounts every sandbox's disk, so a stopped daemon leaves nothing on the

@@ -111,6 +111,11 @@ func runHealth(args []string, stdout, stderr io.Writer) error {
 		if e, ok := rep["backend_error"]; ok {
 			fmt.Fprintf(stdout, "backend: %v\n", e)
 		}
+		if m, ok := rep["memory"].(map[string]any); ok {
+			fmt.Fprintf(stdout, "memory: sandboxes use %.0f MiB of the %.0f MiB they may use together (host: %.0f MiB); %v fit at their %.0f MiB limit each (max_sandboxes %v)\n",
+				toFloat(m["sandboxes_used_bytes"])/(1<<20), toFloat(m["sandboxes_limit_bytes"])/(1<<20), toFloat(m["host_bytes"])/(1<<20),
+				m["fits_sandboxes"], toFloat(m["per_sandbox_bytes"])/(1<<20), m["max_sandboxes"])
+		}
 	}
 	if rep["status"] != "ok" {
 		return &exitError{code: 1}

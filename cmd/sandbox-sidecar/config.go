@@ -108,6 +108,10 @@ type LimitsSection struct {
 	// filesystem's default).
 	Disk       int64 `toml:"disk"`
 	DiskInodes int64 `toml:"disk_inodes"`
+	// HostMemory caps the memory of every sandbox together (bwrap; needs
+	// Cgroups): the limit of the cgroup all sandbox groups sit under, in
+	// bytes. 0: defaultHostMemoryPercent of the host's memory.
+	HostMemory int64 `toml:"host_memory"`
 	// Cgroups and DiskCaps say what happens when the host cannot enforce
 	// those limits: auto (warn and run without), required (refuse to
 	// start), off (do not try).
@@ -158,6 +162,14 @@ func (l LimitsSection) validate() []error {
 	}
 	if math.IsNaN(l.CPUs) || math.IsInf(l.CPUs, 0) || l.CPUs > maxCPUs {
 		bad("limits.cpus %v: give 0 (none) or a number of cores up to %d", l.CPUs, maxCPUs)
+	}
+	switch {
+	case l.HostMemory < 0:
+		bad("limits.host_memory must not be negative (0: %d%% of the host's memory)", defaultHostMemoryPercent)
+	case l.HostMemory > 0 && l.HostMemory < l.Memory:
+		bad("limits.host_memory (%d) is less than one sandbox's limits.memory (%d): no sandbox could use its own limit", l.HostMemory, l.Memory)
+	case l.HostMemory > 0 && l.HostMemory < 4<<20:
+		bad("limits.host_memory %d is too small; give at least 4 MiB", l.HostMemory)
 	}
 	if l.DiskInodes > 0 && l.Disk == 0 {
 		bad("limits.disk_inodes needs limits.disk: an inode cap comes with the sandbox's own filesystem")

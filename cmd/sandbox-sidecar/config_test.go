@@ -76,18 +76,20 @@ func TestConfigValuesAndErrors(t *testing.T) {
 	}
 
 	for name, mutate := range map[string]func(*Config){
-		"negative grace":             func(c *Config) { c.Lifecycle.ConnGrace = -1 },
-		"unknown backend":            func(c *Config) { c.Server.Backend = "docker" },
-		"unknown group":              func(c *Config) { c.Server.SocketGroup = "no-such-group-here" },
-		"file over frame":            func(c *Config) { c.Limits.MaxFileBytes = int64(c.Server.MaxFrameBytes) },
-		"pool over host":             func(c *Config) { c.Lifecycle.PoolSize = c.Lifecycle.MaxSandboxes + 1 },
-		"mode without rw":            func(c *Config) { c.Server.SocketMode = 0o060 },
-		"bad host policy":            func(c *Config) { c.Sbx.HostPolicy = "sometimes" },
-		"bad log level":              func(c *Config) { c.Server.LogLevel = "loud" },
-		"unknown admin uid":          func(c *Config) { c.Access.AdminUIDs = List{"no-such-user-here"} },
-		"open files tiny":            func(c *Config) { c.Limits.OpenFiles = 3 },
-		"per-uid commands over host": func(c *Config) { c.Lifecycle.MaxCommandsPerUID = c.Lifecycle.MaxCommands + 1 },
-		"negative per-uid commands":  func(c *Config) { c.Lifecycle.MaxCommandsPerUID = -1 },
+		"negative grace":                func(c *Config) { c.Lifecycle.ConnGrace = -1 },
+		"unknown backend":               func(c *Config) { c.Server.Backend = "docker" },
+		"unknown group":                 func(c *Config) { c.Server.SocketGroup = "no-such-group-here" },
+		"file over frame":               func(c *Config) { c.Limits.MaxFileBytes = int64(c.Server.MaxFrameBytes) },
+		"pool over host":                func(c *Config) { c.Lifecycle.PoolSize = c.Lifecycle.MaxSandboxes + 1 },
+		"mode without rw":               func(c *Config) { c.Server.SocketMode = 0o060 },
+		"bad host policy":               func(c *Config) { c.Sbx.HostPolicy = "sometimes" },
+		"bad log level":                 func(c *Config) { c.Server.LogLevel = "loud" },
+		"unknown admin uid":             func(c *Config) { c.Access.AdminUIDs = List{"no-such-user-here"} },
+		"open files tiny":               func(c *Config) { c.Limits.OpenFiles = 3 },
+		"host memory below one sandbox": func(c *Config) { c.Limits.HostMemory = c.Limits.Memory - 1 },
+		"negative host memory":          func(c *Config) { c.Limits.HostMemory = -1 },
+		"per-uid commands over host":    func(c *Config) { c.Lifecycle.MaxCommandsPerUID = c.Lifecycle.MaxCommands + 1 },
+		"negative per-uid commands":     func(c *Config) { c.Lifecycle.MaxCommandsPerUID = -1 },
 	} {
 		cfg := defaultConfig()
 		mutate(&cfg)

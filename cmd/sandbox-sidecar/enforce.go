@@ -178,6 +178,25 @@ func (e *enforcement) release(log hclog.Logger) {
 	}
 }
 
+// defaultHostMemoryPercent is the share of the host's memory every sandbox
+// together may use when limits.host_memory is 0: the rest is the daemon's,
+// the Airflow worker's and the host's own.
+const defaultHostMemoryPercent = 75
+
+// hostMemoryLimit is the memory every sandbox together may use: the
+// configured limits.host_memory, or defaultHostMemoryPercent of the host's,
+// never below one sandbox's own limit.
+func hostMemoryLimit(lim LimitsSection, hostBytes func() (int64, error)) (int64, error) {
+	if lim.HostMemory > 0 {
+		return lim.HostMemory, nil
+	}
+	total, err := hostBytes()
+	if err != nil {
+		return 0, fmt.Errorf("cannot read the host's memory for limits.host_memory's default (%w); set limits.host_memory", err)
+	}
+	return max(total*defaultHostMemoryPercent/100&^(1<<20-1), lim.Memory), nil // whole MiB
+}
+
 // newCgroups makes the cgroup manager for serve, by limits.cgroups:
 // auto warns and returns nil when the host cannot give sandboxes cgroups,
 // required returns the error, off does not try.
@@ -186,11 +205,17 @@ func newCgroups(h host, lim LimitsSection, stateDir string, log hclog.Logger) (*
 		log.Info("per-sandbox memory, pids and CPU limits are off (limits.cgroups = off)")
 		return nil, nil
 	}
+	hostMem, err := hostMemoryLimit(lim, cgroup.HostMemoryBytes)
+	if err != nil {
+		return nil, err
+	}
 	cands, why := placements(h, stateDir)
 	for _, p := range cands {
+		p.opts.BaseMemoryBytes = hostMem
 		m, err := tryPlacement(h, p)
 		if err == nil {
-			log.Info("sandbox cgroups", "version", m.Version().String(), "placement", p.what, "dirs", strings.Join(m.Dirs(), " "))
+			log.Info("sandbox cgroups", "version", m.Version().String(), "placement", p.what, "dirs", strings.Join(m.Dirs(), " "),
+				"all_sandboxes_memory_bytes", hostMem)
 			return m, nil
 		}
 		why = append(why, p.what+": "+err.Error())

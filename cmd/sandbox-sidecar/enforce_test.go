@@ -361,3 +361,20 @@ func (s *syncWriter) String() string {
 	defer s.mu.Unlock()
 	return s.w.String()
 }
+
+func TestHostMemoryLimit(t *testing.T) {
+	host := func(n int64) func() (int64, error) { return func() (int64, error) { return n, nil } }
+	lim := LimitsSection{Memory: 1 << 30}
+	got, err := hostMemoryLimit(lim, host(24<<30))
+	require.NoError(t, err)
+	assert.Equal(t, int64(18<<30), got, "three quarters of a 24 GiB host")
+	got, err = hostMemoryLimit(lim, host(1<<30))
+	require.NoError(t, err)
+	assert.Equal(t, int64(1<<30), got, "never below one sandbox's own limit")
+	lim.HostMemory = 5 << 30
+	got, err = hostMemoryLimit(lim, host(24<<30))
+	require.NoError(t, err)
+	assert.Equal(t, int64(5<<30), got, "the configured value wins")
+	_, err = hostMemoryLimit(LimitsSection{}, func() (int64, error) { return 0, errors.New("no /proc") })
+	require.ErrorContains(t, err, "limits.host_memory")
+}

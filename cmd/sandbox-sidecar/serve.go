@@ -83,6 +83,7 @@ func serveConfig(args []string, stderr io.Writer) (Config, error) {
 	fs.Uint64Var(&lim.OpenFiles, "limit-open-files", lim.OpenFiles, "RLIMIT_NOFILE of every sandbox process (bwrap; 0: no limit)")
 	fs.Uint64Var(&lim.FileSize, "limit-file-size", lim.FileSize, "RLIMIT_FSIZE, the largest file a sandbox process may write, in bytes (bwrap; 0: no limit)")
 	fs.Int64Var(&lim.Memory, "limit-memory", lim.Memory, "memory of each sandbox in bytes, page cache and tmpfs included; past it the kernel kills a process of the sandbox (bwrap, cgroup; 0: no limit)")
+	fs.Int64Var(&lim.HostMemory, "limit-host-memory", lim.HostMemory, "memory of every sandbox together in bytes, on the cgroup they all sit under; past it the kernel kills a process of one of them (bwrap, cgroup; 0: 75% of the host's memory)")
 	fs.Float64Var(&lim.CPUs, "limit-cpus", lim.CPUs, "CPU time of each sandbox, in cores: 1.5 is one and a half CPUs (bwrap, cgroup; 0: no limit)")
 	fs.IntVar(&lim.CPUWeight, "limit-cpu-weight", lim.CPUWeight, "each sandbox's share of contended CPU, 1..10000, 100 being a normal process's (bwrap, cgroup; 0: the kernel's default)")
 	fs.Int64Var(&lim.PIDs, "limit-pids", lim.PIDs, "processes and threads of each sandbox; a fork bomb stops there (bwrap, cgroup; 0: no limit)")

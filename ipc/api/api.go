@@ -66,6 +66,24 @@ type HealthResult struct {
 	// BackendInfo is what the backend says about itself (gvisor: its
 	// runsc binary, version and platform); only from a backend that does.
 	BackendInfo map[string]string `msgpack:"backend_info,omitempty"`
+	// Memory says what the host can hold: only from a backend that bounds
+	// every sandbox's memory together.
+	Memory *MemoryReport `msgpack:"memory,omitempty"`
+}
+
+// MemoryReport is health's memory section: what every sandbox together
+// may use, uses, and how many sandboxes that holds at their own limit.
+type MemoryReport struct {
+	HostBytes       int64 `msgpack:"host_bytes"`
+	LimitBytes      int64 `msgpack:"sandboxes_limit_bytes"`
+	UsedBytes       int64 `msgpack:"sandboxes_used_bytes"`
+	PerSandboxBytes int64 `msgpack:"per_sandbox_bytes"`
+	// FitsSandboxes is how many sandboxes may each use their whole memory
+	// limit at once (LimitBytes / PerSandboxBytes, or the host's memory
+	// when there is no common limit); 0 when sandboxes have no limit.
+	FitsSandboxes int64 `msgpack:"fits_sandboxes"`
+	// MaxSandboxes is the host's sandbox quota, to compare with.
+	MaxSandboxes int `msgpack:"max_sandboxes"`
 }
 
 // RecoveryReport is what start-up recovery did, as health reports it.

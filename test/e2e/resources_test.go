@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -196,4 +197,56 @@ func TestCLIResourcesAndOOMKill(t *testing.T) {
 	assert.Contains(t, stderr, "exceeds the daemon's maximum", "a sandbox larger than the daemon allows is refused")
 	_, stderr, code = d.cli(t, "exec", "--sandbox", "sc-0000000000000000", "--pids", "16", "--", "true")
 	assert.Equal(t, 2, code, "resources size a throwaway sandbox only: %s", stderr)
+}
+
+// TestHostMemoryBoundsEverySandboxTogether: with --limit-host-memory the
+// cgroup every sandbox's group sits under has that limit, health says what
+// the host can hold, and what a sandbox keeps in its tmpfs between commands
+// (counted as memory, not disk) leaves another sandbox less: within its own
+// limit, that one's balloon is killed at the common limit (#13).
+func TestHostMemoryBoundsEverySandboxTogether(t *testing.T) {
+	const perSandbox, all = 256 << 20, 384 << 20
+	d := startDaemon(t, "", "--limit-memory", fmt.Sprint(perSandbox), "--limit-host-memory", fmt.Sprint(all))
+	c := d.client(t)
+	requireMemoryLimit(t, c)
+	mem, ok := call(t, c, ipc.OpHealth, nil)["memory"].(map[string]any)
+	require.True(t, ok, "health reports the memory every sandbox together may use")
+	assert.EqualValues(t, all, mem["sandboxes_limit_bytes"])
+	assert.EqualValues(t, perSandbox, mem["per_sandbox_bytes"])
+	assert.EqualValues(t, 1, mem["fits_sandboxes"], "384 MiB hold one sandbox at its 256 MiB limit")
+	assert.EqualValues(t, 64, mem["max_sandboxes"])
+	assert.Greater(t, toInt(mem["host_bytes"]), int64(all))
+
+	// A keeps 200 MB in its tmpfs root after its command has ended.
+	a := create(t, c, nil)
+	res := runWhy(t, c, a, "head -c 200000000 /dev/zero > /kept && echo ok", 60)
+	require.Equal(t, 0, res.ExitCode, "%+v", res)
+	mem = call(t, c, ipc.OpHealth, nil)["memory"].(map[string]any)
+	assert.GreaterOrEqual(t, toInt(mem["sandboxes_used_bytes"]), int64(200_000_000), "the kept file is charged: %v", mem)
+
+	// B's 200 MB balloon is within its own 256 MiB but not beside A's file.
+	b := create(t, c, nil)
+	res = runWhy(t, c, b, `python3 -c 'b = b"x" * 200000000; print("survived")'`, 60)
+	assert.Equal(t, 137, res.ExitCode, "%+v", res)
+	assert.False(t, res.TimedOut)
+
+	// Once A is gone, B has room again.
+	call(t, c, ipc.OpDestroy, map[string]any{"sandbox": a})
+	res = runWhy(t, c, b, `python3 -c 'b = b"x" * 200000000; print("survived")'`, 60)
+	assert.Equal(t, 0, res.ExitCode, "%+v", res)
+}
+
+// toInt reads a number msgpack decoded into any (it picks the smallest
+// integer type that holds it), or -1.
+func toInt(v any) int64 {
+	rv := reflect.ValueOf(v)
+	switch {
+	case rv.CanInt():
+		return rv.Int()
+	case rv.CanUint():
+		return int64(rv.Uint())
+	case rv.CanFloat():
+		return int64(rv.Float())
+	}
+	return -1
 }
