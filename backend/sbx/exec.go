@@ -28,8 +28,9 @@ const (
 // environment is the sandbox's Env overridden by req.Env, passed on every
 // call (sbx keeps none between calls) in the file F, which only the daemon
 // can read and which is removed after the call (see envfile.go): never on
-// the command line, which every local user can read. A zero req.MaxOutputBytes keeps
-// capture.DefaultMaxOutputBytes of each stream, the tail.
+// the command line, which every local user can read. A zero
+// req.MaxOutputBytes keeps capture.DefaultMaxOutputBytes of each stream,
+// the tail.
 //
 // TimedOut is exit 124 once S has passed, or 137 once S+K has. When sbx exec
 // itself outlives S+K+ExecGrace it is killed and the sandbox destroyed (the
@@ -56,10 +57,11 @@ func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 	if err != nil {
 		return backend.ExecResult{}, err
 	}
-	for whose, e := range map[string]map[string]string{"the sandbox's": sb.env, "the command's": req.Env} {
-		if err := checkEnvFile(e, whose); err != nil {
-			return backend.ExecResult{}, err
-		}
+	if err := checkEnvFile(sb.env, "the sandbox's"); err != nil {
+		return backend.ExecResult{}, err
+	}
+	if err := checkEnvFile(req.Env, "the command's"); err != nil {
+		return backend.ExecResult{}, err
 	}
 	applied := backend.GuestTimeout(req.Timeout)
 	killAfter := backend.GuestTimeout(b.cfg.KillAfter)
