@@ -190,6 +190,9 @@ func TestExecHostCommandQuota(t *testing.T) {
 		done <- err
 	}()
 	require.Eventually(t, func() bool { return e.m.Stats().Commands == 1 }, 10*time.Second, 5*time.Millisecond)
+	// Running, not only counted: a destroy before the backend has started
+	// it would make it fail with not_found instead of ending it.
+	require.Eventually(t, func() bool { return len(hostProcesses("sleep", secs)) > 0 }, 20*time.Second, 5*time.Millisecond)
 
 	_, err := e.m.Exec(context.Background(), bob, b.ID, backend.ExecRequest{Command: "true", Timeout: time.Second})
 	var qe *QuotaError
