@@ -278,20 +278,21 @@ func (e envFlag) Set(v string) error {
 // resourceFlags are a sandbox's limits below the daemon's (create's
 // resources); zero leaves the daemon's.
 type resourceFlags struct {
-	memory, pids, disk int64
-	cpus               float64
+	memory, disk Size
+	pids         int64
+	cpus         float64
 }
 
 func (r *resourceFlags) register(fs *flag.FlagSet) {
-	fs.Int64Var(&r.memory, "memory", 0, "the sandbox's memory in bytes, at most the daemon's (0: the daemon's)")
+	fs.Var(&r.memory, "memory", "the sandbox's memory (a size: 512m, 2g; binary units), at most the daemon's (0: the daemon's)")
 	fs.Float64Var(&r.cpus, "cpus", 0, "the sandbox's CPU quota in cores, at most the daemon's (0: the daemon's)")
 	fs.Int64Var(&r.pids, "pids", 0, "the sandbox's processes and threads, at most the daemon's (0: the daemon's)")
-	fs.Int64Var(&r.disk, "disk", 0, "bytes the sandbox's /workspace and /tmp may hold, at most the daemon's (0: the daemon's)")
+	fs.Var(&r.disk, "disk", "bytes the sandbox's /workspace and /tmp may hold (a size: 10g), at most the daemon's (0: the daemon's)")
 }
 
 // arg is create's resources argument, or nil when nothing was asked for.
 func (r *resourceFlags) arg() *api.Resources {
-	res := api.Resources{MemoryBytes: r.memory, CPUs: r.cpus, PIDs: r.pids, DiskBytes: r.disk}
+	res := api.Resources{MemoryBytes: r.memory.Bytes(), CPUs: r.cpus, PIDs: r.pids, DiskBytes: r.disk.Bytes()}
 	if res == (api.Resources{}) {
 		return nil
 	}
@@ -304,7 +305,7 @@ func runCreate(args []string, stdout, stderr io.Writer) error {
 	var owner string
 	var res resourceFlags
 	env := envFlag{}
-	fs := newFlags("create", "[--ttl 1h] [--owner DAG_ID/RUN_ID] [--env K=V] [--memory BYTES] [--cpus N] [--pids N] [--disk BYTES]", stderr)
+	fs := newFlags("create", "[--ttl 1h] [--owner DAG_ID/RUN_ID] [--env K=V] [--memory SIZE] [--cpus N] [--pids N] [--disk SIZE]", stderr)
 	cf.register(fs, 10*time.Minute)
 	fs.DurationVar(&ttl, "ttl", time.Hour, "how long the sandbox lives (capped by the daemon's --max-lifetime)")
 	fs.StringVar(&owner, "owner", "", "Airflow run that owns the sandbox (\"<dag_id>/<run_id>\")")
@@ -439,10 +440,10 @@ func runWrite(args []string, stdout, stderr io.Writer) error {
 
 func runRead(args []string, stdout, stderr io.Writer) error {
 	var cf clientFlags
-	var maxBytes int64
+	maxBytes := Size(8 << 20)
 	fs := newFlags("read", "SANDBOX PATH", stderr)
 	cf.register(fs, time.Minute)
-	fs.Int64Var(&maxBytes, "max-bytes", 8<<20, "refuse files larger than this")
+	fs.Var(&maxBytes, "max-bytes", "refuse files larger than this (a size: 8m)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -455,7 +456,8 @@ func runRead(args []string, stdout, stderr io.Writer) error {
 	}
 	defer cancel()
 	defer cl.Close()
-	res, err := cl.ReadFile(ctx, api.ReadFileRequest{Sandbox: fs.Arg(0), Path: fs.Arg(1), MaxBytes: &maxBytes})
+	mb := maxBytes.Bytes()
+	res, err := cl.ReadFile(ctx, api.ReadFileRequest{Sandbox: fs.Arg(0), Path: fs.Arg(1), MaxBytes: &mb})
 	if err != nil {
 		return err
 	}

@@ -46,7 +46,7 @@ type ServerSection struct {
 	Backend         string   `toml:"backend"`
 	LogFormat       string   `toml:"log_format"`
 	LogLevel        string   `toml:"log_level"`
-	MaxFrameBytes   int      `toml:"max_frame_bytes"`
+	MaxFrameBytes   Size     `toml:"max_frame_bytes"`
 	MaxConnections  int      `toml:"max_connections"`
 	ShutdownTimeout Duration `toml:"shutdown_timeout"`
 	AuditFile       string   `toml:"audit_file"`
@@ -59,9 +59,9 @@ type ServerSection struct {
 	// decode to, until answered) and for responses not yet written, all
 	// connections together, and for one connection's responses
 	// (docs/operations.md, "Memory").
-	MaxRequestBytes               int64 `toml:"max_request_bytes"`
-	MaxResponseBytes              int64 `toml:"max_response_bytes"`
-	MaxResponseBytesPerConnection int64 `toml:"max_response_bytes_per_connection"`
+	MaxRequestBytes               Size `toml:"max_request_bytes"`
+	MaxResponseBytes              Size `toml:"max_response_bytes"`
+	MaxResponseBytesPerConnection Size `toml:"max_response_bytes_per_connection"`
 }
 
 type AccessSection struct {
@@ -88,30 +88,30 @@ type LifecycleSection struct {
 }
 
 type LimitsSection struct {
-	MaxOutputBytes int      `toml:"max_output_bytes"`
-	MaxFileBytes   int64    `toml:"max_file_bytes"`
+	MaxOutputBytes Size     `toml:"max_output_bytes"`
+	MaxFileBytes   Size     `toml:"max_file_bytes"`
 	MaxTimeout     Duration `toml:"max_timeout"`
 	DefaultTimeout Duration `toml:"default_timeout"`
 	// Per-sandbox rlimits (bwrap backend): RLIMIT_NOFILE and RLIMIT_FSIZE
 	// of every guest process; 0 means no limit.
 	OpenFiles uint64 `toml:"open_files"`
-	FileSize  uint64 `toml:"file_size"`
+	FileSize  Size   `toml:"file_size"`
 	// Per-sandbox cgroup limits (bwrap backend; need Cgroups): memory in
-	// bytes, a CPU quota in cores, a CPU weight (1..10000), processes and
+	// bytes (or a size with a unit, "1G"), a CPU quota in cores, a CPU weight (1..10000), processes and
 	// threads. 0 means no limit.
-	Memory    int64   `toml:"memory"`
+	Memory    Size    `toml:"memory"`
 	CPUs      float64 `toml:"cpus"`
 	CPUWeight int     `toml:"cpu_weight"`
 	PIDs      int64   `toml:"pids"`
 	// Per-sandbox disk cap (bwrap backend; needs DiskCaps): bytes and
 	// inodes of the sandbox's own filesystem. 0 means none (inodes: the
 	// filesystem's default).
-	Disk       int64 `toml:"disk"`
+	Disk       Size  `toml:"disk"`
 	DiskInodes int64 `toml:"disk_inodes"`
 	// HostMemory caps the memory of every sandbox together (bwrap; needs
 	// Cgroups): the limit of the cgroup all sandbox groups sit under, in
 	// bytes. 0: defaultHostMemoryPercent of the host's memory.
-	HostMemory int64 `toml:"host_memory"`
+	HostMemory Size `toml:"host_memory"`
 	// Cgroups and DiskCaps say what happens when the host cannot enforce
 	// those limits: auto (warn and run without), required (refuse to
 	// start), off (do not try).
@@ -127,14 +127,18 @@ const (
 	enforceOff      = "off"
 )
 
+// maxFrameBytes bounds server.max_frame_bytes: a frame is held in memory
+// whole, and the wire's length prefix is 32 bits.
+const maxFrameBytes = 1 << 30
+
 // maxCPUs bounds limits.cpus: more cores than any machine has is a typo.
 const maxCPUs = 8192
 
 // sandboxLimits is what the [limits] section asks of each sandbox.
 func (l LimitsSection) sandboxLimits() limits.Limits {
 	return limits.Limits{
-		MemoryBytes: l.Memory, CPUs: l.CPUs, CPUWeight: l.CPUWeight, PIDs: l.PIDs,
-		OpenFiles: l.OpenFiles, FileSizeBytes: l.FileSize, DiskBytes: l.Disk, DiskInodes: l.DiskInodes,
+		MemoryBytes: l.Memory.Bytes(), CPUs: l.CPUs, CPUWeight: l.CPUWeight, PIDs: l.PIDs,
+		OpenFiles: l.OpenFiles, FileSizeBytes: uint64(max(l.FileSize, 0)), DiskBytes: l.Disk.Bytes(), DiskInodes: l.DiskInodes,
 	}
 }
 
@@ -147,18 +151,21 @@ func (l LimitsSection) validate() []error {
 		key string
 		l   limits.Limits
 	}{
-		{"limits.memory", limits.Limits{MemoryBytes: l.Memory}},
+		{"limits.memory", limits.Limits{MemoryBytes: l.Memory.Bytes()}},
 		{"limits.cpus", limits.Limits{CPUs: l.CPUs}},
 		{"limits.cpu_weight", limits.Limits{CPUWeight: l.CPUWeight}},
 		{"limits.pids", limits.Limits{PIDs: l.PIDs}},
 		{"limits.open_files", limits.Limits{OpenFiles: l.OpenFiles}},
-		{"limits.file_size", limits.Limits{FileSizeBytes: l.FileSize}},
-		{"limits.disk", limits.Limits{DiskBytes: l.Disk}},
+		{"limits.file_size", limits.Limits{FileSizeBytes: uint64(max(l.FileSize, 0))}},
+		{"limits.disk", limits.Limits{DiskBytes: l.Disk.Bytes()}},
 		{"limits.disk_inodes", limits.Limits{DiskInodes: l.DiskInodes}},
 	} {
 		if err := f.l.Validate(); err != nil {
 			bad("%s: %v", f.key, err)
 		}
+	}
+	if l.FileSize < 0 {
+		bad("limits.file_size must not be negative (0: no limit)")
 	}
 	if math.IsNaN(l.CPUs) || math.IsInf(l.CPUs, 0) || l.CPUs > maxCPUs {
 		bad("limits.cpus %v: give 0 (none) or a number of cores up to %d", l.CPUs, maxCPUs)
@@ -233,10 +240,10 @@ func defaultConfig() Config {
 	return Config{
 		Server: ServerSection{
 			Socket: defaultSocket(), SocketMode: 0o660, StateDir: defaultStateDir(), Backend: "bwrap",
-			LogFormat: "text", LogLevel: "info", MaxFrameBytes: ipc.DefaultMaxFrame, MaxConnections: ipc.DefaultMaxConns,
+			LogFormat: "text", LogLevel: "info", MaxFrameBytes: Size(ipc.DefaultMaxFrame), MaxConnections: ipc.DefaultMaxConns,
 			ShutdownTimeout: Duration(30 * time.Second), FirstFrameTimeout: Duration(ipc.DefaultFirstFrameTimeout),
-			MaxRequestBytes: ipc.DefaultMaxRequestBytes, MaxResponseBytes: ipc.DefaultMaxResponseBytes,
-			MaxResponseBytesPerConnection: ipc.DefaultMaxConnResponseBytes,
+			MaxRequestBytes: Size(ipc.DefaultMaxRequestBytes), MaxResponseBytes: Size(ipc.DefaultMaxResponseBytes),
+			MaxResponseBytesPerConnection: Size(ipc.DefaultMaxConnResponseBytes),
 		},
 		Lifecycle: LifecycleSection{
 			ConnGrace: Duration(lifecycle.DefaultConnGrace), MaxLifetime: Duration(lifecycle.DefaultMaxLifetime),
@@ -246,11 +253,11 @@ func defaultConfig() Config {
 			MaxCommands: lifecycle.DefaultMaxCmdsPerHost,
 		},
 		Limits: LimitsSection{
-			MaxOutputBytes: service.DefaultMaxOutputBytes, MaxFileBytes: service.DefaultMaxFileBytes,
+			MaxOutputBytes: Size(service.DefaultMaxOutputBytes), MaxFileBytes: Size(service.DefaultMaxFileBytes),
 			MaxTimeout: Duration(service.DefaultMaxTimeout), DefaultTimeout: Duration(service.DefaultTimeout),
-			OpenFiles: limits.Defaults().OpenFiles, FileSize: limits.Defaults().FileSizeBytes,
-			Memory: limits.Defaults().MemoryBytes, CPUs: limits.Defaults().CPUs, CPUWeight: limits.Defaults().CPUWeight,
-			PIDs: limits.Defaults().PIDs, Disk: limits.Defaults().DiskBytes, DiskInodes: limits.Defaults().DiskInodes,
+			OpenFiles: limits.Defaults().OpenFiles, FileSize: Size(limits.Defaults().FileSizeBytes),
+			Memory: Size(limits.Defaults().MemoryBytes), CPUs: limits.Defaults().CPUs, CPUWeight: limits.Defaults().CPUWeight,
+			PIDs: limits.Defaults().PIDs, Disk: Size(limits.Defaults().DiskBytes), DiskInodes: limits.Defaults().DiskInodes,
 			Cgroups: enforceAuto, DiskCaps: enforceAuto,
 		},
 		Bwrap: BwrapSection{
@@ -270,6 +277,12 @@ func defaultConfig() Config {
 // loadConfigFile decodes path over cfg. A missing default file is not an
 // error; a missing explicit one is. Unknown keys are refused with their
 // line, so a typo never silently leaves a default in place.
+//
+// A file that parses but holds values of the wrong type or unknown keys
+// yields a *fileProblems naming every one of them, and cfg holds the rest
+// of the file decoded (each bad key left at its default), so that
+// `config check` can also validate what is there. Any other error (a file
+// that is not TOML, an unreadable file) leaves cfg undefined.
 func loadConfigFile(cfg *Config, path string, explicit bool) error {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -278,18 +291,9 @@ func loadConfigFile(cfg *Config, path string, explicit bool) error {
 		}
 		return fmt.Errorf("reading config: %w", err)
 	}
-	dec := toml.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(cfg); err != nil {
-		var strict *toml.StrictMissingError
-		if errors.As(err, &strict) {
-			var lines []string
-			for _, e := range strict.Errors {
-				row, col := e.Position()
-				lines = append(lines, fmt.Sprintf("%s:%d:%d: unknown key %q", path, row, col, strings.Join(e.Key(), ".")))
-			}
-			return errors.New(strings.Join(lines, "\n"))
-		}
+	// Syntax first: a file that is not TOML has nothing more to report.
+	var syntax map[string]any
+	if err := toml.Unmarshal(b, &syntax); err != nil {
 		var de *toml.DecodeError
 		if errors.As(err, &de) {
 			row, col := de.Position()
@@ -297,7 +301,83 @@ func loadConfigFile(cfg *Config, path string, explicit bool) error {
 		}
 		return fmt.Errorf("%s: %w", path, err)
 	}
+	// Then types: the decoder stops at the first bad value, so each one is
+	// noted, its line blanked (keeping every other line where it is) and
+	// the file decoded again, a bounded number of times.
+	start := *cfg
+	var problems []string
+	for range maxConfigProblems {
+		*cfg = start
+		dec := toml.NewDecoder(bytes.NewReader(b))
+		dec.DisallowUnknownFields()
+		err := dec.Decode(cfg)
+		if err == nil {
+			break
+		}
+		var strict *toml.StrictMissingError
+		if errors.As(err, &strict) {
+			for _, e := range strict.Errors {
+				row, col := e.Position()
+				problems = append(problems, fmt.Sprintf("%s:%d:%d: unknown key %q", path, row, col, strings.Join(e.Key(), ".")))
+			}
+			break
+		}
+		var de *toml.DecodeError
+		if !errors.As(err, &de) {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		row, col := de.Position()
+		msg := strings.TrimPrefix(de.Error(), "toml: ")
+		if k := de.Key(); len(k) > 0 {
+			msg = strings.Join(k, ".") + ": " + msg
+		}
+		problems = append(problems, fmt.Sprintf("%s:%d:%d: %s", path, row, col, msg))
+		blanked, ok := blankLine(b, row)
+		if !ok {
+			break
+		}
+		// A value that spans lines cannot be blanked by one: stop at what
+		// is known rather than report the wreck as a syntax error.
+		if toml.Unmarshal(blanked, &syntax) != nil {
+			*cfg = start
+			break
+		}
+		b = blanked
+	}
+	if len(problems) > 0 {
+		return &fileProblems{lines: problems}
+	}
 	return nil
+}
+
+// maxConfigProblems bounds the type errors one load reports.
+const maxConfigProblems = 64
+
+// fileProblems are the bad values and unknown keys of a config file that
+// parses, one line each, with its position.
+type fileProblems struct{ lines []string }
+
+func (p *fileProblems) Error() string { return strings.Join(p.lines, "\n") }
+
+// blankLine replaces line row (1-based) of b with spaces, keeping its
+// newline so every other line keeps its number.
+func blankLine(b []byte, row int) ([]byte, bool) {
+	lines := bytes.SplitAfter(b, []byte("\n"))
+	if row < 1 || row > len(lines) {
+		return nil, false
+	}
+	out := make([]byte, 0, len(b))
+	for i, l := range lines {
+		if i == row-1 {
+			nl := bytes.HasSuffix(l, []byte("\n"))
+			l = bytes.Repeat([]byte(" "), len(bytes.TrimSuffix(l, []byte("\n"))))
+			if nl {
+				l = append(l, '\n')
+			}
+		}
+		out = append(out, l...)
+	}
+	return out, true
 }
 
 // configPathFromArgs finds --config in args before flags are parsed, so
@@ -390,7 +470,7 @@ func (c *Config) validate() error {
 		"lifecycle.max_sandboxes_per_owner": int64(c.Lifecycle.MaxSandboxesPerOwner),
 		"lifecycle.max_commands":            int64(c.Lifecycle.MaxCommands),
 		"limits.max_output_bytes":           int64(c.Limits.MaxOutputBytes),
-		"limits.max_file_bytes":             c.Limits.MaxFileBytes,
+		"limits.max_file_bytes":             int64(c.Limits.MaxFileBytes),
 		"limits.max_timeout":                int64(c.Limits.MaxTimeout),
 		"limits.default_timeout":            int64(c.Limits.DefaultTimeout),
 		"bwrap.kill_grace":                  int64(c.Bwrap.KillGrace),
@@ -416,11 +496,14 @@ func (c *Config) validate() error {
 	if c.Lifecycle.IdleTimeout < 0 {
 		bad("lifecycle.idle_timeout must not be negative (0 disables it)")
 	}
-	if c.Server.MaxFrameBytes > 0 && c.Limits.MaxFileBytes > int64(c.Server.MaxFrameBytes)-64<<10 {
-		bad("limits.max_file_bytes (%d) must leave room in a frame (server.max_frame_bytes %d, minus 64 KiB)", c.Limits.MaxFileBytes, c.Server.MaxFrameBytes)
+	if c.Server.MaxFrameBytes > maxFrameBytes {
+		bad("server.max_frame_bytes %s: at most %s", c.Server.MaxFrameBytes, Size(maxFrameBytes))
 	}
-	if c.Server.MaxFrameBytes > 0 && 2*int64(c.Limits.MaxOutputBytes) > int64(c.Server.MaxFrameBytes)-64<<10 {
-		bad("limits.max_output_bytes (%d, per stream) times two must fit in a frame (server.max_frame_bytes %d, minus 64 KiB)", c.Limits.MaxOutputBytes, c.Server.MaxFrameBytes)
+	if c.Server.MaxFrameBytes > 0 && c.Limits.MaxFileBytes > c.Server.MaxFrameBytes-64<<10 {
+		bad("limits.max_file_bytes (%s) must leave room in a frame (server.max_frame_bytes %s, minus 64 KiB)", c.Limits.MaxFileBytes, c.Server.MaxFrameBytes)
+	}
+	if c.Server.MaxFrameBytes > 0 && c.Limits.MaxOutputBytes > (c.Server.MaxFrameBytes-64<<10)/2 {
+		bad("limits.max_output_bytes (%s, per stream) times two must fit in a frame (server.max_frame_bytes %s, minus 64 KiB)", c.Limits.MaxOutputBytes, c.Server.MaxFrameBytes)
 	}
 	errs = append(errs, c.Server.validateMemory(c.serviceLimits())...)
 	errs = append(errs, c.Limits.validate()...)
@@ -439,8 +522,8 @@ func (c *Config) validate() error {
 // serviceLimits is what the service bounds each request by.
 func (c *Config) serviceLimits() service.Limits {
 	return service.Limits{
-		MaxOutputBytes: c.Limits.MaxOutputBytes, MaxFileBytes: c.Limits.MaxFileBytes,
-		MaxTimeout: c.Limits.MaxTimeout.D(), DefaultTimeout: c.Limits.DefaultTimeout.D(), MaxFrame: c.Server.MaxFrameBytes,
+		MaxOutputBytes: int(c.Limits.MaxOutputBytes), MaxFileBytes: c.Limits.MaxFileBytes.Bytes(),
+		MaxTimeout: c.Limits.MaxTimeout.D(), DefaultTimeout: c.Limits.DefaultTimeout.D(), MaxFrame: int(c.Server.MaxFrameBytes),
 	}
 }
 
@@ -453,17 +536,17 @@ func (s ServerSection) validateMemory(lim service.Limits) []error {
 	if s.MaxConnectionsPerUID < 0 || (s.MaxConnections > 0 && s.MaxConnectionsPerUID > s.MaxConnections) {
 		bad("server.max_connections_per_uid %d: give 0 (three quarters of max_connections) or at most max_connections (%d)", s.MaxConnectionsPerUID, s.MaxConnections)
 	}
-	if s.MaxFrameBytes <= 0 {
+	if s.MaxFrameBytes <= 0 || s.MaxFrameBytes > maxFrameBytes {
 		return errs
 	}
-	if need := ipc.RequestCost(s.MaxFrameBytes); s.MaxRequestBytes < need {
-		bad("server.max_request_bytes %d must hold the largest frame and what it decodes to (%d for max_frame_bytes %d)", s.MaxRequestBytes, need, s.MaxFrameBytes)
+	if need := ipc.RequestCost(int(s.MaxFrameBytes)); s.MaxRequestBytes.Bytes() < need {
+		bad("server.max_request_bytes %s must hold the largest frame and what it decodes to (%s for max_frame_bytes %s)", s.MaxRequestBytes, Size(need), s.MaxFrameBytes)
 	}
-	if need := max(int64(s.MaxFrameBytes)+4, service.LargestReservation(lim)); s.MaxResponseBytesPerConnection < need {
-		bad("server.max_response_bytes_per_connection %d must hold the largest response (%d: a frame, a read_file of max_file_bytes or a run_command of max_output_bytes, twice over)", s.MaxResponseBytesPerConnection, need)
+	if need := max(s.MaxFrameBytes.Bytes()+4, service.LargestReservation(lim)); s.MaxResponseBytesPerConnection.Bytes() < need {
+		bad("server.max_response_bytes_per_connection %s must hold the largest response (%s: a frame, a read_file of max_file_bytes or a run_command of max_output_bytes, twice over)", s.MaxResponseBytesPerConnection, Size(need))
 	}
 	if s.MaxResponseBytes < s.MaxResponseBytesPerConnection {
-		bad("server.max_response_bytes %d must be at least server.max_response_bytes_per_connection (%d)", s.MaxResponseBytes, s.MaxResponseBytesPerConnection)
+		bad("server.max_response_bytes %s must be at least server.max_response_bytes_per_connection (%s)", s.MaxResponseBytes, s.MaxResponseBytesPerConnection)
 	}
 	return errs
 }
@@ -549,11 +632,21 @@ func runConfig(args []string, stdout, stderr io.Writer) error {
 	}
 	cfg := defaultConfig()
 	explicit := *path != DefaultConfigPath || sub == "check"
-	if err := loadConfigFile(&cfg, *path, explicit); err != nil {
+	// check reports every problem at once: the file's bad values and
+	// unknown keys, then what validation finds in the rest of it.
+	var problems *fileProblems
+	if err := loadConfigFile(&cfg, *path, explicit); err != nil && !(sub == "check" && errors.As(err, &problems)) {
 		return &exitError{code: 1, err: err}
 	}
-	if err := cfg.validate(); err != nil {
-		return &exitError{code: 1, err: fmt.Errorf("%s:\n%w", *path, err)}
+	if err := cfg.validate(); err != nil || problems != nil {
+		var all []error
+		if problems != nil {
+			all = append(all, problems)
+		}
+		if err != nil {
+			all = append(all, fmt.Errorf("%s:\n%w", *path, err))
+		}
+		return &exitError{code: 1, err: errors.Join(all...)}
 	}
 	if sub == "show" {
 		b, err := toml.Marshal(cfg)

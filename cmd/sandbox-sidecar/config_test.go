@@ -47,7 +47,7 @@ func TestConfigValuesAndErrors(t *testing.T) {
 	assert.Equal(t, 24*time.Hour, cfg.Lifecycle.MaxLifetime.D(), "unset keys keep their defaults")
 	require.NoError(t, cfg.validate())
 	assert.Equal(t, limits.Defaults().OpenFiles, cfg.Limits.OpenFiles, "sandbox rlimits default to limits.Defaults()")
-	assert.Equal(t, limits.Defaults().FileSizeBytes, cfg.Limits.FileSize)
+	assert.Equal(t, limits.Defaults().FileSizeBytes, uint64(cfg.Limits.FileSize))
 
 	p = writeConfig(t, "[lifecycle]\nmax_commands = 8\nmax_commands_per_uid = 5\n")
 	cfg = defaultConfig()
@@ -79,7 +79,7 @@ func TestConfigValuesAndErrors(t *testing.T) {
 		"negative grace":                func(c *Config) { c.Lifecycle.ConnGrace = -1 },
 		"unknown backend":               func(c *Config) { c.Server.Backend = "docker" },
 		"unknown group":                 func(c *Config) { c.Server.SocketGroup = "no-such-group-here" },
-		"file over frame":               func(c *Config) { c.Limits.MaxFileBytes = int64(c.Server.MaxFrameBytes) },
+		"file over frame":               func(c *Config) { c.Limits.MaxFileBytes = c.Server.MaxFrameBytes },
 		"pool over host":                func(c *Config) { c.Lifecycle.PoolSize = c.Lifecycle.MaxSandboxes + 1 },
 		"mode without rw":               func(c *Config) { c.Server.SocketMode = 0o060 },
 		"bad host policy":               func(c *Config) { c.Sbx.HostPolicy = "sometimes" },
@@ -206,8 +206,8 @@ func TestConfigShowAndCheckSandboxLimits(t *testing.T) {
 	require.Equal(t, 0, run([]string{"config", "show", "--config", "/dev/null"}, &out, &errOut), errOut.String())
 	d := limits.Defaults()
 	for _, line := range []string{
-		fmt.Sprintf("memory = %d", d.MemoryBytes), "cpus = 1.0", fmt.Sprintf("cpu_weight = %d", d.CPUWeight),
-		fmt.Sprintf("pids = %d", d.PIDs), fmt.Sprintf("disk = %d", d.DiskBytes), "disk_inodes = 0",
+		fmt.Sprintf("memory = '%s'", Size(d.MemoryBytes)), "cpus = 1.0", fmt.Sprintf("cpu_weight = %d", d.CPUWeight),
+		fmt.Sprintf("pids = %d", d.PIDs), fmt.Sprintf("disk = '%s'", Size(d.DiskBytes)), "disk_inodes = 0",
 		"cgroups = 'auto'", "disk_caps = 'auto'",
 	} {
 		assert.Contains(t, out.String(), "\n"+line+"\n")

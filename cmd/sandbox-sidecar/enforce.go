@@ -188,13 +188,13 @@ const defaultHostMemoryPercent = 75
 // never below one sandbox's own limit.
 func hostMemoryLimit(lim LimitsSection, hostBytes func() (int64, error)) (int64, error) {
 	if lim.HostMemory > 0 {
-		return lim.HostMemory, nil
+		return int64(lim.HostMemory), nil
 	}
 	total, err := hostBytes()
 	if err != nil {
 		return 0, fmt.Errorf("cannot read the host's memory for limits.host_memory's default (%w); set limits.host_memory", err)
 	}
-	return max(total*defaultHostMemoryPercent/100&^(1<<20-1), lim.Memory), nil // whole MiB
+	return max(total*defaultHostMemoryPercent/100&^(1<<20-1), int64(lim.Memory)), nil // whole MiB
 }
 
 // newCgroups makes the cgroup manager for serve, by limits.cgroups:

@@ -32,9 +32,9 @@ const (
 func memoryBound(cfg Config) (total int64, terms []any) {
 	conns := int64(cfg.Server.MaxConnections) * memoryPerConnection
 	sandboxes := int64(cfg.Lifecycle.MaxSandboxes) * memoryPerSandbox
-	total = memoryBase + conns + cfg.Server.MaxRequestBytes + cfg.Server.MaxResponseBytes + sandboxes
-	return total, []any{"base", memoryBase, "connections", conns, "requests", cfg.Server.MaxRequestBytes,
-		"responses", cfg.Server.MaxResponseBytes, "sandboxes", sandboxes}
+	total = memoryBase + conns + cfg.Server.MaxRequestBytes.Bytes() + cfg.Server.MaxResponseBytes.Bytes() + sandboxes
+	return total, []any{"base", memoryBase, "connections", conns, "requests", cfg.Server.MaxRequestBytes.Bytes(),
+		"responses", cfg.Server.MaxResponseBytes.Bytes(), "sandboxes", sandboxes}
 }
 
 // applyMemoryBound logs the bound and gives it to the Go runtime as its

@@ -53,14 +53,14 @@ func serveConfig(args []string, stderr io.Writer) (Config, error) {
 	fs.StringVar(&s.Backend, "backend", s.Backend, "sandbox backend: bwrap (namespaces, the default), gvisor (gVisor's runsc: a user-space kernel) or sbx (Docker Sandboxes microVMs; docs/sbx.md)")
 	fs.StringVar(&s.LogFormat, "log-format", s.LogFormat, "log format: text or json")
 	fs.StringVar(&s.LogLevel, "log-level", s.LogLevel, "log level: trace, debug, info, warn, error")
-	fs.IntVar(&s.MaxFrameBytes, "max-frame-bytes", s.MaxFrameBytes, "largest frame accepted or sent")
+	fs.Var(&s.MaxFrameBytes, "max-frame-bytes", "largest frame accepted or sent (a size: 16m, 16777216)")
 	fs.IntVar(&s.MaxConnections, "max-connections", s.MaxConnections, "most connections open at once")
 	fs.Var(&s.ShutdownTimeout, "shutdown-timeout", "how long in-flight requests may run after SIGTERM")
 	fs.IntVar(&s.MaxConnectionsPerUID, "max-connections-per-uid", s.MaxConnectionsPerUID, "most connections of one uid open at once (0: three quarters of max-connections)")
 	fs.Var(&s.FirstFrameTimeout, "first-frame-timeout", "close a connection that has sent nothing for this long after connecting")
-	fs.Int64Var(&s.MaxRequestBytes, "max-request-bytes", s.MaxRequestBytes, "bytes held for requests (frames and what they decode to, until answered), all connections together")
-	fs.Int64Var(&s.MaxResponseBytes, "max-response-bytes", s.MaxResponseBytes, "bytes held for responses not yet written, all connections together")
-	fs.Int64Var(&s.MaxResponseBytesPerConnection, "max-response-bytes-per-connection", s.MaxResponseBytesPerConnection, "bytes held for one connection's responses not yet written")
+	fs.Var(&s.MaxRequestBytes, "max-request-bytes", "bytes held for requests (frames and what they decode to, until answered), all connections together (a size: 256m)")
+	fs.Var(&s.MaxResponseBytes, "max-response-bytes", "bytes held for responses not yet written, all connections together (a size)")
+	fs.Var(&s.MaxResponseBytesPerConnection, "max-response-bytes-per-connection", "bytes held for one connection's responses not yet written (a size: 64m)")
 	fs.StringVar(&s.AuditFile, "audit-file", s.AuditFile, "also append the audit trail to this file as JSON lines")
 	fs.Var(&listFlag{l: &a.AllowUIDs}, "allow-uid", "uids (or user names) allowed to connect, besides root, the daemon's uid and the socket group (repeatable, comma-separated)")
 	fs.Var(&listFlag{l: &a.AllowGroups}, "allow-group", "groups (names or gids) whose members may connect, besides the socket group (repeatable)")
@@ -76,18 +76,18 @@ func serveConfig(args []string, stderr io.Writer) (Config, error) {
 	fs.IntVar(&l.MaxSandboxesPerOwner, "max-sandboxes-per-owner", l.MaxSandboxesPerOwner, "most sandboxes per owner (Airflow run)")
 	fs.IntVar(&l.MaxCommands, "max-commands", l.MaxCommands, "most commands running at once on this host")
 	fs.IntVar(&l.PoolSize, "pool-size", l.PoolSize, "ready sandboxes kept in a warm pool for fast creates (0: no pool)")
-	fs.IntVar(&lim.MaxOutputBytes, "max-output-bytes", lim.MaxOutputBytes, "cap on max_output_bytes (per stream)")
-	fs.Int64Var(&lim.MaxFileBytes, "max-file-bytes", lim.MaxFileBytes, "cap on one read_file or write_file")
+	fs.Var(&lim.MaxOutputBytes, "max-output-bytes", "cap on max_output_bytes (per stream; a size: 4m)")
+	fs.Var(&lim.MaxFileBytes, "max-file-bytes", "cap on one read_file or write_file (a size: 8m)")
 	fs.Var(&lim.MaxTimeout, "max-timeout", "cap on a command's timeout")
 	fs.Var(&lim.DefaultTimeout, "default-timeout", "a command's timeout when the request gives none")
 	fs.Uint64Var(&lim.OpenFiles, "limit-open-files", lim.OpenFiles, "RLIMIT_NOFILE of every sandbox process (bwrap; 0: no limit)")
-	fs.Uint64Var(&lim.FileSize, "limit-file-size", lim.FileSize, "RLIMIT_FSIZE, the largest file a sandbox process may write, in bytes (bwrap; 0: no limit)")
-	fs.Int64Var(&lim.Memory, "limit-memory", lim.Memory, "memory of each sandbox in bytes, page cache and tmpfs included; past it the kernel kills a process of the sandbox (bwrap, cgroup; 0: no limit)")
-	fs.Int64Var(&lim.HostMemory, "limit-host-memory", lim.HostMemory, "memory of every sandbox together in bytes, on the cgroup they all sit under; past it the kernel kills a process of one of them (bwrap, cgroup; 0: 75% of the host's memory)")
+	fs.Var(&lim.FileSize, "limit-file-size", "RLIMIT_FSIZE, the largest file a sandbox process may write (a size: 1g; bwrap; 0: no limit)")
+	fs.Var(&lim.Memory, "limit-memory", "memory of each sandbox (a size: 512m, 2g), page cache and tmpfs included; past it the kernel kills a process of the sandbox (bwrap, cgroup; 0: no limit)")
+	fs.Var(&lim.HostMemory, "limit-host-memory", "memory of every sandbox together (a size: 16g), on the cgroup they all sit under; past it the kernel kills a process of one of them (bwrap, cgroup; 0: 75% of the host's memory)")
 	fs.Float64Var(&lim.CPUs, "limit-cpus", lim.CPUs, "CPU time of each sandbox, in cores: 1.5 is one and a half CPUs (bwrap, cgroup; 0: no limit)")
 	fs.IntVar(&lim.CPUWeight, "limit-cpu-weight", lim.CPUWeight, "each sandbox's share of contended CPU, 1..10000, 100 being a normal process's (bwrap, cgroup; 0: the kernel's default)")
 	fs.Int64Var(&lim.PIDs, "limit-pids", lim.PIDs, "processes and threads of each sandbox; a fork bomb stops there (bwrap, cgroup; 0: no limit)")
-	fs.Int64Var(&lim.Disk, "limit-disk", lim.Disk, "bytes each sandbox's /workspace and /tmp may hold, a filesystem of its own (bwrap, disk caps; 0: no cap)")
+	fs.Var(&lim.Disk, "limit-disk", "bytes (a size: 10g) each sandbox's /workspace and /tmp may hold, a filesystem of its own (bwrap, disk caps; 0: no cap)")
 	fs.Int64Var(&lim.DiskInodes, "limit-disk-inodes", lim.DiskInodes, "files and directories each sandbox may hold (bwrap, disk caps; 0: one per 16 KiB of the disk cap)")
 	fs.StringVar(&lim.Cgroups, "limit-cgroups", lim.Cgroups, "per-sandbox cgroups for memory, pids and CPU: auto (when the daemon is root or a systemd service with Delegate=yes; else a warning), required (refuse to start without) or off")
 	fs.StringVar(&lim.DiskCaps, "limit-disk-caps", lim.DiskCaps, "per-sandbox disk caps: auto (when the daemon is root and can loop-mount; else a warning), required (refuse to start without) or off")
@@ -295,9 +295,9 @@ func serve(cfg Config, stderr io.Writer) error {
 		lst = ul
 	}
 	srv := ipc.NewServer(ipc.ServerConfig{Handler: svc, Authorize: policy.Authorize, Logger: log.Named("ipc"),
-		MaxFrame: cfg.Server.MaxFrameBytes, MaxConns: cfg.Server.MaxConnections, MaxConnsPerUID: cfg.Server.MaxConnectionsPerUID,
-		FirstFrameTimeout: cfg.Server.FirstFrameTimeout.D(), MaxRequestBytes: cfg.Server.MaxRequestBytes,
-		MaxResponseBytes: cfg.Server.MaxResponseBytes, MaxConnResponseBytes: cfg.Server.MaxResponseBytesPerConnection})
+		MaxFrame: int(cfg.Server.MaxFrameBytes), MaxConns: cfg.Server.MaxConnections, MaxConnsPerUID: cfg.Server.MaxConnectionsPerUID,
+		FirstFrameTimeout: cfg.Server.FirstFrameTimeout.D(), MaxRequestBytes: cfg.Server.MaxRequestBytes.Bytes(),
+		MaxResponseBytes: cfg.Server.MaxResponseBytes.Bytes(), MaxConnResponseBytes: cfg.Server.MaxResponseBytesPerConnection.Bytes()})
 	applyMemoryBound(log, cfg)
 	mgr.Start()
 
