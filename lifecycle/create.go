@@ -84,7 +84,15 @@ func (m *Manager) Create(ctx context.Context, c Caller, req CreateRequest) (Sand
 	if req.TTL < 0 {
 		return Sandbox{}, fmt.Errorf("%w: ttl must be positive", ErrInvalid)
 	}
-	if sb, ok, err := m.claimPooled(c, req); ok {
+	start := time.Now()
+	sb, ok, err := m.claimPooled(c, req)
+	if m.cfg.PoolSize > 0 && poolable(req.Spec) && (!ok || err == nil) {
+		m.obs.PoolClaim(ok)
+	}
+	if ok {
+		if err == nil {
+			m.obs.Created(SourcePool, time.Since(start))
+		}
 		return sb, err
 	}
 
@@ -112,6 +120,7 @@ func (m *Manager) Create(ctx context.Context, c Caller, req CreateRequest) (Sand
 	}
 	s.ExpiresAt = now.Add(life)
 	rec := newRecord(s)
+	rec.source = SourceCold
 
 	if err := m.reserve(rec); err != nil {
 		return Sandbox{}, err
@@ -123,6 +132,7 @@ func (m *Manager) Create(ctx context.Context, c Caller, req CreateRequest) (Sand
 	m.failpoint(FailCreateReserved)
 	if err := m.persist(rec); err != nil {
 		m.forget(rec)
+		m.obs.CreateFailed(CreateFailJournal)
 		log.Error("journal write failed; sandbox not created", "error", err)
 		return Sandbox{}, fmt.Errorf("%w: %v; check the state directory's disk", ErrJournal, err)
 	}
@@ -135,6 +145,7 @@ func (m *Manager) Create(ctx context.Context, c Caller, req CreateRequest) (Sand
 	m.failpoint(FailCreateBackend)
 	if err != nil {
 		log.Warn("create failed", "error", err)
+		m.obs.CreateFailed(createFailReason(err))
 		m.claimAndDestroy(rec, "create failed", log)
 		return Sandbox{}, err
 	}
@@ -148,6 +159,7 @@ func (m *Manager) Create(ctx context.Context, c Caller, req CreateRequest) (Sand
 	m.mu.Unlock()
 	if err := m.persist(rec); err != nil {
 		log.Error("journal write failed; destroying the new sandbox", "error", err)
+		m.obs.CreateFailed(CreateFailJournal)
 		m.claimAndDestroy(rec, "journal write failed", log)
 		return Sandbox{}, fmt.Errorf("%w: %v; check the state directory's disk", ErrJournal, err)
 	}
@@ -156,13 +168,16 @@ func (m *Manager) Create(ctx context.Context, c Caller, req CreateRequest) (Sand
 		// nobody will ever use this sandbox.
 		m.claimAndDestroy(rec, "client gone during create", log)
 		if closing {
+			m.obs.CreateFailed(CreateFailShutdown)
 			return Sandbox{}, ErrShuttingDown
 		}
+		m.obs.CreateFailed(CreateFailClientGone)
 		return Sandbox{}, ctx.Err()
 	}
 	m.mu.Lock()
 	snap := rec.snapshot()
 	m.mu.Unlock()
+	m.obs.Created(SourceCold, time.Since(start))
 	log.Info("sandbox created", "conn_bound", snap.ConnBound, "expires_at", snap.ExpiresAt.Format(time.RFC3339), "labels", snap.Labels, "host_uid", snap.HostUID)
 	return snap, nil
 }

@@ -82,10 +82,12 @@ func (m *Manager) destroyNow(rec *record, reason string, log hclog.Logger) error
 		retry := rec.retryAt
 		m.mu.Unlock()
 		log.Error("backend failed to destroy sandbox; will retry", "reason", reason, "error", err, "attempt", rec.destroyFails, "retry_at", retry.Format(time.RFC3339))
+		m.obs.DestroyFailed(reason)
 		return err
 	}
 	m.forget(rec)
 	log.Info("sandbox destroyed", "reason", reason)
+	m.obs.Destroyed(reason)
 	return nil
 }
 

@@ -73,6 +73,9 @@ type Config struct {
 	// (see the failpoint constants) so crash tests can stop the daemon
 	// exactly there. Production leaves it nil.
 	Failpoint func(name string)
+	// Observer is told of creates, destroys and commands (metrics); nil:
+	// nobody.
+	Observer Observer
 }
 
 // Failpoints: the moments between durable steps where a crash leaves
@@ -165,6 +168,8 @@ type record struct {
 	Sandbox
 	disconnectedAt time.Time     // zero while its connection lives
 	cmd            chan struct{} // one command at a time (a 1-slot semaphore)
+	source         string        // SourceCold or SourcePool if this daemon made it ("" if adopted)
+	commands       int           // commands started (for the observer's first command)
 	running        int           // commands and file ops in progress
 	destroyFails   int           // failed destroy attempts
 	claimed        bool          // a destroy is under way (claimForDestroy)
@@ -184,6 +189,7 @@ type Manager struct {
 	be      backend.Backend
 	journal *Journal
 	log     hclog.Logger
+	obs     Observer
 
 	mu      sync.Mutex
 	boxes   map[string]*record
@@ -237,7 +243,11 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.NewNullLogger()
 	}
+	if cfg.Observer == nil {
+		cfg.Observer = nopObserver{}
+	}
 	return &Manager{
+		obs:      cfg.Observer,
 		cfg:      cfg,
 		be:       cfg.Backend,
 		journal:  cfg.Journal,

@@ -37,6 +37,8 @@ func (m *Manager) Exec(ctx context.Context, c Caller, id string, req backend.Exe
 	defer func() { <-m.hostCmds }()
 
 	m.mu.Lock()
+	first, source := r.commands == 0 && r.source != "", r.source
+	r.commands++
 	left := r.ExpiresAt.Sub(m.cfg.Now())
 	if len(r.Env) > 0 {
 		// A sandbox claimed from the pool: its spec's env travels with
@@ -51,10 +53,13 @@ func (m *Manager) Exec(ctx context.Context, c Caller, id string, req backend.Exe
 	if left < req.Timeout {
 		req.Timeout = max(left, time.Millisecond)
 	}
+	start := time.Now()
 	res, err := m.be.Exec(ctx, id, req)
 	if err != nil {
+		m.obs.CommandDone("error", time.Since(start), first, source, 0)
 		return res, err
 	}
+	took := time.Since(start)
 	m.mu.Lock()
 	still := m.boxes[id] == r && r.State == StateReady
 	// The backend gave up on the sandbox to stop the command: destroy it,
@@ -69,6 +74,7 @@ func (m *Manager) Exec(ctx context.Context, c Caller, id string, req backend.Exe
 		// Destroyed (by the client, the reaper or shutdown) meanwhile.
 		res.SandboxTerminated = true
 	}
+	m.obs.CommandDone(res.Reason(), took, first, source, res.OOMKills)
 	return res, nil
 }
 

@@ -84,6 +84,7 @@ func (m *Manager) claimPooled(c Caller, req CreateRequest) (sb Sandbox, ok bool,
 	r.NetSpec = netSpecJSON(req.Spec)
 	r.Pooled = false
 	r.State = StateReady
+	r.source = SourcePool
 	r.ConnBound = req.Owner == "" && req.TTL == 0
 	r.ConnID = c.ConnID
 	r.CreatedAt = now // its life as the caller's sandbox starts now
@@ -188,6 +189,7 @@ func (m *Manager) createPooled() error {
 	defer cancel()
 	info, err := m.be.Create(ctx, rec.ID, backend.Spec{})
 	if err != nil {
+		m.obs.CreateFailed(CreateFailPool)
 		m.claimAndDestroy(rec, "pool create failed", log)
 		return err
 	}

@@ -36,6 +36,7 @@ type Config struct {
 	Bwrap     BwrapSection     `toml:"bwrap"`
 	Sbx       SbxSection       `toml:"sbx"`
 	Gvisor    GvisorSection    `toml:"gvisor"`
+	Metrics   MetricsSection   `toml:"metrics"`
 }
 
 type ServerSection struct {
@@ -516,6 +517,7 @@ func (c *Config) validate() error {
 	default:
 		bad("bwrap.own_uids %q: give auto (a uid of its own per sandbox when the daemon can: root, or CAP_SETUID, CAP_SETGID and CAP_KILL; else a warning), required (refuse to start without) or off", c.Bwrap.OwnUIDs)
 	}
+	errs = append(errs, c.Metrics.validate()...)
 	return errors.Join(errs...)
 }
 

@@ -27,6 +27,8 @@ type daemonParts struct {
 // sweep of gc (dry or not).
 type daemonMode struct {
 	offline, dryRun bool
+	// observer is told what the manager does (serve's metrics); nil: nobody.
+	observer lifecycle.Observer
 }
 
 // openDaemon builds the daemon's parts for cfg. On an error, what was
@@ -81,8 +83,7 @@ func openDaemon(cfg Config, log hclog.Logger, mode daemonMode) (_ *daemonParts, 
 		ConnGrace: lc.ConnGrace.D(), MaxLifetime: lc.MaxLifetime.D(), DefaultTTL: lc.DefaultTTL.D(), IdleTimeout: idle,
 		ReapInterval: lc.ReapInterval.D(), MaxPerHost: lc.MaxSandboxes, MaxPerUID: lc.MaxSandboxesPerUID,
 		MaxPerOwner: lc.MaxSandboxesPerOwner, MaxCmdsPerHost: lc.MaxCommands, MaxCmdsPerUID: lc.MaxCommandsPerUID,
-		PoolSize:      lc.PoolSize,
-		CreateTimeout: createTimeout,
+		PoolSize: lc.PoolSize, CreateTimeout: createTimeout, Observer: mode.observer,
 	})
 	if err != nil {
 		return nil, err

@@ -23,6 +23,8 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/gvisor"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/sbx"
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
+	"github.com/sandbox-sidecar/sandbox-sidecar/lifecycle"
+	"github.com/sandbox-sidecar/sandbox-sidecar/metrics"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/hostids"
 	"github.com/sandbox-sidecar/sandbox-sidecar/service"
 )
@@ -99,6 +101,7 @@ func serveConfig(args []string, stderr io.Writer) (Config, error) {
 	fs.BoolVar(&bw.ShareHostNetwork, "bwrap-share-host-network", bw.ShareHostNetwork, "let sandboxes that ask for block_network=false share the host's network (bwrap)")
 	var killGrace Duration
 	fs.Var(&killGrace, "kill-grace", "time between SIGTERM and SIGKILL when a command times out (bwrap.kill_grace and sbx.kill_after)")
+	fs.StringVar(&cfg.Metrics.Listen, "metrics-listen", cfg.Metrics.Listen, "serve Prometheus metrics on this host:port, e.g. 127.0.0.1:9464 (default: off)")
 	sx := &cfg.Sbx
 	fs.StringVar(&sx.Path, "sbx-path", sx.Path, "the sbx binary (sbx backend)")
 	fs.StringVar(&sx.Template, "sbx-template", sx.Template, "image every sbx sandbox boots from")
@@ -239,7 +242,7 @@ func serve(cfg Config, stderr io.Writer) error {
 
 	// Under socket activation systemd made the socket: its group is the
 	// socket group whatever the config says.
-	activated, err := activatedListener()
+	activated, activatedMetrics, err := activatedListeners()
 	if err != nil {
 		return fail("%w", err)
 	}
@@ -252,7 +255,12 @@ func serve(cfg Config, stderr io.Writer) error {
 		return fail("%w", err)
 	}
 
-	d, err := openDaemon(cfg, log, daemonMode{})
+	met, stopMetrics, err := startMetrics(cfg.Metrics, activatedMetrics, log)
+	if err != nil {
+		return fail("%w", err)
+	}
+	defer stopMetrics()
+	d, err := openDaemon(cfg, log, daemonMode{observer: met.Observer()})
 	if err != nil {
 		return fail("%w", err)
 	}
@@ -294,11 +302,14 @@ func serve(cfg Config, stderr io.Writer) error {
 		}
 		lst = ul
 	}
-	srv := ipc.NewServer(ipc.ServerConfig{Handler: svc, Authorize: policy.Authorize, Logger: log.Named("ipc"),
+	srv := ipc.NewServer(ipc.ServerConfig{Handler: met.WrapHandler(svc), Authorize: policy.Authorize, Logger: log.Named("ipc"),
 		MaxFrame: int(cfg.Server.MaxFrameBytes), MaxConns: cfg.Server.MaxConnections, MaxConnsPerUID: cfg.Server.MaxConnectionsPerUID,
 		FirstFrameTimeout: cfg.Server.FirstFrameTimeout.D(), MaxRequestBytes: cfg.Server.MaxRequestBytes.Bytes(),
 		MaxResponseBytes: cfg.Server.MaxResponseBytes.Bytes(), MaxConnResponseBytes: cfg.Server.MaxResponseBytesPerConnection.Bytes()})
 	applyMemoryBound(log, cfg)
+	met.Bind(metrics.Sources{Backend: be.Name(), Version: version, PoolTarget: cfg.Lifecycle.PoolSize, JournalPath: d.journal.Path(),
+		Sandboxes:   func() []lifecycle.Sandbox { return mgr.List(lifecycle.Caller{Admin: true}, "") },
+		Connections: srv.Conns, Recovery: func() lifecycle.RecoveryReport { return mgr.Stats().Recovery }})
 	mgr.Start()
 
 	sigs := make(chan os.Signal, 2)

@@ -25,24 +25,35 @@ const (
 	probeTimeout = 5 * time.Second
 )
 
-// activatedListener returns the socket systemd passed (socket activation),
-// or nil when there is none.
-func activatedListener() (net.Listener, error) {
-	ls, err := activation.Listeners()
+// MetricsSocketName is the FileDescriptorName= of the socket unit that
+// passes the metrics listener (sandbox-sidecar-metrics.socket).
+const MetricsSocketName = "metrics"
+
+// activatedListeners returns the sockets systemd passed (socket
+// activation): the RPC socket, a Unix stream socket, and optionally a TCP
+// one named MetricsSocketName for the metrics endpoint. Both are nil
+// without socket activation.
+func activatedListeners() (rpc, metricsLst net.Listener, err error) {
+	named, err := activation.ListenersWithNames()
 	if err != nil {
-		return nil, fmt.Errorf("reading sockets passed by systemd: %w", err)
+		return nil, nil, fmt.Errorf("reading sockets passed by systemd: %w", err)
 	}
-	var out net.Listener
-	for _, l := range ls {
-		if l == nil {
-			continue
+	for name, ls := range named {
+		for _, l := range ls {
+			if l == nil {
+				continue
+			}
+			if _, tcp := l.(*net.TCPListener); name == MetricsSocketName && tcp && metricsLst == nil {
+				metricsLst = l
+				continue
+			}
+			if _, ok := l.(*net.UnixListener); !ok || rpc != nil {
+				return nil, nil, fmt.Errorf("systemd passed sockets the daemon cannot use (%s: %v); it takes one Unix stream socket, and one TCP socket named %q for metrics (check sandbox-sidecar.socket and sandbox-sidecar-metrics.socket)", name, l.Addr(), MetricsSocketName)
+			}
+			rpc = l
 		}
-		if _, ok := l.(*net.UnixListener); !ok || out != nil {
-			return nil, fmt.Errorf("systemd passed %d sockets; the daemon takes exactly one Unix stream socket (check sandbox-sidecar.socket)", len(ls))
-		}
-		out = l
 	}
-	return out, nil
+	return rpc, metricsLst, nil
 }
 
 // socketFileGID returns the group of an activated socket's file.

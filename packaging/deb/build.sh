@@ -70,7 +70,7 @@ echo "== go build $pkg $version ($goarch, $buildmode)" >&2
 (cd "$root" && CGO_ENABLED=0 GOOS=linux GOARCH=$goarch go build -trimpath -buildmode=$buildmode \
   -ldflags "-s -w -X main.version=$version" -o "$stage/usr/bin/$pkg" ./cmd/sandbox-sidecar)
 
-install -m 0644 "$root/packaging/systemd/$pkg.service" "$root/packaging/systemd/$pkg.socket" "$stage/lib/systemd/system/"
+install -m 0644 "$root/packaging/systemd/$pkg.service" "$root/packaging/systemd/$pkg.socket" "$root/packaging/systemd/$pkg-metrics.socket" "$stage/lib/systemd/system/"
 install -m 0644 "$root/packaging/sysusers.d/$pkg.conf" "$stage/usr/lib/sysusers.d/$pkg.conf"
 install -m 0644 "$root/packaging/tmpfiles.d/$pkg.conf" "$stage/usr/lib/tmpfiles.d/$pkg.conf"
 

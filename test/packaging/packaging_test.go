@@ -92,6 +92,9 @@ func TestDebianPackageOnSystemd(t *testing.T) {
 	step("READY and STATUS")
 	checkNotify(t, c)
 
+	step("metrics through their own socket")
+	checkMetrics(t, c)
+
 	step("per-sandbox limits")
 	checkLimits(t, c)
 
@@ -203,7 +206,7 @@ func checkInstalled(t *testing.T, c *container, version string) {
 
 	// systemd-analyze verify exits 0 even on unknown keys: its output is
 	// what counts.
-	verify := c.sh("systemd-analyze verify /lib/systemd/system/sandbox-sidecar.socket /lib/systemd/system/sandbox-sidecar.service 2>&1")
+	verify := c.sh("systemd-analyze verify /lib/systemd/system/sandbox-sidecar.socket /lib/systemd/system/sandbox-sidecar-metrics.socket /lib/systemd/system/sandbox-sidecar.service 2>&1")
 	if strings.TrimSpace(verify) != "" {
 		t.Errorf("systemd-analyze verify is not silent:\n%s", verify)
 	}
@@ -250,6 +253,29 @@ func checkAccess(t *testing.T, c *container) {
 	code, out := c.exitCode(as(outsider, "sandbox-sidecar exec -- echo should-not-run"))
 	if code == 0 || !strings.Contains(out, "permission denied") || strings.Contains(out, "should-not-run") {
 		t.Errorf("a user outside the group got exit %d:\n%s", code, out)
+	}
+}
+
+// checkMetrics enables the metrics endpoint the documented way (the
+// drop-in and sandbox-sidecar-metrics.socket) and scrapes it: the service
+// keeps PrivateNetwork=yes and IPAddressDeny=any, and the socket systemd
+// passes gets through them. Then it turns it off again.
+func checkMetrics(t *testing.T, c *container) {
+	c.sh("mkdir -p /etc/systemd/system/sandbox-sidecar.service.d && " +
+		"cp /usr/share/doc/sandbox-sidecar/examples/metrics.conf /etc/systemd/system/sandbox-sidecar.service.d/metrics.conf && " +
+		"systemctl daemon-reload && systemctl enable --now sandbox-sidecar-metrics.socket && systemctl restart sandbox-sidecar.service")
+	expectEqual(t, "PrivateNetwork kept", c.sh("systemctl show -P PrivateNetwork sandbox-sidecar.service"), "yes")
+	expectContains(t, "IPAddressDeny kept", c.sh("systemctl show -P IPAddressDeny sandbox-sidecar.service"), "0.0.0.0/0")
+	scrape := `python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9464/metrics', timeout=10).read().decode())"`
+	c.sh(as(worker, "sandbox-sidecar exec -- true")) // something to count
+	out := c.sh(scrape)
+	expectContains(t, "scraped metrics", out, `sandbox_sidecar_build_info{backend="bwrap"`)
+	expectContains(t, "scraped metrics", out, `sandbox_sidecar_creates_total{source="cold"} 1`)
+	expectContains(t, "journal", c.sh("journalctl -b -u sandbox-sidecar.service --no-pager -o cat"), "the socket systemd passed")
+	c.sh("systemctl disable --now sandbox-sidecar-metrics.socket && rm /etc/systemd/system/sandbox-sidecar.service.d/metrics.conf && " +
+		"systemctl daemon-reload && systemctl restart sandbox-sidecar.service")
+	if code, _ := c.exitCode(scrape); code == 0 {
+		t.Errorf("the metrics endpoint still answers after it was turned off")
 	}
 }
 
