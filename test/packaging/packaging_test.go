@@ -263,7 +263,7 @@ func checkAccess(t *testing.T, c *container) {
 func checkMetrics(t *testing.T, c *container) {
 	c.sh("mkdir -p /etc/systemd/system/sandbox-sidecar.service.d && " +
 		"cp /usr/share/doc/sandbox-sidecar/examples/metrics.conf /etc/systemd/system/sandbox-sidecar.service.d/metrics.conf && " +
-		"systemctl daemon-reload && systemctl enable --now sandbox-sidecar-metrics.socket && systemctl restart sandbox-sidecar.service")
+		"systemctl daemon-reload && systemctl stop sandbox-sidecar.service && systemctl enable --now sandbox-sidecar-metrics.socket && systemctl start sandbox-sidecar.service")
 	expectEqual(t, "PrivateNetwork kept", c.sh("systemctl show -P PrivateNetwork sandbox-sidecar.service"), "yes")
 	expectContains(t, "IPAddressDeny kept", c.sh("systemctl show -P IPAddressDeny sandbox-sidecar.service"), "0.0.0.0/0")
 	scrape := `python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9464/metrics', timeout=10).read().decode())"`
