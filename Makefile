@@ -1,5 +1,5 @@
 # The two commands a newcomer needs: `make run` and `make test`.
-.PHONY: run test build bench deb clean
+.PHONY: run test build bench deb image clean
 
 run:
 	./scripts/run.sh $(ARGS)
@@ -19,6 +19,12 @@ bench: build
 # sets the version (default: a snapshot of packaging/deb/changelog's).
 deb:
 	VERSION=$(VERSION) ./packaging/deb/build.sh bin
+
+# The container image, bin/sandbox-sidecar-image.tar (an OCI archive), from a
+# debootstrapped Debian and the daemon; no base image is pulled. Needs root
+# and debootstrap. VERSION=... sets the version and the tag.
+image:
+	VERSION=$(VERSION) ./packaging/image/build.sh bin
 
 clean:
 	rm -rf bin

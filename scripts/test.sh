@@ -5,7 +5,8 @@
 # daemon and bubblewrap, and the gvisor backend's tests against a cached
 # build of the pinned runsc), a short fuzzing run of every decoder, a smoke run
 # of the benchmark tool, the Python client's tests against the real daemon,
-# and the Debian package's test in a booted container.
+# the Debian package's test in a booted container, and the container image
+# run with podman.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"
@@ -78,7 +79,7 @@ fi
 # (debootstrapped once, then cached under /var/cache/sandbox-sidecar-test)
 # and installs, exercises, upgrades and purges the package inside.
 echo "== packaging: .deb, lintian, systemd-nspawn end to end"
-pkg_tools=(debootstrap systemd-container lintian)
+pkg_tools=(debootstrap systemd-container lintian podman runc)
 pkg_missing=()
 for p in "${pkg_tools[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || pkg_missing+=("$p")
@@ -89,3 +90,11 @@ if [ ${#pkg_missing[@]} -gt 0 ] && [ "$(id -u)" -eq 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${pkg_missing[@]}"
 fi
 SANDBOX_SIDECAR_PACKAGING_TEST=1 go test -count=1 -timeout 25m -v ./test/packaging
+
+# ---------------------------------------------------------------------------
+# Container image: make image (debootstrap, cached beside the packaging
+# test's root filesystem, plus the static daemon), then Debian's podman runs
+# it as the daemon and a second container of uid 50000 sharing only the
+# socket's directory runs the Python client end to end.
+echo "== container image: make image, podman (runc)"
+SANDBOX_SIDECAR_IMAGE_TEST=1 go test -count=1 -timeout 25m -v ./test/image
