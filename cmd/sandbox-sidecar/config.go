@@ -18,6 +18,7 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/sbx"
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/lifecycle"
+	"github.com/sandbox-sidecar/sandbox-sidecar/runwatch"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/hostids"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 	"github.com/sandbox-sidecar/sandbox-sidecar/service"
@@ -37,6 +38,7 @@ type Config struct {
 	Sbx       SbxSection       `toml:"sbx"`
 	Gvisor    GvisorSection    `toml:"gvisor"`
 	Metrics   MetricsSection   `toml:"metrics"`
+	Airflow   AirflowSection   `toml:"airflow"`
 }
 
 type ServerSection struct {
@@ -272,6 +274,8 @@ func defaultConfig() Config {
 			HostPolicy: string(sbx.PolicyUnknown), KVMDevice: sbx.DefaultKVMDevice,
 		},
 		Gvisor: GvisorSection{Platform: gvisor.PlatformSystrap, KillGrace: Duration(gvisor.DefaultKillGrace)},
+		Airflow: AirflowSection{Auth: runwatch.AuthBearer, RunPath: runwatch.DefaultRunPath,
+			PollInterval: Duration(runwatch.DefaultInterval), RequestTimeout: Duration(runwatch.DefaultRequestTimeout)},
 	}
 }
 
@@ -518,6 +522,7 @@ func (c *Config) validate() error {
 		bad("bwrap.own_uids %q: give auto (a uid of its own per sandbox when the daemon can: root, or CAP_SETUID, CAP_SETGID and CAP_KILL; else a warning), required (refuse to start without) or off", c.Bwrap.OwnUIDs)
 	}
 	errs = append(errs, c.Metrics.validate()...)
+	errs = append(errs, c.Airflow.validate()...)
 	return errors.Join(errs...)
 }
 

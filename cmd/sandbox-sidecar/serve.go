@@ -101,6 +101,11 @@ func serveConfig(args []string, stderr io.Writer) (Config, error) {
 	fs.BoolVar(&bw.ShareHostNetwork, "bwrap-share-host-network", bw.ShareHostNetwork, "let sandboxes that ask for block_network=false share the host's network (bwrap)")
 	var killGrace Duration
 	fs.Var(&killGrace, "kill-grace", "time between SIGTERM and SIGKILL when a command times out (bwrap.kill_grace and sbx.kill_after)")
+	af := &cfg.Airflow
+	fs.StringVar(&af.APIURL, "airflow-api-url", af.APIURL, "Airflow's API server: destroy the sandboxes of DAG runs that finished (default: off)")
+	fs.StringVar(&af.CredentialFile, "airflow-credential-file", af.CredentialFile, "file with a read-only Airflow API credential (a token, or user:password with --airflow-auth basic)")
+	fs.StringVar(&af.Auth, "airflow-auth", af.Auth, "how the credential is sent: bearer or basic")
+	fs.Var(&af.PollInterval, "airflow-poll-interval", "how often Airflow is asked for the state of the runs that own sandboxes here")
 	fs.StringVar(&cfg.Metrics.Listen, "metrics-listen", cfg.Metrics.Listen, "serve Prometheus metrics on this host:port, e.g. 127.0.0.1:9464 (default: off)")
 	sx := &cfg.Sbx
 	fs.StringVar(&sx.Path, "sbx-path", sx.Path, "the sbx binary (sbx backend)")
@@ -311,6 +316,11 @@ func serve(cfg Config, stderr io.Writer) error {
 		Sandboxes:   func() []lifecycle.Sandbox { return mgr.List(lifecycle.Caller{Admin: true}, "") },
 		Connections: srv.Conns, Recovery: func() lifecycle.RecoveryReport { return mgr.Stats().Recovery }})
 	mgr.Start()
+	stopRunWatch, err := startRunWatch(cfg.Airflow, mgr, log)
+	if err != nil {
+		return fail("%w", err)
+	}
+	defer stopRunWatch()
 
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)

@@ -21,6 +21,12 @@ the packaged service has no network of its own.'
 and the network: /usr/share/doc/sandbox-sidecar/examples/sbx-backend.conf.'
   [gvisor]='With backend = "gvisor", install gVisor'"'"'s runsc (docs/operations.md, gVisor) and the
 drop-in that runs the service as root: /usr/share/doc/sandbox-sidecar/examples/gvisor-backend.conf.'
+  [metrics]='The packaged service has no network of its own (PrivateNetwork=yes): leave
+listen unset and enable sandbox-sidecar-metrics.socket instead (its header
+says how); systemd hands the daemon that socket.'
+  [airflow]='The packaged service has no network of its own: install the drop-in
+/usr/share/doc/sandbox-sidecar/examples/airflow-api.conf (naming your API
+server) so the daemon can reach api_url.'
   [server.audit_file]='The service may write under /var/log/sandbox-sidecar (LogsDirectory=).'
   [limits.cgroups]='The service has Delegate=yes: sandboxes get cgroups of their own where the
 host'"'"'s cgroup v2 has the memory, pids and cpu controllers (Debian 12,
