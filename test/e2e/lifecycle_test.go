@@ -240,7 +240,8 @@ func TestExpiryRenewIdleAndRuns(t *testing.T) {
 	e := callErr(t, c, ipc.OpRunCommand, map[string]any{"sandbox": short, "command": "true"})
 	assert.Equal(t, ipc.CodeNotFound, e.Code)
 	eventually(t, 8*time.Second, "the idle sandbox reaped", func() bool { return !contains(d.workspaces(t), idle) })
-	assert.Contains(t, d.Logs(), `"reason":"idle"`)
+	// The workspace goes before the lifecycle logs the destroy.
+	eventually(t, 5*time.Second, "the idle destroy logged", func() bool { return strings.Contains(d.Logs(), `"reason":"idle"`) })
 
 	// destroy_run takes every sandbox of one run and nothing else.
 	a1 := create(t, c, map[string]any{"spec": map[string]any{"owner": "etl/r1"}, "labels": map[string]any{"task_id": "t1"}})
