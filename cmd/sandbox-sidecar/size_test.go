@@ -43,11 +43,13 @@ func TestSizePrintsInTheLargestExactUnitAndParsesBack(t *testing.T) {
 }
 
 func TestConfigSizesTakeUnitsOrBytes(t *testing.T) {
-	p := writeConfig(t, "[server]\nmax_frame_bytes = \"32m\"\n[limits]\nmemory = \"1G\"\ndisk = \"10GiB\"\nfile_size = 1048576\nmax_file_bytes = \"8MiB\"\nmax_output_bytes = \"1m\"\n")
+	p := writeConfig(t, "[server]\nmax_frame_bytes = \"32m\"\nmax_request_bytes = \"512m\"\nmax_response_bytes_per_connection = 100663296\n[limits]\nmemory = \"1G\"\ndisk = \"10GiB\"\nfile_size = 1048576\nmax_file_bytes = \"8MiB\"\nmax_output_bytes = \"1m\"\n")
 	cfg := defaultConfig()
 	require.NoError(t, loadConfigFile(&cfg, p, true))
 	require.NoError(t, cfg.validate())
 	assert.Equal(t, Size(32<<20), cfg.Server.MaxFrameBytes)
+	assert.Equal(t, Size(512<<20), cfg.Server.MaxRequestBytes)
+	assert.Equal(t, Size(96<<20), cfg.Server.MaxResponseBytesPerConnection)
 	assert.Equal(t, int64(1<<30), cfg.Limits.sandboxLimits().MemoryBytes)
 	assert.Equal(t, int64(10<<30), cfg.Limits.sandboxLimits().DiskBytes)
 	assert.Equal(t, uint64(1<<20), cfg.Limits.sandboxLimits().FileSizeBytes)
