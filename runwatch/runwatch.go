@@ -115,10 +115,12 @@ func (c Config) Validate() error {
 
 // Watcher polls Airflow for the runs that own sandboxes here.
 type Watcher struct {
-	cfg  Config
-	log  hclog.Logger
-	stop chan struct{}
-	wg   sync.WaitGroup
+	cfg    Config
+	log    hclog.Logger
+	stop   chan struct{}
+	ctx    context.Context // cancelled by Close: ends a request in flight
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
 }
 
 // New returns a watcher; Start runs it until Close.
@@ -152,7 +154,8 @@ func New(cfg Config) (*Watcher, error) {
 		cfg.Logger = hclog.NewNullLogger()
 	}
 	cfg.BaseURL = strings.TrimRight(cfg.BaseURL, "/")
-	return &Watcher{cfg: cfg, log: cfg.Logger, stop: make(chan struct{})}, nil
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Watcher{cfg: cfg, log: cfg.Logger, stop: make(chan struct{}), ctx: ctx, cancel: cancel}, nil
 }
 
 // Start polls every Interval (longer while the API fails) until Close.
@@ -163,7 +166,7 @@ func (w *Watcher) Start() {
 		fails := 0
 		for {
 			wait := w.cfg.Interval
-			if _, err := w.Round(context.Background()); err != nil {
+			if _, err := w.Round(w.ctx); err != nil && w.ctx.Err() == nil {
 				fails++
 				wait = backoff(w.cfg.Interval, w.cfg.MaxBackoff, fails)
 				w.log.Warn("asking Airflow for run states failed; backing off", "error", err, "retry_in", wait)
@@ -181,14 +184,15 @@ func (w *Watcher) Start() {
 	}()
 }
 
-// Close stops the watcher and waits for a round in progress (each request
-// is bounded by RequestTimeout).
+// Close stops the watcher: a request in flight is cancelled, and Close
+// returns once the round it was part of has given up.
 func (w *Watcher) Close() {
 	select {
 	case <-w.stop:
 	default:
 		close(w.stop)
 	}
+	w.cancel()
 	w.wg.Wait()
 }
 

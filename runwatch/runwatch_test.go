@@ -228,6 +228,15 @@ func TestResponsesAreBounded(t *testing.T) {
 	require.Error(t, err)
 	assert.Less(t, time.Since(start), 20*time.Second, "the request timeout bounds a round")
 
+	// Close does not wait for a hung API: it cancels the request in flight.
+	w, err = New(Config{Manager: m, BaseURL: srv.URL, CredentialFile: credential(t, "t"), Interval: time.Hour, RequestTimeout: time.Hour})
+	require.NoError(t, err)
+	w.Start()
+	time.Sleep(100 * time.Millisecond) // the first round is waiting for its answer
+	start = time.Now()
+	w.Close()
+	assert.Less(t, time.Since(start), 20*time.Second, "Close cancels the request in flight")
+
 	huge := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write([]byte(`{"state":"success","pad":"` + strings.Repeat("x", maxBody) + `"}`))
 	}))
