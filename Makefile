@@ -1,5 +1,5 @@
 # The two commands a newcomer needs: `make run` and `make test`.
-.PHONY: run test build bench deb image clean
+.PHONY: run test build bench soak deb image clean
 
 run:
 	./scripts/run.sh $(ARGS)
@@ -14,6 +14,14 @@ build:
 # generated table in docs/benchmarks.md.
 bench: build
 	go run ./cmd/sidecar-bench --daemon-bin bin/sandbox-sidecar --json bench.json --md docs/benchmarks.md
+
+# Chaos soak (root; a few minutes): agents, client kills, daemon kill -9,
+# restarts and SIGSTOPs against the real daemon, then its invariants are
+# checked (no leak, no hang, owned sandboxes and acknowledged files intact).
+# SOAK_DURATION=90s shortens it.
+soak: build
+	go build -o bin/sidecar-soak ./cmd/sidecar-soak
+	bin/sidecar-soak --daemon-bin bin/sandbox-sidecar --duration $(or $(SOAK_DURATION),3m)
 
 # The Debian package, bin/sandbox-sidecar_<version>_<arch>.deb; VERSION=...
 # sets the version (default: a snapshot of packaging/deb/changelog's).

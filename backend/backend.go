@@ -54,6 +54,19 @@ type Backend interface {
 	// idempotent: destroying an unknown or already-removed sandbox succeeds.
 	Destroy(ctx context.Context, id string) error
 
+	// Adopt re-establishes, after the daemon restarted, what sandbox id
+	// needs to serve again: its files reachable (a disk of its own mounted,
+	// and attached nowhere else), its resource controls (a cgroup) and a
+	// clean start for its long-lived processes (an init, started on first
+	// use). Recovery calls it for every journaled sandbox it keeps, before
+	// the daemon serves, and again, in the background, for one it had to
+	// quarantine. It is idempotent: adopting an adopted sandbox succeeds.
+	// ErrNotFound: the sandbox is gone. ErrHeldElsewhere: its data is still
+	// held outside this daemon (a dead daemon's mount); nothing was
+	// touched, and a later call may succeed. Any other error: it cannot
+	// serve now, with the reason.
+	Adopt(ctx context.Context, id string) error
+
 	// List returns the ids of every sandbox this backend instance can find
 	// that carries its marker, whether or not the caller knows about it.
 	// Recovery uses it to sweep orphans.
@@ -124,6 +137,23 @@ type HostMemory struct {
 // ErrInvalidArgument.
 type EnvChecker interface {
 	CheckEnv(env map[string]string) error
+}
+
+// ProblemReporter is implemented by backends that can tell a sandbox whose
+// data is damaged (its disk has filesystem errors, or went read-only).
+// Problems maps each such sandbox's id to what is wrong; health reports them
+// and says degraded.
+type ProblemReporter interface {
+	Problems() map[string]string
+}
+
+// StaleReleaser is implemented by backends whose sandboxes hold host
+// resources that a daemon killed with -9 can leave held (a loop device
+// attached to a sandbox's disk image in the dead daemon's mount namespace,
+// kept alive by a process that outlived it). gc calls it; it returns what
+// it released (or, with dryRun, would release) and what is still held.
+type StaleReleaser interface {
+	ReleaseStale(ctx context.Context, dryRun bool) (released, held []string, err error)
 }
 
 // Spec is what a client requires of a new sandbox. The zero value means
@@ -253,6 +283,14 @@ var (
 	// byte, an empty command, ...). Retrying it unchanged cannot help; the
 	// caller must fix the request.
 	ErrInvalidArgument = errors.New("invalid argument")
+	// ErrHeldElsewhere: the sandbox's data is still held outside this
+	// daemon (its disk image attached in a dead daemon's mount namespace);
+	// using it now could corrupt it, and a later attempt may succeed.
+	ErrHeldElsewhere = errors.New("sandbox data held elsewhere")
+	// ErrDamaged: the sandbox's data is damaged (filesystem errors on its
+	// disk, its workspace missing from a mounted disk); it is kept for an
+	// operator to look at, never reported as not found.
+	ErrDamaged = errors.New("sandbox data damaged")
 	// ErrUnavailable: the backend cannot work right now (binary missing,
 	// kernel feature off); retrying later may help.
 	ErrUnavailable = errors.New("backend unavailable")

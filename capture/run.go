@@ -451,17 +451,66 @@ func (p *pipes) startDrains(stdout, stderr *Buffer) <-chan struct{} {
 // otherwise be allocated (and zeroed) for every command the daemon runs.
 var drainBufs = sync.Pool{New: func() any { b := make([]byte, drainChunk); return &b }}
 
-func drain(r io.Reader, w *Buffer) {
+// drainStarting, when set (tests only), is called by each drain before its
+// first read, so a test can hold the drains back past the grace.
+var drainStarting func()
+
+// maxSweepReads bounds the reads of what a pipe holds once its drain was
+// told to stop (a writer that never stops cannot keep it going).
+const maxSweepReads = 64
+
+func drain(r *os.File, w *Buffer) {
 	bp := drainBufs.Get().(*[]byte)
 	defer drainBufs.Put(bp)
 	buf := *bp
+	if drainStarting != nil {
+		drainStarting()
+	}
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {
 			_, _ = w.Write(buf[:n])
 		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			sweep(r, w, buf)
+			return
+		}
 		if err != nil {
 			return
+		}
+	}
+}
+
+// sweep reads what r already holds, without waiting (the parent ends are
+// non-blocking), at most maxSweepReads times.
+func sweep(r *os.File, w *Buffer, buf []byte) {
+	rc, err := r.SyscallConn()
+	if err != nil {
+		return
+	}
+	for range maxSweepReads {
+		n := 0
+		var rerr error
+		if rc.Control(func(fd uintptr) {
+			n, rerr = unix.Read(int(fd), buf)
+			for errors.Is(rerr, unix.EINTR) {
+				n, rerr = unix.Read(int(fd), buf)
+			}
+		}) != nil || rerr != nil || n <= 0 {
+			return
+		}
+		_, _ = w.Write(buf[:n])
+	}
+}
+
+// stopDrains makes both drains keep what their pipes hold and stop.
+func (p *pipes) stopDrains() {
+	now := time.Now()
+	for _, f := range []*os.File{p.stdoutR, p.stderrR} {
+		if f.SetReadDeadline(now) != nil {
+			// No deadline on this descriptor: closing it is the only
+			// way left to stop its drain.
+			_ = f.Close()
 		}
 	}
 }

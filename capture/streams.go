@@ -55,9 +55,9 @@ func (s *Streams) Start() {
 }
 
 // Finish waits at most drainGrace (DefaultDrainGrace if zero or less) for
-// both output streams to reach EOF, closes every pipe, which stops the
-// drains and a stdin feeder the process never read from, and returns what
-// was kept. Only the output fields of the Result are set.
+// both output streams to reach EOF, then has the drains keep what the pipes
+// already hold and stop, closes every pipe, which also stops a stdin feeder
+// the process never read from, and returns what was kept. Only the output fields of the Result are set.
 func (s *Streams) Finish(drainGrace time.Duration) Result {
 	if drainGrace <= 0 {
 		drainGrace = DefaultDrainGrace
@@ -66,10 +66,15 @@ func (s *Streams) Finish(drainGrace time.Duration) Result {
 	select {
 	case <-s.drained:
 	case <-t.C:
+		// The grace is over: the drains keep what the pipes already hold,
+		// then stop. (A process stopped past the grace, SIGSTOP or a
+		// starved host, finds the whole output still queued; closing the
+		// pipes now would drop it.)
+		s.p.stopDrains()
 	}
 	t.Stop()
-	s.p.closeParentEnds()
 	<-s.drained
+	s.p.closeParentEnds()
 	return Result{
 		Stdout: s.stdout.Bytes(), StdoutTruncated: s.stdout.Truncated(), StdoutTotal: s.stdout.Total(),
 		Stderr: s.stderr.Bytes(), StderrTruncated: s.stderr.Truncated(), StderrTotal: s.stderr.Total(),

@@ -71,3 +71,39 @@ func TestStreamsCloseWithoutStart(t *testing.T) {
 	s.Close()
 	s.Close() // twice is fine
 }
+
+// Output already in the pipes when the drain grace runs out is kept: a
+// daemon stopped (SIGSTOP, a starved host) between a command's exit and
+// its drains finds its timer expired and the whole output still queued.
+// The drains are held back past the grace to force that interleaving; a
+// grandchild holds the pipes, so no EOF ends them first. A soak saw `echo`
+// come back with empty stdout when Finish closed the pipes at once.
+func TestStreamsKeepQueuedOutputWhenTheGraceRunsOut(t *testing.T) {
+	requireTools(t, "/bin/sh", "sleep")
+	release := make(chan struct{})
+	drainStarting = func() { <-release }
+	t.Cleanup(func() { drainStarting = nil })
+	s, err := NewStreams(nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := s.ChildFiles()
+	cmd := exec.Command("/bin/sh", "-c", "sleep 1009 & echo queued; echo err >&2")
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = files[0], files[1], files[2]
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }()
+	s.Start()
+	_ = cmd.Wait()
+	go func() { time.Sleep(200 * time.Millisecond); close(release) }() // well past the grace
+	start := time.Now()
+	res := s.Finish(10 * time.Millisecond)
+	if string(res.Stdout) != "queued\n" || string(res.Stderr) != "err\n" {
+		t.Errorf("stdout %q, stderr %q: queued output was dropped", res.Stdout, res.Stderr)
+	}
+	if elapsed := time.Since(start); elapsed > 2*time.Second {
+		t.Errorf("Finish took %v", elapsed)
+	}
+}

@@ -79,6 +79,15 @@ type Response struct {
 	Error  map[string]any `msgpack:"error,omitempty"`
 }
 
+// success is a Response that succeeded, encoded with its result always
+// present.
+type success struct {
+	V      int    `msgpack:"v"`
+	ID     uint64 `msgpack:"id"`
+	OK     bool   `msgpack:"ok"`
+	Result any    `msgpack:"result"`
+}
+
 // Event is a frame sent before a request's final response (reserved for
 // streamed output; see docs/protocol.md).
 type Event struct {
@@ -293,23 +302,26 @@ func EncodeResponse(id uint64, result any, err *Error) ([]byte, error) {
 // encodeResponseFrame encodes a response as a whole frame, length prefix
 // included, in one buffer: written with one Write, never copied.
 func encodeResponseFrame(id uint64, result any, err *Error) ([]byte, error) {
-	resp := Response{V: ProtocolVersion, ID: id}
+	var v any
 	if err == nil {
-		resp.OK = true
-		if result == nil {
+		// A success always carries its result, {} when empty: Response's
+		// omitempty would drop an empty map.
+		if m, ok := result.(map[string]any); result == nil || (ok && m == nil) {
 			result = map[string]any{}
 		}
-		resp.Result = result
+		v = success{V: ProtocolVersion, ID: id, OK: true, Result: result}
 	} else {
+		resp := Response{V: ProtocolVersion, ID: id}
 		resp.Error = make(map[string]any, len(err.Details)+2)
 		for k, v := range err.Details {
 			resp.Error[k] = v
 		}
 		resp.Error["code"] = err.Code
 		resp.Error["message"] = err.Message
+		v = resp
 	}
 	buf := bytes.NewBuffer(make([]byte, headerSize, 512))
-	if err := encodeTo(buf, resp); err != nil {
+	if err := encodeTo(buf, v); err != nil {
 		return nil, err
 	}
 	frame := buf.Bytes()

@@ -152,6 +152,17 @@ func TestEncodeResponse(t *testing.T) {
 	assert.Equal(t, true, m["ok"])
 	assert.NotContains(t, m, "error")
 
+	// An empty result is sent as {}, never left out (docs/protocol.md:
+	// a success carries "result": <map>).
+	for _, empty := range []any{nil, map[string]any{}, map[string]any(nil)} {
+		body, err = EncodeResponse(9, empty, nil)
+		require.NoError(t, err)
+		m = nil
+		require.NoError(t, msgpack.Unmarshal(body, &m))
+		assert.Contains(t, m, "result", "result %#v", empty)
+		assert.Equal(t, map[string]any{}, m["result"], "result %#v", empty)
+	}
+
 	body, err = EncodeResponse(9, nil, Errorf(CodeFileTooLarge, "too big").With("size_bytes", 10))
 	require.NoError(t, err)
 	m = nil

@@ -281,7 +281,7 @@ func (m *Manager) DestroyRun(ctx context.Context, c Caller, owner string) ([]str
 	}
 	var victims []*record
 	for _, r := range m.boxes {
-		if r.Owner == owner && r.State == StateReady && (c.Admin || r.UID == c.UID) && m.claimForDestroy(r) {
+		if r.Owner == owner && (r.State == StateReady || r.State == StateQuarantined) && (c.Admin || r.UID == c.UID) && m.claimForDestroy(r) {
 			victims = append(victims, r)
 		}
 	}

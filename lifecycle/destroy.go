@@ -20,7 +20,7 @@ func (m *Manager) Destroy(ctx context.Context, c Caller, id string) error {
 		return ErrShuttingDown
 	}
 	r, ok := m.boxes[id]
-	if !ok || (!c.Admin && (r.UID != c.UID || r.Pooled)) || (r.State != StateReady && r.State != StatePooled) || !m.claimForDestroy(r) {
+	if !ok || (!c.Admin && (r.UID != c.UID || r.Pooled)) || (r.State != StateReady && r.State != StatePooled && r.State != StateQuarantined) || !m.claimForDestroy(r) {
 		m.mu.Unlock()
 		// A sandbox still being created is destroyed by its creator's
 		// cleanup if needed; one already being destroyed needs nothing.

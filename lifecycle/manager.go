@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"context"
 	"errors"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -76,6 +77,13 @@ type Config struct {
 	// Observer is told of creates, destroys and commands (metrics); nil:
 	// nobody.
 	Observer Observer
+	// SkipAdopt makes Recover decide and destroy without asking the backend
+	// to adopt what it keeps: offline gc, which serves nothing (a disk it
+	// mounted would stay on the host).
+	SkipAdopt bool
+	// QuarantineRetryFor bounds how long a quarantined sandbox is retried
+	// (default DefaultQuarantineRetryFor); it is then reported failed.
+	QuarantineRetryFor time.Duration
 }
 
 // Failpoints: the moments between durable steps where a crash leaves
@@ -124,6 +132,12 @@ const (
 	StateDestroying State = "destroying"
 	// StatePooled: ready, waiting in the warm pool for a create to claim it.
 	StatePooled State = "pooled"
+	// StateQuarantined: kept after a restart, but the backend could not
+	// adopt it (its disk still held by a dead daemon's mount, ...): it
+	// serves nothing, is retried in the background and is destroyed only
+	// when asked or expired. Never journaled: the journal says ready, and
+	// the next start tries to adopt it again.
+	StateQuarantined State = "quarantined"
 )
 
 // Sandbox is a snapshot of one sandbox's record.
@@ -160,6 +174,10 @@ type Sandbox struct {
 	// sandbox's alone (backend.Info.HostUID); 0 when the backend gives
 	// none, and in a record journaled before uids were recorded.
 	HostUID uint32
+	// Quarantine says why the backend could not adopt a quarantined
+	// sandbox; QuarantineGaveUp that the background retries stopped.
+	Quarantine       string
+	QuarantineGaveUp bool
 }
 
 // record is a sandbox's live state, guarded by Manager.mu; jmu orders its
@@ -174,6 +192,9 @@ type record struct {
 	destroyFails   int           // failed destroy attempts
 	claimed        bool          // a destroy is under way (claimForDestroy)
 	retryAt        time.Time     // when the reaper retries a failed destroy
+	adoptTries     int           // failed adopts of a quarantined sandbox
+	adoptRetryAt   time.Time     // when its next adopt is tried
+	quarantinedAt  time.Time
 
 	jmu     sync.Mutex
 	deleted bool // the journal record is gone; never write it again
@@ -230,6 +251,7 @@ func New(cfg Config) (*Manager, error) {
 	def(&cfg.ReapInterval, DefaultReapInterval)
 	def(&cfg.CreateTimeout, DefaultCreateTimeout)
 	def(&cfg.DestroyTimeout, DefaultDestroyTimeout)
+	def(&cfg.QuarantineRetryFor, DefaultQuarantineRetryFor)
 	defInt(&cfg.MaxPerHost, DefaultMaxPerHost)
 	defInt(&cfg.MaxPerUID, DefaultMaxPerUID)
 	defInt(&cfg.MaxPerOwner, DefaultMaxPerOwner)
@@ -290,6 +312,11 @@ func (m *Manager) Start() {
 			}
 		}
 	}()
+	m.reaperWG.Add(1)
+	go func() {
+		defer m.reaperWG.Done()
+		m.retryQuarantined()
+	}()
 	if m.cfg.PoolSize > 0 {
 		m.reaperWG.Add(1)
 		go func() {
@@ -314,8 +341,10 @@ type Stats struct {
 	// retried.
 	PendingDestroy int
 	// Pooled counts ready sandboxes waiting in the warm pool.
-	Pooled   int
-	Recovery RecoveryReport
+	Pooled int
+	// Quarantined lists the sandboxes the backend could not adopt.
+	Quarantined []Sandbox
+	Recovery    RecoveryReport
 }
 
 // Stats returns live counts.
@@ -331,8 +360,11 @@ func (m *Manager) Stats() Stats {
 			s.PendingDestroy++
 		case r.State == StatePooled:
 			s.Pooled++
+		case r.State == StateQuarantined:
+			s.Quarantined = append(s.Quarantined, r.snapshot())
 		}
 	}
+	sort.Slice(s.Quarantined, func(i, j int) bool { return s.Quarantined[i].ID < s.Quarantined[j].ID })
 	return s
 }
 

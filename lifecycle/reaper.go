@@ -26,6 +26,8 @@ func reapReason(s Sandbox, disconnectedAt time.Time, running int, now time.Time,
 	switch {
 	case s.State == StatePooled && !now.Before(s.ExpiresAt):
 		return "pool member expired"
+	case s.State == StateQuarantined && !now.Before(s.ExpiresAt):
+		return "expired while quarantined"
 	case s.State != StateReady:
 		return ""
 	case !now.Before(s.ExpiresAt):

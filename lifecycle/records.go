@@ -66,7 +66,7 @@ func (r *record) journalRecord() journalRecord {
 		ID: r.ID, UID: r.UID, Owner: r.Owner, Holder: r.Holder,
 		Labels: cloneMap(r.Labels), Tags: cloneMap(r.Tags),
 		Network: r.Network, NetSpec: r.NetSpec, Workdir: r.Workdir,
-		State: r.State, ConnBound: r.ConnBound, Pooled: r.Pooled, Env: cloneMap(r.Env),
+		State: journaled(r.State), ConnBound: r.ConnBound, Pooled: r.Pooled, Env: cloneMap(r.Env),
 		Resources: journalResources(r.Resources), HostUID: r.HostUID,
 		CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt, LastUsed: r.LastUsed,
 	}
@@ -107,6 +107,9 @@ func (m *Manager) lookup(c Caller, id string) (*record, error) {
 		return nil, ErrShuttingDown
 	}
 	r, ok := m.boxes[id]
+	if ok && r.State == StateQuarantined && r.UID == c.UID {
+		return nil, quarantined(r)
+	}
 	if !ok || r.State != StateReady || r.UID != c.UID {
 		return nil, notFound(id)
 	}

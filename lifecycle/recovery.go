@@ -6,6 +6,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 )
 
 // recoveryWorkers bounds the destroys recovery runs at once.
@@ -23,6 +25,9 @@ type RecoveryReport struct {
 	Swept int
 	// Failed: destroys that failed; the reaper retries them.
 	Failed int
+	// AdoptFailed: kept sandboxes the backend could not adopt; they are
+	// quarantined (kept, retried in the background), not destroyed.
+	AdoptFailed int
 	// MovedAside names where an unreadable journal was moved, if it was.
 	MovedAside string
 	Duration   time.Duration
@@ -33,7 +38,7 @@ type RecoveryReport struct {
 // Action is one recovery decision.
 type Action struct {
 	Sandbox string
-	Do      string // "adopt", "destroy" or "sweep"
+	Do      string // "adopt", "quarantine", "destroy" or "sweep"
 	Reason  string
 	Owner   string
 }
@@ -51,7 +56,7 @@ func recoveryDecision(jr journalRecord, alive bool, now time.Time) (adopt bool, 
 		return false, "half-made: the daemon stopped during create"
 	case jr.State == StateDestroying:
 		return false, "the daemon stopped during destroy"
-	case jr.State != StateReady:
+	case jr.State != StateReady && jr.State != StateQuarantined:
 		return false, fmt.Sprintf("unknown state %q", jr.State)
 	case jr.ConnBound:
 		return false, "connection-bound: its connection ended with the daemon"
@@ -94,24 +99,58 @@ func (m *Manager) Recover(ctx context.Context, dryRun bool) (RecoveryReport, err
 
 	now := m.cfg.Now()
 	known := make(map[string]bool, len(records))
-	var victims []*record
+	var victims, kept []*record
+	keptWhy := map[string]string{}
 	for _, jr := range records {
 		known[jr.ID] = true
 		adopt, reason := recoveryDecision(jr, alive[jr.ID] || listErr != nil, now)
 		r := fromJournal(jr)
 		if adopt {
-			rep.Adopted++
-			rep.Actions = append(rep.Actions, Action{jr.ID, "adopt", reason, jr.Owner})
-			if !dryRun {
-				r.LastUsed = now // the idle clock restarts with the daemon
-				m.mu.Lock()
-				m.boxes[r.ID] = r
-				m.mu.Unlock()
-			}
+			kept = append(kept, r)
+			keptWhy[r.ID] = reason
 			continue
 		}
 		rep.Actions = append(rep.Actions, Action{jr.ID, "destroy", reason, jr.Owner})
 		victims = append(victims, r)
+	}
+	// Each kept sandbox is adopted by the backend (its disk mounted, its
+	// cgroup made); one that cannot be is quarantined, never destroyed.
+	adoptErrs := make([]error, len(kept))
+	if !dryRun && !m.cfg.SkipAdopt {
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, recoveryWorkers)
+		for i, r := range kept {
+			sem <- struct{}{}
+			wg.Add(1)
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				adoptErrs[i] = m.adopt(r.ID)
+			}()
+		}
+		wg.Wait()
+	}
+	for i, r := range kept {
+		switch err := adoptErrs[i]; adoptDecision(err) {
+		case adoptGone:
+			m.log.Warn("the backend cannot adopt a journaled sandbox: it is gone; destroying its record", "sandbox", r.ID, "owner", r.Owner, "error", err)
+			rep.Actions = append(rep.Actions, Action{r.ID, "destroy", "the backend cannot adopt it: " + err.Error(), r.Owner})
+			victims = append(victims, r) // claimed for destroy below
+			continue
+		case adoptQuarantine:
+			rep.AdoptFailed++
+			m.log.Error("the backend cannot adopt a journaled sandbox; it is quarantined (kept, retried in the background)", "sandbox", r.ID, "owner", r.Owner, "error", err)
+			rep.Actions = append(rep.Actions, Action{r.ID, "quarantine", err.Error(), r.Owner})
+			m.quarantine(r, err)
+		default:
+			rep.Adopted++
+			rep.Actions = append(rep.Actions, Action{r.ID, "adopt", keptWhy[r.ID], r.Owner})
+		}
+		if !dryRun {
+			r.LastUsed = now // the idle clock restarts with the daemon
+			m.mu.Lock()
+			m.boxes[r.ID] = r
+			m.mu.Unlock()
+		}
 	}
 	nDestroy := len(victims)
 	if listErr == nil {
@@ -183,6 +222,27 @@ func (m *Manager) NoteJournalMovedAside(path string) {
 // Sweep destroys, while the daemon runs, what the backend has that no
 // record knows (a gc by hand). With dryRun it only lists them.
 func (m *Manager) Sweep(ctx context.Context, dryRun bool) ([]string, error) {
+	if rel, ok := m.be.(backend.StaleReleaser); ok {
+		// Disks a dead daemon's namespace still holds keep sandboxes
+		// quarantined: release them, then adopt those at once.
+		released, held, err := rel.ReleaseStale(ctx, dryRun)
+		if err != nil {
+			m.log.Warn("some stale sandbox disks could not be released", "error", err)
+		}
+		if len(released) > 0 || len(held) > 0 {
+			m.log.Info("stale sandbox disks", "released", released, "still_held", held, "dry_run", dryRun)
+		}
+		if len(released) > 0 && !dryRun {
+			m.mu.Lock()
+			for _, id := range released {
+				if r := m.boxes[id]; r != nil && r.State == StateQuarantined {
+					r.adoptRetryAt = time.Time{}
+				}
+			}
+			m.mu.Unlock()
+			m.RetryQuarantined()
+		}
+	}
 	listed, err := m.be.List(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("listing the backend's sandboxes: %w", err)

@@ -205,7 +205,7 @@ func (s *Service) dispatch(ctx context.Context, c lifecycle.Caller, peer *ipc.Pe
 		if err := args.Done("argument"); err != nil {
 			return nil, err
 		}
-		return s.Health(ctx), nil
+		return s.healthFor(ctx, c), nil
 	case ipc.OpCreate:
 		return s.create(ctx, c, args, a)
 	case ipc.OpRunCommand:
@@ -309,7 +309,7 @@ func (s *Service) Health(ctx context.Context) HealthReport {
 		Sandboxes: st.Sandboxes, Commands: st.Commands, UptimeSeconds: time.Since(s.started).Seconds(),
 		PendingDestroy: st.PendingDestroy, Pooled: st.Pooled,
 		Recovery: RecoveryReport{Adopted: st.Recovery.Adopted, Destroyed: st.Recovery.Destroyed, Swept: st.Recovery.Swept,
-			Failed: st.Recovery.Failed, MovedAside: st.Recovery.MovedAside, DurationS: st.Recovery.Duration.Seconds()},
+			Failed: st.Recovery.Failed, AdoptFailed: st.Recovery.AdoptFailed, MovedAside: st.Recovery.MovedAside, DurationS: st.Recovery.Duration.Seconds()},
 		Limits: s.limits, BackendInfo: s.backendInfo, Memory: s.memoryReport()}
 	if err := s.backendHealth(ctx); err != nil {
 		r.Status = "degraded"
@@ -320,6 +320,41 @@ func (s *Service) Health(ctx context.Context) HealthReport {
 		// operator should look.
 		r.Status = "degraded"
 	}
+	for _, q := range st.Quarantined {
+		r.Quarantined = append(r.Quarantined, api.QuarantinedSandbox{Sandbox: q.ID, UID: q.UID, Owner: q.Owner, Reason: q.Quarantine, GaveUp: q.QuarantineGaveUp})
+		r.Status = "degraded"
+	}
+	if pr, ok := s.m.Backend().(backend.ProblemReporter); ok {
+		problems := pr.Problems()
+		for _, id := range slices.Sorted(maps.Keys(problems)) {
+			r.Damaged = append(r.Damaged, api.DamagedSandbox{Sandbox: id, Problem: problems[id]})
+			r.Status = "degraded"
+		}
+	}
+	return r
+}
+
+// healthFor is Health as caller c may see it: the quarantined and damaged
+// sandboxes of other uids are left out for a non-admin (their status still
+// counts), as every op hides another uid's sandboxes.
+func (s *Service) healthFor(ctx context.Context, c lifecycle.Caller) HealthReport {
+	r := s.Health(ctx)
+	if c.Admin {
+		return r
+	}
+	var q []api.QuarantinedSandbox
+	for _, x := range r.Quarantined {
+		if x.UID == c.UID {
+			q = append(q, x)
+		}
+	}
+	var d []api.DamagedSandbox
+	for _, x := range r.Damaged {
+		if sb, ok := s.m.Describe(x.Sandbox); ok && sb.UID == c.UID {
+			d = append(d, x)
+		}
+	}
+	r.Quarantined, r.Damaged = q, d
 	return r
 }
 
@@ -637,6 +672,9 @@ func (s *Service) list(c lifecycle.Caller, args *ipc.Args) (any, error) {
 			RemainingS: max(b.ExpiresAt.Sub(now).Seconds(), 0),
 			Tags:       b.TagMap(),
 			Resources:  api.Resources{MemoryBytes: r.MemoryBytes, CPUs: r.CPUs, PIDs: r.PIDs, DiskBytes: r.DiskBytes},
+		}
+		if b.State == lifecycle.StateQuarantined {
+			out[i].Quarantine = b.Quarantine
 		}
 	}
 	return api.ListResult{Sandboxes: out}, nil

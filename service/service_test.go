@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -294,4 +296,44 @@ func TestHealthReportsTheLimitsInForce(t *testing.T) {
 	res := plain.ok(ipc.OpHealth, nil)
 	assert.NotContains(t, res, "limits")
 	assert.Equal(t, "ok", res["status"])
+}
+
+// damagedBackend reports some sandboxes' data damaged.
+type damagedBackend struct {
+	*testBackend
+	mu       sync.Mutex
+	problems map[string]string
+}
+
+func (b *damagedBackend) Problems() map[string]string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return maps.Clone(b.problems)
+}
+
+// A sandbox with damaged data makes health degraded and is named there,
+// but only to its own uid (or an admin), as every op hides another uid's
+// sandboxes.
+func TestHealthReportsDamagedSandboxesToTheirUID(t *testing.T) {
+	var db *damagedBackend
+	h := newHarness(t, func(b *testBackend) backend.Backend {
+		db = &damagedBackend{testBackend: b, problems: map[string]string{}}
+		return db
+	})
+	id := h.ok(ipc.OpCreate, nil)["sandbox"].(string)
+	assert.Equal(t, "ok", h.ok(ipc.OpHealth, nil)["status"])
+	db.mu.Lock()
+	db.problems[id] = "its disk has 3 filesystem errors"
+	db.mu.Unlock()
+
+	res := h.ok(ipc.OpHealth, nil)
+	assert.Equal(t, "degraded", res["status"])
+	assert.Equal(t, []any{map[string]any{"sandbox": id, "problem": "its disk has 3 filesystem errors"}}, res["damaged"])
+
+	other := *h
+	other.peer = &ipc.Peer{ConnID: 2, UID: 1001, GID: 1001, PID: 43}
+	res = other.ok(ipc.OpHealth, nil)
+	assert.Equal(t, "degraded", res["status"], "the host's state is not hidden")
+	assert.NotContains(t, res, "damaged", "another uid's sandbox is")
+	assert.Len(t, h.svc.Health(context.Background()).Damaged, 1, "the daemon's own view has it")
 }

@@ -65,6 +65,10 @@ type Options struct {
 	// KillSandboxInit, when set, kills sandbox id's long-lived process (an
 	// init, a VM) the way a crash would.
 	KillSandboxInit func(b backend.Backend, id string) error
+	// Reopen, when set, returns a new instance of the backend on b's state,
+	// as a restarted daemon makes it (b is abandoned, not closed). Without
+	// it the Adopt checks adopt on b itself.
+	Reopen func(t *testing.T, b backend.Backend) backend.Backend
 }
 
 // opTimeout bounds every single backend call the suite makes, so a broken
@@ -120,6 +124,9 @@ func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend, opts Optio
 		{"TimeoutKillsEscapees", testTimeoutKillsEscapees},
 		{"DestroyKillsEverything", testDestroyKillsEverything},
 		{"CrashedSandboxIsTerminated", testCrashedSandboxIsTerminated},
+		{"AdoptAfterRestart", testAdopt},
+		{"AdoptRefusesWhatIsGone", testAdoptGone},
+		{"CancelledCommandsNeverEndTheSandbox", testCancelledExec},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1019,5 +1026,70 @@ func testCrashedSandboxIsTerminated(s *suite) {
 	}
 	if err := s.b.Destroy(s.ctx(), sb.id); err != nil {
 		s.Errorf("Destroy after a crash: %v", err)
+	}
+}
+
+// A restarted daemon adopts the sandboxes it keeps: files intact, commands
+// run; adopting twice is harmless.
+func testAdopt(s *suite) {
+	sb := s.create(backend.Spec{Env: map[string]string{"KEPT_ENV": "yes"}})
+	s.write(sb, "kept.txt", []byte("kept\n"))
+	s.runOK(sb, "true")
+	b := s.b
+	if s.opts.Reopen != nil {
+		b = s.opts.Reopen(s.T, s.b)
+	}
+	for i := range 2 {
+		if err := b.Adopt(s.ctx(), sb.id); err != nil {
+			s.Fatalf("Adopt #%d of a kept sandbox: %v", i+1, err)
+		}
+	}
+	after := &suite{T: s.T, b: b, opts: s.opts}
+	if got := string(after.read(sb, "kept.txt")); got != "kept\n" {
+		s.Errorf("after adopt, kept.txt is %q", got)
+	}
+	if out := after.runOK(sb, `cat kept.txt; echo "$KEPT_ENV"`); out != "kept\nyes\n" {
+		s.Errorf("after adopt, a command saw %q; want the file and the sandbox's env", out)
+	}
+	if err := b.Destroy(s.ctx(), sb.id); err != nil {
+		s.Errorf("Destroy after adopt: %v", err)
+	}
+}
+
+// Adopt reports a sandbox that does not exist (never made, destroyed, or
+// an id that is no id) as ErrNotFound, which recovery reads as "gone".
+func testAdoptGone(s *suite) {
+	wantErr(s.T, "Adopt of an unknown id", s.b.Adopt(s.ctx(), newID()), backend.ErrNotFound)
+	wantErr(s.T, "Adopt of a hostile id", s.b.Adopt(s.ctx(), "../../etc"), backend.ErrNotFound)
+	sb := s.create(backend.Spec{})
+	if err := s.b.Destroy(s.ctx(), sb.id); err != nil {
+		s.Fatal(err)
+	}
+	wantErr(s.T, "Adopt of a destroyed sandbox", s.b.Adopt(s.ctx(), sb.id), backend.ErrNotFound)
+	if s.listed(sb.id) {
+		s.Errorf("Adopt brought a destroyed sandbox back")
+	}
+}
+
+// A command whose caller goes away, at any moment, is cancelled; the
+// sandbox is never terminated for it (a client disconnecting must not lose
+// an owner's sandbox).
+func testCancelledExec(s *suite) {
+	sb := s.create(backend.Spec{})
+	s.write(sb, "kept.txt", []byte("kept"))
+	s.runOK(sb, "true")
+	for i := range 20 {
+		ctx, cancel := context.WithTimeout(s.ctx(), time.Duration(i%5)*time.Millisecond)
+		res, err := s.b.Exec(ctx, sb.id, backend.ExecRequest{Command: "sleep 5", Timeout: time.Minute, MaxOutputBytes: 1024})
+		cancel()
+		if res.SandboxTerminated {
+			s.Fatalf("cancel #%d after %v: the sandbox was terminated (%v)", i, time.Duration(i%5)*time.Millisecond, err)
+		}
+		if err == nil && !res.TimedOut && res.ExitCode == 0 {
+			s.Fatalf("cancel #%d: sleep 5 finished although its caller had gone", i)
+		}
+	}
+	if got := s.runOK(sb, "cat kept.txt"); got != "kept" {
+		s.Errorf("after cancelled commands, kept.txt is %q", got)
 	}
 }

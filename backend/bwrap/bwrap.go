@@ -133,6 +133,32 @@ type Config struct {
 	DiskCaps bool
 	// Logger receives the backend's logs; nil discards them.
 	Logger hclog.Logger
+	// Failpoint, when set, is called at the named points (the Fail*
+	// constants) so race and crash tests can stop the daemon, or order
+	// two goroutines, exactly there. Production leaves it nil.
+	Failpoint func(name string)
+}
+
+// Failpoints: moments where a race or a crash leaves distinct state.
+const (
+	// FailExecHandedOver: init has the command, converse has not begun
+	// reading its status.
+	FailExecHandedOver = "bwrap-exec-handed-over"
+	// FailConverseKillArmed: converse, cancelled, has set the deadline of
+	// its kill request and is about to read.
+	FailConverseKillArmed = "bwrap-converse-kill-armed"
+	// FailConverseWake / FailConverseWoken: the cancellation's wake-up is
+	// about to move / has moved the status socket's read deadline.
+	FailConverseWake  = "bwrap-converse-wake"
+	FailConverseWoken = "bwrap-converse-woken"
+	// FailDiskFormatting: mkfs.ext4 runs for a new sandbox's disk.
+	FailDiskFormatting = "bwrap-disk-formatting"
+)
+
+func (b *Backend) failpoint(name string) {
+	if b.cfg.Failpoint != nil {
+		b.cfg.Failpoint(name)
+	}
 }
 
 // Backend implements backend.Backend with bubblewrap.

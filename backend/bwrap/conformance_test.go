@@ -55,6 +55,13 @@ func TestBwrapConformance(t *testing.T) {
 				KillSandboxInit: func(b backend.Backend, id string) error {
 					return syscall.Kill(initPID(t, b.(*Backend), id), syscall.SIGKILL)
 				},
+				Reopen: func(t *testing.T, b backend.Backend) backend.Backend {
+					nb, err := New(b.(*Backend).cfg)
+					if err != nil {
+						t.Fatal(err)
+					}
+					return nb
+				},
 			})
 		})
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"runtime"
@@ -451,6 +452,7 @@ func (b *Backend) execInit(ctx, opCtx context.Context, sb *sandbox, ip *initProc
 	statusInit.Close()
 	reqFile.Close()
 	streams.Start()
+	b.failpoint(FailExecHandedOver)
 
 	var o initOutcome
 	if sendErr != nil {
@@ -503,6 +505,25 @@ func (b *Backend) execInit(ctx, opCtx context.Context, sb *sandbox, ip *initProc
 	return res, nil
 }
 
+// recvQueued reads one message already queued on status without waiting:
+// unix.EAGAIN when there is none, 0 bytes at end of file.
+func recvQueued(status *os.File, buf []byte) (int, error) {
+	rc, err := status.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	n, rerr := 0, error(nil)
+	if err := rc.Control(func(fd uintptr) {
+		n, _, rerr = unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
+		for errors.Is(rerr, unix.EINTR) {
+			n, _, rerr = unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
+		}
+	}); err != nil {
+		return 0, err
+	}
+	return n, rerr
+}
+
 // converse reads the command's status socket until init reports its end,
 // init dies, or a deadline makes the daemon give up on init. It is the
 // only place the daemon waits on init during a command, and every wait in
@@ -511,11 +532,21 @@ func (b *Backend) execInit(ctx, opCtx context.Context, sb *sandbox, ip *initProc
 // initKillAnswer.
 func (b *Backend) converse(opCtx context.Context, ip *initProc, status *os.File, start, outer time.Time) initOutcome {
 	var o initOutcome
-	wake := context.AfterFunc(opCtx, func() { _ = status.SetReadDeadline(time.Now()) })
+	// The wake-up only interrupts a read so the loop sees the
+	// cancellation; it may land at any moment, even after the loop has
+	// handled the cancellation and set a later deadline. A read that ends
+	// before the deadline the loop set is therefore never taken for init's
+	// silence: only the loop's own deadlines judge init.
+	wake := context.AfterFunc(opCtx, func() {
+		b.failpoint(FailConverseWake)
+		_ = status.SetReadDeadline(time.Now())
+		b.failpoint(FailConverseWoken)
+	})
 	defer wake()
 	var (
 		started   bool
 		cancelled bool
+		armedHit  bool      // FailConverseKillArmed was reached
 		killBy    time.Time // set once the daemon asked init to kill the command
 		buf       = make([]byte, 2*initMsgSize)
 	)
@@ -546,7 +577,23 @@ func (b *Backend) converse(opCtx context.Context, ip *initProc, status *os.File,
 		if opCtx.Err() != nil && !cancelled {
 			continue // cancelled between the check and the deadline: handle it first
 		}
+		if cancelled && !armedHit {
+			armedHit = true
+			b.failpoint(FailConverseKillArmed)
+		}
 		n, err := status.Read(buf)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			// A deadline can pass while init's answer is already queued:
+			// the daemon was stopped (SIGSTOP) or starved past it, and the
+			// runtime then reports the deadline without reading. Read what
+			// is there before judging init by its silence.
+			if qn, qerr := recvQueued(status, buf); qerr == nil {
+				n, err = qn, nil
+				if qn == 0 {
+					err = io.EOF
+				}
+			}
+		}
 		now := time.Now()
 		switch {
 		case err == nil:
@@ -572,6 +619,10 @@ func (b *Backend) converse(opCtx context.Context, ip *initProc, status *os.File,
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			switch {
 			case opCtx.Err() != nil && !cancelled:
+				continue
+			case now.Before(deadline):
+				// Woken early by the cancellation's wake-up, after the
+				// loop had already handled it: not a deadline of ours.
 				continue
 			case !killBy.IsZero() && !now.Before(killBy):
 				// Asked to kill (or, under Destroy, killed), init said

@@ -237,7 +237,11 @@ func (b *Backend) makeDisk(ctx context.Context, sb *sandbox) error {
 	ctx, cancel := context.WithTimeout(ctx, diskCreateTimeout)
 	defer cancel()
 	img := filepath.Join(sb.dir, diskImageName)
-	if err := disk.Create(ctx, img, disk.Options{Size: sb.limits.DiskBytes, Inodes: sb.limits.DiskInodes, UID: -1, GID: -1}); err != nil {
+	o := disk.Options{Size: sb.limits.DiskBytes, Inodes: sb.limits.DiskInodes, UID: -1, GID: -1}
+	if b.cfg.Failpoint != nil {
+		o.Formatting = func(int) { b.failpoint(FailDiskFormatting) }
+	}
+	if err := disk.Create(ctx, img, o); err != nil {
 		return fmt.Errorf("%w: cannot make the disk of sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
 	}
 	if err := os.Mkdir(sb.dataDir(), 0o755); err != nil {
@@ -259,10 +263,122 @@ func (b *Backend) mountDisk(sb *sandbox) error {
 	if mounted {
 		return nil
 	}
-	if err := disk.Mount(filepath.Join(sb.dir, diskImageName), sb.dataDir()); err != nil {
+	err = disk.Mount(filepath.Join(sb.dir, diskImageName), sb.dataDir())
+	switch {
+	case errors.Is(err, disk.ErrAttached):
+		return fmt.Errorf("%w: the disk of sandbox %s is still attached by a previous daemon's mount, kept alive by a process that outlived it (%v); it is mounted once that is gone, or after `sandbox-sidecar gc` releases it", backend.ErrHeldElsewhere, sb.id, err)
+	case err != nil:
 		return fmt.Errorf("%w: cannot mount the disk of sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
 	}
 	return nil
+}
+
+// Adopt takes sandbox id back after a restart: its settings load, its disk
+// is mounted (never when its image is still attached anywhere: that is
+// ErrHeldElsewhere), its workspace is there and it has a fresh cgroup. Its
+// init starts with its first command. Adopting an adopted sandbox only
+// checks it.
+func (b *Backend) Adopt(ctx context.Context, id string) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("sandbox %s was not adopted: %w", id, err)
+	}
+	_, err := b.lookup(id)
+	return err
+}
+
+// damaged checks a sandbox whose workspace cannot be reached: a sandbox
+// with a disk of its own whose disk is unmounted or broken is damaged
+// (kept, reported), never silently not found.
+func (sb *sandbox) damaged(statErr error) error {
+	if !sb.disk {
+		return nil
+	}
+	mounted, err := disk.Mounted(sb.dataDir())
+	switch {
+	case err != nil:
+		return fmt.Errorf("%w: sandbox %s: cannot tell whether its disk is mounted (%v)", backend.ErrDamaged, sb.id, err)
+	case !mounted:
+		return fmt.Errorf("%w: sandbox %s: its disk is no longer mounted (unmounted behind the daemon's back); an operator should look before destroying it", backend.ErrDamaged, sb.id)
+	}
+	why := disk.Damage(sb.dataDir())
+	if why == "" {
+		why = fmt.Sprintf("its workspace cannot be reached on its disk (%v)", statErr)
+	}
+	return fmt.Errorf("%w: sandbox %s: %s; its files are kept for an operator to look at, destroy it to start again", backend.ErrDamaged, sb.id, why)
+}
+
+// Problems names every known sandbox whose disk is damaged (filesystem
+// errors, read-only after one, unmounted), for health.
+func (b *Backend) Problems() map[string]string {
+	if !b.cfg.DiskCaps {
+		return nil
+	}
+	var out map[string]string
+	for _, sb := range b.boxes.All() {
+		if !sb.disk || sb.Ops().Destroying() {
+			continue
+		}
+		why := ""
+		if mounted, err := disk.Mounted(sb.dataDir()); err != nil || !mounted {
+			why = "its disk is not mounted"
+		} else {
+			why = disk.Damage(sb.dataDir())
+		}
+		if why != "" {
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[sb.id] = why
+		}
+	}
+	return out
+}
+
+// ReleaseStale detaches, from the mount namespaces of processes that
+// outlived a daemon killed with -9, the disks of this backend's sandboxes
+// that this process has not mounted itself; a quarantined sandbox can then
+// be adopted. It returns the sandboxes released and those still held (a
+// process still has a file open on the disk).
+func (b *Backend) ReleaseStale(ctx context.Context, dryRun bool) (released, held []string, err error) {
+	if !b.cfg.DiskCaps {
+		return nil, nil, nil
+	}
+	ids, err := b.List(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	var errs []error
+	for _, id := range ids {
+		dir := b.sandboxDir(id)
+		img, vol := filepath.Join(dir, diskImageName), filepath.Join(dir, diskMountName)
+		if mounted, merr := disk.Mounted(vol); merr != nil || mounted {
+			continue // ours, in use
+		}
+		loops, aerr := disk.Attached(img)
+		if aerr != nil {
+			errs = append(errs, aerr)
+			continue
+		}
+		if len(loops) == 0 {
+			continue
+		}
+		if dryRun {
+			released = append(released, id)
+			continue
+		}
+		left, rerr := disk.ReleaseStale(ctx, img, vol)
+		if rerr != nil {
+			errs = append(errs, rerr)
+		}
+		if len(left) > 0 {
+			held = append(held, id)
+			b.log.Warn("a sandbox's disk is still attached after its stale mounts were released; a process still has a file open on it", "sandbox", id, "devices", len(left))
+			continue
+		}
+		released = append(released, id)
+		b.log.Info("released a sandbox disk held by a previous daemon's mount namespace", "sandbox", id)
+	}
+	return released, held, errors.Join(errs...)
 }
 
 // unmountDisk unmounts dir/vol if it is a mount (whatever the settings

@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/disk"
@@ -362,4 +365,37 @@ func TestCgroupV2SandboxIsBornInItsGroup(t *testing.T) {
 func withDisk(cfg Config, l limits.Limits) Config {
 	cfg.DiskCaps, cfg.Limits = true, l
 	return cfg
+}
+
+// A capped sandbox whose disk breaks under it (unmounted behind the
+// daemon's back, its workspace gone from the disk) is damaged: reported,
+// its files kept, never a silent not_found.
+func TestDamagedDiskIsReportedNotNotFound(t *testing.T) {
+	testDiskCaps(t)
+	dir := filepath.Join(t.TempDir(), "state")
+	b := newTestBackend(t, daemonUID, func(c *Config) { c.Dir, c.DiskCaps, c.Limits = dir, true, limits.Limits{DiskBytes: 16 << 20} })
+	ctx := context.Background()
+
+	unmounted := create(t, b, backend.Spec{})
+	run(t, b, unmounted, "echo kept > /workspace/f")
+	sb := mustLookup(t, b, unmounted)
+	b.killInit(sb)
+	require.NoError(t, disk.Unmount(sb.dataDir()))
+	_, err := b.ReadFile(ctx, unmounted, "f", 100)
+	require.ErrorIs(t, err, backend.ErrDamaged)
+	assert.NotErrorIs(t, err, backend.ErrNotFound)
+	assert.Contains(t, err.Error(), "no longer mounted")
+
+	emptied := create(t, b, backend.Spec{})
+	require.NoError(t, os.RemoveAll(mustLookup(t, b, emptied).workDir()))
+	_, err = b.Exec(ctx, emptied, backend.ExecRequest{Command: "true", Timeout: time.Minute})
+	require.ErrorIs(t, err, backend.ErrDamaged)
+	assert.Contains(t, err.Error(), "workspace cannot be reached")
+
+	problems := b.Problems()
+	assert.Contains(t, problems, unmounted)
+	assert.NotContains(t, problems, emptied, "a mounted, healthy filesystem has no problem of its own")
+	_, err = os.Stat(filepath.Join(dir, unmounted, diskImageName))
+	assert.NoError(t, err, "the image is kept")
+	require.NoError(t, b.Destroy(ctx, unmounted), "and destroy still works")
 }

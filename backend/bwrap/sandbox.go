@@ -132,9 +132,18 @@ func (b *Backend) lookup(id string) (*sandbox, error) { return b.boxes.Lookup(id
 func (b *Backend) registryHooks() registry.Hooks[*sandbox] {
 	return registry.Hooks[*sandbox]{
 		Load: b.load,
-		Usable: func(sb *sandbox) bool {
+		// A workspace that cannot be reached is gone, unless the
+		// sandbox has a disk of its own: then it is damaged (kept and
+		// reported, never a silent not found).
+		Usable: func(sb *sandbox) error {
 			_, err := os.Stat(sb.workDir())
-			return err == nil
+			if err == nil {
+				return nil
+			}
+			if derr := sb.damaged(err); derr != nil {
+				return derr
+			}
+			return backend.NotFound(sb.id)
 		},
 		Exists: func(sb *sandbox) bool {
 			_, err := os.Lstat(sb.dir)
@@ -189,6 +198,11 @@ func (b *Backend) load(id string) (*sandbox, error) {
 		return nil, err
 	}
 	if _, err := os.Stat(sb.workDir()); err != nil {
+		if derr := sb.damaged(err); derr != nil {
+			// Recovery quarantines it with this reason, which health
+			// reports.
+			return nil, derr
+		}
 		return nil, backend.NotFound(id)
 	}
 	if err := b.makeCgroup(context.Background(), sb); err != nil {

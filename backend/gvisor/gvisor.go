@@ -208,8 +208,13 @@ func New(cfg Config) (*Backend, error) {
 	}
 	b := &Backend{cfg: cfg, runsc: bin, exe: exe, log: cfg.Logger}
 	b.reg = registry.New(registry.Hooks[*sandbox]{
-		Load:   b.load,
-		Usable: func(sb *sandbox) bool { _, err := os.Stat(sb.workDir()); return err == nil },
+		Load: b.load,
+		Usable: func(sb *sandbox) error {
+			if _, err := os.Stat(sb.workDir()); err != nil {
+				return backend.NotFound(sb.id)
+			}
+			return nil
+		},
 		Exists: func(sb *sandbox) bool { _, err := os.Lstat(sb.dir); return err == nil },
 		Forget: b.forget,
 		Placeholder: func(id string) *sandbox {
@@ -447,6 +452,19 @@ func (b *Backend) sandboxDir(id string) string { return filepath.Join(b.cfg.Dir,
 // lookup returns sandbox id, loading it from disk when this process has
 // not seen it yet (a restarted daemon re-adopting its sandboxes).
 func (b *Backend) lookup(id string) (*sandbox, error) { return b.reg.Lookup(id) }
+
+// Adopt takes sandbox id back after a restart: its settings load, within
+// limits this daemon enforces, and its workspace is there. Its gVisor
+// sandbox died with the previous daemon's init (New deleted what runsc
+// still listed); a fresh one, in a fresh cgroup, boots with its next
+// command.
+func (b *Backend) Adopt(ctx context.Context, id string) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("sandbox %s was not adopted: %w", id, err)
+	}
+	_, err := b.lookup(id)
+	return err
+}
 
 // load makes the state of a sandbox found on disk (registry.Hooks.Load).
 func (b *Backend) load(id string) (*sandbox, error) {

@@ -131,6 +131,13 @@ func TestGVisorConformance(t *testing.T) {
 		KillsEscapeesAtTimeout: true,
 		// The guest's processes live inside the sentry, not on the host.
 		HostProcesses: nil,
+		Reopen: func(t *testing.T, b backend.Backend) backend.Backend {
+			nb, err := New(b.(*Backend).cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return nb
+		},
 		KillSandboxInit: func(b backend.Backend, id string) error {
 			for _, pid := range sandboxPIDs(t, b.(*Backend), id) {
 				if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {

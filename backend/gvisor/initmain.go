@@ -58,6 +58,10 @@ type initState struct {
 	outMu   sync.Mutex
 	mu      sync.Mutex
 	running bool
+	// killAsked: the daemon asked to kill the running command. A kill
+	// can arrive before run has forked the command (a client gone right
+	// after its request); run then kills it as soon as it exists.
+	killAsked bool
 }
 
 func runInit() int {
@@ -93,6 +97,7 @@ func runInit() int {
 		case kindKill:
 			st.mu.Lock()
 			if st.running {
+				st.killAsked = true
 				killAllButInit()
 			}
 			st.mu.Unlock()
@@ -107,6 +112,9 @@ func runInit() int {
 			st.mu.Lock()
 			busy := st.running
 			st.running = !busy
+			if !busy {
+				st.killAsked = false
+			}
 			st.mu.Unlock()
 			if busy {
 				st.failed("init is already running a command")
@@ -238,6 +246,14 @@ func (st *initState) run(req runRequest) {
 	pipes[0][0].Close()
 	pipes[1][1].Close()
 	pipes[2][1].Close()
+	if err == nil {
+		st.mu.Lock()
+		killed := st.killAsked
+		st.mu.Unlock()
+		if killed { // asked before the command existed
+			killAllButInit()
+		}
+	}
 	if err != nil {
 		pipes[0][1].Close()
 		pipes[1][0].Close()

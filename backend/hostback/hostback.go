@@ -126,9 +126,11 @@ func New(cfg Config) (*Backend, error) {
 	b := &Backend{cfg: cfg, destroys: map[string]int{}}
 	b.boxes = registry.New(registry.Hooks[*sandbox]{
 		Load: b.load,
-		Usable: func(sb *sandbox) bool {
-			_, err := os.Stat(sb.workDir())
-			return err == nil
+		Usable: func(sb *sandbox) error {
+			if _, err := os.Stat(sb.workDir()); err != nil {
+				return backend.NotFound(sb.id)
+			}
+			return nil
 		},
 		Exists: func(sb *sandbox) bool {
 			_, err := os.Lstat(sb.dir)
@@ -384,6 +386,16 @@ func (b *Backend) Destroys(id string) int {
 }
 
 // List implements backend.Backend.
+// Adopt takes sandbox id back after a restart: its settings load and its
+// workspace is there (nothing else outlives a process here).
+func (b *Backend) Adopt(ctx context.Context, id string) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("sandbox %s was not adopted: %w", id, err)
+	}
+	_, err := b.boxes.Lookup(id)
+	return err
+}
+
 func (b *Backend) List(ctx context.Context) ([]string, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err

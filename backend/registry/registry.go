@@ -143,8 +143,10 @@ type Hooks[S Sandbox] struct {
 	// the registry's lock, so two lookups never load one sandbox twice.
 	Load func(id string) (S, error)
 	// Usable reports whether a known sandbox's files are still there to
-	// work in (its workspace).
-	Usable func(sb S) bool
+	// work in (its workspace): nil, or why not. An error wrapping
+	// backend.ErrNotFound means they vanished (the sandbox is forgotten);
+	// any other (damaged data) is returned as is and the sandbox kept.
+	Usable func(sb S) error
 	// Exists reports whether anything of a known sandbox is left on disk
 	// (its directory).
 	Exists func(sb S) bool
@@ -181,7 +183,11 @@ func (r *Registry[S]) Lookup(id string) (S, error) {
 	}
 	r.mu.Lock()
 	if sb, ok := r.boxes[id]; ok {
-		if !r.hooks.Usable(sb) && !sb.Ops().Destroying() {
+		if err := r.hooks.Usable(sb); err != nil && !sb.Ops().Destroying() {
+			if !errors.Is(err, backend.ErrNotFound) {
+				r.mu.Unlock()
+				return zero, err
+			}
 			delete(r.boxes, id)
 			r.mu.Unlock()
 			r.forget(sb)

@@ -87,7 +87,12 @@ func TestRegistry(t *testing.T) {
 			loads++
 			return &box{id: id, dir: dir, ops: Ops{ID: id}}, nil
 		},
-		Usable:      func(b *box) bool { _, err := os.Stat(b.dir); return err == nil },
+		Usable: func(b *box) error {
+			if _, err := os.Stat(b.dir); err != nil {
+				return backend.NotFound(b.id)
+			}
+			return nil
+		},
 		Exists:      func(b *box) bool { _, err := os.Lstat(b.dir); return err == nil },
 		Forget:      func(*box) { forgotten++ },
 		Placeholder: func(id string) *box { return &box{id: id, dir: filepath.Join(root, id)} },

@@ -21,5 +21,12 @@ func TestSbxConformance(t *testing.T) {
 		AcceptOpenNetwork:  false,
 		AcceptEgressHosts:  true,
 		KillGrace:          testKillAfter,
+		Reopen: func(t *testing.T, b backend.Backend) backend.Backend {
+			nb, err := New(b.(*Backend).cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return nb
+		},
 	})
 }

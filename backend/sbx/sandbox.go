@@ -136,9 +136,11 @@ func (b *Backend) registryHooks() registry.Hooks[*sandbox] {
 			}
 			return sb, nil
 		},
-		Usable: func(sb *sandbox) bool {
-			_, err := os.Stat(sb.workspace())
-			return err == nil
+		Usable: func(sb *sandbox) error {
+			if _, err := os.Stat(sb.workspace()); err != nil {
+				return backend.NotFound(sb.id)
+			}
+			return nil
 		},
 		Exists: func(sb *sandbox) bool {
 			_, err := os.Lstat(sb.dir)
@@ -146,6 +148,28 @@ func (b *Backend) registryHooks() registry.Hooks[*sandbox] {
 		},
 		Placeholder: func(id string) *sandbox { return newSandbox(id, b.sandboxDir(id), persistedSpec{}) },
 	}
+}
+
+// Adopt takes sandbox id back after a restart: its settings must load,
+// its workspace exist, and sbx must still list its microVM (which outlives
+// the daemon: nothing else needs re-making). A microVM sbx no longer has is
+// ErrNotFound; an sbx that cannot answer is ErrUnavailable.
+func (b *Backend) Adopt(ctx context.Context, id string) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("sandbox %s was not adopted: %w", id, err)
+	}
+	sb, err := b.lookup(id)
+	if err != nil {
+		return err
+	}
+	has, err := b.sbxHas(ctx, sb.name)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%w: cannot tell whether the microVM of sandbox %s still exists: %v", backend.ErrUnavailable, id, err)
+	case !has:
+		return fmt.Errorf("%w: the microVM of sandbox %q is gone (sbx no longer lists %s); destroy it and create a new one", backend.ErrNotFound, id, sb.name)
+	}
+	return nil
 }
 
 func (b *Backend) loadSpec(id string) (persistedSpec, error) {

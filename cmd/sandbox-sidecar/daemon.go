@@ -84,6 +84,9 @@ func openDaemon(cfg Config, log hclog.Logger, mode daemonMode) (_ *daemonParts, 
 		ReapInterval: lc.ReapInterval.D(), MaxPerHost: lc.MaxSandboxes, MaxPerUID: lc.MaxSandboxesPerUID,
 		MaxPerOwner: lc.MaxSandboxesPerOwner, MaxCmdsPerHost: lc.MaxCommands, MaxCmdsPerUID: lc.MaxCommandsPerUID,
 		PoolSize: lc.PoolSize, CreateTimeout: createTimeout, Observer: mode.observer,
+		// Offline gc serves nothing: it decides and destroys, and adopts
+		// nothing (a disk it mounted would stay on the host).
+		SkipAdopt: mode.offline,
 	})
 	if err != nil {
 		return nil, err

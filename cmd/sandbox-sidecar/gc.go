@@ -11,6 +11,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc/api"
 )
 
@@ -77,7 +78,24 @@ func runGC(args []string, stdout, stderr io.Writer) error {
 			fmt.Fprintf(stdout, "%s %s: %s\n", a.Do, a.Sandbox, a.Reason)
 		}
 	}
-	fmt.Fprintf(stdout, "offline recovery (no daemon running): adopted %d, destroyed %d, swept %d, failed %d\n", rep.Adopted, rep.Destroyed, rep.Swept, rep.Failed)
+	fmt.Fprintf(stdout, "offline recovery (no daemon running): kept %d, destroyed %d, swept %d, failed %d\n", rep.Adopted, rep.Destroyed, rep.Swept, rep.Failed)
+	if rel, ok := d.be.(backend.StaleReleaser); ok {
+		// Loop devices a daemon killed with -9 left attached (its mount
+		// namespace outlived it in a process): detach them, so the next
+		// start adopts those sandboxes instead of quarantining them.
+		released, held, rerr := rel.ReleaseStale(context.Background(), dryRun)
+		verb := "released"
+		if dryRun {
+			verb = "would release"
+		}
+		for _, id := range released {
+			fmt.Fprintf(stdout, "%s the stale disk attachment of %s\n", verb, id)
+		}
+		for _, id := range held {
+			fmt.Fprintf(stdout, "the disk of %s is still attached: a process outside the daemon has a file open on it\n", id)
+		}
+		err = errors.Join(err, rerr)
+	}
 	if err != nil {
 		return err
 	}

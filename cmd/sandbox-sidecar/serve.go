@@ -13,6 +13,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/gvisor"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/sbx"
+	"github.com/sandbox-sidecar/sandbox-sidecar/internal/failpoint"
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/lifecycle"
 	"github.com/sandbox-sidecar/sandbox-sidecar/metrics"
@@ -283,7 +285,7 @@ func serve(cfg Config, stderr io.Writer) error {
 	if err != nil {
 		log.Error("recovery was incomplete; the reaper retries failed destroys", "error", err)
 	}
-	log.Info("recovery done", "adopted", rep.Adopted, "destroyed", rep.Destroyed, "swept", rep.Swept, "failed", rep.Failed,
+	log.Info("recovery done", "adopted", rep.Adopted, "adopt_failed", rep.AdoptFailed, "destroyed", rep.Destroyed, "swept", rep.Swept, "failed", rep.Failed,
 		"duration", rep.Duration)
 
 	auditLog, closeAudit, err := auditLogger(cfg.Server, log, stderr)
@@ -433,6 +435,7 @@ func newBackend(cfg Config, log hclog.Logger, enf *enforcement) (backend.Backend
 			ShareHostNetwork: cfg.Bwrap.ShareHostNetwork,
 			Limits:           cfg.Limits.sandboxLimits(),
 			Logger:           log.Named("bwrap"),
+			Failpoint:        failpointFromEnv(log),
 		}
 		if os.Geteuid() == 0 {
 			bc.SandboxUID, bc.SandboxGID = cfg.Bwrap.SandboxUID, cfg.Bwrap.SandboxGID
@@ -500,21 +503,27 @@ func bwrapUIDs(bc *bwrap.Config, bw BwrapSection, log hclog.Logger) error {
 	return nil
 }
 
-// FailpointEnv names a lifecycle failpoint (lifecycle.Fail*) at which the
-// daemon kills itself with SIGKILL. It exists for the crash-recovery tests;
-// never set it in production.
-const FailpointEnv = "SANDBOX_SIDECAR_FAILPOINT"
+// FailpointEnv arms failpoints (lifecycle.Fail*, bwrap.Fail*; see package
+// internal/failpoint for the syntax): the daemon kills itself, waits or
+// orders goroutines there. It exists for the crash and race tests; never
+// set it in production.
+const FailpointEnv = failpoint.Env
 
+// failpointFromEnv returns the daemon's failpoints, parsed once: the
+// lifecycle and the backend share them, so an "after" can order a point of
+// one after a point of the other.
 func failpointFromEnv(log hclog.Logger) func(string) {
-	want := os.Getenv(FailpointEnv)
-	if want == "" {
-		return nil
-	}
-	log.Warn("crash failpoint armed: the daemon will SIGKILL itself", "failpoint", want)
-	return func(name string) {
-		if name == want {
-			syscall.Kill(os.Getpid(), syscall.SIGKILL)
-			select {} // the signal is on its way
+	armed.once.Do(func() {
+		f, err := failpoint.Parse(os.Getenv(FailpointEnv), log)
+		if err != nil {
+			log.Error("ignoring "+FailpointEnv, "error", err)
 		}
-	}
+		armed.f = f
+	})
+	return armed.f
+}
+
+var armed struct {
+	once sync.Once
+	f    func(string)
 }

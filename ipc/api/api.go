@@ -69,6 +69,11 @@ type HealthResult struct {
 	// Memory says what the host can hold: only from a backend that bounds
 	// every sandbox's memory together.
 	Memory *MemoryReport `msgpack:"memory,omitempty"`
+	// Quarantined lists the sandboxes kept after a restart that the
+	// backend could not adopt; Damaged those whose data is damaged. Either
+	// makes the status degraded. A non-admin sees only its own uid's.
+	Quarantined []QuarantinedSandbox `msgpack:"quarantined,omitempty"`
+	Damaged     []DamagedSandbox     `msgpack:"damaged,omitempty"`
 }
 
 // MemoryReport is health's memory section: what every sandbox together
@@ -86,14 +91,33 @@ type MemoryReport struct {
 	MaxSandboxes int `msgpack:"max_sandboxes"`
 }
 
+// QuarantinedSandbox is one quarantined sandbox, as health reports it.
+type QuarantinedSandbox struct {
+	Sandbox string `msgpack:"sandbox"`
+	UID     uint32 `msgpack:"uid"`
+	Owner   string `msgpack:"owner"`
+	Reason  string `msgpack:"reason"`
+	// GaveUp: the background retries stopped; an operator should look.
+	GaveUp bool `msgpack:"gave_up"`
+}
+
+// DamagedSandbox is one sandbox whose data the backend reports damaged.
+type DamagedSandbox struct {
+	Sandbox string `msgpack:"sandbox"`
+	Problem string `msgpack:"problem"`
+}
+
 // RecoveryReport is what start-up recovery did, as health reports it.
 type RecoveryReport struct {
-	Adopted    int     `msgpack:"adopted"`
-	Destroyed  int     `msgpack:"destroyed"`
-	Swept      int     `msgpack:"swept"`
-	Failed     int     `msgpack:"failed"`
-	MovedAside string  `msgpack:"journal_moved_aside,omitempty"`
-	DurationS  float64 `msgpack:"duration_s"`
+	Adopted   int `msgpack:"adopted"`
+	Destroyed int `msgpack:"destroyed"`
+	Swept     int `msgpack:"swept"`
+	Failed    int `msgpack:"failed"`
+	// AdoptFailed counts kept sandboxes the backend could not adopt at
+	// start (quarantined, not destroyed).
+	AdoptFailed int     `msgpack:"adopt_failed"`
+	MovedAside  string  `msgpack:"journal_moved_aside,omitempty"`
+	DurationS   float64 `msgpack:"duration_s"`
 }
 
 // CreateResult is create's result.
@@ -243,6 +267,8 @@ type SandboxInfo struct {
 	RemainingS float64           `msgpack:"remaining_s"`
 	Tags       map[string]string `msgpack:"tags"`
 	Resources  Resources         `msgpack:"resources"`
+	// Quarantine is why the sandbox is quarantined (only in that state).
+	Quarantine string `msgpack:"quarantine,omitempty"`
 }
 
 // GCResult is gc's result.

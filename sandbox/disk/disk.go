@@ -2,16 +2,25 @@
 // sparse image file formatted ext4 and loop-mounted (nosuid, nodev) on the
 // directory that becomes the guest's /workspace. A guest that fills it gets
 // ENOSPC inside; the host's filesystem holds at most the image's size, and
-// the image's inode count caps the number of files. The mount lives in the
-// host's mount namespace, so the daemon's own file operations (os.Root over
-// the directory) and a restarted daemon see the same files, and the data
-// survives the sandbox's processes.
+// the image's inode count caps the number of files.
+//
+// The mount lives in the mount namespace of the process that mounts it. The
+// daemon runs in a private one (PrivateMounts=yes, or its own re-exec), so
+// the host never sees sandbox disks and they go when the daemon and every
+// process of its namespace are gone; a restarted daemon mounts them again.
+// Until every process of a dead daemon's namespace has exited, though, that
+// namespace keeps its mounts, and so the images stay attached to their loop
+// devices. Mounting such an image a second time, through a second loop
+// device, would let two filesystems write one image and corrupt it: Mount
+// refuses an image that is attached anywhere (ErrAttached), matching every
+// loop device's backing file by device and inode, and ReleaseStale detaches
+// a dead daemon's mounts of one.
 //
 // It needs root (loop devices and mount), mkfs.ext4 (e2fsprogs) and the
-// loop driver. It owns only the image and the mount it is given; it never
-// touches a loop device it did not attach (each is attached with
-// LO_FLAGS_AUTOCLEAR, so the kernel frees it when the filesystem is
-// unmounted, even after the daemon died).
+// loop driver. It owns only the images and mounts it is given; it never
+// touches a loop device whose backing file is not one of them (each is
+// attached with LO_FLAGS_AUTOCLEAR, so the kernel frees it when the
+// filesystem is unmounted, even after the daemon died).
 package disk
 
 import (
@@ -24,6 +33,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/moby/sys/mountinfo"
@@ -48,6 +58,15 @@ const (
 // loop driver, no mkfs.ext4).
 var ErrUnavailable = errors.New("disk caps unavailable")
 
+// ErrAttached: the image is attached to a loop device already, by a mount
+// this process cannot see (a dead daemon's namespace, kept alive by a
+// process that outlived it). Mounting it again would corrupt it.
+var ErrAttached = errors.New("disk image already attached to a loop device")
+
+// loopName is the lo_file_name of every loop device Mount attaches, so an
+// operator's losetup -l tells them apart; matching is by backing file.
+const loopName = "sandbox-disk"
+
 // Options for a new image.
 type Options struct {
 	// Size is the filesystem's size in bytes, at least MinSize.
@@ -66,6 +85,9 @@ type Options struct {
 	// MkfsPath is mkfs.ext4; empty means looking it up on PATH and in
 	// /usr/sbin and /sbin.
 	MkfsPath string
+	// Formatting, when set, is called with mkfs's pid while it runs (a
+	// failpoint for the crash tests).
+	Formatting func(pid int)
 }
 
 // Check reports whether this host can make capped filesystems.
@@ -146,9 +168,20 @@ func Create(ctx context.Context, path string, o Options) (err error) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, mkfs, args...)
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C"}
+	// mkfs dies with the daemon: alive, it would keep a dead daemon's
+	// mount namespace, and with it every sandbox disk, attached. (The
+	// signal follows the forking thread; Go threads outlive goroutines
+	// unless locked, which this one is not.)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	var out limitedBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Run(); err != nil {
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("disk: %s: %w", mkfs, err)
+	}
+	if o.Formatting != nil {
+		o.Formatting(cmd.Process.Pid)
+	}
+	if err := cmd.Wait(); err != nil {
 		return fmt.Errorf("disk: %s %s failed: %v: %s", mkfs, strings.Join(args, " "), err, strings.TrimSpace(out.String()))
 	}
 	return nil
@@ -163,6 +196,13 @@ func Mount(path, dir string) error {
 		return fmt.Errorf("disk: open image %s: %w", path, err)
 	}
 	defer img.Close()
+	held, err := attachedFile(img)
+	if err != nil {
+		return err
+	}
+	if len(held) > 0 {
+		return fmt.Errorf("%w: %s is attached to %s, by a mount outside this process's mount namespace; it is not mounted again until that is gone", ErrAttached, path, loopPaths(held))
+	}
 	loop, dev, err := attach(img)
 	if err != nil {
 		return err
@@ -197,7 +237,7 @@ func attach(img *os.File) (*os.File, string, error) {
 		}
 		cfg := unix.LoopConfig{Fd: uint32(img.Fd())}
 		cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR
-		copy(cfg.Info.File_name[:], "sandbox-disk")
+		copy(cfg.Info.File_name[:], loopName)
 		err = unix.IoctlLoopConfigure(int(loop.Fd()), &cfg)
 		if err == nil {
 			return loop, dev, nil

@@ -58,11 +58,18 @@ type daemon struct {
 // directory (reused if base is given) and waits until it serves.
 func startDaemon(t *testing.T, base string, extra ...string) *daemon {
 	t.Helper()
+	return startDaemonEnv(t, base, nil, extra...)
+}
+
+// startDaemonEnv is startDaemon with env added to the daemon's environment
+// (failpoints), for this start and every restart.
+func startDaemonEnv(t *testing.T, base string, env []string, extra ...string) *daemon {
+	t.Helper()
 	requireHost(t)
 	if base == "" {
 		base = baseDir(t)
 	}
-	d := &daemon{t: t, base: base, socket: filepath.Join(base, "run", "sidecar.sock"), stateDir: filepath.Join(base, "state")}
+	d := &daemon{t: t, base: base, socket: filepath.Join(base, "run", "sidecar.sock"), stateDir: filepath.Join(base, "state"), env: env}
 	d.args = append([]string{"serve", "--socket", d.socket, "--state-dir", d.stateDir, "--log-format", "json", "--reap-interval", "200ms"}, extra...)
 	d.start()
 	t.Cleanup(d.stop)

@@ -1,0 +1,118 @@
+package disk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// holdInOtherNamespace mounts img in a mount namespace of its own, held by
+// a process that outlives the mount call: what a daemon killed with -9
+// leaves while one of its children lives. It returns that process.
+func holdInOtherNamespace(t *testing.T, img string) *exec.Cmd {
+	t.Helper()
+	if _, err := exec.LookPath("unshare"); err != nil {
+		t.Skip("needs unshare (util-linux)")
+	}
+	dir := filepath.Join(t.TempDir(), "elsewhere")
+	require.NoError(t, os.Mkdir(dir, 0o700))
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c",
+		`mount -o loop "$1" "$2" && echo mounted && exec sleep 600`, "sh", img, dir)
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	buf := make([]byte, 8)
+	n, _ := out.Read(buf)
+	require.Equal(t, "mounted\n", string(buf[:n]), "the other namespace mounted the image")
+	return cmd
+}
+
+// An image attached anywhere, even from a namespace this process cannot
+// see, is never attached a second time; ReleaseStale detaches it there.
+func TestImageAttachedElsewhereIsNeverMountedTwice(t *testing.T) {
+	requireHost(t)
+	if _, err := exec.LookPath("nsenter"); err != nil {
+		t.Skip("needs nsenter (util-linux)")
+	}
+	base := t.TempDir()
+	img, mnt := filepath.Join(base, "disk.img"), filepath.Join(base, "vol")
+	require.NoError(t, os.Mkdir(mnt, 0o700))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	require.NoError(t, Create(ctx, img, Options{Size: MinSize, UID: -1, GID: -1}))
+	none, err := Attached(img)
+	require.NoError(t, err)
+	assert.Empty(t, none)
+
+	holder := holdInOtherNamespace(t, img)
+	held, err := Attached(img)
+	require.NoError(t, err)
+	require.Len(t, held, 1, "the other namespace's loop device is found by device and inode")
+
+	err = Mount(img, mnt)
+	require.True(t, errors.Is(err, ErrAttached), "Mount refuses an image attached elsewhere: %v", err)
+	mounted, _ := Mounted(mnt)
+	assert.False(t, mounted)
+	after, _ := Attached(img)
+	assert.Len(t, after, 1, "and attaches no second loop device")
+
+	left, err := ReleaseStale(ctx, img, mnt)
+	require.NoError(t, err)
+	assert.Empty(t, left, "the other namespace's mount is gone, and its loop device with it")
+	assert.Nil(t, holder.ProcessState, "without killing the process that held it")
+
+	require.NoError(t, Mount(img, mnt), "now it mounts")
+	t.Cleanup(func() { _ = Unmount(mnt) })
+	_, err = ReleaseStale(ctx, img, mnt)
+	assert.Error(t, err, "ReleaseStale never touches an image mounted in its own namespace")
+	mine, _ := Attached(img)
+	assert.Len(t, mine, 1)
+}
+
+// childCreateEnv makes the test binary a process that formats an image
+// with a slow mkfs and waits to be killed (TestMkfsDiesWithItsParent).
+const childCreateEnv = "SANDBOX_SIDECAR_DISK_TEST_CHILD"
+
+func TestMkfsDiesWithItsParent(t *testing.T) {
+	if dir := os.Getenv(childCreateEnv); dir != "" {
+		_ = Create(context.Background(), filepath.Join(dir, "disk.img"), Options{Size: MinSize, UID: -1, GID: -1,
+			MkfsPath: filepath.Join(dir, "slow-mkfs"), Formatting: func(pid int) { fmt.Println(pid) }})
+		return
+	}
+	dir := t.TempDir()
+	// A stand-in for an mkfs.ext4 that takes long on a big or slow disk.
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "slow-mkfs"), []byte("#!/bin/sh\nexec sleep 600\n"), 0o755))
+	child := exec.Command(os.Args[0], "-test.run=^TestMkfsDiesWithItsParent$")
+	child.Env = append(os.Environ(), childCreateEnv+"="+dir)
+	out, err := child.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, child.Start())
+	var pid int
+	_, err = fmt.Fscan(out, &pid)
+	require.NoError(t, err, "the child reports mkfs's pid")
+	require.NoError(t, child.Process.Kill()) // the daemon, killed with -9
+	_ = child.Wait()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil || !strings.Contains(string(b), "sleep") {
+			return // gone
+		}
+		if time.Now().After(deadline) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			t.Fatalf("mkfs (pid %d) outlived the process that started it", pid)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
