@@ -127,7 +127,8 @@ type Config struct {
 	// Dir is the backend's state directory (the caller passes <state>/sbx);
 	// sandbox <id> lives in Dir/<id>. Created mode 0700.
 	Dir string
-	// SbxPath is the sbx binary; empty means "sbx" on PATH.
+	// SbxPath is the sbx binary: a path, or a bare name looked up on PATH;
+	// empty means "sbx" on PATH.
 	SbxPath string
 	// Env is added to the daemon's environment for every sbx process
 	// ("NAME=value"). sbx needs the daemon user's HOME to find its login.
@@ -275,11 +276,17 @@ func New(cfg Config) (*Backend, error) {
 
 const installHint = "install Docker Sandboxes (see docs/sbx.md) or fix the sbx path"
 
+// findSbx resolves the configured binary the way a shell does: a name
+// without a '/' (the default "sbx", or empty) is looked up on PATH, and
+// anything else is a path to an executable file.
 func findSbx(configured string) (string, error) {
 	if configured == "" {
-		p, err := exec.LookPath("sbx")
+		configured = "sbx"
+	}
+	if !strings.ContainsRune(configured, '/') {
+		p, err := exec.LookPath(configured)
 		if err != nil {
-			return "", fmt.Errorf("%w: sbx is not on PATH (%v); %s", backend.ErrUnavailable, err, installHint)
+			return "", fmt.Errorf("%w: %s is not on PATH (%v); %s", backend.ErrUnavailable, configured, err, installHint)
 		}
 		return p, nil
 	}

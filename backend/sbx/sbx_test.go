@@ -583,3 +583,31 @@ func TestSbxSpecResources(t *testing.T) {
 		t.Errorf("LimitsInForce = %v", got)
 	}
 }
+
+// The default configuration names the binary "sbx": it must be found on
+// PATH, as a shell would, and not stat'ed as a file in the daemon's working
+// directory.
+func TestSbxBareNameIsLookedUpOnPath(t *testing.T) {
+	f := newFakeHost(t)
+	dir := t.TempDir()
+	data, err := os.ReadFile(fakeBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "sbx"), data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	for _, name := range []string{"sbx", ""} {
+		b, err := New(f.config(func(c *Config) { c.SbxPath = name }))
+		if err != nil {
+			t.Fatalf("New with SbxPath %q and sbx on PATH: %v", name, err)
+		}
+		if b.sbx != filepath.Join(dir, "sbx") {
+			t.Errorf("SbxPath %q resolved to %q, want the one on PATH", name, b.sbx)
+		}
+	}
+	t.Setenv("PATH", t.TempDir())
+	_, err = New(f.config(func(c *Config) { c.SbxPath = "sbx" }))
+	wantErr(t, err, backend.ErrUnavailable, "not on PATH")
+}
