@@ -130,9 +130,10 @@ func (b *Buffer) newest() byte {
 // In tail mode, when bytes were dropped and the window starts in the middle
 // of a line, that partial first line (up to and including the first '\n') is
 // removed, as Airflow's own backends do, so the reader never sees half a
-// line. When the window holds no '\n' at all the raw tail is returned, since
-// dropping it would leave nothing. When the window happens to start exactly
-// at a line boundary nothing is removed.
+// line. When the window holds no '\n' but its last byte (no '\n' at all,
+// or one long line and its newline) the raw tail is returned, since dropping
+// the partial line would leave nothing. When the window happens to start
+// exactly at a line boundary nothing is removed.
 func (b *Buffer) Bytes() []byte {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -144,7 +145,10 @@ func (b *Buffer) Bytes() []byte {
 		copy(out, b.data)
 	}
 	if !b.head && b.truncated() && !b.afterNewline {
-		if i := bytes.IndexByte(out, '\n'); i >= 0 {
+		// Only when something is left: a window that is one long line
+		// (progress bars, minified JSON) ending in its '\n' keeps its raw
+		// tail rather than coming back empty.
+		if i := bytes.IndexByte(out, '\n'); i >= 0 && i+1 < len(out) {
 			out = out[i+1:]
 		}
 	}

@@ -22,7 +22,7 @@ func (m *model) want() (kept []byte, truncated bool) {
 	from := max(len(m.all)-m.limit, 0)
 	kept = m.all[from:]
 	if truncated && m.all[from-1] != '\n' {
-		if i := bytes.IndexByte(kept, '\n'); i >= 0 {
+		if i := bytes.IndexByte(kept, '\n'); i >= 0 && i < len(kept)-1 {
 			kept = kept[i+1:]
 		}
 	}
@@ -85,7 +85,8 @@ func TestTailDropsLeadingPartialLine(t *testing.T) {
 		{"cut at line start keeps the line", []string{"line1\nline2\nline3\n"}, 6, "line3\n"},
 		{"cut at line start across writes", []string{"line1\n", "line2\n", "line3\n"}, 12, "line2\nline3\n"},
 		{"no newline in window keeps raw tail", []string{"0123456789"}, 4, "6789"},
-		{"only newline is last byte", []string{"xxxxabc\n"}, 4, ""},
+		{"only newline is last byte keeps raw tail", []string{"xxxxabc\n"}, 4, "abc\n"},
+		{"one long line across writes keeps raw tail", []string{`{"k":"`, "vvvvvvvvvvvv", `"}`, "\n"}, 6, `vvv"}` + "\n"},
 		{"many small writes", []string{"a", "b", "\n", "c", "d", "\n", "e"}, 4, "cd\ne"},
 	}
 	for _, tc := range cases {

@@ -141,6 +141,22 @@ func TestRunKeepsTailOfLargeOutputInBoundedMemory(t *testing.T) {
 }
 
 // resetPeakRSS makes VmHWM start again from the current RSS (Linux 4.0+).
+// A command whose output is one long line (minified JSON, a progress bar)
+// followed by its newline keeps the end of that line when truncated: the
+// caller never gets an empty stdout for output that was there.
+func TestRunTruncatedSingleLineKeepsItsTail(t *testing.T) {
+	requireTools(t, "/bin/sh", "head", "tr")
+	res, err := Run(context.Background(), sh("head -c 100000 /dev/zero | tr '\\0' x; echo end"),
+		Options{Timeout: time.Minute, MaxOutputBytes: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := strings.Repeat("x", 996) + "end\n"
+	if !res.StdoutTruncated || string(res.Stdout) != want {
+		t.Errorf("Truncated %v, stdout %d bytes ending %q; want the last 1000 bytes", res.StdoutTruncated, len(res.Stdout), res.Stdout[max(0, len(res.Stdout)-10):])
+	}
+}
+
 func resetPeakRSS() { _ = os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) }
 
 func procStatusKiB(t *testing.T, field string) uint64 {
