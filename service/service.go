@@ -95,6 +95,9 @@ type Config struct {
 	// Logger receives the audit trail (one line per request) and errors.
 	Logger  hclog.Logger
 	Version string
+	// Node names this host; hello reports it so that a client can tell a
+	// handle made on another host (sandboxes live on one host).
+	Node string
 }
 
 // backendHealthTTL is how long one backend health check answers for: a
@@ -108,6 +111,7 @@ type Service struct {
 	lim     Limits
 	log     hclog.Logger
 	version string
+	node    string
 	started time.Time
 
 	healthMu    sync.Mutex // held by the one caller refreshing the check
@@ -135,7 +139,7 @@ func New(cfg Config) *Service {
 	if cfg.Policy == nil {
 		cfg.Policy = &Policy{}
 	}
-	s := &Service{m: cfg.Manager, policy: cfg.Policy, lim: cfg.Limits, log: cfg.Logger, version: cfg.Version, started: time.Now()}
+	s := &Service{m: cfg.Manager, policy: cfg.Policy, lim: cfg.Limits, log: cfg.Logger, version: cfg.Version, node: cfg.Node, started: time.Now()}
 	if lr, ok := cfg.Manager.Backend().(backend.LimitReporter); ok {
 		s.limits = maps.Clone(lr.LimitsInForce())
 	}
@@ -259,6 +263,7 @@ func (s *Service) hello(c lifecycle.Caller, peer *ipc.Peer, args *ipc.Args) (any
 		Version:       ipc.ProtocolVersion,
 		ServerVersion: s.version,
 		Backend:       s.m.Backend().Name(),
+		Node:          s.node,
 		Admin:         c.Admin,
 		Features:      Features,
 		Peer:          api.Peer{UID: peer.UID, GID: peer.GID, PID: peer.PID},

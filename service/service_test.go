@@ -57,7 +57,7 @@ func newHarness(t *testing.T, wrap func(*testBackend) backend.Backend) *harness 
 	t.Cleanup(func() { _ = m.Close(context.Background()) })
 	var audit bytes.Buffer
 	log := hclog.New(&hclog.LoggerOptions{Output: &audit, JSONFormat: true, Level: hclog.Info})
-	svc := New(Config{Manager: m, Logger: log, Version: "test"})
+	svc := New(Config{Manager: m, Logger: log, Version: "test", Node: "node-a"})
 	return &harness{t: t, svc: svc, m: m, be: be, audit: &audit, peer: &ipc.Peer{ConnID: 1, UID: 1000, GID: 1000, PID: 42}}
 }
 
@@ -270,6 +270,7 @@ func TestHelloAnnouncesResources(t *testing.T) {
 	h := newHarness(t, nil)
 	res := h.ok(ipc.OpHello, nil)
 	assert.Contains(t, res["features"], "create_resources")
+	assert.Equal(t, "node-a", res["node"], "hello names the host, so a client can tell a handle from another one")
 }
 
 func TestHealthReportsTheLimitsInForce(t *testing.T) {

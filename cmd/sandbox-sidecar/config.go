@@ -65,6 +65,10 @@ type ServerSection struct {
 	MaxRequestBytes               Size `toml:"max_request_bytes"`
 	MaxResponseBytes              Size `toml:"max_response_bytes"`
 	MaxResponseBytesPerConnection Size `toml:"max_response_bytes_per_connection"`
+	// NodeName names this host in what clients carry between hosts (the
+	// Python backend's sandbox handles); empty means
+	// $SANDBOX_SIDECAR_NODE_NAME, else the host name.
+	NodeName string `toml:"node_name"`
 }
 
 type AccessSection struct {
@@ -416,6 +420,9 @@ func (c *Config) validate() error {
 	}
 	if c.Server.StateDir == "" {
 		bad("server.state_dir must not be empty")
+	}
+	if c.Server.NodeName != "" && !validNodeName(c.Server.NodeName) {
+		bad("server.node_name %q: at most %d letters, digits, '.', '-' and '_'", c.Server.NodeName, maxNodeName)
 	}
 	switch c.Server.Backend {
 	case "bwrap", "sbx", "gvisor":

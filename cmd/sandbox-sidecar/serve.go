@@ -66,6 +66,7 @@ func serveConfig(args []string, stderr io.Writer) (Config, error) {
 	fs.Var(&s.MaxResponseBytes, "max-response-bytes", "bytes held for responses not yet written, all connections together (a size)")
 	fs.Var(&s.MaxResponseBytesPerConnection, "max-response-bytes-per-connection", "bytes held for one connection's responses not yet written (a size: 64m)")
 	fs.StringVar(&s.AuditFile, "audit-file", s.AuditFile, "also append the audit trail to this file as JSON lines")
+	fs.StringVar(&s.NodeName, "node-name", s.NodeName, "this host's name in sandbox handles clients carry between hosts (default: $"+NodeNameEnv+", else the host name; on Kubernetes the node's name)")
 	fs.Var(&listFlag{l: &a.AllowUIDs}, "allow-uid", "uids (or user names) allowed to connect, besides root, the daemon's uid and the socket group (repeatable, comma-separated)")
 	fs.Var(&listFlag{l: &a.AllowGroups}, "allow-group", "groups (names or gids) whose members may connect, besides the socket group (repeatable)")
 	fs.Var(&listFlag{l: &a.AdminUIDs}, "admin-uid", "uids that may list and destroy every sandbox, besides root and the daemon's uid (repeatable)")
@@ -238,6 +239,10 @@ func serve(cfg Config, stderr io.Writer) error {
 		notifyStatus(log, "failed to start: "+err.Error())
 		return &exitError{code: 1}
 	}
+	node, err := resolveNodeName(cfg.Server.NodeName, os.Getenv, os.Hostname)
+	if err != nil {
+		return fail("%v", err)
+	}
 	// Sandbox disks are mounted in a namespace of the daemon's own, so
 	// they never outlive it (see enterPrivateMounts). First of all: it
 	// replaces the process.
@@ -295,7 +300,7 @@ func serve(cfg Config, stderr io.Writer) error {
 	defer closeAudit()
 
 	limits := cfg.serviceLimits()
-	svc := service.New(service.Config{Manager: mgr, Policy: policy, Limits: limits, Logger: auditLog, Version: version})
+	svc := service.New(service.Config{Manager: mgr, Policy: policy, Limits: limits, Logger: auditLog, Version: version, Node: node})
 	var lst net.Listener
 	socketPath := cfg.Server.Socket
 	if activated != nil {

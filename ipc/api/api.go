@@ -20,13 +20,16 @@ import (
 
 // HelloResult is hello's result.
 type HelloResult struct {
-	Version       int         `msgpack:"version"`
-	ServerVersion string      `msgpack:"server_version"`
-	Backend       string      `msgpack:"backend"`
-	Admin         bool        `msgpack:"admin"`
-	Features      []string    `msgpack:"features"`
-	Peer          Peer        `msgpack:"peer"`
-	Limits        HelloLimits `msgpack:"limits"`
+	Version       int    `msgpack:"version"`
+	ServerVersion string `msgpack:"server_version"`
+	Backend       string `msgpack:"backend"`
+	// Node names this host (server.node_name, $SANDBOX_SIDECAR_NODE_NAME or
+	// the host name): a sandbox lives on one host.
+	Node     string      `msgpack:"node"`
+	Admin    bool        `msgpack:"admin"`
+	Features []string    `msgpack:"features"`
+	Peer     Peer        `msgpack:"peer"`
+	Limits   HelloLimits `msgpack:"limits"`
 }
 
 // Peer is the peer as the kernel reported it.

@@ -23,6 +23,7 @@ from sandbox_sidecar import (
     SidecarClient,
     SidecarError,
     SidecarSandboxBackend,
+    split_handle,
 )
 
 pytestmark = pytest.mark.integration
@@ -251,8 +252,8 @@ def test_labels_are_recorded(backend, sidecar_daemon):
     try:
         handle = b.create(labels={"try_number": 2, "map_index": -1})
         listed = {s["sandbox"]: s for s in b.client.list_sandboxes()}
-        assert listed[handle]["labels"] == {"dag_id": "d1", "task_id": "t1", "try_number": "2", "map_index": "-1"}
-        assert listed[handle]["conn_bound"] is True
+        assert listed[b.sandbox_id(handle)]["labels"] == {"dag_id": "d1", "task_id": "t1", "try_number": "2", "map_index": "-1"}
+        assert listed[b.sandbox_id(handle)]["conn_bound"] is True
         b.destroy(handle)
     finally:
         b.close()
@@ -370,7 +371,7 @@ def test_tags(backend):
         assert backend.read_tags(handle)["airflow_holder"] == ""
 
         with pytest.raises(SidecarError) as info:
-            backend.client.write_tags(handle, {"airflow_workdir": "/elsewhere"})
+            backend.client.write_tags(backend.sandbox_id(handle), {"airflow_workdir": "/elsewhere"})
         assert info.value.code == "bad_request"
     finally:
         backend.destroy(handle)
@@ -461,7 +462,7 @@ def test_a_memory_balloon_past_its_limit_is_oom_killed(sidecar_daemon):
             result = backend.run_command(handle, BALLOON, timeout=60, max_output_bytes=1000)
             assert (result.reason, result.oom_killed, result.exit_code) == ("oom_killed", True, 137), result
             assert not result.timed_out and result.oom_kills >= 1
-            listed = [s for s in backend.client.list_sandboxes() if s["sandbox"] == handle]
+            listed = [s for s in backend.client.list_sandboxes() if s["sandbox"] == backend.sandbox_id(handle)]
             assert listed[0]["resources"] == {"memory_bytes": 64 << 20}
         finally:
             backend.destroy(handle)
@@ -474,3 +475,39 @@ def test_resources_beyond_the_daemons_limits_are_refused(sidecar_daemon):
             backend.create(resources={"memory_bytes": 1 << 50})
         assert info.value.code == "spec_unenforceable"
         assert backend.client.list_sandboxes() == []
+
+
+def test_a_handle_from_another_host_fails_naming_the_host_it_lives_on(sidecar_binary):
+    from conftest import RunningDaemon
+
+    daemon = RunningDaemon(sidecar_binary, "--node-name", "node-a")
+    try:
+        problem = daemon.wait_ready()
+        assert problem is None, problem
+        with SidecarSandboxBackend(daemon.socket) as backend:
+            handle = backend.create(spec=SandboxSpec())
+            sandbox, host = split_handle(handle)
+            assert (host, backend.sandbox_id(handle)) == ("node-a", sandbox)
+            # The same sandbox, as a task scheduled on another worker would hold it.
+            elsewhere = f"{sandbox}@node-b"
+            calls = [
+                lambda: backend.run_command(elsewhere, "true", timeout=5, max_output_bytes=10),
+                lambda: backend.read_file(elsewhere, "x", max_bytes=10),
+                lambda: backend.write_file(elsewhere, "x", b"x"),
+                lambda: backend.list_directory(elsewhere, "."),
+                lambda: backend.attach(elsewhere, owner="o", holder="h"),
+                lambda: backend.release(elsewhere, holder="h"),
+                lambda: backend.read_tags(elsewhere),
+                lambda: backend.destroy(elsewhere),
+            ]
+            for call in calls:
+                with pytest.raises(SandboxTerminalError, match="lives on host 'node-b'.*runs on 'node-a'") as info:
+                    call()
+                assert info.value.code == "wrong_host"
+                assert info.value.details == {"host": "node-b", "this_host": "node-a"}
+            # Nothing was done to it; the right handle and the bare id still reach it.
+            assert backend.run_command(handle, "echo here", timeout=10, max_output_bytes=100).stdout == "here\n"
+            assert backend.run_command(sandbox, "echo bare", timeout=10, max_output_bytes=100).stdout == "bare\n"
+            backend.destroy(handle)
+    finally:
+        daemon.stop()

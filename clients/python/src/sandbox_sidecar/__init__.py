@@ -12,12 +12,14 @@ from __future__ import annotations
 
 from .backend import (
     ERROR_KINDS,
+    HOST_SEPARATOR,
     MODEL,
     RESOURCE_KEYS,
     TERMINAL,
     SidecarSandboxBackend,
     check_resources,
     labels_from_context,
+    split_handle,
     to_sandbox_error,
 )
 from .client import DEFAULT_SOCKET_PATH, SOCKET_ENV_VAR, SidecarClient, resolve_socket_path
@@ -40,6 +42,7 @@ __version__ = "0.1.0"
 __all__ = [
     "DEFAULT_SOCKET_PATH",
     "ERROR_KINDS",
+    "HOST_SEPARATOR",
     "MODEL",
     "RESOURCE_KEYS",
     "SOCKET_ENV_VAR",
@@ -63,5 +66,6 @@ __all__ = [
     "check_resources",
     "labels_from_context",
     "resolve_socket_path",
+    "split_handle",
     "to_sandbox_error",
 ]

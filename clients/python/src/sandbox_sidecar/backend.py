@@ -34,6 +34,8 @@ from .errors import (
 
 __all__ = [
     "SidecarSandboxBackend",
+    "HOST_SEPARATOR",
+    "split_handle",
     "ERROR_KINDS",
     "MODEL",
     "TERMINAL",
@@ -71,6 +73,7 @@ ERROR_KINDS: Mapping[str, Tuple[str, str]] = {
     "internal": (TERMINAL, "a daemon bug or unexpected host failure; see the daemon's log"),
     "owner_mismatch": (TERMINAL, "attach: the sandbox belongs to another DAG run"),
     "held_by_other": (TERMINAL, "attach: another task holds the sandbox"),
+    "wrong_host": (TERMINAL, "the handle names another host: the sandbox lives there"),
     "frame_too_large": (TERMINAL, "a request or response exceeded the frame limit"),
     "unsupported_version": (TERMINAL, "client and daemon share no protocol version"),
     "unknown_op": (TERMINAL, "the daemon is too old for this operation"),
@@ -229,6 +232,18 @@ def spec_to_wire(spec: SandboxSpec) -> Dict[str, Any]:
     return wire
 
 
+HOST_SEPARATOR = "@"
+"""Between a sandbox's id and the host it lives on in a handle: ``"sc-1a2b...@worker-3"``."""
+
+
+def split_handle(handle: str) -> Tuple[str, Optional[str]]:
+    """``(sandbox id, host)`` of a handle; the host is ``None`` for a bare id (from the CLI or an older client)."""
+    sandbox, sep, host = handle.rpartition(HOST_SEPARATOR)
+    if not sep or not sandbox or not host:
+        return handle, None
+    return sandbox, host
+
+
 class SidecarSandboxBackend(AttachableSandboxBackend):
     """Runs an Airflow agent's sandbox in the host's sandbox-sidecar daemon.
 
@@ -236,6 +251,12 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
     first call. One instance holds one connection, shared safely by the
     toolset's worker threads. Sandboxes created without an owner or a ttl are
     bound to that connection, so the daemon reclaims them if the worker dies.
+
+    A handle is ``"<sandbox id>@<host>"``, the host as the daemon names it
+    (``server.node_name``; on Kubernetes the node). A sandbox never leaves its
+    host, so a handle used from a task on another host fails with a
+    ``SandboxTerminalError`` (code ``wrong_host``) naming the host it lives on,
+    instead of a bare "not found". A bare id is accepted as it is.
 
     :param socket_path: the daemon's socket; default ``$SANDBOX_SIDECAR_SOCKET``
         or ``/run/sandbox-sidecar/sidecar.sock``.
@@ -363,12 +384,47 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
         sandbox = result.get("sandbox")
         if not isinstance(sandbox, str) or not sandbox:
             raise SandboxTerminalError("the sandbox-sidecar daemon answered create without a sandbox id")
+        host = self._host()
+        return f"{sandbox}{HOST_SEPARATOR}{host}" if host else sandbox
+
+    def _host(self) -> Optional[str]:
+        """The host the daemon names itself (hello's ``node``); ``None`` from a daemon too old to say."""
+        try:
+            node = self.client.hello().get("node")
+        except SidecarError as exc:
+            raise to_sandbox_error(exc) from exc
+        return node if isinstance(node, str) and node else None
+
+    def sandbox_id(self, handle: str) -> str:
+        """The daemon's id of the sandbox behind ``handle``, for :attr:`client` calls.
+
+        ``SandboxTerminalError`` (code ``wrong_host``) when the handle names
+        another host than this daemon's: the sandbox lives there, and only
+        that host's daemon can reach it.
+        """
+        if not isinstance(handle, str):
+            return handle
+        sandbox, host = split_handle(handle)
+        if host is None:
+            return handle
+        here = self._host()
+        if here is not None and host != here:
+            exc = SandboxTerminalError(
+                f"sandbox {sandbox} lives on host {host!r}, and this task runs on {here!r}: a sandbox never "
+                "leaves the host that made it. Keep the tasks of one DAG run on one host (a Celery queue per "
+                "host, or node affinity on Kubernetes; see docs/airflow.md)."
+            )
+            exc.code = "wrong_host"  # type: ignore[attr-defined]
+            exc.details = {"host": host, "this_host": here}  # type: ignore[attr-defined]
+            exc.sidecar_error = None  # type: ignore[attr-defined]
+            raise exc
         return sandbox
 
     def destroy(self, sandbox: str) -> None:
         """Destroy the sandbox; one that is already gone is not an error."""
         if not isinstance(sandbox, str) or not sandbox:
             return
+        sandbox = self.sandbox_id(sandbox)
         try:
             self.client.destroy(sandbox)
         except SidecarError as exc:
@@ -378,6 +434,7 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
 
     def renew(self, sandbox: str, ttl_s: float) -> float:
         """Extend an expiring sandbox to now + ``ttl_s`` (capped); returns the seconds left."""
+        sandbox = self.sandbox_id(sandbox)
         try:
             result = self.client.renew(sandbox, ttl_s)
         except SidecarError as exc:
@@ -414,6 +471,7 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
             raise SandboxError(f"timeout must be a positive number of seconds, got {timeout!r}")
         if not isinstance(max_output_bytes, int) or isinstance(max_output_bytes, bool) or max_output_bytes < 0:
             raise SandboxError(f"max_output_bytes must be an integer >= 0, got {max_output_bytes!r}")
+        sandbox = self.sandbox_id(sandbox)
         try:
             with self._command_lock(sandbox):
                 result = self.client.run_command(
@@ -475,6 +533,7 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
             raise SandboxError(f"path must be a string, got {type(path).__name__}")
         if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 0:
             raise SandboxError(f"max_bytes must be an integer >= 0, got {max_bytes!r}")
+        sandbox = self.sandbox_id(sandbox)
         try:
             result = self.client.read_file(sandbox, path, max_bytes=max_bytes)
         except SidecarError as exc:
@@ -496,6 +555,7 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
             content = content.encode("utf-8")
         if not isinstance(content, (bytes, bytearray, memoryview)):
             raise SandboxError(f"content must be bytes, got {type(content).__name__}")
+        sandbox = self.sandbox_id(sandbox)
         content = bytes(content)
         try:
             limit = self.client.limits.get("max_file_bytes")
@@ -512,6 +572,7 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
         """``(name, is_dir)`` pairs sorted by name; a non-UTF-8 name keeps its bytes as surrogate escapes."""
         if not isinstance(path, str):
             raise SandboxError(f"path must be a string, got {type(path).__name__}")
+        sandbox = self.sandbox_id(sandbox)
         try:
             entries = self.client.list_directory(sandbox, path)
         except SidecarError as exc:
@@ -526,6 +587,7 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
         Refused (``SandboxTerminalError``) when the sandbox's owner is not
         ``owner`` or another holder has it; the same holder may attach again.
         """
+        sandbox = self.sandbox_id(sandbox)
         try:
             result = self.client.attach(sandbox, owner=owner, holder=holder)
         except SidecarError as exc:
@@ -543,6 +605,7 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
 
     def release(self, sandbox: str, *, holder: str) -> None:
         """Give up ``holder``'s claim. Idempotent; never destroys the sandbox."""
+        sandbox = self.sandbox_id(sandbox)
         try:
             self.client.release(sandbox, holder=holder)
         except SidecarError as exc:
@@ -550,6 +613,7 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
 
     def read_tags(self, sandbox: str) -> Mapping[str, str]:
         """The sandbox's tags (``airflow_owner``, ``airflow_holder``, ...). A gone sandbox is terminal."""
+        sandbox = self.sandbox_id(sandbox)
         try:
             return self.client.read_tags(sandbox)
         except SidecarError as exc:
@@ -564,6 +628,7 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
         the claim; the daemon cannot delete other tags, so another tag left out
         is set to ``""``.
         """
+        sandbox = self.sandbox_id(sandbox)
         try:
             current = self.client.read_tags(sandbox)
             changes = {k: v for k, v in tags.items() if current.get(k) != v}
