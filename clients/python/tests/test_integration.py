@@ -289,12 +289,13 @@ def test_attach_and_release_rules(backend, sidecar_daemon):
         assert attached.network == SandboxSpec(block_network=True)
         assert 0 < attached.remaining_lifetime <= 3600
 
-        with pytest.raises(SandboxTerminalError) as info:
+        # upstream's sentences, so a task log reads the same whichever backend ran
+        with pytest.raises(SandboxTerminalError, match="already held by 'task-a'") as info:
             other.attach(handle, owner=owner, holder="task-b")
         assert info.value.code == "held_by_other"
         assert info.value.details.get("holder") == "task-a"
 
-        with pytest.raises(SandboxTerminalError) as info:
+        with pytest.raises(SandboxTerminalError, match=f"not owned by 'dag/another-run'.*'{owner}'") as info:
             other.attach(handle, owner="dag/another-run", holder="task-b")
         assert info.value.code == "owner_mismatch"
 
@@ -317,7 +318,17 @@ def test_attach_and_release_rules(backend, sidecar_daemon):
     with pytest.raises(SandboxTerminalError) as info:
         backend.attach(handle, owner=owner, holder="task-a")
     assert info.value.code == "not_found"
-    backend.release(handle, holder="task-a")  # gone: still success
+    # gone: terminal for release too, as upstream has it
+    with pytest.raises(SandboxTerminalError) as info:
+        backend.release(handle, holder="task-a")
+    assert info.value.code == "not_found"
+
+
+def test_a_bare_handle_without_an_owner_is_refused_as_upstream_says(backend, sandbox):
+    with pytest.raises(SandboxTerminalError, match="not owned by 'dag/run': it carries no owner") as info:
+        backend.attach(sandbox, owner="dag/run", holder="dag/run/task")
+    assert info.value.code == "owner_mismatch"
+    assert "airflow_holder" not in backend.read_tags(sandbox), "a refused attach leaves no claim"
 
 
 def test_concurrent_attach_has_exactly_one_winner(backend, sidecar_daemon):
@@ -353,7 +364,7 @@ def test_tags(backend):
     try:
         tags = require_op(lambda: backend.read_tags(handle))
         assert tags["airflow_owner"] == owner
-        assert tags["airflow_holder"] == ""
+        assert "airflow_holder" not in tags, "an unset tag is left out, as upstream's stores have it"
         assert tags["airflow_workdir"] == "/workspace"
         assert tags["airflow_network"] == '{"allow_egress_to":[],"allow_egress_to_cidrs":[],"block_network":true}'
         assert abs(int(tags["airflow_expires_at"]) - (time.time() + 3600)) < 120
@@ -368,7 +379,7 @@ def test_tags(backend):
 
         # dropping the holder tag is a release
         backend.write_tags(handle, {k: v for k, v in after.items() if k != "airflow_holder"})
-        assert backend.read_tags(handle)["airflow_holder"] == ""
+        assert "airflow_holder" not in backend.read_tags(handle)
 
         with pytest.raises(SidecarError) as info:
             backend.client.write_tags(backend.sandbox_id(handle), {"airflow_workdir": "/elsewhere"})

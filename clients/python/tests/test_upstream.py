@@ -2,7 +2,14 @@
 
 The provider is not installed here, so a minimal stand-in package with the
 provider's module layout is written to a temp dir and imported in a child
-interpreter.
+interpreter. The stand-in follows the shape of upstream's newest base class
+as last checked: apache/airflow 01f824e6f71b77aa1c607d33edb26a96988d422b
+(``providers/common/ai/src/airflow/providers/common/ai/sandbox/base.py`` and its
+``test_base.py``): concrete file operations and ``export_file``, the helpers
+``dag_run_owner``, ``encode_network_policy``, ``decode_network_policy`` (raising
+``ValueError`` on a malformed stamp) and ``is_sandbox_handle``. Its method
+bodies are not upstream's: each default raises, so a test fails if the
+backend ever falls back to one instead of its native operation.
 """
 
 from __future__ import annotations
@@ -64,6 +71,7 @@ class SandboxBackend(abc.ABC):
     def read_file(self, sandbox, path, *, max_bytes): raise AssertionError("shell default used")
     def write_file(self, sandbox, path, content): raise AssertionError("shell default used")
     def list_directory(self, sandbox, path): raise AssertionError("shell default used")
+    def export_file(self, sandbox, path, dest, *, max_bytes): raise AssertionError("shell default used")
     @abc.abstractmethod
     def destroy(self, sandbox): ...
 
@@ -74,6 +82,20 @@ class AttachableSandboxBackend(SandboxBackend):
     def write_tags(self, sandbox, tags): ...
     def attach(self, sandbox, *, owner, holder): raise AssertionError("read-then-write attach used")
     def release(self, sandbox, *, holder): raise AssertionError("read-then-write release used")
+
+def is_sandbox_handle(value):
+    return isinstance(value, str) and value not in ("", "None")
+
+def dag_run_owner(context):
+    return "upstream:" + context["ti"].dag_id
+
+def encode_network_policy(spec):
+    return "upstream-stamp"
+
+def decode_network_policy(value):
+    if value != "upstream-stamp":
+        raise ValueError(f"{value!r} is not a network policy stamp")
+    return SandboxSpec()
 '''
 
 INIT = """
@@ -115,6 +137,11 @@ except AttributeError:  # dataclasses.FrozenInstanceError
     pass
 else:
     raise AssertionError("frozen like upstream's")
+for helper in ("dag_run_owner", "encode_network_policy", "decode_network_policy", "is_sandbox_handle"):
+    assert getattr(s.contract, helper) is getattr(base, helper), helper
+# upstream's decode raises on a stamp it did not write; attach must say nothing about the network then
+assert s.contract.read_network_stamp("not-upstream") is None
+assert s.contract.read_network_stamp("upstream-stamp") == up.SandboxSpec()
 print(getattr(result, "applied_timeout", "absent"), getattr(ours, "applied_timeout", "absent"))
 """
 

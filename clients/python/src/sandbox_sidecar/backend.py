@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -18,8 +19,8 @@ from .contract import (
     SandboxSpec,
     SandboxTerminalError,
     SidecarExecResult,
-    decode_network_policy,
     make_sidecar_result,
+    read_network_stamp,
     reason_of,
 )
 from .errors import (
@@ -31,6 +32,8 @@ from .errors import (
     SidecarError,
     SidecarTimeoutError,
 )
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "SidecarSandboxBackend",
@@ -230,6 +233,38 @@ def spec_to_wire(spec: SandboxSpec) -> Dict[str, Any]:
     if spec.owner is not None:
         wire["owner"] = spec.owner
     return wire
+
+
+def _attach_refusal(error: SidecarError, handle: str, owner: str, holder: str, backend_name: str) -> SandboxError:
+    """``attach``'s error for ``error``, worded as upstream words its refusals.
+
+    An operator reading a task log sees the same sentence whichever backend
+    ran: a sandbox that carries no owner (a bare handle is never enough), the
+    owner it carries, or who holds it.
+    """
+    exc = to_sandbox_error(error, op="attach")
+    if error.code == "owner_mismatch":
+        actual = error.details.get("owner")
+        carried = f"it carries owner {actual!r}" if actual else "it carries no owner"
+        message = (
+            f"Sandbox {handle!r} on backend {backend_name!r} is not owned by {owner!r}: {carried}. "
+            "Only the owner a sandbox was provisioned for may attach to it: provision it with "
+            "SandboxSpec(owner=dag_run_owner(context)) in the DAG run that attaches, or give the "
+            "toolset the owner the provisioning task used."
+        )
+    elif error.code == "held_by_other":
+        message = (
+            f"Sandbox {handle!r} is already held by {error.details.get('holder')!r}, and {holder!r} cannot "
+            "share it: one agent run uses a sandbox at a time. Provision a sandbox per task that needs "
+            "its own workspace, or run the tasks one after another."
+        )
+    else:
+        return exc
+    refusal = SandboxTerminalError(message)
+    refusal.code = exc.code  # type: ignore[attr-defined]
+    refusal.details = exc.details  # type: ignore[attr-defined]
+    refusal.sidecar_error = error  # type: ignore[attr-defined]
+    return refusal
 
 
 HOST_SEPARATOR = "@"
@@ -586,38 +621,58 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
 
         Refused (``SandboxTerminalError``) when the sandbox's owner is not
         ``owner`` or another holder has it; the same holder may attach again.
+        The refusals say what upstream's do (a sandbox that carries no owner,
+        the owner it carries, who holds it), whichever backend runs.
         """
+        handle = sandbox
         sandbox = self.sandbox_id(sandbox)
         try:
             result = self.client.attach(sandbox, owner=owner, holder=holder)
         except SidecarError as exc:
-            raise to_sandbox_error(exc, op="attach") from exc
+            raise _attach_refusal(exc, handle, owner, holder, self.name) from exc
         remaining = result.get("remaining_s")
         if not isinstance(remaining, (int, float)):
             expires_at = result.get("expires_at")
             remaining = max(0.0, expires_at - time.time()) if isinstance(expires_at, (int, float)) else None
         workdir = result.get("workdir")
+        stamp = result.get("network")
+        network = read_network_stamp(stamp)
+        if network is None and stamp:
+            log.warning("Sandbox %s carries a network stamp this backend cannot read: %r; saying nothing about its network", handle, stamp)
         return AttachedSandbox(
             remaining_lifetime=float(remaining) if remaining is not None else None,
-            network=decode_network_policy(result.get("network")),
+            network=network,
             workdir=workdir if isinstance(workdir, str) and workdir else None,
         )
 
     def release(self, sandbox: str, *, holder: str) -> None:
-        """Give up ``holder``'s claim. Idempotent; never destroys the sandbox."""
+        """Give up ``holder``'s claim. Idempotent; never destroys the sandbox.
+
+        A sandbox that no longer exists is a ``SandboxTerminalError``, as upstream
+        has it for both ``attach`` and ``release``.
+        """
         sandbox = self.sandbox_id(sandbox)
         try:
-            self.client.release(sandbox, holder=holder)
+            if not self.client.release(sandbox, holder=holder):
+                # Nothing was cleared: not held by holder, or gone. The daemon
+                # answers both alike, so ask which (read_tags of a gone one is
+                # not_found).
+                self.client.read_tags(sandbox)
         except SidecarError as exc:
             raise to_sandbox_error(exc, op="release") from exc
 
     def read_tags(self, sandbox: str) -> Mapping[str, str]:
-        """The sandbox's tags (``airflow_owner``, ``airflow_holder``, ...). A gone sandbox is terminal."""
+        """The sandbox's tags (``airflow_owner``, ``airflow_holder``, ...). A gone sandbox is terminal.
+
+        A tag that is not set is left out, as upstream's tag stores have it: an
+        unheld sandbox has no ``airflow_holder``, an unowned one no ``airflow_owner``.
+        """
         sandbox = self.sandbox_id(sandbox)
         try:
-            return self.client.read_tags(sandbox)
+            tags = self.client.read_tags(sandbox)
         except SidecarError as exc:
             raise to_sandbox_error(exc, op="read_tags") from exc
+        return {k: v for k, v in tags.items() if v != ""}
 
     def write_tags(self, sandbox: str, tags: Mapping[str, str]) -> None:
         """Make the sandbox's tags ``tags``.
