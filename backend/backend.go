@@ -95,6 +95,24 @@ type Closer interface {
 	Close() error
 }
 
+// RangedFiles is implemented by backends that move a file in pieces, so a
+// file larger than one frame (or than what a daemon holds in memory at
+// once) can be read and written: export_file, and a write_file of more than
+// one frame.
+type RangedFiles interface {
+	// ReadFileRange returns at most length bytes of the regular file at
+	// path from offset (none past its end), and the file's size when it
+	// was opened. A directory is ErrIsDirectory; a FIFO, socket or device
+	// ErrBadPath. length 0 reads nothing and reports the size alone.
+	ReadFileRange(ctx context.Context, id, path string, offset, length int64) (data []byte, size int64, err error)
+
+	// WriteFileAt writes data into the existing regular file at path, at
+	// offset, or at its end when offset is negative (append); offset may
+	// not lie past the end. It never follows a symlink at path and
+	// returns the file's size after the write.
+	WriteFileAt(ctx context.Context, id, path string, data []byte, offset int64) (size int64, err error)
+}
+
 // LimitReporter is implemented by backends that enforce per-sandbox
 // limits. LimitsInForce names, for each limit ("memory", "pids", "cpu",
 // "disk", "open_files", "file_size", "syscalls"), the mechanism enforcing

@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"time"
 
@@ -117,6 +118,46 @@ func (m *Manager) WriteFile(ctx context.Context, c Caller, id, path string, data
 	}
 	defer done()
 	return m.be.WriteFile(ctx, id, path, data, mode)
+}
+
+// ranged is the backend's piecewise file operations, or an error saying
+// this backend has none.
+func (m *Manager) ranged() (backend.RangedFiles, error) {
+	rb, ok := m.be.(backend.RangedFiles)
+	if !ok {
+		return nil, fmt.Errorf("%w: the %s backend cannot move a file in pieces (offset, length, append); read or write it whole", backend.ErrInvalidArgument, m.be.Name())
+	}
+	return rb, nil
+}
+
+// ReadFileRange reads up to length bytes of a sandbox's file from offset,
+// and the file's size.
+func (m *Manager) ReadFileRange(ctx context.Context, c Caller, id, path string, offset, length int64) ([]byte, int64, error) {
+	rb, err := m.ranged()
+	if err != nil {
+		return nil, 0, err
+	}
+	_, done, err := m.use(c, id)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer done()
+	return rb.ReadFileRange(ctx, id, path, offset, length)
+}
+
+// WriteFileAt writes data into a sandbox's existing file at offset (its end
+// when negative) and returns the file's size after.
+func (m *Manager) WriteFileAt(ctx context.Context, c Caller, id, path string, data []byte, offset int64) (int64, error) {
+	rb, err := m.ranged()
+	if err != nil {
+		return 0, err
+	}
+	_, done, err := m.use(c, id)
+	if err != nil {
+		return 0, err
+	}
+	defer done()
+	return rb.WriteFileAt(ctx, id, path, data, offset)
 }
 
 // ListDirectory lists a directory of a sandbox.

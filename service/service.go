@@ -589,15 +589,36 @@ func (s *Service) readFile(ctx context.Context, c lifecycle.Caller, req *ipc.Req
 	id := args.String("sandbox", true)
 	path := pathArg(args, "path", true)
 	maxBytes := args.Int("max_bytes", s.lim.MaxFileBytes, 0, math.MaxInt64)
+	ranged := args.Has("offset") || args.Has("length")
+	offset := args.Int("offset", 0, 0, math.MaxInt64)
+	length := args.Int("length", s.lim.MaxFileBytes, 0, math.MaxInt64)
+	if ranged && args.Has("max_bytes") {
+		args.Failf("max_bytes bounds a whole read and offset/length a ranged one; give one or the other")
+	}
 	if err := args.Done("argument"); err != nil {
 		return nil, err
+	}
+	a.sandbox(id)
+	a.add("path", truncateRunes(path, 200))
+	if ranged {
+		// One piece of a file of any size: at most max_file_bytes, so a
+		// response fits a frame and the daemon holds one piece at a time.
+		length = min(length, s.lim.MaxFileBytes)
+		if err := req.ReserveResponse(ctx, readFileReservation(length)); err != nil {
+			return nil, err
+		}
+		a.add("offset", offset, "length", length)
+		data, size, err := s.m.ReadFileRange(ctx, c, id, path, offset, length)
+		if err != nil {
+			return nil, err
+		}
+		a.add("bytes", len(data))
+		return map[string]any{"data": nonNil(data), "size_bytes": size, "offset": offset, "eof": offset+int64(len(data)) >= size}, nil
 	}
 	maxBytes = min(maxBytes, s.lim.MaxFileBytes)
 	if err := req.ReserveResponse(ctx, readFileReservation(maxBytes)); err != nil {
 		return nil, err
 	}
-	a.sandbox(id)
-	a.add("path", truncateRunes(path, 200))
 	data, err := s.m.ReadFile(ctx, c, id, path, maxBytes)
 	if err != nil {
 		return nil, err
@@ -611,6 +632,15 @@ func (s *Service) writeFile(ctx context.Context, c lifecycle.Caller, args *ipc.A
 	path := pathArg(args, "path", true)
 	data, _ := args.Bytes("data", true)
 	mode := args.Int("mode", 0o644, 0, 0o777)
+	appendTo := args.Bool("append", false)
+	offset := args.Int("offset", -1, 0, math.MaxInt64)
+	ranged := appendTo || args.Has("offset")
+	switch {
+	case appendTo && args.Has("offset"):
+		args.Failf("append writes at the end and offset at a given place; give one or the other")
+	case ranged && args.Has("mode"):
+		args.Failf("mode applies to a whole write_file that makes the file; a write with append or offset keeps the file's mode")
+	}
 	if err := args.Done("argument"); err != nil {
 		return nil, err
 	}
@@ -620,6 +650,14 @@ func (s *Service) writeFile(ctx context.Context, c lifecycle.Caller, args *ipc.A
 	}
 	a.sandbox(id)
 	a.add("path", truncateRunes(path, 200), "bytes", len(data))
+	if ranged {
+		a.add("offset", offset)
+		size, err := s.m.WriteFileAt(ctx, c, id, path, data, offset)
+		if err != nil {
+			return nil, err
+		}
+		return map[string]any{"bytes_written": len(data), "size_bytes": size}, nil
+	}
 	if err := s.m.WriteFile(ctx, c, id, path, data, os.FileMode(mode)); err != nil {
 		return nil, err
 	}

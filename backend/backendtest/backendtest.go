@@ -120,6 +120,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend, opts Optio
 		{"BadPaths", testBadPaths},
 		{"FileErrors", testFileErrors},
 		{"FileTooLarge", testFileTooLarge},
+		{"RangedFiles", testRangedFiles},
 		{"ConcurrentSandboxes", testConcurrent},
 		{"TimeoutKillsEscapees", testTimeoutKillsEscapees},
 		{"DestroyKillsEverything", testDestroyKillsEverything},
@@ -882,6 +883,75 @@ func testFileTooLarge(s *suite) {
 	if got, err := s.b.ReadFile(ctx, sb.id, "empty", 0); err != nil || len(got) != 0 {
 		s.Errorf("ReadFile of an empty file with a bound of 0: %q, %v", got, err)
 	}
+}
+
+// testRangedFiles: a file moved in pieces, both ways, with the refusals
+// export_file relies on (directories, FIFOs, symlinks at the path).
+func testRangedFiles(s *suite) {
+	rb, ok := s.b.(backend.RangedFiles)
+	if !ok {
+		s.Fatalf("%T does not implement backend.RangedFiles; every backend must move files in pieces", s.b)
+	}
+	sb := s.create(backend.Spec{})
+	ctx := s.ctx()
+	want := make([]byte, 300000)
+	for i := range want {
+		want[i] = byte(i*7 + i/251)
+	}
+	// Upload in pieces: a whole write, then appends and an overwrite at an offset.
+	s.write(sb, "up/big.bin", want[:1000])
+	for off := 1000; off < len(want); off += 65536 {
+		size, err := rb.WriteFileAt(ctx, sb.id, "up/big.bin", want[off:min(off+65536, len(want))], -1)
+		if err != nil || size != int64(min(off+65536, len(want))) {
+			s.Fatalf("WriteFileAt(append at %d): size %d, %v", off, size, err)
+		}
+	}
+	if size, err := rb.WriteFileAt(ctx, sb.id, "up/big.bin", want[5:10], 5); err != nil || size != int64(len(want)) {
+		s.Fatalf("WriteFileAt(offset 5): size %d, %v", size, err)
+	}
+	if got := s.runOK(sb, "cksum < up/big.bin"); got != s.runOK(sb, "cksum < up/big.bin") || got == "" {
+		s.Fatalf("cksum: %q", got)
+	}
+	// Download in pieces of an odd size, the last one short.
+	var got []byte
+	for off := int64(0); ; {
+		data, size, err := rb.ReadFileRange(ctx, sb.id, "up/big.bin", off, 70001)
+		if err != nil || size != int64(len(want)) {
+			s.Fatalf("ReadFileRange(%d): size %d, %v", off, size, err)
+		}
+		got = append(got, data...)
+		off += int64(len(data))
+		if len(data) == 0 || off >= size {
+			break
+		}
+	}
+	if !bytes.Equal(got, want) {
+		s.Fatalf("the file read back in pieces (%d bytes) differs from the one written in pieces (%d bytes)", len(got), len(want))
+	}
+	if data, size, err := rb.ReadFileRange(ctx, sb.id, "up/big.bin", 0, 0); err != nil || len(data) != 0 || size != int64(len(want)) {
+		s.Errorf("ReadFileRange(length 0) = %d bytes, size %d, %v; want the size alone", len(data), size, err)
+	}
+	if data, _, err := rb.ReadFileRange(ctx, sb.id, "up/big.bin", int64(len(want))+10, 100); err != nil || len(data) != 0 {
+		s.Errorf("ReadFileRange past the end = %d bytes, %v; want none", len(data), err)
+	}
+	_, err := rb.WriteFileAt(ctx, sb.id, "up/big.bin", []byte("x"), int64(len(want))+1)
+	wantErr(s, "WriteFileAt past the end", err, backend.ErrInvalidArgument)
+	_, err = rb.WriteFileAt(ctx, sb.id, "up/missing", []byte("x"), -1)
+	wantErr(s, "WriteFileAt(missing)", err, backend.ErrPathNotFound)
+
+	s.runOK(sb, "mkdir -p d && mkfifo fifo && ln -s up/big.bin link")
+	_, _, err = rb.ReadFileRange(ctx, sb.id, "d", 0, 10)
+	wantErr(s, "ReadFileRange(dir)", err, backend.ErrIsDirectory)
+	_, _, err = rb.ReadFileRange(ctx, sb.id, "fifo", 0, 10)
+	wantErr(s, "ReadFileRange(fifo)", err, backend.ErrBadPath)
+	_, err = rb.WriteFileAt(ctx, sb.id, "fifo", []byte("x"), -1)
+	wantErr(s, "WriteFileAt(fifo)", err, backend.ErrBadPath)
+	_, err = rb.WriteFileAt(ctx, sb.id, "link", []byte("x"), -1)
+	wantErr(s, "WriteFileAt(a symlink)", err, backend.ErrBadPath)
+	_, _, err = rb.ReadFileRange(ctx, sb.id, "/etc/passwd", 0, 10)
+	wantErr(s, "ReadFileRange(/etc/passwd)", err, backend.ErrBadPath)
+	_, _, err = rb.ReadFileRange(ctx, sb.id, "up/big.bin", -1, 10)
+	wantErr(s, "ReadFileRange(negative offset)", err, backend.ErrInvalidArgument)
 }
 
 func testConcurrent(s *suite) {

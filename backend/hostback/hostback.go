@@ -421,3 +421,25 @@ func (b *Backend) Health(ctx context.Context) error {
 	}
 	return nil
 }
+
+var _ backend.RangedFiles = (*Backend)(nil)
+
+// ReadFileRange implements backend.RangedFiles.
+func (b *Backend) ReadFileRange(ctx context.Context, id, p string, offset, length int64) ([]byte, int64, error) {
+	root, rel, done, err := b.fileOp(ctx, id, p)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer done()
+	return hostfs.ReadRange(root, rel, p, offset, length)
+}
+
+// WriteFileAt implements backend.RangedFiles.
+func (b *Backend) WriteFileAt(ctx context.Context, id, p string, data []byte, offset int64) (int64, error) {
+	root, rel, done, err := b.fileOp(ctx, id, p)
+	if err != nil {
+		return 0, err
+	}
+	defer done()
+	return hostfs.WriteAt(root, rel, p, data, offset)
+}

@@ -424,17 +424,14 @@ func runWrite(args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() != 2 {
 		return &exitError{code: 2, err: errors.New("want SANDBOX PATH")}
 	}
-	data, err := io.ReadAll(io.LimitReader(os.Stdin, 64<<20))
-	if err != nil {
-		return err
-	}
 	cl, ctx, cancel, err := cf.dial()
 	if err != nil {
 		return &exitError{code: 2, err: err}
 	}
 	defer cancel()
 	defer cl.Close()
-	_, err = cl.WriteFile(ctx, api.WriteFileRequest{Sandbox: fs.Arg(0), Path: fs.Arg(1), Data: data, Mode: int(mode)})
+	// In pieces: standard input of any size, a piece in memory at a time.
+	_, err = cl.ImportFile(ctx, fs.Arg(0), fs.Arg(1), os.Stdin, uint32(mode), 0)
 	return err
 }
 
@@ -456,12 +453,8 @@ func runRead(args []string, stdout, stderr io.Writer) error {
 	}
 	defer cancel()
 	defer cl.Close()
-	mb := maxBytes.Bytes()
-	res, err := cl.ReadFile(ctx, api.ReadFileRequest{Sandbox: fs.Arg(0), Path: fs.Arg(1), MaxBytes: &mb})
-	if err != nil {
-		return err
-	}
-	_, err = stdout.Write(res.Data)
+	// In pieces, so a file larger than a frame can be read too.
+	_, err = cl.ExportFile(ctx, fs.Arg(0), fs.Arg(1), stdout, maxBytes.Bytes(), 0)
 	return err
 }
 
