@@ -461,21 +461,23 @@ def test_read_file_never_returns_more_than_asked(fake_daemon):
     assert info.value.size_bytes == 50
 
 
-def test_write_file_over_the_daemons_limit_is_refused_before_sending(fake_daemon):
+def test_write_file_over_the_daemons_limit_goes_in_pieces(fake_daemon):
     daemon, backend = backend_for(fake_daemon, {"write_file": lambda a: {}}, limits={"max_file_bytes": 1000})
-    with pytest.raises(SandboxFileTooLargeError) as info:
-        backend.write_file("sc-1", "f", b"x" * 1001)
-    assert (info.value.size_bytes, info.value.max_bytes) == (1001, 1000)
-    assert "write_file" not in daemon.ops_seen()
+    content = bytes(range(256)) * 10  # 2560 bytes: three pieces of at most 1000
+    backend.write_file("sc-1", "f", content)
+    calls = daemon.args_of("write_file")
+    assert [len(c["data"]) for c in calls] == [1000, 1000, 560]
+    assert [c.get("offset") for c in calls] == [None, 1000, 2000], "the first replaces the file, the rest land at their offsets"
+    assert b"".join(c["data"] for c in calls) == content
+    assert "append" not in calls[1], "an offset write may be resent after a broken connection; an append may not"
 
 
-def test_write_file_that_cannot_fit_a_frame_is_model_fixable(fake_daemon):
+def test_write_file_that_cannot_fit_a_frame_goes_in_pieces_that_do(fake_daemon):
     daemon, backend = backend_for(
-        fake_daemon, {"write_file": lambda a: {}}, limits={"max_frame_bytes": 4096, "max_file_bytes": 1 << 20}
+        fake_daemon, {"write_file": lambda a: {}}, limits={"max_frame_bytes": 80 * 1024, "max_file_bytes": 1 << 20}
     )
-    with pytest.raises(SandboxFileTooLargeError) as info:
-        backend.write_file("sc-1", "f", b"x" * 5000)
-    assert info.value.max_bytes == 4096
+    backend.write_file("sc-1", "f", b"x" * 40_000)
+    assert [len(c["data"]) for c in daemon.args_of("write_file")] == [16 * 1024, 16 * 1024, 40_000 - 32 * 1024]
 
 
 def test_a_path_msgpack_cannot_carry_is_model_fixable(fake_daemon):

@@ -121,10 +121,15 @@ def test_file_too_large(backend, sandbox):
     assert backend.read_file(sandbox, "big.bin", max_bytes=5000) == b"x" * 5000
 
 
-def test_write_over_the_daemons_file_limit(backend, sandbox):
-    limit = backend.client.limits["max_file_bytes"]
-    with pytest.raises(SandboxFileTooLargeError):
-        backend.write_file(sandbox, "huge.bin", b"\0" * (limit + 1))
+def test_a_write_larger_than_a_frame_goes_in_pieces(backend, sandbox):
+    import hashlib
+    import os as _os
+
+    frame = backend.client.limits["max_frame_bytes"]
+    content = _os.urandom(frame + 12345)  # past the daemon's per-write limit and a frame
+    backend.write_file(sandbox, "huge/x.bin", content)
+    result = backend.run_command(sandbox, "sha256sum huge/x.bin", timeout=60, max_output_bytes=1000)
+    assert result.stdout.split()[0] == hashlib.sha256(content).hexdigest()
 
 
 @pytest.mark.parametrize(

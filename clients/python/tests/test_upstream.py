@@ -114,7 +114,7 @@ for name in ("SandboxError", "SandboxTerminalError", "SandboxFileTooLargeError",
 assert s.AttachedSandbox is base.AttachedSandbox
 assert issubclass(s.SidecarSandboxBackend, up.AttachableSandboxBackend)
 backend = s.SidecarSandboxBackend("/nonexistent.sock")  # every abstract method is implemented
-for method in ("read_file", "write_file", "list_directory", "attach", "release"):
+for method in ("read_file", "write_file", "list_directory", "export_file", "attach", "release"):
     assert getattr(type(backend), method) is not getattr(up.AttachableSandboxBackend, method), method
 try:
     backend.create()

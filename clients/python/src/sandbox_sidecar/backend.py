@@ -19,6 +19,7 @@ from .contract import (
     SandboxSpec,
     SandboxTerminalError,
     SidecarExecResult,
+    export_deadline,
     make_sidecar_result,
     read_network_stamp,
     reason_of,
@@ -583,7 +584,13 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
         return bytes(data)
 
     def write_file(self, sandbox: str, path: str, content: bytes) -> None:
-        """Write ``content`` (creating parent directories), replacing any existing file."""
+        """Write ``content`` (creating parent directories), replacing any existing file.
+
+        Content that fits one request goes in one, so no reader in the
+        sandbox ever sees half of it. Larger content (past the daemon's
+        per-write limit or a frame) goes in pieces of :attr:`piece_bytes`: the
+        first replaces the file, the rest are written at their offsets.
+        """
         if not isinstance(path, str):
             raise SandboxError(f"path must be a string, got {type(path).__name__}")
         if isinstance(content, str):
@@ -591,17 +598,94 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
         if not isinstance(content, (bytes, bytearray, memoryview)):
             raise SandboxError(f"content must be bytes, got {type(content).__name__}")
         sandbox = self.sandbox_id(sandbox)
-        content = bytes(content)
+        view = memoryview(bytes(content) if not isinstance(content, bytes) else content)
         try:
-            limit = self.client.limits.get("max_file_bytes")
-            if isinstance(limit, int) and len(content) > limit:
-                raise SandboxFileTooLargeError(path, len(content), limit)
-            self.client.write_file(sandbox, path, content)
+            one = self._one_request_bytes()
+            if len(view) <= one:
+                self.client.write_file(sandbox, path, view)
+                return
+            piece = min(self.piece_bytes, one)
+            self.client.write_file(sandbox, path, view[:piece])
+            for offset in range(piece, len(view), piece):
+                self.client.write_file(sandbox, path, view[offset : offset + piece], offset=offset)
         except SidecarError as exc:
-            if exc.code == "frame_too_large" and "frame_bytes" in exc.details:
-                # Refused by this client before sending: the content cannot fit one frame.
-                raise SandboxFileTooLargeError(path, len(content), exc.details["max_frame_bytes"]) from exc
             raise to_sandbox_error(exc, op="write_file", path=path) from exc
+
+    piece_bytes = 1 << 20
+    """Bytes one request of :meth:`export_file` or of a large :meth:`write_file` moves.
+
+    Small enough that the daemon's memory stays small (each piece is garbage
+    it collects) and that other calls sharing the connection do not wait long
+    behind a piece."""
+
+    def _one_request_bytes(self) -> int:
+        """The most file bytes one write_file request may carry: the daemon's limit, within a frame."""
+        limits = self.client.limits
+        per_write = limits.get("max_file_bytes")
+        frame = limits.get("max_frame_bytes")
+        one = per_write if isinstance(per_write, int) and per_write > 0 else self.piece_bytes
+        if isinstance(frame, int) and frame > 0:
+            one = min(one, frame - 64 * 1024)  # room for the envelope and the path
+        return max(one, 1)
+
+    def export_file(self, sandbox: str, path: str, dest: Any, *, max_bytes: int) -> int:
+        """Copy the regular file at ``path`` into ``dest`` (a writable binary stream); return the bytes written.
+
+        Native: ranged reads of :attr:`piece_bytes`, one piece in memory at a
+        time, whatever the file's size. A directory, device or FIFO is refused
+        (``SandboxError``); a file larger than ``max_bytes`` raises
+        ``SandboxFileTooLargeError`` before anything is written; a file whose
+        size changes during the copy raises ``SandboxError`` (or
+        ``SandboxFileTooLargeError`` when it grew past ``max_bytes``). The whole
+        copy is bounded by a deadline growing with ``max_bytes`` (at least
+        1 MiB/s, never under two minutes), each request by what is left of it.
+        """
+        if not isinstance(path, str):
+            raise SandboxError(f"path must be a string, got {type(path).__name__}")
+        if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 0:
+            raise SandboxError(f"max_bytes must be an integer >= 0, got {max_bytes!r}")
+        if not callable(getattr(dest, "write", None)):
+            raise SandboxError(f"dest must be a writable binary stream, got {type(dest).__name__}")
+        sandbox = self.sandbox_id(sandbox)
+        allowed = export_deadline(max_bytes)
+        deadline = time.monotonic() + allowed
+
+        def piece(offset: int, length: int) -> Tuple[bytes, int]:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise SandboxError(f"exporting {path!r} took longer than {allowed:g} s, its deadline for {max_bytes} bytes; it was stopped")
+            try:
+                result = self.client.read_file_range(
+                    sandbox, path, offset=offset, length=length, timeout=min(left, self.client.op_timeout)
+                )
+            except SidecarTimeoutError as exc:
+                raise SandboxError(f"exporting {path!r} took longer than {allowed:g} s; it was stopped") from exc
+            except SidecarError as exc:
+                raise to_sandbox_error(exc, op="export_file", path=path) from exc
+            data, size = result.get("data"), result.get("size_bytes")
+            if not isinstance(data, (bytes, bytearray)) or not isinstance(size, int) or len(data) > length:
+                raise SandboxTerminalError("the sandbox-sidecar daemon answered a ranged read_file with something else")
+            return bytes(data), size
+
+        def changed(was: int, now: int) -> SandboxError:
+            if now > max_bytes:
+                return SandboxFileTooLargeError(path, now, max_bytes)
+            return SandboxError(f"{path!r} changed while it was exported ({was} bytes, then {now}); export it again once it is complete")
+
+        _, size = piece(0, 0)
+        if size > max_bytes:
+            raise SandboxFileTooLargeError(path, size, max_bytes)
+        written = 0
+        while written < size:
+            data, now = piece(written, min(self.piece_bytes, size - written))
+            if now != size or not data:
+                raise changed(size, now)
+            dest.write(data)
+            written += len(data)
+        _, now = piece(0, 0)
+        if now != size:
+            raise changed(size, now)
+        return written
 
     def list_directory(self, sandbox: str, path: str) -> List[Tuple[str, bool]]:
         """``(name, is_dir)`` pairs sorted by name; a non-UTF-8 name keeps its bytes as surrogate escapes."""

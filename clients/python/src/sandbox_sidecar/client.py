@@ -491,12 +491,21 @@ class SidecarClient:
 
     # -- calls -------------------------------------------------------------------
 
-    def call(self, op: str, args: Optional[Mapping[str, Any]] = None, *, timeout: Optional[float] = None) -> dict:
+    def call(
+        self,
+        op: str,
+        args: Optional[Mapping[str, Any]] = None,
+        *,
+        timeout: Optional[float] = None,
+        idempotent: Optional[bool] = None,
+    ) -> dict:
         """Send one request and return its ``result`` map; raise :class:`SidecarError` on failure.
 
         ``timeout`` is the call's own budget (default ``op_timeout``); the
         client waits that long plus ``grace`` for the answer. ``None`` values in
-        ``args`` are left out.
+        ``args`` are left out. ``idempotent`` says whether a request that met a
+        broken connection after it was sent may be sent again (default: by op,
+        :data:`RETRY_SAFE_OPS`; an append is not).
         """
         budget = self.op_timeout if timeout is None else timeout
         if not _positive_finite(budget):
@@ -508,7 +517,8 @@ class SidecarClient:
                 return conn.request(op, args, deadline)
             except _Broken as exc:
                 self._forget(conn)
-                retryable = not exc.sent or op in RETRY_SAFE_OPS
+                safe = op in RETRY_SAFE_OPS if idempotent is None else idempotent
+                retryable = not exc.sent or safe
                 if attempt == 1 and retryable:
                     continue
                 if retryable:
@@ -603,8 +613,40 @@ class SidecarClient:
         """Returns ``data`` (bytes) and ``size_bytes``; a larger file is the error ``file_too_large``."""
         return self.call("read_file", {"sandbox": sandbox, "path": path, "max_bytes": max_bytes})
 
-    def write_file(self, sandbox: str, path: str, data: Bytes, *, mode: Optional[int] = None) -> dict:
-        return self.call("write_file", {"sandbox": sandbox, "path": path, "data": bytes(data), "mode": mode})
+    def read_file_range(
+        self, sandbox: str, path: str, *, offset: int = 0, length: Optional[int] = None, timeout: Optional[float] = None
+    ) -> dict:
+        """One piece of a regular file: ``data`` (at most ``length`` bytes from ``offset``), ``size_bytes``
+        (the whole file's size), ``offset`` and ``eof``. ``length=0`` asks for the size alone."""
+        return self.call(
+            "read_file", {"sandbox": sandbox, "path": path, "offset": offset, "length": length}, timeout=timeout
+        )
+
+    def write_file(
+        self,
+        sandbox: str,
+        path: str,
+        data: Bytes,
+        *,
+        mode: Optional[int] = None,
+        offset: Optional[int] = None,
+        append: bool = False,
+    ) -> dict:
+        """Write a whole file (``mode`` applies), or with ``offset``/``append`` a piece of an existing one.
+
+        A piece returns ``size_bytes``, the file's size after. An append is
+        never resent after a broken connection (it could land twice); a write
+        at an offset is.
+        """
+        args: dict = {"sandbox": sandbox, "path": path, "data": bytes(data)}
+        if append:
+            args["append"] = True
+            return self.call("write_file", args, idempotent=False)
+        if offset is not None:
+            args["offset"] = offset
+        else:
+            args["mode"] = mode
+        return self.call("write_file", args)
 
     def list_directory(self, sandbox: str, path: str) -> List[dict]:
         """Entries as maps with ``name`` (str, or bytes when not UTF-8) and ``is_dir``."""
