@@ -624,3 +624,43 @@ def test_renew_and_destroy_run(fake_daemon):
     assert backend.renew("sc-1", 600) == 600.0
     assert backend.destroy_run("dag/run") == ["sc-1", "sc-2"]
     assert backend.client.destroy_run("dag/run") == ["sc-1", "sc-2"]
+
+
+def test_release_of_a_gone_sandbox_is_terminal_and_of_an_unheld_one_is_not(fake_daemon):
+    gone = {"sc-gone"}
+
+    def read_tags(a):
+        if a["sandbox"] in gone:
+            raise OpError("not_found", "no such sandbox")
+        return {"tags": {"airflow_owner": "o", "airflow_holder": "", "airflow_workdir": "/workspace"}}
+
+    daemon, backend = backend_for(fake_daemon, {"release": lambda a: {"released": False}, "read_tags": read_tags})
+    backend.release("sc-1", holder="h")  # not held by h: nothing to do, and no error
+    with pytest.raises(SandboxTerminalError) as info:
+        backend.release("sc-gone", holder="h")
+    assert info.value.code == "not_found"
+    # an unset tag is left out
+    assert backend.read_tags("sc-1") == {"airflow_owner": "o", "airflow_workdir": "/workspace"}
+
+
+@pytest.mark.parametrize(
+    "code,details,match",
+    [
+        ("owner_mismatch", {"owner": ""}, "'sc-1' on backend 'sidecar' is not owned by 'dag/run': it carries no owner"),
+        ("owner_mismatch", {"owner": "other/run"}, "is not owned by 'dag/run': it carries owner 'other/run'"),
+        ("held_by_other", {"holder": "dag/run/t2"}, "is already held by 'dag/run/t2'"),
+    ],
+)
+def test_attach_refusals_use_upstreams_words(fake_daemon, code, details, match):
+    daemon, backend = backend_for(fake_daemon, {"attach": failing(code, **details)})
+    with pytest.raises(SandboxTerminalError, match=match) as info:
+        backend.attach("sc-1", owner="dag/run", holder="dag/run/t1")
+    assert info.value.code == code and info.value.details == details
+
+
+def test_an_unreadable_network_stamp_is_logged_and_means_no_claim(fake_daemon, caplog):
+    daemon, backend = backend_for(
+        fake_daemon, {"attach": lambda a: {"remaining_s": 10.0, "workdir": "/workspace", "network": "open-ish"}}
+    )
+    assert backend.attach("sc-1", owner="o", holder="h").network is None
+    assert "Sandbox sc-1 carries a network stamp this backend cannot read: 'open-ish'" in caplog.text
