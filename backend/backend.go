@@ -16,6 +16,8 @@ import (
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
 )
 
 // Backend is the whole story of a sandbox: make it, run things in it, move
@@ -237,6 +239,11 @@ type ExecRequest struct {
 	Timeout time.Duration
 	// MaxOutputBytes caps each of stdout and stderr; the tail is kept.
 	MaxOutputBytes int
+	// Output, when set, also gets the command's output as it is read
+	// (stderr false for stdout), whatever is kept. It is called from the
+	// backend's drain goroutines and must not block: a slow consumer
+	// drops (capture.Window).
+	Output func(stderr bool, p []byte)
 }
 
 // ExecResult is what a command did.
@@ -377,3 +384,11 @@ func NotFound(id string) error {
 
 // ValidID reports whether id may name a sandbox.
 func ValidID(id string) bool { return validID.MatchString(id) }
+
+// OutputFunc adapts an ExecRequest's Output to capture's; nil stays nil.
+func OutputFunc(out func(stderr bool, p []byte)) capture.OutputFunc {
+	if out == nil {
+		return nil
+	}
+	return func(s capture.Stream, p []byte) { out(s == capture.Stderr, p) }
+}

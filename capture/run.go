@@ -77,6 +77,11 @@ type Options struct {
 	MaxOutputBytes int
 	// Stdin is fed to the process; nil means an empty stdin.
 	Stdin []byte
+	// Output, when set, also gets every chunk of stdout and stderr as it is
+	// read, before it reaches the kept window. It is called from the drain
+	// goroutines and must not block: a slow consumer must drop, not stall
+	// the command (see Window).
+	Output OutputFunc
 	// Started, when set, is called once the process has started and
 	// before anything is written to it. An error kills the process group
 	// and Run returns that error (e.g. a sandbox that could not be placed
@@ -149,6 +154,7 @@ func Run(ctx context.Context, cmd *exec.Cmd, opts Options) (Result, error) {
 		return Result{}, fmt.Errorf("capture: cannot create pipes for %s (is the daemon out of file descriptors?): %w", cmd.Path, err)
 	}
 	defer s.Close()
+	s.SetOutput(opts.Output)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = s.p.childIn, s.p.childOut, s.p.childErr
 	prepareSysProcAttr(cmd)
 	if err := CloseInheritedOnExec(); err != nil {
@@ -437,12 +443,12 @@ func (p *pipes) closeAll() {
 
 // startDrains copies both output pipes into their buffers concurrently; the
 // returned channel is closed when both have stopped.
-func (p *pipes) startDrains(stdout, stderr *Buffer) <-chan struct{} {
+func (p *pipes) startDrains(stdout, stderr *Buffer, out OutputFunc) <-chan struct{} {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); drain(p.stdoutR, stdout) }()
-	go func() { defer wg.Done(); drain(p.stderrR, stderr) }()
+	go func() { defer wg.Done(); drain(p.stdoutR, stdout, out, Stdout) }()
+	go func() { defer wg.Done(); drain(p.stderrR, stderr, out, Stderr) }()
 	go func() { wg.Wait(); close(done) }()
 	return done
 }
@@ -459,7 +465,7 @@ var drainStarting func()
 // told to stop (a writer that never stops cannot keep it going).
 const maxSweepReads = 64
 
-func drain(r *os.File, w *Buffer) {
+func drain(r *os.File, w *Buffer, out OutputFunc, stream Stream) {
 	bp := drainBufs.Get().(*[]byte)
 	defer drainBufs.Put(bp)
 	buf := *bp
@@ -469,10 +475,13 @@ func drain(r *os.File, w *Buffer) {
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {
+			if out != nil {
+				out(stream, buf[:n])
+			}
 			_, _ = w.Write(buf[:n])
 		}
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			sweep(r, w, buf)
+			sweep(r, w, buf, out, stream)
 			return
 		}
 		if err != nil {
@@ -483,7 +492,7 @@ func drain(r *os.File, w *Buffer) {
 
 // sweep reads what r already holds, without waiting (the parent ends are
 // non-blocking), at most maxSweepReads times.
-func sweep(r *os.File, w *Buffer, buf []byte) {
+func sweep(r *os.File, w *Buffer, buf []byte, out OutputFunc, stream Stream) {
 	rc, err := r.SyscallConn()
 	if err != nil {
 		return
@@ -498,6 +507,9 @@ func sweep(r *os.File, w *Buffer, buf []byte) {
 			}
 		}) != nil || rerr != nil || n <= 0 {
 			return
+		}
+		if out != nil {
+			out(stream, buf[:n])
 		}
 		_, _ = w.Write(buf[:n])
 	}

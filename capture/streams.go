@@ -19,8 +19,13 @@ type Streams struct {
 	p              *pipes
 	stdout, stderr *Buffer
 	stdin          []byte
+	output         OutputFunc
 	drained        <-chan struct{}
 }
+
+// SetOutput makes every chunk of output also go to out as it is read (see
+// Options.Output). Call it before Start.
+func (s *Streams) SetOutput(out OutputFunc) { s.output = out }
 
 // NewStreams opens the pipes: stdin is a pipe fed with stdin, or /dev/null
 // when stdin is empty; stdout and stderr each keep the last maxOutputBytes
@@ -50,7 +55,7 @@ func (s *Streams) ChildFiles() [3]*os.File {
 // stderr and starts feeding stdin. It must be called once, before Finish.
 func (s *Streams) Start() {
 	s.p.closeChildEnds()
-	s.drained = s.p.startDrains(s.stdout, s.stderr)
+	s.drained = s.p.startDrains(s.stdout, s.stderr, s.output)
 	s.p.feedStdin(s.stdin)
 }
 

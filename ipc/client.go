@@ -35,7 +35,9 @@ type Client struct {
 	mu      sync.Mutex
 	nextID  uint64
 	pending map[uint64]chan response
-	err     error // set once the connection is dead
+	// listeners get the events of calls made with CallStream.
+	listeners map[uint64]func(event string, data []byte)
+	err       error // set once the connection is dead
 	done    chan struct{}
 }
 
@@ -171,6 +173,7 @@ type wireResponse struct {
 	Result msgpack.RawMessage `msgpack:"result"`
 	Error  map[string]any     `msgpack:"error"`
 	Event  string             `msgpack:"event"`
+	Data   []byte             `msgpack:"data"`
 }
 
 func (c *Client) readLoop() {
@@ -194,7 +197,15 @@ func (c *Client) readLoop() {
 			return
 		}
 		if w.Event != "" {
-			continue // streamed events are reserved; this client ignores them
+			// An event of a CallStream call; any other is ignored, as the
+			// protocol asks of clients that did not ask for events.
+			c.mu.Lock()
+			fn := c.listeners[w.ID]
+			c.mu.Unlock()
+			if fn != nil {
+				fn(w.Event, w.Data)
+			}
+			continue
 		}
 		resp := response{ok: w.OK, result: w.Result}
 		if !w.OK {
@@ -245,6 +256,14 @@ func errorFromWire(m map[string]any) *Error {
 // is abandoned (the daemon may still finish it). The typed methods
 // (RunCommand, ...) are Call with ipc/api's types.
 func (c *Client) Call(ctx context.Context, op string, args any, out any) error {
+	return c.CallStream(ctx, op, args, out, nil)
+}
+
+// CallStream is Call that also hands every event frame of the call
+// (run_command's "stdout"/"stderr" with "stream": true) to onEvent, in
+// order, before it returns. onEvent runs on the connection's reader and
+// must be quick: while it runs no other response is read.
+func (c *Client) CallStream(ctx context.Context, op string, args any, out any, onEvent func(event string, data []byte)) error {
 	if m, isMap := args.(map[string]any); args == nil || (isMap && m == nil) {
 		args = map[string]any{}
 	}
@@ -258,6 +277,17 @@ func (c *Client) Call(ctx context.Context, op string, args any, out any) error {
 	c.nextID++
 	id := c.nextID
 	c.pending[id] = ch
+	if onEvent != nil {
+		if c.listeners == nil {
+			c.listeners = map[uint64]func(string, []byte){}
+		}
+		c.listeners[id] = onEvent
+		defer func() {
+			c.mu.Lock()
+			delete(c.listeners, id)
+			c.mu.Unlock()
+		}()
+	}
 	c.mu.Unlock()
 
 	body, err := marshal(map[string]any{"v": ProtocolVersion, "id": id, "op": op, "args": args})

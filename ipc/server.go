@@ -484,6 +484,8 @@ func (c *conn) handle(ctx context.Context, req *Request) {
 			c.send(req, req.ID, nil, Errorf(CodeInternal, "internal error; the daemon's log has the details"))
 		}
 	}()
+	id := req.ID
+	ctx = WithEvents(ctx, func(event string, data []byte) error { return c.sendEvent(id, event, data) })
 	result, err := c.s.cfg.Handler.Handle(ctx, c.peer, req)
 	if err != nil {
 		e := AsError(err)

@@ -547,6 +547,11 @@ func (s *Service) runCommand(ctx context.Context, c lifecycle.Caller, r *ipc.Req
 		args.Failf(`argument "timeout_s" must be greater than 0, got %v`, timeout)
 	}
 	maxOut := args.Int("max_output_bytes", int64(s.lim.DefaultOutputBytes), 0, math.MaxInt32)
+	stream := args.Bool("stream", false)
+	send := ipc.Events(ctx)
+	if stream && send == nil {
+		args.Failf(`"stream" needs a connection that can carry events`)
+	}
 	if err := args.Done("argument"); err != nil {
 		return nil, err
 	}
@@ -562,13 +567,23 @@ func (s *Service) runCommand(ctx context.Context, c lifecycle.Caller, r *ipc.Req
 	}
 	a.sandbox(id)
 	a.add("command", truncateRunes(cmdText, 200))
+	var out *outputStream
+	if stream {
+		out = startStream(ctx, send)
+		req.Output = out.output
+	}
 	res, err := s.m.Exec(ctx, c, id, req)
+	var dropOut, dropErr int64
+	if out != nil {
+		dropOut, dropErr = out.finish()
+		a.add("stream_dropped_bytes", dropOut+dropErr)
+	}
 	if err != nil {
 		return nil, err
 	}
 	a.add("exit_code", res.ExitCode, "reason", res.Reason(), "timed_out", res.TimedOut, "sandbox_terminated", res.SandboxTerminated,
 		"oom_killed", res.OOMKilled, "oom_kills", res.OOMKills, "command_duration_ms", res.Duration.Milliseconds())
-	return api.RunCommandResult{
+	result := api.RunCommandResult{
 		ExitCode:          res.ExitCode,
 		Stdout:            nonNil(res.Stdout),
 		Stderr:            nonNil(res.Stderr),
@@ -581,7 +596,11 @@ func (s *Service) runCommand(ctx context.Context, c lifecycle.Caller, r *ipc.Req
 		Reason:            res.Reason(),
 		AppliedTimeoutS:   res.AppliedTimeout.Seconds(),
 		DurationS:         res.Duration.Seconds(),
-	}, nil
+	}
+	if out != nil {
+		result.StdoutStreamDropped, result.StderrStreamDropped = &dropOut, &dropErr
+	}
+	return result, nil
 }
 
 func (s *Service) readFile(ctx context.Context, c lifecycle.Caller, req *ipc.Request, a *audit) (any, error) {
@@ -613,7 +632,8 @@ func (s *Service) readFile(ctx context.Context, c lifecycle.Caller, req *ipc.Req
 			return nil, err
 		}
 		a.add("bytes", len(data))
-		return map[string]any{"data": nonNil(data), "size_bytes": size, "offset": offset, "eof": offset+int64(len(data)) >= size}, nil
+		eof := offset+int64(len(data)) >= size
+		return api.ReadFileResult{Data: nonNil(data), SizeBytes: size, Offset: &offset, EOF: &eof}, nil
 	}
 	maxBytes = min(maxBytes, s.lim.MaxFileBytes)
 	if err := req.ReserveResponse(ctx, readFileReservation(maxBytes)); err != nil {
@@ -624,7 +644,7 @@ func (s *Service) readFile(ctx context.Context, c lifecycle.Caller, req *ipc.Req
 		return nil, err
 	}
 	a.add("bytes", len(data))
-	return api.ReadFileResult{Data: nonNil(data), SizeBytes: len(data)}, nil
+	return api.ReadFileResult{Data: nonNil(data), SizeBytes: int64(len(data))}, nil
 }
 
 func (s *Service) writeFile(ctx context.Context, c lifecycle.Caller, args *ipc.Args, a *audit) (any, error) {
@@ -656,7 +676,7 @@ func (s *Service) writeFile(ctx context.Context, c lifecycle.Caller, args *ipc.A
 		if err != nil {
 			return nil, err
 		}
-		return map[string]any{"bytes_written": len(data), "size_bytes": size}, nil
+		return api.WriteFileResult{BytesWritten: len(data), SizeBytes: size}, nil
 	}
 	if err := s.m.WriteFile(ctx, c, id, path, data, os.FileMode(mode)); err != nil {
 		return nil, err

@@ -420,6 +420,7 @@ func (b *Backend) execInit(ctx, opCtx context.Context, sb *sandbox, ip *initProc
 	if err != nil {
 		return backend.ExecResult{}, fmt.Errorf("%w: cannot create pipes for a command in sandbox %s (is the daemon out of file descriptors?): %v", backend.ErrUnavailable, sb.id, err)
 	}
+	streams.SetOutput(backend.OutputFunc(req.Output))
 	reqFile, err := memFile("sandbox-request", string(runRequest{argv: argv, env: env, cwd: cwd}.encode()))
 	if err != nil {
 		streams.Close()

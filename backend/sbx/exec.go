@@ -98,7 +98,7 @@ func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 	}
 
 	log := b.log.With("sandbox", id)
-	res, runErr := b.runSbx(opCtx, applied+killAfter+b.cfg.ExecGrace, req.MaxOutputBytes, req.Stdin, args...)
+	res, runErr := b.runSbxOutput(opCtx, applied+killAfter+b.cfg.ExecGrace, req.MaxOutputBytes, req.Stdin, backend.OutputFunc(req.Output), args...)
 	out := backend.ExecResult{
 		ExitCode:        res.ExitCode,
 		Stdout:          res.Stdout,

@@ -398,11 +398,17 @@ func (b *Backend) sbxCommand(args []string) *exec.Cmd {
 // not be started or ctx ended; a non-zero exit or a timeout is in the
 // Result.
 func (b *Backend) runSbx(ctx context.Context, limit time.Duration, maxOutput int, stdin []byte, args ...string) (capture.Result, error) {
+	return b.runSbxOutput(ctx, limit, maxOutput, stdin, nil, args...)
+}
+
+// runSbxOutput is runSbx that also hands output to out as it is read.
+func (b *Backend) runSbxOutput(ctx context.Context, limit time.Duration, maxOutput int, stdin []byte, out capture.OutputFunc, args ...string) (capture.Result, error) {
 	return capture.Run(ctx, b.sbxCommand(args), capture.Options{
 		Timeout:        limit,
 		KillGrace:      outerKillGrace,
 		MaxOutputBytes: maxOutput,
 		Stdin:          stdin,
+		Output:         out,
 	})
 }
 

@@ -336,7 +336,7 @@ func runExec(args []string, stdout, stderr io.Writer) error {
 	var sandbox, shell, cwd string
 	var cmdTimeout time.Duration
 	var maxOut int
-	var stdin bool
+	var stdin, stream bool
 	var resources resourceFlags
 	env := envFlag{}
 	fs := newFlags("exec", "[--sandbox ID] [flags] -- COMMAND [ARG...]   (or --sh 'shell string')", stderr)
@@ -347,6 +347,7 @@ func runExec(args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&cmdTimeout, "command-timeout", time.Minute, "the command's timeout")
 	fs.IntVar(&maxOut, "max-output-bytes", 1<<20, "per-stream output cap (the tail is kept)")
 	fs.BoolVar(&stdin, "stdin", false, "send this process's stdin to the command")
+	fs.BoolVar(&stream, "stream", true, "show output as it comes (false: all of it when the command ends, the last --max-output-bytes per stream)")
 	fs.Var(env, "env", "environment variable for the command (repeatable)")
 	resources.register(fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -389,12 +390,33 @@ func runExec(args []string, stdout, stderr io.Writer) error {
 		}
 		req.Stdin = data
 	}
-	res, err := cl.RunCommand(ctx, req)
-	if err != nil {
-		return err
+	var res api.RunCommandResult
+	if stream {
+		req.Stream = true
+		live := func(event string, data []byte) {
+			switch event {
+			case "stdout":
+				stdout.Write(data)
+			case "stderr":
+				stderr.Write(data)
+			}
+		}
+		if err := cl.CallStream(ctx, ipc.OpRunCommand, req, &res, live); err != nil {
+			return err
+		}
+		if n := derefInt(res.StdoutStreamDropped) + derefInt(res.StderrStreamDropped); n > 0 {
+			fmt.Fprintf(stderr, "sandbox-sidecar exec: %d bytes of output were not shown: they came faster than this terminal read them\n", n)
+		}
+		// Everything else was shown as it came; the kept tails would repeat it.
+		res.StdoutTruncated, res.StderrTruncated = false, false
+	} else {
+		var err error
+		if res, err = cl.RunCommand(ctx, req); err != nil {
+			return err
+		}
+		stdout.Write(res.Stdout)
+		stderr.Write(res.Stderr)
 	}
-	stdout.Write(res.Stdout)
-	stderr.Write(res.Stderr)
 	switch {
 	case res.SandboxTerminated:
 		return &exitError{code: 125, err: errors.New("the sandbox was terminated; create a new one")}
@@ -492,4 +514,11 @@ func runRemove(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stdout, id)
 	}
 	return errors.Join(errs...)
+}
+
+func derefInt(p *int64) int64 {
+	if p == nil {
+		return 0
+	}
+	return *p
 }

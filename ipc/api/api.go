@@ -155,17 +155,26 @@ type RunCommandResult struct {
 	Reason            string  `msgpack:"reason"`
 	AppliedTimeoutS   float64 `msgpack:"applied_timeout_s"`
 	DurationS         float64 `msgpack:"duration_s"`
+	// With Stream: the bytes of each stream sent as no event (the client
+	// read slower than the daemon's window allowed); still in the tails.
+	StdoutStreamDropped *int64 `msgpack:"stdout_stream_dropped,omitempty"`
+	StderrStreamDropped *int64 `msgpack:"stderr_stream_dropped,omitempty"`
 }
 
-// ReadFileResult is read_file's result.
+// ReadFileResult is read_file's result. For a ranged read (Offset or
+// Length asked) SizeBytes is the whole file's size, Data one piece of it.
 type ReadFileResult struct {
 	Data      []byte `msgpack:"data"`
-	SizeBytes int    `msgpack:"size_bytes"`
+	SizeBytes int64  `msgpack:"size_bytes"`
+	Offset    *int64 `msgpack:"offset,omitempty"`
+	EOF       *bool  `msgpack:"eof,omitempty"`
 }
 
-// WriteFileResult is write_file's result.
+// WriteFileResult is write_file's result; SizeBytes (the file's size
+// after) for a write with Append or Offset.
 type WriteFileResult struct {
-	BytesWritten int `msgpack:"bytes_written"`
+	BytesWritten int   `msgpack:"bytes_written"`
+	SizeBytes    int64 `msgpack:"size_bytes,omitempty"`
 }
 
 // ListDirectoryResult is list_directory's result.
@@ -343,6 +352,9 @@ type RunCommandRequest struct {
 	TimeoutS float64           `msgpack:"timeout_s,omitempty"`
 	// MaxOutputBytes: nil (or 0) for the daemon's default.
 	MaxOutputBytes *int `msgpack:"max_output_bytes,omitempty"`
+	// Stream asks for the output as stdout/stderr events while the
+	// command runs (ipc.Client.CallStream).
+	Stream bool `msgpack:"stream,omitempty"`
 }
 
 // ReadFileRequest is read_file's arguments.
@@ -351,6 +363,10 @@ type ReadFileRequest struct {
 	Path    string `msgpack:"path"`
 	// MaxBytes: nil for the daemon's cap.
 	MaxBytes *int64 `msgpack:"max_bytes,omitempty"`
+	// Offset and Length make it a ranged read (instead of MaxBytes): at
+	// most Length bytes (nil: the daemon's cap) from Offset.
+	Offset *int64 `msgpack:"offset,omitempty"`
+	Length *int64 `msgpack:"length,omitempty"`
 }
 
 // WriteFileRequest is write_file's arguments.
@@ -360,6 +376,10 @@ type WriteFileRequest struct {
 	Data    []byte `msgpack:"data"`
 	// Mode: 0 for 0o644.
 	Mode int `msgpack:"mode,omitempty"`
+	// Append, or an Offset, writes into the existing file instead of
+	// replacing it (and keeps its mode).
+	Append bool   `msgpack:"append,omitempty"`
+	Offset *int64 `msgpack:"offset,omitempty"`
 }
 
 // ListDirectoryRequest is list_directory's arguments.
