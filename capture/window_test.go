@@ -81,7 +81,7 @@ func TestRunOutputSeesEverything(t *testing.T) {
 	var n [2]int64
 	res, err := Run(context.Background(), sh("head -c 3000000 /dev/zero; echo err >&2"), Options{
 		Timeout: time.Minute, MaxOutputBytes: 100,
-		Output:  func(s Stream, p []byte) { n[s] += int64(len(p)) },
+		Output: func(s Stream, p []byte) { n[s] += int64(len(p)) },
 	})
 	if err != nil {
 		t.Fatal(err)

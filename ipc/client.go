@@ -38,7 +38,7 @@ type Client struct {
 	// listeners get the events of calls made with CallStream.
 	listeners map[uint64]func(event string, data []byte)
 	err       error // set once the connection is dead
-	done    chan struct{}
+	done      chan struct{}
 }
 
 type response struct {
