@@ -122,6 +122,26 @@ def test_event_frames_are_ignored(fake_daemon):
         assert client.run_command("sc-1", "true", timeout_s=5) == {"exit_code": 0}
 
 
+def test_streamed_events_reach_on_output_in_order_before_the_result(fake_daemon):
+    def script(session: Session) -> None:
+        session.answer_hello()
+        request = session.recv()
+        assert request["args"]["stream"] is True
+        for i in range(3):
+            session.send({"v": 1, "id": request["id"], "event": "stdout", "data": b"out%d " % i})
+        session.send({"v": 1, "id": request["id"], "event": "stderr", "data": b"err"})
+        session.send({"v": 1, "id": request["id"] + 1000, "event": "stdout", "data": b"not ours"})
+        session.ok(request, {"exit_code": 0, "stdout_stream_dropped": 0})
+        session.recv()
+
+    daemon = fake_daemon(script)
+    seen = []
+    with SidecarClient(daemon.path) as client:
+        result = client.run_command("sc-1", "true", timeout_s=5, on_output=lambda s, d: seen.append((s, d)))
+    assert result == {"exit_code": 0, "stdout_stream_dropped": 0}
+    assert seen == [("stdout", b"out0 "), ("stdout", b"out1 "), ("stdout", b"out2 "), ("stderr", b"err")]
+
+
 def test_oversize_length_prefix_fails_fast_without_reading_the_body(fake_daemon):
     """hello negotiates 4 KiB; a 5000-byte announcement is refused before its body arrives."""
 

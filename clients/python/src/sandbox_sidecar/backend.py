@@ -268,6 +268,30 @@ def _attach_refusal(error: SidecarError, handle: str, owner: str, holder: str, b
     return refusal
 
 
+output_log = logging.getLogger("sandbox_sidecar.output")
+
+
+class _OutputLogger:
+    """An ``on_output`` that logs whole lines (at most 64 KiB kept of one unfinished line)."""
+
+    def __init__(self, sandbox: str) -> None:
+        self.sandbox = sandbox
+        self.partial = {"stdout": b"", "stderr": b""}
+
+    def __call__(self, stream: str, data: bytes) -> None:
+        buf = self.partial.get(stream, b"") + data
+        *lines, rest = buf.split(b"\n")
+        for line in lines:
+            output_log.info("[%s %s] %s", self.sandbox, stream, line.decode("utf-8", "replace"))
+        self.partial[stream] = rest[-(64 << 10):]
+
+    def flush(self) -> None:
+        for stream, rest in self.partial.items():
+            if rest:
+                output_log.info("[%s %s] %s", self.sandbox, stream, rest.decode("utf-8", "replace"))
+        self.partial = {"stdout": b"", "stderr": b""}
+
+
 HOST_SEPARATOR = "@"
 """Between a sandbox's id and the host it lives on in a handle: ``"sc-1a2b...@worker-3"``."""
 
@@ -312,6 +336,9 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
         the daemon; a command whose answer does not come by then has its
         sandbox destroyed and reports ``sandbox_terminated``.
     :param client: an existing :class:`SidecarClient` to use instead.
+    :param log_output: stream every command's output, line by line, to the
+        ``sandbox_sidecar.output`` logger (INFO) while it runs: inside a task,
+        the task log shows a long command's progress as it happens.
     """
 
     name = "sidecar"
@@ -328,6 +355,7 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
         op_timeout: float = 60.0,
         grace: float = 15.0,
         client: Optional[SidecarClient] = None,
+        log_output: bool = False,
     ) -> None:
         if ttl_s is not None and not _positive_finite(ttl_s):
             raise ValueError(f"ttl_s must be a positive finite number of seconds, got {ttl_s!r}")
@@ -335,6 +363,7 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
         self._labels = {str(k): str(v) for k, v in (labels or {}).items() if v is not None}
         self._ttl_s = ttl_s
         self._auto_labels = auto_labels
+        self._log_output = bool(log_output)
         self._resources = check_resources(resources)
         self._client_options = {"connect_timeout": connect_timeout, "op_timeout": op_timeout, "grace": grace}
         check_timeouts(**self._client_options)
@@ -359,6 +388,7 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
             "labels": dict(self._labels),
             "ttl_s": self._ttl_s,
             "auto_labels": self._auto_labels,
+            "log_output": self._log_output,
             "resources": dict(self._resources),
             **self._client_options,
         }
@@ -493,6 +523,7 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
         *,
         timeout: float,
         max_output_bytes: int,
+        on_output: Optional[Callable[[str, bytes], None]] = None,
     ) -> SidecarExecResult:
         """Run ``command`` with ``sh -c``; a :class:`SidecarExecResult` (a ``SandboxExecResult``).
 
@@ -510,9 +541,13 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
         sandbox = self.sandbox_id(sandbox)
         try:
             with self._command_lock(sandbox):
+                if on_output is None and self._log_output:
+                    on_output = _OutputLogger(sandbox)
                 result = self.client.run_command(
-                    sandbox, command, timeout_s=float(timeout), max_output_bytes=max_output_bytes
+                    sandbox, command, timeout_s=float(timeout), max_output_bytes=max_output_bytes, on_output=on_output
                 )
+                if isinstance(on_output, _OutputLogger):
+                    on_output.flush()
         except SidecarTimeoutError:
             # The daemon did not answer within the budget plus a grace. The only
             # sure way to stop the command is to end its sandbox.

@@ -8,15 +8,18 @@ thread routes to it. Nothing connects until the first call.
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import os
 import socket
 import threading
 import time
 import weakref
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from . import errors as _errors
+
+_log = logging.getLogger(__name__)
 from .errors import (
     SidecarConnectionError,
     SidecarError,
@@ -93,12 +96,13 @@ class _Broken(Exception):
 
 
 class _Pending:
-    __slots__ = ("event", "response", "failure")
+    __slots__ = ("event", "response", "failure", "on_event")
 
-    def __init__(self) -> None:
+    def __init__(self, on_event: Optional[Callable[[str, bytes], None]] = None) -> None:
         self.event = threading.Event()
         self.response: Optional[dict] = None
         self.failure: Optional[BaseException] = None
+        self.on_event = on_event
 
 
 class _Connection:
@@ -128,7 +132,13 @@ class _Connection:
 
     # -- sending -----------------------------------------------------------------
 
-    def request(self, op: str, args: Optional[Mapping[str, Any]], deadline: float) -> dict:
+    def request(
+        self,
+        op: str,
+        args: Optional[Mapping[str, Any]],
+        deadline: float,
+        on_event: Optional[Callable[[str, bytes], None]] = None,
+    ) -> dict:
         self._raise_if_dead()
         request_id = next(self._ids)
         body = encode_request(request_id, op, args)
@@ -139,7 +149,7 @@ class _Connection:
                 f"{self.max_frame_bytes}-byte frame limit; send less in one call",
                 {"max_frame_bytes": self.max_frame_bytes, "frame_bytes": len(body)},
             )
-        pending = _Pending()
+        pending = _Pending(on_event)
         with self._pending_lock:
             self._raise_if_dead()
             self._pending[request_id] = pending
@@ -220,8 +230,6 @@ class _Connection:
                 header = self._recv_exact(HEADER_SIZE, at_boundary=True)
                 length = parse_length(header, self.max_frame_bytes)
                 message = decode_body(self._recv_exact(length, at_boundary=False))
-                if is_event(message):
-                    continue  # reserved for streamed output; a version 1 client ignores it
                 self._route(message)
         except _Broken as exc:
             failure = exc
@@ -250,6 +258,19 @@ class _Connection:
 
     def _route(self, message: dict) -> None:
         request_id = message.get("id")
+        if is_event(message):
+            # Streamed output of a call that asked for it; any other event
+            # (another id, id 0, a kind this client does not know) is ignored,
+            # as the protocol asks of clients.
+            with self._pending_lock:
+                pending = self._pending.get(request_id) if request_id else None
+            data = message.get("data")
+            if pending is not None and pending.on_event is not None and isinstance(data, (bytes, bytearray)):
+                try:
+                    pending.on_event(str(message.get("event")), bytes(data))
+                except Exception:  # a caller's callback must not take the connection down
+                    _log.exception("an on_output callback raised; the stream goes on")
+            return
         if request_id == 0 or request_id is None:
             # A connection-level error: the daemon could not tie it to a request
             # (unauthorized, busy, frame_too_large...). No waiting call can be
@@ -498,6 +519,7 @@ class SidecarClient:
         *,
         timeout: Optional[float] = None,
         idempotent: Optional[bool] = None,
+        on_event: Optional[Callable[[str, bytes], None]] = None,
     ) -> dict:
         """Send one request and return its ``result`` map; raise :class:`SidecarError` on failure.
 
@@ -514,7 +536,7 @@ class SidecarClient:
         for attempt in (1, 2):
             conn = self._connection(deadline)
             try:
-                return conn.request(op, args, deadline)
+                return conn.request(op, args, deadline, on_event)
             except _Broken as exc:
                 self._forget(conn)
                 safe = op in RETRY_SAFE_OPS if idempotent is None else idempotent
@@ -589,8 +611,17 @@ class SidecarClient:
         cwd: Optional[str] = None,
         timeout_s: Optional[float] = None,
         max_output_bytes: Optional[int] = None,
+        on_output: Optional[Callable[[str, bytes], None]] = None,
     ) -> dict:
-        """Run a shell string (``command``) or an ``argv`` list; return the daemon's result map."""
+        """Run a shell string (``command``) or an ``argv`` list; return the daemon's result map.
+
+        With ``on_output``, the output is streamed: ``on_output("stdout" | "stderr", chunk)``
+        is called, on the connection's reader thread (keep it quick), as the
+        command writes, before this returns. A callback slower than the command
+        loses chunks, never stalls it: the result's ``stdout_stream_dropped`` and
+        ``stderr_stream_dropped`` count what was not streamed, and its
+        ``stdout``/``stderr`` are the kept tails as without a stream.
+        """
         budget = timeout_s
         if budget is None:
             budget = self.limits.get("default_timeout_s") or self.op_timeout
@@ -605,8 +636,10 @@ class SidecarClient:
                 "cwd": cwd,
                 "timeout_s": timeout_s,
                 "max_output_bytes": max_output_bytes,
+                "stream": True if on_output is not None else None,
             },
             timeout=budget,
+            on_event=on_output,
         )
 
     def read_file(self, sandbox: str, path: str, *, max_bytes: Optional[int] = None) -> dict:

@@ -90,7 +90,7 @@ def decode_body(body: bytes) -> dict:
 
 
 def is_event(message: Mapping[str, Any]) -> bool:
-    """Whether a frame is a (reserved) streaming event, which clients must ignore."""
+    """Whether a frame is a streaming event (output of a call that asked for it; others are ignored)."""
     return "event" in message
 
 
