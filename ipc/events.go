@@ -3,6 +3,8 @@ package ipc
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
 	"time"
 )
 
@@ -31,8 +33,12 @@ func WithEvents(ctx context.Context, send EventSender) context.Context {
 
 var errConnBroken = errors.New("the connection is closed")
 
-// sendEvent writes one event frame for request id.
-func (c *conn) sendEvent(id uint64, event string, data []byte) error {
+// sendEvent writes one event frame for request id. Its bytes are taken
+// from the connection's and the server's response budgets while it is
+// written, as every response's are; when they cannot be had within the
+// write timeout the event is not sent (the caller drops it) and the
+// connection stays up for the final response.
+func (c *conn) sendEvent(ctx context.Context, id uint64, event string, data []byte) error {
 	if c.broken.Load() {
 		return errConnBroken
 	}
@@ -40,12 +46,24 @@ func (c *conn) sendEvent(id uint64, event string, data []byte) error {
 	if err != nil {
 		return err
 	}
+	if len(body) > c.s.cfg.MaxFrame {
+		return fmt.Errorf("an event of %d bytes exceeds the %d-byte frame limit", len(body), c.s.cfg.MaxFrame)
+	}
+	frame := AppendFrame(make([]byte, 0, headerSize+len(body)), body)
+	if err := c.acquireResponse(ctx, int64(len(frame))); err != nil {
+		return err
+	}
+	defer c.releaseResponse(int64(len(frame)))
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
 	c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
-	if err := WriteFrame(c.nc, body, c.s.cfg.MaxFrame); err != nil {
+	if _, err := c.nc.Write(frame); err != nil {
 		c.broken.Store(true)
 		c.log.Debug("event write failed; closing connection", "error", err)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			c.log.Warn("closing connection: a streamed event could not be written within the write timeout (is the client reading?)",
+				"id", id, "bytes", len(frame), "write_timeout", c.s.cfg.WriteTimeout)
+		}
 		c.nc.Close()
 		return err
 	}

@@ -485,7 +485,7 @@ func (c *conn) handle(ctx context.Context, req *Request) {
 		}
 	}()
 	id := req.ID
-	ctx = WithEvents(ctx, func(event string, data []byte) error { return c.sendEvent(id, event, data) })
+	ctx = WithEvents(ctx, func(event string, data []byte) error { return c.sendEvent(ctx, id, event, data) })
 	result, err := c.s.cfg.Handler.Handle(ctx, c.peer, req)
 	if err != nil {
 		e := AsError(err)

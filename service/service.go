@@ -569,6 +569,10 @@ func (s *Service) runCommand(ctx context.Context, c lifecycle.Caller, r *ipc.Req
 	a.add("command", truncateRunes(cmdText, 200))
 	var out *outputStream
 	if stream {
+		// The window is response memory too: reserved like the output.
+		if err := r.ReserveResponse(ctx, streamWindowBytes); err != nil {
+			return nil, err
+		}
 		out = startStream(ctx, send)
 		req.Output = out.output
 	}
