@@ -140,6 +140,14 @@ func (w *Window) Dropped() (stdout, stderr int64) {
 	return w.dropped[Stdout], w.dropped[Stderr]
 }
 
+// Lost counts n bytes of stream as dropped after Next handed them out (the
+// consumer could not deliver them).
+func (w *Window) Lost(stream Stream, n int) {
+	w.mu.Lock()
+	w.dropped[stream&1] += int64(n)
+	w.mu.Unlock()
+}
+
 // Discard drops what is held (counting it) and everything written from
 // now on: the consumer has gone.
 func (w *Window) Discard() {

@@ -33,6 +33,11 @@ func WithEvents(ctx context.Context, send EventSender) context.Context {
 
 var errConnBroken = errors.New("the connection is closed")
 
+// ErrEventDropped is an EventSender's answer when the event could not have
+// room in the response budgets in time: that event was not sent, and the
+// connection is still up.
+var ErrEventDropped = errors.New("no room in the response budget for the event; it was not sent")
+
 // sendEvent writes one event frame for request id. Its bytes are taken
 // from the connection's and the server's response budgets while it is
 // written, as every response's are; when they cannot be had within the
@@ -51,7 +56,10 @@ func (c *conn) sendEvent(ctx context.Context, id uint64, event string, data []by
 	}
 	frame := AppendFrame(make([]byte, 0, headerSize+len(body)), body)
 	if err := c.acquireResponse(ctx, int64(len(frame))); err != nil {
-		return err
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return ErrEventDropped
 	}
 	defer c.releaseResponse(int64(len(frame)))
 	c.writeMu.Lock()

@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
@@ -37,7 +38,12 @@ func startStream(ctx context.Context, send ipc.EventSender) *outputStream {
 			if !ok {
 				return
 			}
-			if err := send(stream.String(), data); err != nil {
+			switch err := send(stream.String(), data); {
+			case err == nil:
+			case errors.Is(err, ipc.ErrEventDropped):
+				o.w.Lost(stream, len(data)) // this chunk only; the stream goes on
+			default:
+				o.w.Lost(stream, len(data))
 				o.w.Discard() // the connection is gone: nobody to send to
 				return
 			}
