@@ -494,6 +494,8 @@ def test_resources_beyond_the_daemons_limits_are_refused(sidecar_daemon):
 
 
 def test_a_handle_from_another_host_fails_naming_the_host_it_lives_on(sidecar_binary):
+    import io as _io
+
     from conftest import RunningDaemon
 
     daemon = RunningDaemon(sidecar_binary, "--node-name", "node-a")
@@ -514,6 +516,7 @@ def test_a_handle_from_another_host_fails_naming_the_host_it_lives_on(sidecar_bi
                 lambda: backend.attach(elsewhere, owner="o", holder="h"),
                 lambda: backend.release(elsewhere, holder="h"),
                 lambda: backend.read_tags(elsewhere),
+                lambda: backend.export_file(elsewhere, "x", _io.BytesIO(), max_bytes=10),
                 lambda: backend.destroy(elsewhere),
             ]
             for call in calls:
