@@ -121,6 +121,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend, opts Optio
 		{"FileErrors", testFileErrors},
 		{"FileTooLarge", testFileTooLarge},
 		{"RangedFiles", testRangedFiles},
+		{"OutputIsHandedOnAsRead", testOutputHandedOn},
 		{"ConcurrentSandboxes", testConcurrent},
 		{"TimeoutKillsEscapees", testTimeoutKillsEscapees},
 		{"DestroyKillsEverything", testDestroyKillsEverything},
@@ -882,6 +883,45 @@ func testFileTooLarge(s *suite) {
 	s.write(sb, "empty", nil)
 	if got, err := s.b.ReadFile(ctx, sb.id, "empty", 0); err != nil || len(got) != 0 {
 		s.Errorf("ReadFile of an empty file with a bound of 0: %q, %v", got, err)
+	}
+}
+
+// testOutputHandedOn: ExecRequest.Output gets every byte of both streams
+// (streamed run_command), the first of it while the command still runs,
+// and the result keeps its tail as without it.
+func testOutputHandedOn(s *suite) {
+	sb := s.create(backend.Spec{})
+	var mu sync.Mutex
+	var got [2]bytes.Buffer
+	var first time.Time
+	start := time.Now()
+	res := s.exec(sb, backend.ExecRequest{
+		Command:        "echo one; echo err >&2; sleep 1; head -c 100000 /dev/zero; echo two",
+		MaxOutputBytes: 100,
+		Output: func(stderr bool, p []byte) {
+			mu.Lock()
+			defer mu.Unlock()
+			if first.IsZero() {
+				first = time.Now()
+			}
+			i := 0
+			if stderr {
+				i = 1
+			}
+			got[i].Write(p)
+		},
+	})
+	took := time.Since(start)
+	mu.Lock()
+	defer mu.Unlock()
+	if want := "one\n" + strings.Repeat("\x00", 100000) + "two\n"; got[0].String() != want || got[1].String() != "err\n" {
+		s.Errorf("Output got %d bytes of stdout and %q of stderr; want all %d and \"err\\n\"", got[0].Len(), got[1].String(), len(want))
+	}
+	if !res.StdoutTruncated || len(res.Stdout) > 100 || !strings.HasSuffix(string(res.Stdout), "two\n") {
+		s.Errorf("the result's stdout with Output set: truncated %v, %d bytes", res.StdoutTruncated, len(res.Stdout))
+	}
+	if first.IsZero() || first.Sub(start) > took-500*time.Millisecond {
+		s.Errorf("the first output reached Output %v after the start of a %v command: not while it ran", first.Sub(start), took)
 	}
 }
 

@@ -80,7 +80,7 @@ func (b *Backend) execIn(ctx, opCtx context.Context, sb *sandbox, req backend.Ex
 	if maxOut <= 0 {
 		maxOut = capture.DefaultMaxOutputBytes
 	}
-	cmd := &command{stdout: capture.NewTail(maxOut), stderr: capture.NewTail(maxOut), end: make(chan frameEnd, 1)}
+	cmd := &command{stdout: capture.NewTail(maxOut), stderr: capture.NewTail(maxOut), output: req.Output, end: make(chan frameEnd, 1)}
 	c.mu.Lock()
 	c.cur = cmd
 	c.mu.Unlock()

@@ -99,6 +99,9 @@ type initConn struct {
 // command is one command's share of the stream.
 type command struct {
 	stdout, stderr *capture.Buffer
+	// output, when set, also gets the output as it arrives (the request's
+	// Output: it never blocks).
+	output func(stderr bool, p []byte)
 	end            chan frameEnd // exited or failed, once
 }
 
@@ -148,6 +151,9 @@ func (c *initConn) readLoop() {
 					buf = cur.stderr
 				}
 				_, _ = buf.Write(payload)
+				if cur.output != nil {
+					cur.output(kind == kindStderr, payload)
+				}
 			}
 		case kindExited, kindFailed:
 			var e frameEnd

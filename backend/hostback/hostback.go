@@ -237,6 +237,7 @@ func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 	cmd.Dir, cmd.Env = cwd, env
 	res, runErr := capture.Run(opCtx, cmd, capture.Options{
 		Timeout: applied + killAfter + b.cfg.ExecGrace, MaxOutputBytes: req.MaxOutputBytes, Stdin: req.Stdin,
+		Output: backend.OutputFunc(req.Output),
 	})
 	out := backend.ExecResult{
 		ExitCode: res.ExitCode, Stdout: res.Stdout, Stderr: res.Stderr,

@@ -1,0 +1,56 @@
+package gvisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/hostfs"
+)
+
+var _ backend.RangedFiles = (*Backend)(nil)
+
+// guestOnlyError turns a "not found" for what is a guest-only FIFO or
+// socket (gVisor keeps them in its own memory) into the bad_path a backend
+// gives for a special file, as ReadFile does.
+func (b *Backend) guestOnlyError(ctx context.Context, sb *sandbox, p string, err error) error {
+	if errors.Is(err, backend.ErrPathNotFound) {
+		if kind, ok := b.guestOnly(ctx, sb, p); ok {
+			return fmt.Errorf("%w: %s is a %s that exists only inside the sandbox (gVisor keeps FIFOs and sockets in its own memory), not a regular file; use run_command for it", backend.ErrBadPath, backend.ShortName(p), kind)
+		}
+	}
+	return err
+}
+
+// ReadFileRange implements backend.RangedFiles, confined as ReadFile is.
+func (b *Backend) ReadFileRange(ctx context.Context, id, p string, offset, length int64) ([]byte, int64, error) {
+	sb, done, err := b.fileOp(ctx, id)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer done()
+	root, rel, err := openArea(sb, p)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer root.Close()
+	data, size, err := hostfs.ReadRange(root, rel, p, offset, length)
+	return data, size, b.guestOnlyError(ctx, sb, p, err)
+}
+
+// WriteFileAt implements backend.RangedFiles, confined as WriteFile is.
+func (b *Backend) WriteFileAt(ctx context.Context, id, p string, data []byte, offset int64) (int64, error) {
+	sb, done, err := b.fileOp(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	defer done()
+	root, rel, err := openArea(sb, p)
+	if err != nil {
+		return 0, err
+	}
+	defer root.Close()
+	size, err := hostfs.WriteAt(root, rel, p, data, offset)
+	return size, b.guestOnlyError(ctx, sb, p, err)
+}
