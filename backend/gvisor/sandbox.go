@@ -102,7 +102,7 @@ type command struct {
 	// output, when set, also gets the output as it arrives (the request's
 	// Output: it never blocks).
 	output func(stderr bool, p []byte)
-	end            chan frameEnd // exited or failed, once
+	end    chan frameEnd // exited or failed, once
 }
 
 // frameEnd is how init said a command ended.
