@@ -65,8 +65,12 @@ func TestFinishedRunsEndTheirSandboxes(t *testing.T) {
 	mu.Unlock()
 	require.Eventually(t, func() bool { l := listed(); return !l[a] && l[b] }, 20*time.Second, 100*time.Millisecond,
 		"run_a's sandbox goes, run_b's stays\n%s", d.Logs())
-	assert.Contains(t, d.Logs(), "DAG run finished; destroyed its sandboxes")
-	assert.Contains(t, d.Logs(), `"reason":"destroy_run"`)
+	// The sandbox leaves the list before the destroy's log lines are
+	// written (the backend's goes first): wait for them.
+	assert.Eventually(t, func() bool {
+		l := d.Logs()
+		return strings.Contains(l, "DAG run finished; destroyed its sandboxes") && strings.Contains(l, `"reason":"destroy_run"`)
+	}, 10*time.Second, 50*time.Millisecond, "the destroy is logged with its reason\n%s", d.Logs())
 	mu.Lock()
 	for _, h := range auth {
 		assert.Equal(t, "Bearer read-only-token", h)
