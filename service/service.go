@@ -104,6 +104,11 @@ type Config struct {
 // check may start a process (bwrap), and health is polled by probes.
 const backendHealthTTL = 5 * time.Second
 
+// memoryReportTTL is how long one reading of the memory in force answers
+// for: it reads several cgroup files (on cgroup v1 one per sandbox), and
+// health is the liveness probe, polled often and served inline.
+const memoryReportTTL = time.Second
+
 // Service implements ipc.Handler and ipc.ConnObserver.
 type Service struct {
 	m       *lifecycle.Manager
@@ -116,6 +121,7 @@ type Service struct {
 
 	healthMu    sync.Mutex // held by the one caller refreshing the check
 	healthCache atomic.Pointer[backendHealth]
+	memoryCache atomic.Pointer[memoryReading] // health's memory section, read-only once stored
 
 	// limits is the backend's LimitsInForce, read once at New (it does not
 	// change while the daemon runs) and shared, read-only, by every health.
@@ -128,6 +134,11 @@ type Service struct {
 type backendHealth struct {
 	err error
 	at  time.Time
+}
+
+type memoryReading struct {
+	report *api.MemoryReport // nil: the backend reports none
+	at     time.Time
 }
 
 // New returns a Service.
@@ -282,8 +293,19 @@ func (s *Service) hello(c lifecycle.Caller, peer *ipc.Peer, args *ipc.Args) (any
 // HealthReport is the health op's result.
 type HealthReport = api.HealthResult
 
-// memoryReport reads the backend's memory bound, if it has one.
+// memoryReport is the backend's memory bound, if it has one, as read at
+// most memoryReportTTL ago. Callers share the report: never modify it.
 func (s *Service) memoryReport() *api.MemoryReport {
+	if c := s.memoryCache.Load(); c != nil && time.Since(c.at) < memoryReportTTL {
+		return c.report
+	}
+	r := s.readMemory()
+	s.memoryCache.Store(&memoryReading{report: r, at: time.Now()})
+	return r
+}
+
+// readMemory reads the backend's memory bound now.
+func (s *Service) readMemory() *api.MemoryReport {
 	mr, ok := s.m.Backend().(backend.MemoryReporter)
 	if !ok {
 		return nil
