@@ -12,13 +12,14 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/hostfs"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/seccomp"
 )
 
 // What the guest sees.
 const (
-	guestWorkspace = "/workspace"
-	guestTmp       = "/tmp"
+	guestWorkspace = hostfs.GuestWorkspace
+	guestTmp       = hostfs.GuestTmp
 	guestUID       = 1000
 	guestGID       = 1000
 	guestHostname  = "sandbox"

@@ -2,13 +2,8 @@ package bwrap
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
-	"path"
-	"path/filepath"
-	"strings"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/hostfs"
@@ -17,56 +12,9 @@ import (
 // writeTempPrefix names WriteFile's temporary files.
 const writeTempPrefix = hostfs.TempPrefix
 
-// guestArea is one of the two host directories file operations may reach.
-type guestArea struct {
-	name string // workDirName or tmpDirName
-	rel  string // path relative to it, "." for the directory itself
-}
-
-// resolveGuestPath maps a path as the guest sees it onto the sandbox's
-// /workspace or /tmp. Relative paths start at /workspace. Anything else is
-// refused; so are NUL bytes and the empty path. Symlinks are not resolved
-// here: os.Root does that, confined to the area.
-func resolveGuestPath(p string) (guestArea, error) {
-	const confined = "file operations are confined to /workspace and /tmp (relative paths start at /workspace); use run_command to read other paths"
-	switch {
-	case p == "":
-		return guestArea{}, fmt.Errorf("%w: the path is empty; %s", backend.ErrBadPath, confined)
-	case strings.IndexByte(p, 0) >= 0:
-		return guestArea{}, fmt.Errorf("%w: the path contains a NUL byte; %s", backend.ErrBadPath, confined)
-	case len(p) > backend.MaxGuestPathLen:
-		return guestArea{}, fmt.Errorf("%w: the path is %d bytes long, more than the %d allowed", backend.ErrBadPath, len(p), backend.MaxGuestPathLen)
-	}
-	clean := p
-	if !path.IsAbs(clean) {
-		clean = guestWorkspace + "/" + clean
-	}
-	clean = path.Clean(clean)
-	for _, a := range []struct{ guest, name string }{{guestWorkspace, workDirName}, {guestTmp, tmpDirName}} {
-		if clean == a.guest {
-			return guestArea{name: a.name, rel: "."}, nil
-		}
-		if rel, ok := strings.CutPrefix(clean, a.guest+"/"); ok {
-			return guestArea{name: a.name, rel: rel}, nil
-		}
-	}
-	return guestArea{}, fmt.Errorf("%w: %s is outside the sandbox's files; %s", backend.ErrBadPath, backend.ShortName(p), confined)
-}
-
-// openArea resolves p and opens its area as an os.Root.
+// openArea resolves p and opens its area of sb's files (hostfs.OpenArea).
 func openArea(sb *sandbox, p string) (*os.Root, string, error) {
-	a, err := resolveGuestPath(p)
-	if err != nil {
-		return nil, "", err
-	}
-	root, err := os.OpenRoot(filepath.Join(sb.dataDir(), a.name))
-	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil, "", backend.NotFound(sb.id)
-		}
-		return nil, "", fmt.Errorf("open the files of sandbox %s: %w", sb.id, err)
-	}
-	return root, a.rel, nil
+	return hostfs.OpenArea(sb.dataDir(), sb.id, p)
 }
 
 // fileOp registers a file operation on sandbox id, so Destroy waits for it.

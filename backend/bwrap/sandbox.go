@@ -12,6 +12,7 @@ import (
 	"sync"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/hostfs"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/registry"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
@@ -19,9 +20,9 @@ import (
 
 // Layout of Dir/<id>.
 const (
-	workDirName = "work"            // bound at /workspace
-	tmpDirName  = "tmp"             // bound at /tmp
-	specName    = registry.SpecName // persistedSpec
+	workDirName = hostfs.WorkDirName // bound at /workspace
+	tmpDirName  = hostfs.TmpDirName  // bound at /tmp
+	specName    = registry.SpecName  // persistedSpec
 )
 
 // Network values reported in backend.Info.

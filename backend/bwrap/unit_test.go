@@ -12,44 +12,6 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 )
 
-func TestResolveGuestPath(t *testing.T) {
-	cases := []struct {
-		in, area, rel string
-	}{
-		{"/workspace", workDirName, "."},
-		{"/workspace/", workDirName, "."},
-		{"/workspace/a/b.txt", workDirName, "a/b.txt"},
-		{"a/b.txt", workDirName, "a/b.txt"},
-		{".", workDirName, "."},
-		{"./x/../y", workDirName, "y"},
-		{"/tmp", tmpDirName, "."},
-		{"/tmp/x", tmpDirName, "x"},
-		{"/workspace/../tmp/x", tmpDirName, "x"},
-		{"../tmp/x", tmpDirName, "x"},
-	}
-	for _, tc := range cases {
-		a, err := resolveGuestPath(tc.in)
-		if err != nil || a.name != tc.area || a.rel != tc.rel {
-			t.Errorf("resolveGuestPath(%q) = %+v, %v; want {%s %s}", tc.in, a, err, tc.area, tc.rel)
-		}
-	}
-	for _, bad := range []string{
-		"", "/", "/etc/passwd", "../../etc/passwd", "/workspace/../../etc/passwd",
-		"/workspacex/y", "/tmpfoo", "..", "/root", "a\x00b", "/proc/self/root/etc/passwd",
-	} {
-		_, err := resolveGuestPath(bad)
-		if !errors.Is(err, backend.ErrBadPath) {
-			t.Errorf("resolveGuestPath(%q) err = %v, want ErrBadPath", bad, err)
-		}
-		if err != nil && !strings.Contains(err.Error(), "/workspace and /tmp") {
-			t.Errorf("the error for %q does not say where file operations may go: %v", bad, err)
-		}
-	}
-	if _, err := resolveGuestPath(strings.Repeat("a/", backend.MaxGuestPathLen)); !errors.Is(err, backend.ErrBadPath) {
-		t.Errorf("an 8 KiB path: err = %.80v, want ErrBadPath", err)
-	}
-}
-
 func TestCheckExecRequest(t *testing.T) {
 	ok := backend.ExecRequest{Command: "true", Timeout: time.Second}
 	argv, cwd, err := backend.CheckExecRequest(ok, guestWorkspace)

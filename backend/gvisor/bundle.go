@@ -4,13 +4,14 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/hostfs"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/statedir"
 )
 
 // What the guest sees.
 const (
-	guestWorkspace = "/workspace"
-	guestTmp       = "/tmp"
+	guestWorkspace = hostfs.GuestWorkspace
+	guestTmp       = hostfs.GuestTmp
 	guestUID       = 1000
 	guestGID       = 1000
 	guestHostname  = "sandbox"

@@ -45,6 +45,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/hostfs"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/registry"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/statedir"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
@@ -94,8 +95,8 @@ const (
 	runscRootName = ".runsc"  // runsc --root
 	rootfsName    = ".rootfs" // the shared read-only root
 	probePrefix   = ".probe-" // Health's trial sandboxes; never a valid id
-	workDirName   = "work"
-	tmpDirName    = "tmp"
+	workDirName   = hostfs.WorkDirName
+	tmpDirName    = hostfs.TmpDirName
 	bundleName    = "bundle"
 	logName       = "runsc.log"
 )
