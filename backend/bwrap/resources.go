@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/resources"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/disk"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
@@ -33,7 +33,7 @@ const (
 // Named bounds.
 const (
 	// cgroupWait bounds killing and removing one sandbox's cgroup.
-	cgroupWait = 10 * time.Second
+	cgroupWait = resources.CgroupWait
 	// diskCreateTimeout bounds making and formatting one sandbox's image.
 	diskCreateTimeout = 60 * time.Second
 )
@@ -42,32 +42,12 @@ const (
 // sandbox id, so it cannot collide with one.
 const probeCgroupPrefix = "probe."
 
-// effectiveLimits is what one sandbox gets: the daemon's limits, lowered
-// where its spec asked for less. It refuses more than the daemon allows and
-// a limit this host cannot enforce, with ErrSpecUnenforceable.
+// effectiveLimits is what one sandbox gets (resources.Effective), checked
+// with limits.Validate.
 func (b *Backend) effectiveLimits(r backend.Resources) (limits.Limits, error) {
-	l := b.cfg.Limits
-	var errs []error
-	lower := func(name string, asked, ceiling float64, enforced bool, set func()) {
-		switch {
-		case asked == 0:
-		case asked < 0:
-			errs = append(errs, fmt.Errorf("%s %v is negative", name, asked))
-		case !enforced:
-			errs = append(errs, fmt.Errorf("%s cannot be limited on this host (see the daemon's health: limits)", name))
-		case ceiling > 0 && asked > ceiling:
-			errs = append(errs, fmt.Errorf("%s %v exceeds the daemon's maximum %v", name, asked, ceiling))
-		default:
-			set()
-		}
-	}
-	cg := b.cfg.Cgroups != nil
-	lower("memory_bytes", float64(r.MemoryBytes), float64(l.MemoryBytes), cg, func() { l.MemoryBytes = r.MemoryBytes })
-	lower("cpus", r.CPUs, l.CPUs, cg, func() { l.CPUs = r.CPUs })
-	lower("pids", float64(r.PIDs), float64(l.PIDs), cg, func() { l.PIDs = r.PIDs })
-	lower("disk_bytes", float64(r.DiskBytes), float64(l.DiskBytes), b.cfg.DiskCaps, func() { l.DiskBytes = r.DiskBytes })
-	if err := errors.Join(errs...); err != nil {
-		return l, fmt.Errorf("%w: %v; ask for less, or leave the field out to get the daemon's default", backend.ErrSpecUnenforceable, err)
+	l, err := resources.Effective(b.cfg.Limits, r, resources.Enforced{Cgroups: b.cfg.Cgroups != nil, Disk: b.cfg.DiskCaps})
+	if err != nil {
+		return l, err
 	}
 	if err := l.Validate(); err != nil {
 		return l, fmt.Errorf("%w: %v", backend.ErrSpecUnenforceable, err)
@@ -75,30 +55,11 @@ func (b *Backend) effectiveLimits(r backend.Resources) (limits.Limits, error) {
 	return l, nil
 }
 
-func cgroupLimits(l limits.Limits) cgroup.Limits {
-	return cgroup.Limits{MemoryBytes: l.MemoryBytes, PIDs: l.PIDs, CPUs: l.CPUs, CPUWeight: l.CPUWeight}
-}
-
-// makeCgroup gives sb a fresh cgroup with its limits, replacing any group
-// of that name a previous daemon left (its processes are killed). Without a
-// manager it does nothing.
+// makeCgroup gives sb a fresh cgroup with its limits (resources.MakeCgroup).
 func (b *Backend) makeCgroup(ctx context.Context, sb *sandbox) error {
-	if b.cfg.Cgroups == nil {
-		return nil
-	}
-	name := sb.cgroupName()
-	cg, err := b.cfg.Cgroups.Create(name, cgroupLimits(sb.limits))
-	if errors.Is(err, fs.ErrExist) {
-		rctx, cancel := context.WithTimeout(ctx, cgroupWait)
-		rmErr := b.cfg.Cgroups.Remove(rctx, name)
-		cancel()
-		if rmErr != nil {
-			return fmt.Errorf("%w: a stale cgroup of sandbox %s cannot be removed: %v", backend.ErrUnavailable, sb.id, rmErr)
-		}
-		cg, err = b.cfg.Cgroups.Create(name, cgroupLimits(sb.limits))
-	}
+	cg, err := resources.MakeCgroup(ctx, b.cfg.Cgroups, sb.cgroupName(), sb.id, sb.limits)
 	if err != nil {
-		return fmt.Errorf("%w: cannot give sandbox %s its cgroup: %v", backend.ErrUnavailable, sb.id, err)
+		return err
 	}
 	sb.cg = cg
 	return nil
@@ -106,15 +67,7 @@ func (b *Backend) makeCgroup(ctx context.Context, sb *sandbox) error {
 
 // removeCgroup kills whatever is left in sb's cgroup and removes it.
 func (b *Backend) removeCgroup(sb *sandbox) error {
-	if b.cfg.Cgroups == nil {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), cgroupWait)
-	defer cancel()
-	if err := b.cfg.Cgroups.Remove(ctx, sb.cgroupName()); err != nil {
-		return fmt.Errorf("remove the cgroup of sandbox %s: %w", sb.id, err)
-	}
-	return nil
+	return resources.RemoveCgroup(b.cfg.Cgroups, sb.cgroupName(), sb.id)
 }
 
 // sweepCgroups removes every sandbox cgroup under the manager's base: New
@@ -122,25 +75,7 @@ func (b *Backend) removeCgroup(sb *sandbox) error {
 // a daemon that died, and whatever still runs in it is a stray. Sandboxes
 // that still exist get a new group when they are next used.
 func (b *Backend) sweepCgroups() {
-	if b.cfg.Cgroups == nil {
-		return
-	}
-	names, err := b.cfg.Cgroups.List()
-	if err != nil {
-		b.log.Warn("cannot list sandbox cgroups left by a previous daemon", "error", err)
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), cgroupWait)
-	defer cancel()
-	removed := 0
-	for _, name := range names {
-		if err := b.cfg.Cgroups.Remove(ctx, name); err != nil {
-			b.log.Warn("cannot remove a sandbox cgroup left by a previous daemon", "cgroup", name, "error", err)
-			continue
-		}
-		removed++
-	}
-	if removed > 0 {
+	if removed := resources.SweepCgroups(b.cfg.Cgroups, b.log); removed > 0 {
 		b.log.Info("removed sandbox cgroups left by a previous daemon", "count", removed)
 	}
 }

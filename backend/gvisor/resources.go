@@ -4,14 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"os/exec"
 	"strconv"
 	"syscall"
-	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/resources"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 )
@@ -27,38 +26,14 @@ import (
 // the gofer): a sandbox past its memory limit dies whole, and its command
 // reports sandbox_terminated with oom_killed set.
 
-// cgroupWait bounds killing and removing one sandbox's cgroup.
-const cgroupWait = 10 * time.Second
-
-// effectiveLimits is what one sandbox gets: the daemon's limits, lowered
-// where its spec asked for less. It refuses more than the daemon allows,
-// a limit this host cannot enforce, and any disk cap.
+// effectiveLimits is what one sandbox gets (resources.Effective): it
+// refuses any disk cap, and the daemon's disk limit is reported off, never
+// silently applied, as this backend enforces none.
 func (b *Backend) effectiveLimits(r backend.Resources) (limits.Limits, error) {
-	l := b.cfg.Limits
-	var errs []error
-	lower := func(name string, asked, ceiling float64, enforced bool, set func()) {
-		switch {
-		case asked == 0:
-		case asked < 0:
-			errs = append(errs, fmt.Errorf("%s %v is negative", name, asked))
-		case !enforced:
-			errs = append(errs, fmt.Errorf("%s cannot be limited by the gvisor backend on this host (see the daemon's health: limits)", name))
-		case ceiling > 0 && asked > ceiling:
-			errs = append(errs, fmt.Errorf("%s %v exceeds the daemon's maximum %v", name, asked, ceiling))
-		default:
-			set()
-		}
+	l, err := resources.Effective(b.cfg.Limits, r, resources.Enforced{Cgroups: b.cfg.Cgroups != nil, Disk: false, Who: "the gvisor backend"})
+	if err != nil {
+		return l, err
 	}
-	cg := b.cfg.Cgroups != nil
-	lower("memory_bytes", float64(r.MemoryBytes), float64(l.MemoryBytes), cg, func() { l.MemoryBytes = r.MemoryBytes })
-	lower("cpus", r.CPUs, l.CPUs, cg, func() { l.CPUs = r.CPUs })
-	lower("pids", float64(r.PIDs), float64(l.PIDs), cg, func() { l.PIDs = r.PIDs })
-	lower("disk_bytes", float64(r.DiskBytes), float64(l.DiskBytes), false, nil)
-	if err := errors.Join(errs...); err != nil {
-		return l, fmt.Errorf("%w: %v; ask for less, or leave the field out to get the daemon's default", backend.ErrSpecUnenforceable, err)
-	}
-	// Disk caps are not enforced by this backend: the daemon's disk limit
-	// is reported off, never silently applied.
 	l.DiskBytes, l.DiskInodes = 0, 0
 	if err := l.Validate(); err != nil {
 		return l, fmt.Errorf("%w: %v", backend.ErrSpecUnenforceable, err)
@@ -66,63 +41,28 @@ func (b *Backend) effectiveLimits(r backend.Resources) (limits.Limits, error) {
 	return l, nil
 }
 
-// makeCgroup gives sb a fresh cgroup with its limits, replacing one of that
-// name a previous daemon left. Without a manager it does nothing.
+// makeCgroup gives sb a fresh cgroup with its limits (resources.MakeCgroup).
 func (b *Backend) makeCgroup(ctx context.Context, sb *sandbox) error {
-	if b.cfg.Cgroups == nil {
-		return nil
-	}
-	l := cgroup.Limits{MemoryBytes: sb.limits.MemoryBytes, PIDs: sb.limits.PIDs, CPUs: sb.limits.CPUs, CPUWeight: sb.limits.CPUWeight}
-	name := sb.containerID()
-	cg, err := b.cfg.Cgroups.Create(name, l)
-	if errors.Is(err, fs.ErrExist) {
-		rctx, cancel := context.WithTimeout(ctx, cgroupWait)
-		rmErr := b.cfg.Cgroups.Remove(rctx, name)
-		cancel()
-		if rmErr != nil {
-			return fmt.Errorf("%w: a stale cgroup of sandbox %s cannot be removed: %v", backend.ErrUnavailable, sb.id, rmErr)
-		}
-		cg, err = b.cfg.Cgroups.Create(name, l)
-	}
+	cg, err := resources.MakeCgroup(ctx, b.cfg.Cgroups, sb.containerID(), sb.id, sb.limits)
 	if err != nil {
-		return fmt.Errorf("%w: cannot give sandbox %s its cgroup: %v", backend.ErrUnavailable, sb.id, err)
+		return err
 	}
 	sb.cg = cg
 	return nil
 }
 
-// removeCgroup kills whatever is left in sb's cgroup and removes it.
+// removeCgroup kills whatever is left in sb's cgroup and removes it. Unlike
+// the bubblewrap backend's, a group that is not found is success here.
 func (b *Backend) removeCgroup(sb *sandbox) error {
-	if b.cfg.Cgroups == nil {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), cgroupWait)
-	defer cancel()
-	if err := b.cfg.Cgroups.Remove(ctx, sb.containerID()); err != nil && !errors.Is(err, cgroup.ErrNotFound) {
-		return fmt.Errorf("remove the cgroup of sandbox %s: %w", sb.id, err)
+	if err := resources.RemoveCgroup(b.cfg.Cgroups, sb.containerID(), sb.id); err != nil && !errors.Is(err, cgroup.ErrNotFound) {
+		return err
 	}
 	return nil
 }
 
 // sweepCgroups removes every sandbox cgroup under the manager's base: New
 // calls it once no sandbox of this process runs.
-func (b *Backend) sweepCgroups() {
-	if b.cfg.Cgroups == nil {
-		return
-	}
-	names, err := b.cfg.Cgroups.List()
-	if err != nil {
-		b.log.Warn("cannot list sandbox cgroups left by a previous daemon", "error", err)
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), cgroupWait)
-	defer cancel()
-	for _, name := range names {
-		if err := b.cfg.Cgroups.Remove(ctx, name); err != nil {
-			b.log.Warn("cannot remove a sandbox cgroup left by a previous daemon", "cgroup", name, "error", err)
-		}
-	}
-}
+func (b *Backend) sweepCgroups() { resources.SweepCgroups(b.cfg.Cgroups, b.log) }
 
 // placed starts cmd inside sb's cgroup: on v2 it is born there
 // (CLONE_INTO_CGROUP); on v1 a shell holds it at a pipe until its pid has

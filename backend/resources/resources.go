@@ -1,0 +1,138 @@
+// Package resources is the per-sandbox resource handling the bubblewrap and
+// gVisor backends share: the limits one sandbox gets from the daemon's and
+// its spec's, and the life of its cgroup (made, replaced, removed, swept)
+// under the daemon's cgroup manager.
+package resources
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
+)
+
+// CgroupWait bounds killing and removing one sandbox's cgroup.
+const CgroupWait = 10 * time.Second
+
+// Enforced is what a backend can enforce on this host.
+type Enforced struct {
+	// Cgroups: memory, CPUs and processes (a cgroup manager is configured).
+	Cgroups bool
+	// Disk: a disk cap of the sandbox's own.
+	Disk bool
+	// Who names the backend in the error for a limit it cannot enforce
+	// ("the gvisor backend"); empty leaves it unnamed. The backends differ
+	// here on purpose: gVisor never enforces a disk cap, so its error says
+	// the backend is the reason, not the host.
+	Who string
+}
+
+// Effective is what one sandbox gets: the daemon's limits, lowered where
+// its spec asked for less. It refuses more than the daemon allows and a
+// limit this host cannot enforce, with ErrSpecUnenforceable. A disk cap
+// that cannot be enforced keeps the daemon's value: the caller decides
+// whether to report it off.
+func Effective(daemon limits.Limits, r backend.Resources, can Enforced) (limits.Limits, error) {
+	l := daemon
+	where := "on this host"
+	if can.Who != "" {
+		where = "by " + can.Who + " on this host"
+	}
+	var errs []error
+	lower := func(name string, asked, ceiling float64, enforced bool, set func()) {
+		switch {
+		case asked == 0:
+		case asked < 0:
+			errs = append(errs, fmt.Errorf("%s %v is negative", name, asked))
+		case !enforced:
+			errs = append(errs, fmt.Errorf("%s cannot be limited %s (see the daemon's health: limits)", name, where))
+		case ceiling > 0 && asked > ceiling:
+			errs = append(errs, fmt.Errorf("%s %v exceeds the daemon's maximum %v", name, asked, ceiling))
+		default:
+			set()
+		}
+	}
+	lower("memory_bytes", float64(r.MemoryBytes), float64(l.MemoryBytes), can.Cgroups, func() { l.MemoryBytes = r.MemoryBytes })
+	lower("cpus", r.CPUs, l.CPUs, can.Cgroups, func() { l.CPUs = r.CPUs })
+	lower("pids", float64(r.PIDs), float64(l.PIDs), can.Cgroups, func() { l.PIDs = r.PIDs })
+	lower("disk_bytes", float64(r.DiskBytes), float64(l.DiskBytes), can.Disk, func() { l.DiskBytes = r.DiskBytes })
+	if err := errors.Join(errs...); err != nil {
+		return l, fmt.Errorf("%w: %v; ask for less, or leave the field out to get the daemon's default", backend.ErrSpecUnenforceable, err)
+	}
+	return l, nil
+}
+
+// CgroupLimits is the part of l a cgroup enforces.
+func CgroupLimits(l limits.Limits) cgroup.Limits {
+	return cgroup.Limits{MemoryBytes: l.MemoryBytes, PIDs: l.PIDs, CPUs: l.CPUs, CPUWeight: l.CPUWeight}
+}
+
+// MakeCgroup gives sandbox id a fresh cgroup name with limits l, replacing
+// any group of that name a previous daemon left (its processes are
+// killed). Without a manager (m nil) it returns nil, nil.
+func MakeCgroup(ctx context.Context, m *cgroup.Manager, name, id string, l limits.Limits) (*cgroup.Cgroup, error) {
+	if m == nil {
+		return nil, nil
+	}
+	cg, err := m.Create(name, CgroupLimits(l))
+	if errors.Is(err, fs.ErrExist) {
+		rctx, cancel := context.WithTimeout(ctx, CgroupWait)
+		rmErr := m.Remove(rctx, name)
+		cancel()
+		if rmErr != nil {
+			return nil, fmt.Errorf("%w: a stale cgroup of sandbox %s cannot be removed: %v", backend.ErrUnavailable, id, rmErr)
+		}
+		cg, err = m.Create(name, CgroupLimits(l))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: cannot give sandbox %s its cgroup: %v", backend.ErrUnavailable, id, err)
+	}
+	return cg, nil
+}
+
+// RemoveCgroup kills whatever is left in sandbox id's cgroup name and
+// removes it, within CgroupWait. Without a manager it does nothing.
+func RemoveCgroup(m *cgroup.Manager, name, id string) error {
+	if m == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), CgroupWait)
+	defer cancel()
+	if err := m.Remove(ctx, name); err != nil {
+		return fmt.Errorf("remove the cgroup of sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// SweepCgroups removes every sandbox cgroup under the manager's base and
+// returns how many it removed. A backend calls it when no sandbox of this
+// process runs, so each group was left by a daemon that died and whatever
+// still runs in it is a stray. Failures are logged to log.
+func SweepCgroups(m *cgroup.Manager, log hclog.Logger) int {
+	if m == nil {
+		return 0
+	}
+	names, err := m.List()
+	if err != nil {
+		log.Warn("cannot list sandbox cgroups left by a previous daemon", "error", err)
+		return 0
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), CgroupWait)
+	defer cancel()
+	removed := 0
+	for _, name := range names {
+		if err := m.Remove(ctx, name); err != nil {
+			log.Warn("cannot remove a sandbox cgroup left by a previous daemon", "cgroup", name, "error", err)
+			continue
+		}
+		removed++
+	}
+	return removed
+}
