@@ -4,13 +4,13 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"path"
 	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/wirefmt"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 )
 
@@ -124,28 +124,11 @@ const (
 )
 
 func (r runRequest) encode() []byte {
-	n := 4 * 4
-	for _, s := range r.argv {
-		n += 4 + len(s)
-	}
-	for _, s := range r.env {
-		n += 4 + len(s)
-	}
-	n += 4 + len(r.cwd)
-	buf := make([]byte, 0, n)
+	buf := make([]byte, 0, 4+wirefmt.ListSize(r.argv)+wirefmt.ListSize(r.env)+4+len(r.cwd))
 	buf = binary.LittleEndian.AppendUint32(buf, requestMagic)
-	buf = binary.LittleEndian.AppendUint32(buf, uint32(len(r.argv)))
-	for _, s := range r.argv {
-		buf = binary.LittleEndian.AppendUint32(buf, uint32(len(s)))
-		buf = append(buf, s...)
-	}
-	buf = binary.LittleEndian.AppendUint32(buf, uint32(len(r.env)))
-	for _, s := range r.env {
-		buf = binary.LittleEndian.AppendUint32(buf, uint32(len(s)))
-		buf = append(buf, s...)
-	}
-	buf = binary.LittleEndian.AppendUint32(buf, uint32(len(r.cwd)))
-	return append(buf, r.cwd...)
+	buf = wirefmt.AppendList(buf, r.argv)
+	buf = wirefmt.AppendList(buf, r.env)
+	return wirefmt.AppendString(buf, r.cwd)
 }
 
 // decodeRunRequest parses and checks a request: every count and length
@@ -159,65 +142,29 @@ func decodeRunRequest(buf []byte) (runRequest, error) {
 	if len(buf) > maxRequestBytes {
 		return bad("%d bytes, more than %d", len(buf), maxRequestBytes)
 	}
-	u32 := func() (uint32, bool) {
-		if len(buf) < 4 {
-			return 0, false
-		}
-		v := binary.LittleEndian.Uint32(buf)
-		buf = buf[4:]
-		return v, true
-	}
-	str := func() (string, bool) {
-		n, ok := u32()
-		if !ok || uint64(n) > uint64(len(buf)) {
-			return "", false
-		}
-		s := string(buf[:n])
-		buf = buf[n:]
-		return s, !strings.ContainsRune(s, 0)
-	}
-	list := func(limit uint32) ([]string, bool) {
-		n, ok := u32()
-		// Each entry takes at least its 4-byte length.
-		if !ok || n > limit || uint64(n)*4 > uint64(len(buf)) {
-			return nil, false
-		}
-		out := make([]string, 0, n)
-		for range n {
-			s, ok := str()
-			if !ok {
-				return nil, false
-			}
-			out = append(out, s)
-		}
-		return out, true
-	}
-	if magic, ok := u32(); !ok || magic != requestMagic {
+	d := wirefmt.NewDecoder(buf)
+	if magic, ok := d.U32(); !ok || magic != requestMagic {
 		return bad("wrong magic")
 	}
 	var r runRequest
 	var ok bool
-	if r.argv, ok = list(maxRequestArgv); !ok {
+	if r.argv, ok = d.List(maxRequestArgv); !ok {
 		return bad("bad argv")
 	}
-	if r.env, ok = list(maxRequestEnv); !ok {
+	if r.env, ok = d.List(maxRequestEnv); !ok {
 		return bad("bad environment")
 	}
-	if r.cwd, ok = str(); !ok {
+	if r.cwd, ok = d.String(); !ok {
 		return bad("bad working directory")
 	}
 	switch {
-	case len(buf) != 0:
-		return bad("%d bytes trailing", len(buf))
+	case d.Left() != 0:
+		return bad("%d bytes trailing", d.Left())
 	case len(r.argv) < 2 || r.argv[0] != timeoutPath:
 		return bad("argv must run %s and a command", timeoutPath)
-	case !path.IsAbs(r.cwd) || path.Clean(r.cwd) != r.cwd || len(r.cwd) > backend.MaxGuestPathLen:
-		return bad("working directory %q is not a clean absolute path", r.cwd)
 	}
-	for _, kv := range r.env {
-		if k, _, found := strings.Cut(kv, "="); !found || k == "" {
-			return bad("environment entry without a name")
-		}
+	if err := wirefmt.CheckCommand(r.env, r.cwd); err != nil {
+		return bad("%v", err)
 	}
 	return r, nil
 }

@@ -5,11 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"path"
-	"strings"
 	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/wirefmt"
 )
 
 // The conversation between the daemon and a sandbox's init.
@@ -192,23 +191,13 @@ const (
 )
 
 func (r runRequest) encode() []byte {
-	n := 5*4 + 16 + len(r.cwd) + len(r.stdin)
-	for _, s := range append(r.argv[:len(r.argv):len(r.argv)], r.env...) {
-		n += 4 + len(s)
-	}
-	buf := make([]byte, 0, n)
+	buf := make([]byte, 0, 4+16+wirefmt.ListSize(r.argv)+wirefmt.ListSize(r.env)+4+len(r.cwd)+4+len(r.stdin))
 	buf = binary.LittleEndian.AppendUint32(buf, requestMagic)
 	buf = binary.LittleEndian.AppendUint64(buf, uint64(r.timeout))
 	buf = binary.LittleEndian.AppendUint64(buf, uint64(r.killAfter))
-	for _, list := range [][]string{r.argv, r.env} {
-		buf = binary.LittleEndian.AppendUint32(buf, uint32(len(list)))
-		for _, s := range list {
-			buf = binary.LittleEndian.AppendUint32(buf, uint32(len(s)))
-			buf = append(buf, s...)
-		}
-	}
-	buf = binary.LittleEndian.AppendUint32(buf, uint32(len(r.cwd)))
-	buf = append(buf, r.cwd...)
+	buf = wirefmt.AppendList(buf, r.argv)
+	buf = wirefmt.AppendList(buf, r.env)
+	buf = wirefmt.AppendString(buf, r.cwd)
 	buf = binary.LittleEndian.AppendUint32(buf, uint32(len(r.stdin)))
 	return append(buf, r.stdin...)
 }
@@ -221,82 +210,42 @@ func decodeRunRequest(buf []byte) (runRequest, error) {
 	bad := func(format string, args ...any) (runRequest, error) {
 		return runRequest{}, fmt.Errorf("%w: request: "+format, append([]any{errBadFrame}, args...)...)
 	}
-	u32 := func() (uint32, bool) {
-		if len(buf) < 4 {
-			return 0, false
-		}
-		v := binary.LittleEndian.Uint32(buf)
-		buf = buf[4:]
-		return v, true
-	}
-	bytesField := func() ([]byte, bool) {
-		n, ok := u32()
-		if !ok || uint64(n) > uint64(len(buf)) {
-			return nil, false
-		}
-		b := buf[:n]
-		buf = buf[n:]
-		return b, true
-	}
-	str := func() (string, bool) {
-		b, ok := bytesField()
-		return string(b), ok && !strings.ContainsRune(string(b), 0)
-	}
-	list := func(limit uint32) ([]string, bool) {
-		n, ok := u32()
-		if !ok || n > limit || uint64(n)*4 > uint64(len(buf)) {
-			return nil, false
-		}
-		out := make([]string, 0, n)
-		for range n {
-			s, ok := str()
-			if !ok {
-				return nil, false
-			}
-			out = append(out, s)
-		}
-		return out, true
-	}
-	if magic, ok := u32(); !ok || magic != requestMagic {
+	d := wirefmt.NewDecoder(buf)
+	if magic, ok := d.U32(); !ok || magic != requestMagic {
 		return bad("wrong magic")
 	}
 	var r runRequest
-	if len(buf) < 16 {
+	timeout, ok := d.U64()
+	killAfter, ok2 := d.U64()
+	if !ok || !ok2 {
 		return bad("no budget")
 	}
-	r.timeout = time.Duration(binary.LittleEndian.Uint64(buf))
-	r.killAfter = time.Duration(binary.LittleEndian.Uint64(buf[8:]))
-	buf = buf[16:]
+	r.timeout, r.killAfter = time.Duration(timeout), time.Duration(killAfter)
 	if r.timeout <= 0 || r.timeout > backend.MaxTimeout || r.killAfter <= 0 || r.killAfter > backend.MaxTimeout {
 		return bad("budget %v, grace %v out of range", r.timeout, r.killAfter)
 	}
-	var ok bool
-	if r.argv, ok = list(maxRequestArgv); !ok {
+	if r.argv, ok = d.List(maxRequestArgv); !ok {
 		return bad("bad argv")
 	}
-	if r.env, ok = list(maxRequestEnv); !ok {
+	if r.env, ok = d.List(maxRequestEnv); !ok {
 		return bad("bad environment")
 	}
-	if r.cwd, ok = str(); !ok {
+	if r.cwd, ok = d.String(); !ok {
 		return bad("bad working directory")
 	}
-	stdin, ok := bytesField()
+	stdin, ok := d.Bytes()
 	if !ok || len(stdin) > maxStdinBytes {
 		return bad("bad stdin")
 	}
 	r.stdin = stdin
 	switch {
-	case len(buf) != 0:
-		return bad("%d bytes trailing", len(buf))
+	case d.Left() != 0:
+		return bad("%d bytes trailing", d.Left())
 	case len(r.argv) == 0 || r.argv[0] == "":
 		return bad("empty argv")
-	case !path.IsAbs(r.cwd) || path.Clean(r.cwd) != r.cwd || len(r.cwd) > backend.MaxGuestPathLen:
-		return bad("working directory %q is not a clean absolute path", r.cwd)
 	}
-	for _, kv := range r.env {
-		if k, _, found := strings.Cut(kv, "="); !found || k == "" {
-			return bad("environment entry without a name")
-		}
+	if err := wirefmt.CheckCommand(r.env, r.cwd); err != nil {
+		return bad("%v", err)
 	}
 	return r, nil
 }
