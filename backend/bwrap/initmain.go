@@ -4,12 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/signal"
 	"runtime/debug"
 	"strconv"
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc"
 )
 
 // initEnv is set (to "1") in the environment bwrap gives a sandbox's init,
@@ -17,27 +18,19 @@ import (
 // sandbox, knows it is init.
 const initEnv = "SANDBOX_SIDECAR_INIT"
 
-// initName is init's process name, as ps shows it inside and outside.
-const initName = "sandbox-init"
-
 // initReapInterval is how often init reaps leftovers while any remain.
 const initReapInterval = 1000 // milliseconds
 
 // IsInit reports whether this process is a sandbox's init: the daemon's own
 // binary, started by this package inside a sandbox's namespaces.
-func IsInit() bool { return os.Getenv(initEnv) == "1" }
+func IsInit() bool { return initproc.Is(initEnv) }
 
 // InitMain runs a sandbox's init and never returns when IsInit is true;
 // otherwise it returns at once and does nothing. The daemon's main function
 // calls it first thing, before flags or logging, and so does every test
 // binary that creates sandboxes (in TestMain): the init of a sandbox is the
 // daemon's own executable, run again inside the sandbox.
-func InitMain() {
-	if !IsInit() {
-		return
-	}
-	os.Exit(runInit())
-}
+func InitMain() { initproc.Main(initEnv, runInit) }
 
 // What a hostile guest can do to init, and why it does not help it:
 //
@@ -81,22 +74,12 @@ type initCommand struct {
 }
 
 func runInit() int {
-	// Named first: once non-dumpable, init may no longer write its own
-	// /proc files.
-	_ = os.WriteFile("/proc/self/comm", []byte(initName), 0)
-	// Nothing in the sandbox may read init's memory, environment or
-	// descriptors, or trace it.
-	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
-		return initFail("cannot make init non-dumpable: %v", err)
-	}
-	if os.Getpid() != 1 {
-		return initFail("init must be pid 1 of the sandbox's PID namespace, not %d", os.Getpid())
+	// Named, non-dumpable, pid 1, signals shielded (initproc.Become).
+	if err := initproc.Become("the sandbox's PID namespace"); err != nil {
+		return initFail("%v", err)
 	}
 	// Requests can be megabytes; keep the heap small between them.
 	debug.SetGCPercent(25)
-
-	sink := make(chan os.Signal, 1)
-	signal.Notify(sink, initShieldedSignals()...)
 
 	if err := checkControlSocket(initControlFD); err != nil {
 		return initFail("fd %d is not the control socket: %v", initControlFD, err)
@@ -130,27 +113,7 @@ func runInit() int {
 	}
 }
 
-func initFail(format string, args ...any) int {
-	fmt.Fprintf(os.Stderr, "sandbox init: "+format+"\n", args...)
-	return 2
-}
-
-// initShieldedSignals are the signals init handles (by dropping them), so
-// that the kernel delivers none of them with its default action: all of
-// 1-31 but SIGKILL and SIGSTOP (which it never delivers from inside),
-// SIGCHLD (init needs the default to reap), SIGURG and SIGPROF (the Go
-// runtime's own). Real-time signals need nothing: Go's handler ignores them.
-func initShieldedSignals() []os.Signal {
-	var sigs []os.Signal
-	for s := syscall.Signal(1); s <= 31; s++ {
-		switch s {
-		case syscall.SIGKILL, syscall.SIGSTOP, syscall.SIGCHLD, syscall.SIGURG, syscall.SIGPROF:
-			continue
-		}
-		sigs = append(sigs, s)
-	}
-	return sigs
-}
+func initFail(format string, args ...any) int { return initproc.Fail(format, args...) }
 
 func checkControlSocket(fd int) error {
 	typ, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)

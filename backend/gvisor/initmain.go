@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -14,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc"
 )
 
 // initEnv is set (to "1") in the environment of a sandbox's init, and
@@ -21,25 +22,17 @@ import (
 // the container's process, knows it is init.
 const initEnv = "SANDBOX_SIDECAR_GVISOR_INIT"
 
-// initName is init's process name inside the sandbox.
-const initName = "sandbox-init"
-
 // initDrainWait bounds how long init waits for a command's output pipes
 // to reach EOF once every process of the command is dead.
 const initDrainWait = 2 * time.Second
 
 // IsInit reports whether this process is a gVisor sandbox's init.
-func IsInit() bool { return os.Getenv(initEnv) == "1" }
+func IsInit() bool { return initproc.Is(initEnv) }
 
 // InitMain runs a sandbox's init and never returns when IsInit is true;
 // otherwise it returns at once. The daemon's main function calls it first
 // thing, and so does every test binary that creates gVisor sandboxes.
-func InitMain() {
-	if !IsInit() {
-		return
-	}
-	os.Exit(runInit())
-}
+func InitMain() { initproc.Main(initEnv, runInit) }
 
 // What a hostile guest can do to init, and why it does not help it: init
 // is pid 1 of the sandbox and runs as root inside it, the guest's commands
@@ -65,15 +58,10 @@ type initState struct {
 }
 
 func runInit() int {
-	_ = os.WriteFile("/proc/self/comm", []byte(initName), 0)
-	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
-		return initFail("cannot make init non-dumpable: %v", err)
+	// Named, non-dumpable, pid 1, signals shielded (initproc.Become).
+	if err := initproc.Become("the sandbox"); err != nil {
+		return initFail("%v", err)
 	}
-	if os.Getpid() != 1 {
-		return initFail("init must be pid 1 of the sandbox, not %d", os.Getpid())
-	}
-	sink := make(chan os.Signal, 1)
-	signal.Notify(sink, shieldedSignals()...)
 	if err := unix.Chdir("/"); err != nil {
 		return initFail("chdir /: %v", err)
 	}
@@ -125,25 +113,7 @@ func runInit() int {
 	}
 }
 
-func initFail(format string, args ...any) int {
-	fmt.Fprintf(os.Stderr, "sandbox init: "+format+"\n", args...)
-	return 2
-}
-
-// shieldedSignals are the signals init handles (by dropping them): all of
-// 1-31 but SIGKILL and SIGSTOP, SIGCHLD (init reaps), SIGURG and SIGPROF
-// (the Go runtime's own).
-func shieldedSignals() []os.Signal {
-	var sigs []os.Signal
-	for s := syscall.Signal(1); s <= 31; s++ {
-		switch s {
-		case syscall.SIGKILL, syscall.SIGSTOP, syscall.SIGCHLD, syscall.SIGURG, syscall.SIGPROF:
-			continue
-		}
-		sigs = append(sigs, s)
-	}
-	return sigs
-}
+func initFail(format string, args ...any) int { return initproc.Fail(format, args...) }
 
 // send writes one frame to the daemon.
 func (st *initState) send(kind byte, payload []byte) error {

@@ -1,0 +1,73 @@
+// Package initproc is what the bubblewrap and gVisor backends' sandbox
+// inits share: how the daemon's binary, run again inside a sandbox, knows
+// it is init, and the steps init takes before it serves the daemon. The
+// protocols they then speak are each backend's own.
+package initproc
+
+import (
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// Name is init's process name, as ps shows it inside and outside.
+const Name = "sandbox-init"
+
+// Is reports whether this process is an init: env is set to "1" in the
+// environment its backend gives init, and nowhere else. Each backend has
+// its own env, so one backend's init is never taken for the other's.
+func Is(env string) bool { return os.Getenv(env) == "1" }
+
+// Main runs run and exits with its status when Is(env); otherwise it
+// returns at once and does nothing.
+func Main(env string, run func() int) {
+	if !Is(env) {
+		return
+	}
+	os.Exit(run())
+}
+
+// Fail says why init cannot go on, on its stderr, and returns the status
+// init exits with.
+func Fail(format string, args ...any) int {
+	fmt.Fprintf(os.Stderr, "sandbox init: "+format+"\n", args...)
+	return 2
+}
+
+// Become makes this process init: it names itself Name (first: once
+// non-dumpable it may no longer write its own /proc files), makes itself
+// non-dumpable (nothing in the sandbox may read its memory, environment or
+// descriptors, or trace it), checks that it is pid 1 (of where, named in
+// the error) and routes ShieldedSignals to a channel never read.
+func Become(where string) error {
+	_ = os.WriteFile("/proc/self/comm", []byte(Name), 0)
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return fmt.Errorf("cannot make init non-dumpable: %v", err)
+	}
+	if os.Getpid() != 1 {
+		return fmt.Errorf("init must be pid 1 of %s, not %d", where, os.Getpid())
+	}
+	signal.Notify(make(chan os.Signal, 1), ShieldedSignals()...)
+	return nil
+}
+
+// ShieldedSignals are the signals init handles (by dropping them), so
+// that the kernel delivers none of them with its default action: all of
+// 1-31 but SIGKILL and SIGSTOP (which it never delivers from inside),
+// SIGCHLD (init needs the default to reap), SIGURG and SIGPROF (the Go
+// runtime's own). Real-time signals need nothing: Go's handler ignores them.
+// Notify, not SIG_IGN, which init's commands would inherit.
+func ShieldedSignals() []os.Signal {
+	var sigs []os.Signal
+	for s := syscall.Signal(1); s <= 31; s++ {
+		switch s {
+		case syscall.SIGKILL, syscall.SIGSTOP, syscall.SIGCHLD, syscall.SIGURG, syscall.SIGPROF:
+			continue
+		}
+		sigs = append(sigs, s)
+	}
+	return sigs
+}
