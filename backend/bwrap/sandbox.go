@@ -8,12 +8,12 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
-	"sort"
 	"sync"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/hostfs"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/registry"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/statedir"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 )
@@ -425,16 +425,5 @@ func (b *Backend) List(ctx context.Context) ([]string, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	entries, err := os.ReadDir(b.cfg.Dir)
-	if err != nil {
-		return nil, fmt.Errorf("%w: list state directory %s: %v", backend.ErrUnavailable, b.cfg.Dir, err)
-	}
-	var ids []string
-	for _, e := range entries {
-		if e.IsDir() && backend.ValidID(e.Name()) {
-			ids = append(ids, e.Name())
-		}
-	}
-	sort.Strings(ids)
-	return ids, nil
+	return statedir.SandboxIDs(b.cfg.Dir)
 }

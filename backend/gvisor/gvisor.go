@@ -36,7 +36,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -633,31 +633,21 @@ func (b *Backend) List(ctx context.Context) ([]string, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	entries, err := os.ReadDir(b.cfg.Dir)
-	if err != nil {
-		return nil, fmt.Errorf("%w: list state directory %s: %v", backend.ErrUnavailable, b.cfg.Dir, err)
-	}
-	seen := map[string]bool{}
-	for _, e := range entries {
-		if e.IsDir() && backend.ValidID(e.Name()) {
-			seen[e.Name()] = true
-		}
-	}
-	ids, err := b.runscList(ctx)
+	ids, err := statedir.SandboxIDs(b.cfg.Dir)
 	if err != nil {
 		return nil, err
 	}
-	for _, id := range ids {
+	listed, err := b.runscList(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range listed {
 		if backend.ValidID(id) {
-			seen[id] = true
+			ids = append(ids, id)
 		}
 	}
-	out := make([]string, 0, len(seen))
-	for id := range seen {
-		out = append(out, id)
-	}
-	sort.Strings(out)
-	return out, nil
+	slices.Sort(ids)
+	return slices.Compact(ids), nil
 }
 
 // runscList returns the ids runsc lists in the backend's root.

@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -444,15 +443,9 @@ func (b *Backend) List(ctx context.Context) ([]string, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	entries, err := os.ReadDir(b.cfg.Dir)
+	ids, err := statedir.SandboxIDs(b.cfg.Dir)
 	if err != nil {
-		return nil, fmt.Errorf("%w: list state directory %s: %v", backend.ErrUnavailable, b.cfg.Dir, err)
-	}
-	seen := make(map[string]bool)
-	for _, e := range entries {
-		if e.IsDir() && backend.ValidID(e.Name()) {
-			seen[e.Name()] = true
-		}
+		return nil, err
 	}
 	listed, err := b.listSbx(ctx)
 	if err != nil {
@@ -460,15 +453,11 @@ func (b *Backend) List(ctx context.Context) ([]string, error) {
 	}
 	for _, s := range listed {
 		if id, ok := b.idFromName(s.Name); ok {
-			seen[id] = true
+			ids = append(ids, id)
 		}
 	}
-	ids := make([]string, 0, len(seen))
-	for id := range seen {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids)
-	return ids, nil
+	slices.Sort(ids)
+	return slices.Compact(ids), nil
 }
 
 // lsEntry is one sandbox of sbx ls --json. Only the name is relied on.

@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 )
@@ -107,4 +108,22 @@ func ReadSettings(dir, name, id string, maxBytes int, v any) error {
 		return fmt.Errorf("%w: settings of sandbox %q are unreadable (%v); destroy it and create a new one", backend.ErrNotFound, id, err)
 	}
 	return nil
+}
+
+// SandboxIDs returns, sorted, the ids of the sandboxes in the state
+// directory dir, complete or not: every subdirectory whose name is a valid
+// id. A directory that cannot be read is ErrUnavailable.
+func SandboxIDs(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("%w: list state directory %s: %v", backend.ErrUnavailable, dir, err)
+	}
+	var ids []string
+	for _, e := range entries {
+		if e.IsDir() && backend.ValidID(e.Name()) {
+			ids = append(ids, e.Name())
+		}
+	}
+	slices.Sort(ids)
+	return ids, nil
 }
