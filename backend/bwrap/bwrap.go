@@ -188,21 +188,15 @@ var _ backend.Backend = (*Backend)(nil)
 // New validates cfg, creates cfg.Dir and finds bwrap. It does not start a
 // sandbox; Health does.
 func New(cfg Config) (*Backend, error) {
-	if cfg.Dir == "" || !filepath.IsAbs(cfg.Dir) {
-		return nil, fmt.Errorf("bwrap backend: Dir %q must be an absolute path to the state directory", cfg.Dir)
+	var err error
+	if cfg.Dir, err = backend.CheckStateDir("bwrap", cfg.Dir); err != nil {
+		return nil, err
 	}
-	cfg.Dir = filepath.Clean(cfg.Dir)
 	if err := checkIDs(cfg.SandboxUID, cfg.SandboxGID); err != nil {
 		return nil, err
 	}
-	if cfg.KillGrace < 0 || cfg.ExecGrace < 0 {
-		return nil, fmt.Errorf("bwrap backend: KillGrace (%v) and ExecGrace (%v) must not be negative; use 0 for the defaults", cfg.KillGrace, cfg.ExecGrace)
-	}
-	if cfg.KillGrace == 0 {
-		cfg.KillGrace = DefaultKillGrace
-	}
-	if cfg.ExecGrace == 0 {
-		cfg.ExecGrace = DefaultExecGrace
+	if err := backend.DefaultGraces("bwrap", &cfg.KillGrace, &cfg.ExecGrace, DefaultKillGrace, DefaultExecGrace); err != nil {
+		return nil, err
 	}
 	if err := cfg.Limits.Validate(); err != nil {
 		return nil, fmt.Errorf("bwrap backend: %w", err)

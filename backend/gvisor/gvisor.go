@@ -155,18 +155,12 @@ var _ backend.Backend = (*Backend)(nil)
 // shared root, and removes every runsc sandbox a previous daemon left in
 // Dir (their inits died with it). It boots no sandbox; Health does.
 func New(cfg Config) (*Backend, error) {
-	if cfg.Dir == "" || !filepath.IsAbs(cfg.Dir) {
-		return nil, fmt.Errorf("gvisor backend: Dir %q must be an absolute path to the state directory", cfg.Dir)
+	var err error
+	if cfg.Dir, err = backend.CheckStateDir("gvisor", cfg.Dir); err != nil {
+		return nil, err
 	}
-	cfg.Dir = filepath.Clean(cfg.Dir)
-	if cfg.KillGrace < 0 || cfg.ExecGrace < 0 {
-		return nil, fmt.Errorf("gvisor backend: KillGrace (%v) and ExecGrace (%v) must not be negative; use 0 for the defaults", cfg.KillGrace, cfg.ExecGrace)
-	}
-	if cfg.KillGrace == 0 {
-		cfg.KillGrace = DefaultKillGrace
-	}
-	if cfg.ExecGrace == 0 {
-		cfg.ExecGrace = DefaultExecGrace
+	if err := backend.DefaultGraces("gvisor", &cfg.KillGrace, &cfg.ExecGrace, DefaultKillGrace, DefaultExecGrace); err != nil {
+		return nil, err
 	}
 	switch cfg.Platform {
 	case "":
