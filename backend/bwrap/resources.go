@@ -42,17 +42,9 @@ const (
 // sandbox id, so it cannot collide with one.
 const probeCgroupPrefix = "probe."
 
-// effectiveLimits is what one sandbox gets (resources.Effective), checked
-// with limits.Validate.
+// effectiveLimits is what one sandbox gets (resources.Effective).
 func (b *Backend) effectiveLimits(r backend.Resources) (limits.Limits, error) {
-	l, err := resources.Effective(b.cfg.Limits, r, resources.Enforced{Cgroups: b.cfg.Cgroups != nil, Disk: b.cfg.DiskCaps})
-	if err != nil {
-		return l, err
-	}
-	if err := l.Validate(); err != nil {
-		return l, fmt.Errorf("%w: %v", backend.ErrSpecUnenforceable, err)
-	}
-	return l, nil
+	return resources.Effective(b.cfg.Limits, r, resources.Enforced{Cgroups: b.cfg.Cgroups != nil, Disk: b.cfg.DiskCaps})
 }
 
 // makeCgroup gives sb a fresh cgroup with its limits (resources.MakeCgroup).

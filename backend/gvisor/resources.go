@@ -30,15 +30,7 @@ import (
 // refuses any disk cap, and the daemon's disk limit is reported off, never
 // silently applied, as this backend enforces none.
 func (b *Backend) effectiveLimits(r backend.Resources) (limits.Limits, error) {
-	l, err := resources.Effective(b.cfg.Limits, r, resources.Enforced{Cgroups: b.cfg.Cgroups != nil, Disk: false, Who: "the gvisor backend"})
-	if err != nil {
-		return l, err
-	}
-	l.DiskBytes, l.DiskInodes = 0, 0
-	if err := l.Validate(); err != nil {
-		return l, fmt.Errorf("%w: %v", backend.ErrSpecUnenforceable, err)
-	}
-	return l, nil
+	return resources.Effective(b.cfg.Limits, r, resources.Enforced{Cgroups: b.cfg.Cgroups != nil, Disk: false, Who: "the gvisor backend", DropDisk: true})
 }
 
 // makeCgroup gives sb a fresh cgroup with its limits (resources.MakeCgroup).

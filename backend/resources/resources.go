@@ -32,13 +32,17 @@ type Enforced struct {
 	// here on purpose: gVisor never enforces a disk cap, so its error says
 	// the backend is the reason, not the host.
 	Who string
+	// DropDisk: the daemon's disk limits are dropped from what the sandbox
+	// gets (so reported off, never silently applied), as the gVisor
+	// backend, which enforces none, wants; the bubblewrap backend keeps
+	// them whether or not it has DiskCaps.
+	DropDisk bool
 }
 
 // Effective is what one sandbox gets: the daemon's limits, lowered where
 // its spec asked for less. It refuses more than the daemon allows and a
-// limit this host cannot enforce, with ErrSpecUnenforceable. A disk cap
-// that cannot be enforced keeps the daemon's value: the caller decides
-// whether to report it off.
+// limit this host cannot enforce, with ErrSpecUnenforceable, and so is a
+// result limits.Validate refuses.
 func Effective(daemon limits.Limits, r backend.Resources, can Enforced) (limits.Limits, error) {
 	l := daemon
 	where := "on this host"
@@ -65,6 +69,12 @@ func Effective(daemon limits.Limits, r backend.Resources, can Enforced) (limits.
 	lower("disk_bytes", float64(r.DiskBytes), float64(l.DiskBytes), can.Disk, func() { l.DiskBytes = r.DiskBytes })
 	if err := errors.Join(errs...); err != nil {
 		return l, fmt.Errorf("%w: %v; ask for less, or leave the field out to get the daemon's default", backend.ErrSpecUnenforceable, err)
+	}
+	if can.DropDisk {
+		l.DiskBytes, l.DiskInodes = 0, 0
+	}
+	if err := l.Validate(); err != nil {
+		return l, fmt.Errorf("%w: %v", backend.ErrSpecUnenforceable, err)
 	}
 	return l, nil
 }

@@ -17,8 +17,8 @@ func TestEffective(t *testing.T) {
 	if err != nil || l != daemon {
 		t.Fatalf("no request: %+v, %v; want the daemon's %+v", l, err, daemon)
 	}
-	l, err = Effective(daemon, backend.Resources{MemoryBytes: 1 << 20, CPUs: 0.5, PIDs: 16, DiskBytes: 1 << 20}, all)
-	want := limits.Limits{MemoryBytes: 1 << 20, CPUs: 0.5, PIDs: 16, DiskBytes: 1 << 20}
+	l, err = Effective(daemon, backend.Resources{MemoryBytes: 64 << 20, CPUs: 0.5, PIDs: 16, DiskBytes: 64 << 20}, all)
+	want := limits.Limits{MemoryBytes: 64 << 20, CPUs: 0.5, PIDs: 16, DiskBytes: 64 << 20}
 	if err != nil || l != want {
 		t.Fatalf("lowered: %+v, %v; want %+v", l, err, want)
 	}
@@ -31,6 +31,7 @@ func TestEffective(t *testing.T) {
 	}{
 		{"above the ceiling", backend.Resources{MemoryBytes: 2 << 30}, all, "memory_bytes 2.147483648e+09 exceeds the daemon's maximum"},
 		{"negative", backend.Resources{PIDs: -1}, all, "pids -1 is negative"},
+		{"refused by limits.Validate", backend.Resources{MemoryBytes: 1 << 20}, all, "below 16 MiB"},
 		{"no cgroups", backend.Resources{CPUs: 1}, Enforced{Disk: true}, "cpus cannot be limited on this host"},
 		{"no disk caps", backend.Resources{DiskBytes: 1}, Enforced{Cgroups: true}, "disk_bytes cannot be limited on this host"},
 		{"named backend", backend.Resources{DiskBytes: 1}, Enforced{Cgroups: true, Who: "the gvisor backend"}, "disk_bytes cannot be limited by the gvisor backend on this host"},
@@ -39,6 +40,14 @@ func TestEffective(t *testing.T) {
 		if !errors.Is(err, backend.ErrSpecUnenforceable) || !strings.Contains(err.Error(), tc.says) {
 			t.Errorf("%s: err = %v; want ErrSpecUnenforceable saying %q", tc.name, err, tc.says)
 		}
+	}
+	// DropDisk leaves the daemon's disk limits out; without it they stay.
+	daemon.DiskInodes = 1000
+	if l, err := Effective(daemon, backend.Resources{}, Enforced{Cgroups: true, DropDisk: true}); err != nil || l.DiskBytes != 0 || l.DiskInodes != 0 {
+		t.Errorf("DropDisk: %+v, %v; want no disk limits", l, err)
+	}
+	if l, err := Effective(daemon, backend.Resources{}, Enforced{Cgroups: true}); err != nil || l.DiskBytes != daemon.DiskBytes || l.DiskInodes != 1000 {
+		t.Errorf("without DropDisk: %+v, %v; want the daemon's disk limits", l, err)
 	}
 	// Both refusals are reported, not just the first.
 	_, err = Effective(daemon, backend.Resources{PIDs: -1, DiskBytes: 1}, Enforced{Cgroups: true})
