@@ -779,13 +779,7 @@ const (
 )
 
 func writeTable(rows []row) error {
-	doc := filepath.Join("..", "..", "docs", "security.md")
-	old, err := os.ReadFile(doc)
-	if err != nil {
-		return err
-	}
 	var t strings.Builder
-	t.WriteString(tableBegin + "\n\n")
 	counts := map[string]int{}
 	for _, r := range rows {
 		counts[r.Verdict]++
@@ -794,13 +788,26 @@ func writeTable(rows []row) error {
 		len(rows), counts[contained], counts[gap], counts[info], counts[failed], *limitsWired)
 	t.WriteString("| # | group | attempt | expected | observed | verdict |\n|---|---|---|---|---|---|\n")
 	for i, r := range rows {
-		fmt.Fprintf(&t, "| %d | %s | %s | %s | %s | %s |\n", i+1, r.Group, r.Attempt, r.Expected, "`"+strings.ReplaceAll(r.Observed, "`", "'")+"`", r.Verdict)
+		fmt.Fprintf(&t, "| %d | %s | %s | %s | %s | %s |\n", i+1, r.Group, r.Attempt, r.Expected, r.observedCell(), r.Verdict)
 	}
-	t.WriteString("\n" + tableEnd)
+	return spliceSecurityDoc(tableBegin, tableEnd, t.String())
+}
+
+// observedCell is what a row observed, as a Markdown code span.
+func (r row) observedCell() string { return "`" + strings.ReplaceAll(r.Observed, "`", "'") + "`" }
+
+// spliceSecurityDoc replaces what stands between the markers begin and end
+// in docs/security.md with body (the markers stay).
+func spliceSecurityDoc(begin, end, body string) error {
+	doc := filepath.Join("..", "..", "docs", "security.md")
+	old, err := os.ReadFile(doc)
+	if err != nil {
+		return err
+	}
 	s := string(old)
-	i, j := strings.Index(s, tableBegin), strings.Index(s, tableEnd)
+	i, j := strings.Index(s, begin), strings.Index(s, end)
 	if i < 0 || j < i {
-		return fmt.Errorf("%s has no %q ... %q markers", doc, tableBegin, tableEnd)
+		return fmt.Errorf("%s has no %q ... %q markers", doc, begin, end)
 	}
-	return os.WriteFile(doc, []byte(s[:i]+t.String()+s[j+len(tableEnd):]), 0o644)
+	return os.WriteFile(doc, []byte(s[:i]+begin+"\n\n"+body+"\n"+s[j:]), 0o644)
 }
