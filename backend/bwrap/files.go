@@ -53,17 +53,12 @@ func (b *Backend) ReadFile(ctx context.Context, id, p string, maxBytes int64) ([
 	if maxBytes < 0 {
 		return nil, fmt.Errorf("%w: maxBytes %d is negative", backend.ErrInvalidArgument, maxBytes)
 	}
-	sb, done, err := b.fileOp(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	defer done()
-	root, rel, err := openArea(sb, p)
-	if err != nil {
-		return nil, err
-	}
-	defer root.Close()
-	return hostfs.Read(root, rel, p, maxBytes)
+	var data []byte
+	err := b.inArea(ctx, id, p, func(sb *sandbox, root *os.Root, rel string) (err error) {
+		data, err = hostfs.Read(root, rel, p, maxBytes)
+		return err
+	})
+	return data, err
 }
 
 // WriteFile writes data to p, creating missing parent directories (0755).
@@ -73,17 +68,9 @@ func (b *Backend) ReadFile(ctx context.Context, id, p string, maxBytes int64) ([
 // used. The file and every directory created are owned by the sandbox's
 // uid so the guest can change them.
 func (b *Backend) WriteFile(ctx context.Context, id, p string, data []byte, mode os.FileMode) (err error) {
-	sb, done, err := b.fileOp(ctx, id)
-	if err != nil {
-		return err
-	}
-	defer done()
-	root, rel, err := openArea(sb, p)
-	if err != nil {
-		return err
-	}
-	defer root.Close()
-	return hostfs.Write(root, rel, p, data, mode, hostfs.Owner{UID: sb.uid, GID: sb.gid})
+	return b.inArea(ctx, id, p, func(sb *sandbox, root *os.Root, rel string) error {
+		return hostfs.Write(root, rel, p, data, mode, hostfs.Owner{UID: sb.uid, GID: sb.gid})
+	})
 }
 
 // ListDirectory lists the directory at p, sorted by name. IsDir comes from
@@ -94,15 +81,26 @@ func (b *Backend) ListDirectory(ctx context.Context, id, p string, maxEntries in
 	if maxEntries <= 0 {
 		return nil, fmt.Errorf("%w: maxEntries must be positive, got %d", backend.ErrInvalidArgument, maxEntries)
 	}
+	var entries []backend.DirEntry
+	err := b.inArea(ctx, id, p, func(sb *sandbox, root *os.Root, rel string) (err error) {
+		entries, err = hostfs.List(root, rel, p, maxEntries)
+		return err
+	})
+	return entries, err
+}
+
+// inArea runs fn with the area of sandbox id that holds p open (its root,
+// and p relative to it), the file operation tracked until fn returns.
+func (b *Backend) inArea(ctx context.Context, id, p string, fn func(sb *sandbox, root *os.Root, rel string) error) error {
 	sb, done, err := b.fileOp(ctx, id)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer done()
 	root, rel, err := openArea(sb, p)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer root.Close()
-	return hostfs.List(root, rel, p, maxEntries)
+	return fn(sb, root, rel)
 }

@@ -2,7 +2,6 @@ package gvisor
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path"
@@ -46,38 +45,19 @@ func (b *Backend) ReadFile(ctx context.Context, id, p string, maxBytes int64) ([
 	if maxBytes < 0 {
 		return nil, fmt.Errorf("%w: maxBytes %d is negative", backend.ErrInvalidArgument, maxBytes)
 	}
-	sb, done, err := b.fileOp(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	defer done()
-	root, rel, err := openArea(sb, p)
-	if err != nil {
-		return nil, err
-	}
-	defer root.Close()
-	data, err := hostfs.Read(root, rel, p, maxBytes)
-	if errors.Is(err, backend.ErrPathNotFound) {
-		if kind, ok := b.guestOnly(ctx, sb, p); ok {
-			return nil, fmt.Errorf("%w: %s is a %s that exists only inside the sandbox (gVisor keeps FIFOs and sockets in its own memory), not a regular file; use run_command for it", backend.ErrBadPath, backend.ShortName(p), kind)
-		}
-	}
+	var data []byte
+	err := b.inArea(ctx, id, p, func(sb *sandbox, root *os.Root, rel string) (err error) {
+		data, err = hostfs.Read(root, rel, p, maxBytes)
+		return b.guestOnlyError(ctx, sb, p, err)
+	})
 	return data, err
 }
 
 // WriteFile writes data to p (see hostfs.Write), owned by the guest uid.
 func (b *Backend) WriteFile(ctx context.Context, id, p string, data []byte, mode os.FileMode) error {
-	sb, done, err := b.fileOp(ctx, id)
-	if err != nil {
-		return err
-	}
-	defer done()
-	root, rel, err := openArea(sb, p)
-	if err != nil {
-		return err
-	}
-	defer root.Close()
-	return hostfs.Write(root, rel, p, data, mode, hostfs.Owner{UID: guestUID, GID: guestGID})
+	return b.inArea(ctx, id, p, func(sb *sandbox, root *os.Root, rel string) error {
+		return hostfs.Write(root, rel, p, data, mode, hostfs.Owner{UID: guestUID, GID: guestGID})
+	})
 }
 
 // ListDirectory lists the directory at p (see hostfs.List). FIFOs and
@@ -86,17 +66,12 @@ func (b *Backend) ListDirectory(ctx context.Context, id, p string, maxEntries in
 	if maxEntries <= 0 {
 		return nil, fmt.Errorf("%w: maxEntries must be positive, got %d", backend.ErrInvalidArgument, maxEntries)
 	}
-	sb, done, err := b.fileOp(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	defer done()
-	root, rel, err := openArea(sb, p)
-	if err != nil {
-		return nil, err
-	}
-	defer root.Close()
-	return hostfs.List(root, rel, p, maxEntries)
+	var entries []backend.DirEntry
+	err := b.inArea(ctx, id, p, func(sb *sandbox, root *os.Root, rel string) (err error) {
+		entries, err = hostfs.List(root, rel, p, maxEntries)
+		return err
+	})
+	return entries, err
 }
 
 // guestOnly tells, for a path the host's view of the sandbox's files
@@ -127,4 +102,20 @@ func (b *Backend) guestOnly(ctx context.Context, sb *sandbox, p string) (string,
 	// A file, directory or symlink the host does not see (yet): report
 	// it missing, as the host found it.
 	return "", false
+}
+
+// inArea runs fn with the area of sandbox id that holds p open (its root,
+// and p relative to it), the file operation tracked until fn returns.
+func (b *Backend) inArea(ctx context.Context, id, p string, fn func(sb *sandbox, root *os.Root, rel string) error) error {
+	sb, done, err := b.fileOp(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer done()
+	root, rel, err := openArea(sb, p)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	return fn(sb, root, rel)
 }

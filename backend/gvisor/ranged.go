@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/hostfs"
@@ -25,32 +26,21 @@ func (b *Backend) guestOnlyError(ctx context.Context, sb *sandbox, p string, err
 
 // ReadFileRange implements backend.RangedFiles, confined as ReadFile is.
 func (b *Backend) ReadFileRange(ctx context.Context, id, p string, offset, length int64) ([]byte, int64, error) {
-	sb, done, err := b.fileOp(ctx, id)
-	if err != nil {
-		return nil, 0, err
-	}
-	defer done()
-	root, rel, err := openArea(sb, p)
-	if err != nil {
-		return nil, 0, err
-	}
-	defer root.Close()
-	data, size, err := hostfs.ReadRange(root, rel, p, offset, length)
-	return data, size, b.guestOnlyError(ctx, sb, p, err)
+	var data []byte
+	var size int64
+	err := b.inArea(ctx, id, p, func(sb *sandbox, root *os.Root, rel string) (err error) {
+		data, size, err = hostfs.ReadRange(root, rel, p, offset, length)
+		return b.guestOnlyError(ctx, sb, p, err)
+	})
+	return data, size, err
 }
 
 // WriteFileAt implements backend.RangedFiles, confined as WriteFile is.
 func (b *Backend) WriteFileAt(ctx context.Context, id, p string, data []byte, offset int64) (int64, error) {
-	sb, done, err := b.fileOp(ctx, id)
-	if err != nil {
-		return 0, err
-	}
-	defer done()
-	root, rel, err := openArea(sb, p)
-	if err != nil {
-		return 0, err
-	}
-	defer root.Close()
-	size, err := hostfs.WriteAt(root, rel, p, data, offset)
-	return size, b.guestOnlyError(ctx, sb, p, err)
+	var size int64
+	err := b.inArea(ctx, id, p, func(sb *sandbox, root *os.Root, rel string) (err error) {
+		size, err = hostfs.WriteAt(root, rel, p, data, offset)
+		return b.guestOnlyError(ctx, sb, p, err)
+	})
+	return size, err
 }
