@@ -731,7 +731,9 @@ print(n)'`, 120)
 	fresh(func(id string) {
 		before, _ := h.cg.Stats()
 		start := time.Now()
-		r := h.run(id, "b() { b | b & }; b; sleep 8", 5)
+		// exec, not a fork: once the bomb fills pids.max the shell could
+		// not fork a sleep and would exit at once instead of timing out.
+		r := h.run(id, "b() { b | b & }; b; exec sleep 8", 5)
 		st, _ := h.cg.Stats()
 		took := time.Since(start)
 		hits := st.PIDsLimitHits - before.PIDsLimitHits
