@@ -62,28 +62,32 @@ func overlap(a, b span) bool { return a.start < b.end && b.start < a.end }
 func TestExecOneAtATimePerSandbox(t *testing.T) {
 	e := newEnv(t)
 	s := e.create(alice, CreateRequest{})
-	started := make(chan struct{})
+	// The first command runs until the test is done with it (cancelled),
+	// and says when it holds the sandbox (a file in the workspace), so the
+	// second is tried exactly while it runs, whatever the machine's load.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		close(started)
-		_, err := e.m.Exec(context.Background(), alice, s.ID, backend.ExecRequest{Command: "sleep 1", Timeout: time.Minute})
+		_, err := e.m.Exec(ctx, alice, s.ID, backend.ExecRequest{Command: "echo > held; sleep 60", Timeout: time.Minute})
 		done <- err
 	}()
-	<-started
-	// Wait until the first command holds the sandbox.
-	deadline := time.Now().Add(5 * time.Second)
-	var err error
-	for time.Now().Before(deadline) {
-		_, err = e.m.Exec(context.Background(), alice, s.ID, backend.ExecRequest{Command: "true", Timeout: time.Minute})
-		if err != nil {
-			break
-		}
-	}
+	marker := e.workdir(s.ID) + "/held"
+	require.Eventually(t, func() bool {
+		_, err := e.m.ReadFile(context.Background(), alice, s.ID, marker, 16)
+		return err == nil
+	}, 30*time.Second, 10*time.Millisecond, "the first command never started")
+	_, err := e.m.Exec(context.Background(), alice, s.ID, backend.ExecRequest{Command: "true", Timeout: time.Minute})
 	var q *QuotaError
 	require.ErrorAs(t, err, &q, "a second command while one runs is refused, not queued")
 	assert.Equal(t, "commands_per_sandbox", q.Scope)
 	assert.Equal(t, 1, q.Limit)
-	require.NoError(t, <-done)
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the cancelled first command never returned")
+	}
 	_, err = e.m.Exec(context.Background(), alice, s.ID, backend.ExecRequest{Command: "true", Timeout: time.Minute})
 	assert.NoError(t, err, "the sandbox takes commands again once the first ended")
 }
