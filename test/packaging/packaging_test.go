@@ -550,7 +550,19 @@ func checkPurge(t *testing.T, c *container) {
 		// Anything the user or group still owns, anywhere.
 		"find / /run /tmp /var/tmp -xdev \\( -uid " + uid + " -o -gid " + gid + " \\) -print 2>/dev/null || true",
 	}, "; "))
-	if strings.TrimSpace(leftovers) != "" {
-		t.Errorf("purge left behind:\n%s", leftovers)
+	// A unit whose file is gone can stay in systemd's memory as
+	// "not-found inactive dead" until its garbage collection runs: that is
+	// systemd's bookkeeping, not something the package left on the system.
+	var left []string
+	for _, l := range strings.Split(leftovers, "\n") {
+		if f := strings.Fields(strings.TrimLeft(l, "● ")); len(f) >= 4 && f[1] == "not-found" && f[2] == "inactive" && f[3] == "dead" {
+			continue
+		}
+		if strings.TrimSpace(l) != "" {
+			left = append(left, l)
+		}
+	}
+	if len(left) > 0 {
+		t.Errorf("purge left behind:\n%s", strings.Join(left, "\n"))
 	}
 }
