@@ -1,6 +1,7 @@
 package gvisor
 
 import (
+	"io/fs"
 	"os"
 	"path/filepath"
 
@@ -101,10 +102,38 @@ func makeRootfs(dir, host string) error {
 	if err := os.WriteFile(filepath.Join(tmp, guestInit), nil, 0o755); err != nil {
 		return err
 	}
+	if err := exactModes(tmp); err != nil {
+		return err
+	}
 	if err := statedir.RemoveAll(dir); err != nil {
 		return err
 	}
 	return os.Rename(tmp, dir)
+}
+
+// exactModes gives everything under dir the mode makeRootfs asks for
+// (directories 0755, files 0644, init's mount point 0755) whatever the
+// daemon's umask: the packaged unit's UMask=0077 would otherwise leave the
+// guest's / and /etc/passwd to root alone, and every command would fail
+// with "permission denied".
+func exactModes(dir string) error {
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		var mode fs.FileMode
+		switch {
+		case d.IsDir():
+			mode = 0o755
+		case d.Type().IsRegular() && p == filepath.Join(dir, guestInit):
+			mode = 0o755
+		case d.Type().IsRegular():
+			mode = 0o644
+		default: // symlinks have no mode of their own
+			return nil
+		}
+		return os.Chmod(p, mode)
+	})
 }
 
 // The parts of an OCI runtime spec (config.json) the backend writes.
