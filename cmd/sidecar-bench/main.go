@@ -1,9 +1,10 @@
 // Command sidecar-bench measures sandbox-sidecar: RPC floor, command cost
 // against a direct bubblewrap run with the same isolation, provisioning
-// (cold and from the warm pool), output floods, scale and recovery. It
-// starts its own daemons (temporary socket and state) unless pointed at
-// one, measures every comparison side by side in one run, and writes a
-// table, JSON, and docs/benchmarks.md.
+// (cold and from the warm pool), the gvisor backend against bwrap and a
+// bare `runsc exec` (root and runsc only), output floods, scale and
+// recovery. It starts its own daemons (temporary socket and state) unless
+// pointed at one, measures every comparison side by side in one run, and
+// writes a table, JSON, and docs/benchmarks.md.
 package main
 
 import (
@@ -25,6 +26,7 @@ type options struct {
 	outJSON   string
 	outMD     string
 	only      string
+	runsc     string
 	quick     bool
 }
 
@@ -50,7 +52,8 @@ func main() {
 	flag.StringVar(&o.socket, "socket", "", "measure an already running daemon on this socket instead (memory and recovery scenarios need a daemon of our own and are skipped)")
 	flag.StringVar(&o.outJSON, "json", "bench.json", "write machine-readable results here")
 	flag.StringVar(&o.outMD, "md", "", "write the Markdown report here (e.g. docs/benchmarks.md)")
-	flag.StringVar(&o.only, "only", "", "comma-separated scenarios to run (rpc,command,provision,output,scale,recovery)")
+	flag.StringVar(&o.only, "only", "", "comma-separated scenarios to run (rpc,command,provision,gvisor,output,scale,recovery)")
+	flag.StringVar(&o.runsc, "runsc", "", "runsc for the gvisor scenario (default: $SANDBOX_SIDECAR_RUNSC, the pinned build scripts/install-runsc.sh caches, else PATH)")
 	flag.BoolVar(&o.quick, "quick", false, "small counts: a smoke run, not a measurement")
 	flag.Parse()
 	if err := run(o); err != nil {
@@ -78,6 +81,7 @@ func run(o options) error {
 		{"rpc", benchRPC},
 		{"command", benchCommand},
 		{"provision", benchProvision},
+		{"gvisor", benchGVisor},
 		{"output", benchOutput},
 		{"scale", benchScale},
 		{"recovery", benchRecovery},
