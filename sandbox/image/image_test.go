@@ -3,7 +3,9 @@ package image
 import (
 	"context"
 	"errors"
+	"io"
 	"io/fs"
+	"log"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -258,7 +260,7 @@ func TestNames(t *testing.T) {
 }
 
 func TestPullFromRegistry(t *testing.T) {
-	srv := httptest.NewServer(registry.New())
+	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
 	defer srv.Close()
 	host := strings.TrimPrefix(srv.URL, "http://")
 	if !strings.HasPrefix(host, "127.0.0.1:") {

@@ -281,10 +281,9 @@ func (s *Store) scan(sp *spooled) error {
 			}
 			return badf("malformed tar after %d entries: %v", n, err)
 		}
+		// No count cap here: the archive's size is capped, and the
+		// unpacker counts a rootfs's entries against max_files.
 		n++
-		if n > s.lim.MaxFiles {
-			return fmt.Errorf("%w: archive has over %d entries (max_files)", ErrTooLarge, s.lim.MaxFiles)
-		}
 		if overflow {
 			continue
 		}
@@ -301,7 +300,7 @@ func (s *Store) scan(sp *spooled) error {
 	if overflow {
 		return nil
 	}
-	if isReg(sp.entries["oci-layout"]) && isReg(sp.entries["index.json"]) {
+	if sp.hasReg("oci-layout") && sp.hasReg("index.json") {
 		var ol struct {
 			Version string `json:"imageLayoutVersion"`
 		}
@@ -310,14 +309,27 @@ func (s *Store) scan(sp *spooled) error {
 			return nil
 		}
 	}
-	if isReg(sp.entries["manifest.json"]) {
-		if _, err := s.dockerManifest(sp); err == nil {
+	if sp.hasReg("manifest.json") {
+		// A JSON array is docker's (and then must parse); a root
+		// filesystem that happens to have a /manifest.json of another
+		// shape stays a root filesystem.
+		data, err := s.readArchived(sp, "manifest.json")
+		if err != nil {
+			return err
+		}
+		if t := bytes.TrimLeft(data, " \t\r\n"); len(t) > 0 && t[0] == '[' {
+			if _, err := s.dockerManifest(sp); err != nil {
+				return err
+			}
 			sp.kind = SourceDockerArchive
 		}
 	}
-	// Anything else is a root filesystem (one that happens to hold a
-	// top-level manifest.json that is not a docker manifest included).
 	return nil
+}
+
+func (sp *spooled) hasReg(name string) bool {
+	e, ok := sp.entries[name]
+	return ok && isReg(e)
 }
 
 func isReg(e archEntry) bool { return e.typ == tar.TypeReg || e.typ == tar.TypeRegA }

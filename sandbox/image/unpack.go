@@ -413,7 +413,10 @@ func (u *unpacker) opaque(dir string) error {
 			return err
 		}
 		if !fi.IsDir() {
-			return nil
+			// Never through a symlink: the marker hides a directory's
+			// content, and a layer replacing a symlink by a directory
+			// writes the directory first.
+			return refuse("opaque whiteout in %q, which is a %s, not a directory", dir, typeName(fi.Mode()))
 		}
 	}
 	u.lastDir = ""
