@@ -29,9 +29,9 @@
 // reach outside it; on top of that, entries with absolute paths or ".."
 // components, hard links to anything but a regular file already unpacked,
 // and unknown entry types are refused (ErrBadImage, naming the entry);
-// device nodes and FIFOs are skipped; setuid, setgid and sticky bits,
-// write bits, file capabilities and other extended attributes and the
-// image's file owners are dropped. Sizes are capped while streaming
+// device nodes and FIFOs are skipped; the image's file owners, setuid,
+// setgid and sticky bits, write bits, file capabilities and other extended
+// attributes are dropped (directories become 0755, files 0444 or 0555). Sizes are capped while streaming
 // (ErrTooLarge). Every blob's digest is checked (ErrBadImage).
 package image
 

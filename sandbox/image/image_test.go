@@ -65,8 +65,8 @@ func checkBase(t *testing.T, info Info) {
 	checkReadOnly(t, info.Root)
 }
 
-// checkReadOnly walks a root: no write bit for group or other anywhere, no
-// write bit at all on files, no setuid/setgid/sticky, no device or FIFO.
+// checkReadOnly walks a root: directories 0755, files 0444 or 0555 (no
+// write bit, no setuid/setgid/sticky), no device or FIFO.
 func checkReadOnly(t *testing.T, root string) {
 	t.Helper()
 	rfi, err := os.Stat(root)
@@ -87,10 +87,10 @@ func checkReadOnly(t *testing.T, root string) {
 			t.Errorf("%s: special bits %v", p, m)
 		case m&(fs.ModeDevice|fs.ModeCharDevice|fs.ModeNamedPipe|fs.ModeSocket) != 0:
 			t.Errorf("%s: special file %v", p, m)
-		case m.IsDir() && m.Perm()&0o022 != 0:
-			t.Errorf("%s: directory writable by group or other: %v", p, m)
-		case m.IsRegular() && m.Perm()&0o222 != 0:
-			t.Errorf("%s: file with a write bit: %v", p, m)
+		case m.IsDir() && m.Perm() != 0o755:
+			t.Errorf("%s: directory mode %v, want 0755", p, m)
+		case m.IsRegular() && m.Perm() != 0o444 && m.Perm() != 0o555:
+			t.Errorf("%s: file mode %v, want 0444 or 0555", p, m)
 		}
 		return nil
 	})

@@ -141,11 +141,23 @@ func cleanName(n string) (string, error) {
 	return c, nil
 }
 
-// Modes as unpacked: no setuid, setgid or sticky bit and no write bit for
-// anyone on files; directories keep the owner's rwx (the daemon must be
-// able to remove the root) and lose group and other write.
-func fileMode(m int64) fs.FileMode { return fs.FileMode(m) & 0o555 }
-func dirMode(m int64) fs.FileMode  { return fs.FileMode(m)&0o555 | 0o700 }
+// Modes as unpacked. Owners are not kept (the files belong to the daemon;
+// a host uid of the image's choosing would be a real host user), and a
+// sandbox runs as a uid that is neither the image's root nor its users, so
+// the image's owner/group/other split means nothing there: every file is
+// readable and every directory traversable by all (an image made to run
+// as root, with its app in /root, works), and a mode keeps only whether a
+// file is executable. No setuid, setgid or sticky bit, no write bit on a
+// file; directories are 0755 (the owner, the daemon, must be able to
+// remove the root; the sandbox sees the root read-only).
+func fileMode(m int64) fs.FileMode {
+	if m&0o111 != 0 {
+		return 0o555
+	}
+	return 0o444
+}
+
+func dirMode(int64) fs.FileMode { return 0o755 }
 
 func (u *unpacker) entry(tr *tar.Reader, hdr *tar.Header) error {
 	u.files++
