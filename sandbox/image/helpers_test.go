@@ -87,7 +87,12 @@ func gz(t testing.TB, b []byte) []byte {
 // layerOf is a gzip layer of the crafted entries.
 func layerOf(t testing.TB, ents ...ent) v1.Layer {
 	t.Helper()
-	b := tarOf(t, ents...)
+	return rawLayer(t, tarOf(t, ents...))
+}
+
+// rawLayer is a gzip layer of the bytes given as its uncompressed content.
+func rawLayer(t testing.TB, b []byte) v1.Layer {
+	t.Helper()
 	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
 	if err != nil {
 		t.Fatal(err)

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 )
@@ -406,4 +408,50 @@ func TestNotAnArchive(t *testing.T) {
 	}
 	e.s.Remove("rootfs-with-manifest")
 	e.checkEmpty()
+}
+
+func TestTrailingDataAndHugeMetadata(t *testing.T) {
+	e := newEnv(t, Limits{})
+	raw := append(tarOf(t, file("a", "1")), make([]byte, 2<<20)...)
+	img := imageOfLayers(t, rawLayer(t, raw))
+	if _, err := e.importBytes("trail", ociArchive(t, img)); !errors.Is(err, ErrBadImage) || !strings.Contains(err.Error(), "after the tar end") {
+		t.Errorf("2 MiB after the tar end: %v", err)
+	}
+	// Padding a real tar writer leaves (under 1 MiB) is fine.
+	ok := imageOfLayers(t, rawLayer(t, append(tarOf(t, file("a", "1")), make([]byte, 10240)...)))
+	if _, err := e.importBytes("padded", ociArchive(t, ok)); err != nil {
+		t.Errorf("padded layer: %v", err)
+	}
+	e.s.Remove("padded")
+	// A config over 4 MiB is refused before it is read.
+	big, err := mutate.Config(imageOf(t, []ent{file("a", "1")}), v1.Config{Env: []string{"X=" + strings.Repeat("x", maxMetaBytes)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.importBytes("bigcfg", ociArchive(t, big)); !errors.Is(err, ErrBadImage) || !strings.Contains(err.Error(), "at most") {
+		t.Errorf("5 MiB config: %v", err)
+	}
+	e.checkEmpty()
+}
+
+// FuzzImportRootfs feeds arbitrary bytes as an archive: never a panic or a
+// hang; a refusal keeps nothing; what is accepted is read-only.
+func FuzzImportRootfs(f *testing.F) {
+	f.Add(tarOf(f, baseLayer()...))
+	f.Add(tarOf(f, symlink("s", ".."), file("s/x", "1")))
+	f.Add(tarOf(f, file("a/.wh..wh..opq", ""), file(".wh.a", ""), hardlink("h", "a")))
+	f.Add(gz(f, tarOf(f, file("x", "y"))))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		e := newEnv(t, Limits{MaxBytes: 1 << 20, MaxFiles: 1000})
+		info, err := e.importBytes("fuzz", data)
+		if err != nil {
+			if !errors.Is(err, ErrBadImage) && !errors.Is(err, ErrTooLarge) {
+				t.Fatalf("unclassified error: %v", err)
+			}
+			e.checkEmpty()
+		} else {
+			checkReadOnly(t, info.Root)
+		}
+		e.checkOutside()
+	})
 }

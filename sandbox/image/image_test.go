@@ -6,12 +6,14 @@ import (
 	"io"
 	"io/fs"
 	"log"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -420,4 +422,58 @@ func TestMultiPlatformLayout(t *testing.T) {
 	if _, err := e.importBytes("arm", tarDir(t, dir3)); !errors.Is(err, ErrBadImage) || !strings.Contains(err.Error(), "linux/arm64") {
 		t.Errorf("arm only: %v", err)
 	}
+}
+
+// cutWriter passes the first n bytes of a response, then aborts the
+// connection.
+type cutWriter struct {
+	http.ResponseWriter
+	n int
+}
+
+func (c *cutWriter) Write(p []byte) (int, error) {
+	if len(p) > c.n {
+		c.ResponseWriter.Write(p[:c.n])
+		c.ResponseWriter.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler)
+	}
+	c.n -= len(p)
+	return c.ResponseWriter.Write(p)
+}
+
+// TestPullConnectionLost: a registry that drops the connection in the
+// middle of a layer fails the import as a read error, not a bad image, and
+// nothing is kept.
+func TestPullConnectionLost(t *testing.T) {
+	reg := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+	var cut atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if cut.Load() && r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/blobs/") {
+			w = &cutWriter{ResponseWriter: w, n: 1000}
+		}
+		reg.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	ref, _ := name.ParseReference(strings.TrimPrefix(srv.URL, "http://") + "/test/big:1")
+	rnd, err := random.Image(1<<20, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(ref, rnd); err != nil {
+		t.Fatal(err)
+	}
+	img, err := remote.Image(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := img.RawConfigFile(); err != nil { // fetched before the cut
+		t.Fatal(err)
+	}
+	cut.Store(true)
+	e := newEnv(t, Limits{})
+	_, err = e.s.ImportImage(context.Background(), img, "big", SourceRegistry)
+	if err == nil || errors.Is(err, ErrBadImage) || !strings.Contains(err.Error(), "reading layer 1") {
+		t.Errorf("connection lost: %v, want a read error that is not ErrBadImage", err)
+	}
+	e.checkEmpty()
 }

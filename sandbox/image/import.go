@@ -848,8 +848,9 @@ func (s *Store) applyLayer(ctx context.Context, u *unpacker, l layerSource) erro
 		return badf("%s: %v", l.label, err)
 	}
 	defer rc.Close()
+	src := &srcReader{r: ctxReader{ctx, rc}}
 	var (
-		in    io.Reader = ctxReader{ctx, rc}
+		in    io.Reader = src
 		ch              = sha256.New()
 		count *capReader
 	)
@@ -871,6 +872,11 @@ func (s *Store) applyLayer(ctx context.Context, u *unpacker, l layerSource) erro
 	fail := func(err error) error {
 		if ctx.Err() != nil {
 			return fmt.Errorf("image store: import cancelled: %w", ctx.Err())
+		}
+		// The source failed (a registry connection dropped, a read
+		// error): not the image's fault.
+		if src.err != nil && !errors.Is(src.err, ErrTooLarge) {
+			return fmt.Errorf("image store: reading %s: %w", l.label, src.err)
 		}
 		if errors.Is(err, ErrTooLarge) && count != nil && count.n > count.max {
 			return badf("%s: blob is larger than its manifest says (%d bytes)", l.label, l.size)
