@@ -203,7 +203,7 @@ type Store struct {
 	busy   map[string]bool        // tmp/ entries in use (not debris)
 
 	// hook, when set (tests), is called at each durable step of an
-	// import ("spooled", "layer", "unpacked", "placed"); a test stops the
+	// import ("spooled", "prechecked", "layer", "unpacked", "placed"); a test stops the
 	// process there to see what a crash at that step leaves.
 	hook func(stage string)
 }

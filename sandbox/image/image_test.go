@@ -477,3 +477,30 @@ func TestPullConnectionLost(t *testing.T) {
 	}
 	e.checkEmpty()
 }
+
+// TestRemoveDuringReimport: the image a second import found in the store
+// is removed before that import binds its name: the import unpacks it
+// again instead of failing or binding a name to nothing.
+func TestRemoveDuringReimport(t *testing.T) {
+	e := newEnv(t, Limits{})
+	data := tarOf(t, baseLayer()...)
+	e.mustImport("a", data)
+	e.s.hook = func(stage string) {
+		if stage == "prechecked" {
+			e.s.hook = nil
+			if err := e.s.Remove("a"); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	b := e.mustImport("b", data)
+	checkBase(t, b)
+	if l := e.s.List(); len(l) != 1 || l[0].Name != "b" {
+		t.Errorf("List = %+v", l)
+	}
+	s2 := e.open(Limits{})
+	if got, err := s2.Get("b"); err != nil || got.Root != b.Root {
+		t.Errorf("after reopening: %+v, %v", got, err)
+	}
+	checkBase(t, b)
+}

@@ -800,8 +800,14 @@ func (s *Store) importLayers(ctx context.Context, w *work, name, source string, 
 		}
 		return Info{}, err
 	}
+	s.at("prechecked")
 	if have {
-		return s.commit(w, name, source, rec, false)
+		info, err := s.commit(w, name, source, rec, false)
+		if !errors.Is(err, errImageGone) {
+			return info, err
+		}
+		// Removed since the precheck (its last name went): unpack it.
+		s.log.Info("image import: the image was removed meanwhile, unpacking it again", "name", name, "digest", rec.Digest)
 	}
 	imgDir := filepath.Join(w.dir, "image")
 	rootPath := filepath.Join(imgDir, "rootfs")
@@ -931,6 +937,10 @@ func (s *Store) exists(n nameRecord, digest string) error {
 		ErrExists, n.Name, n.Digest, digest, n.Name)
 }
 
+// errImageGone: commit was asked to bind a name to an image in the store,
+// which was removed since the precheck.
+var errImageGone = errors.New("image store: the image was removed meanwhile")
+
 // commit places the unpacked image (unless the store has its digest) and
 // binds the name, in that order, each step durable before the next.
 func (s *Store) commit(w *work, name, source string, rec imageRecord, unpacked bool) (Info, error) {
@@ -962,7 +972,7 @@ func (s *Store) commit(w *work, name, source string, rec imageRecord, unpacked b
 	}
 	if _, ok := s.images[rec.Digest]; !ok {
 		if !unpacked {
-			return Info{}, fmt.Errorf("image store: image %s was removed while it was imported again; import again", rec.Digest)
+			return Info{}, errImageGone
 		}
 		hex, _ := digestHex(rec.Digest)
 		if err := os.Rename(imgDir, s.imageDir(hex)); err != nil {
