@@ -1,6 +1,7 @@
 package image
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -16,10 +17,14 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/google/go-containerregistry/pkg/compression"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/klauspost/compress/zstd"
 )
 
 // baseLayer is a small root: a shell-less tree with a file, a symlink, a
@@ -503,4 +508,26 @@ func TestRemoveDuringReimport(t *testing.T) {
 		t.Errorf("after reopening: %+v, %v", got, err)
 	}
 	checkBase(t, b)
+}
+
+func TestZstd(t *testing.T) {
+	e := newEnv(t, Limits{})
+	raw := tarOf(t, baseLayer()...)
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(raw)), nil },
+		tarball.WithCompression(compression.ZStd), tarball.WithMediaType(types.OCILayerZStd))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := e.mustImport("zstd-layer", ociArchive(t, imageOfLayers(t, l)))
+	checkBase(t, info)
+	// A zstd rootfs tar.
+	var buf bytes.Buffer
+	zw, _ := zstd.NewWriter(&buf)
+	zw.Write(raw)
+	zw.Close()
+	info = e.mustImport("zstd-rootfs", buf.Bytes())
+	if info.Source != SourceRootfsTar || info.Digest != sha256Hash(raw).String() {
+		t.Errorf("zstd rootfs: %+v", info)
+	}
+	checkBase(t, info)
 }
