@@ -26,6 +26,15 @@ const writeFailureGrace = time.Second
 
 // Client is a connection to the daemon. It is safe for concurrent use:
 // calls are pipelined on one connection and matched to responses by id.
+//
+// Who reads the connection: a call made while no other is in flight reads
+// its own response on its own goroutine (the fast path: no hand-off between
+// goroutines, which cost a single caller more than the daemon's whole
+// answer). Frames of other calls it meets on the way are handed to them. If
+// calls are still waiting when it has its answer (or gives up on it), a
+// reader goroutine takes over and runs until none is left. Exactly one
+// goroutine owns the reader role at a time (reading, under mu); whenever a
+// call is pending, one does.
 type Client struct {
 	nc       net.Conn
 	maxFrame int
@@ -39,6 +48,20 @@ type Client struct {
 	listeners map[uint64]func(event string, data []byte)
 	err       error // set once the connection is dead
 	done      chan struct{}
+	// reading: some goroutine owns the reader role (fr and the read
+	// deadline). readGen changes at every hand-off of the role, so a
+	// cancelled call's late wake-up (cancelRead) cannot touch the read
+	// deadline of a later owner.
+	reading bool
+	readGen uint64
+
+	fr frameReader // the reader role's alone
+}
+
+// newClient wraps a connection; nothing reads it until the first call.
+func newClient(nc net.Conn, maxFrame int) *Client {
+	return &Client{nc: nc, maxFrame: maxFrame, pending: map[uint64]chan response{}, done: make(chan struct{}),
+		fr: frameReader{br: bufio.NewReaderSize(nc, readBufferSize), max: maxFrame}}
 }
 
 type response struct {
@@ -104,9 +127,7 @@ func DialWith(ctx context.Context, path string, opts DialOptions) (*Client, erro
 			return nil, &UntrustedSocketError{Path: path, Reason: fmt.Sprintf("its server runs as uid %d, which is none of %s", server.UID, uidList(opts.TrustedUIDs))}
 		}
 	}
-	c := &Client{nc: nc, maxFrame: DefaultMaxFrame, pending: map[uint64]chan response{}, done: make(chan struct{})}
-	go c.readLoop()
-	return c, nil
+	return newClient(nc, DefaultMaxFrame), nil
 }
 
 // checkSocketDir refuses a socket whose directory belongs to someone not
@@ -147,7 +168,10 @@ func (c *Client) Close() error {
 	return c.nc.Close()
 }
 
-// Done is closed when the connection has died.
+// Done is closed once the client has seen the connection die: a read or
+// write on it failed, the daemon refused it, or Close. Nothing reads an
+// idle connection, so a daemon that hangs up on one is noticed by the next
+// call (which then fails with the daemon's reason, if it gave one).
 func (c *Client) Done() <-chan struct{} { return c.done }
 
 func (c *Client) fail(err error) {
@@ -176,55 +200,158 @@ type wireResponse struct {
 	Data   []byte             `msgpack:"data"`
 }
 
+// readLoop is the reader goroutine: it owns the reader role (handed to it
+// with reading set) and reads until no call is pending, the connection dies,
+// or the daemon refuses it.
 func (c *Client) readLoop() {
-	br := bufio.NewReaderSize(c.nc, readBufferSize)
 	for {
-		body, err := ReadFrame(br, c.maxFrame)
+		body, err := c.fr.next()
 		if err != nil {
-			c.fail(fmt.Errorf("connection to the daemon lost: %w", err))
-			c.nc.Close()
-			return
-		}
-		if err := checkShape(body, 0); err != nil {
-			c.fail(fmt.Errorf("malformed frame from the daemon: %w", err))
-			c.nc.Close()
-			return
-		}
-		var w wireResponse
-		if err := msgpack.Unmarshal(body, &w); err != nil {
-			c.fail(fmt.Errorf("malformed response from the daemon: %w", err))
-			c.nc.Close()
-			return
-		}
-		if w.Event != "" {
-			// An event of a CallStream call; any other is ignored, as the
-			// protocol asks of clients that did not ask for events.
-			c.mu.Lock()
-			fn := c.listeners[w.ID]
-			c.mu.Unlock()
-			if fn != nil {
-				fn(w.Event, w.Data)
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				// A deadline a cancelled inline reader set before it handed
+				// the role over; nobody else sets one for this goroutine.
+				c.nc.SetReadDeadline(time.Time{})
+				continue
 			}
-			continue
+			c.readFailed(err)
+			return
 		}
-		resp := response{ok: w.OK, result: w.Result}
-		if !w.OK {
-			resp.err = errorFromWire(w.Error)
-		}
-		if w.ID == 0 && !w.OK {
-			// A connection-level error (unauthorized, frame_too_large, ...):
-			// every pending call fails with it.
-			c.fail(resp.err)
-			c.nc.Close()
+		if !c.dispatch(body) {
 			return
 		}
 		c.mu.Lock()
-		ch, ok := c.pending[w.ID]
-		delete(c.pending, w.ID)
-		c.mu.Unlock()
-		if ok {
-			ch <- resp
+		if len(c.pending) == 0 {
+			c.reading = false
+			c.readGen++
+			c.mu.Unlock()
+			return
 		}
+		c.mu.Unlock()
+	}
+}
+
+// readFailed ends the connection after a read error.
+func (c *Client) readFailed(err error) {
+	c.fail(fmt.Errorf("connection to the daemon lost: %w", err))
+	c.nc.Close()
+}
+
+// dispatch hands one frame to its call (a response) or its listener (an
+// event). It returns false when the frame ended the connection: malformed,
+// or a connection-level error.
+func (c *Client) dispatch(body []byte) bool {
+	if err := checkShape(body, 0); err != nil {
+		c.fail(fmt.Errorf("malformed frame from the daemon: %w", err))
+		c.nc.Close()
+		return false
+	}
+	var w wireResponse
+	if err := msgpack.Unmarshal(body, &w); err != nil {
+		c.fail(fmt.Errorf("malformed response from the daemon: %w", err))
+		c.nc.Close()
+		return false
+	}
+	if w.Event != "" {
+		// An event of a CallStream call; any other is ignored, as the
+		// protocol asks of clients that did not ask for events.
+		c.mu.Lock()
+		fn := c.listeners[w.ID]
+		c.mu.Unlock()
+		if fn != nil {
+			fn(w.Event, w.Data)
+		}
+		return true
+	}
+	resp := response{ok: w.OK, result: w.Result}
+	if !w.OK {
+		resp.err = errorFromWire(w.Error)
+	}
+	if w.ID == 0 && !w.OK {
+		// A connection-level error (unauthorized, frame_too_large, ...):
+		// every pending call fails with it.
+		c.fail(resp.err)
+		c.nc.Close()
+		return false
+	}
+	c.mu.Lock()
+	ch, ok := c.pending[w.ID]
+	delete(c.pending, w.ID)
+	c.mu.Unlock()
+	if ok {
+		ch <- resp // buffered: never blocks
+	}
+	return true
+}
+
+// readInline is the fast path: the caller owns the reader role and reads
+// until its own response (id) arrives on ch, handing other calls' frames to
+// them. ctx ending makes it give up (the read deadline is set to wake it)
+// with ctx's error. Either way the role is handed over before it returns.
+func (c *Client) readInline(ctx context.Context, id uint64, ch chan response) (resp response, ok bool, err error) {
+	var stop func() bool
+	if ctx.Done() != nil {
+		c.mu.Lock()
+		gen := c.readGen
+		c.mu.Unlock()
+		stop = context.AfterFunc(ctx, func() { c.cancelRead(gen) })
+	}
+	defer c.handOffReader(stop)
+	for {
+		body, rerr := c.fr.next()
+		if rerr == nil {
+			if !c.dispatch(body) {
+				resp, ok = <-ch // closed by fail, unless the answer came first
+				return resp, ok, nil
+			}
+			select {
+			case resp, ok = <-ch:
+				return resp, ok, nil
+			default:
+				continue
+			}
+		}
+		if errors.Is(rerr, os.ErrDeadlineExceeded) {
+			if ctx.Err() != nil {
+				c.forget(id)
+				return response{}, false, ctx.Err()
+			}
+			c.nc.SetReadDeadline(time.Time{}) // a stale one; read on
+			continue
+		}
+		c.readFailed(rerr)
+		resp, ok = <-ch
+		return resp, ok, nil
+	}
+}
+
+// cancelRead wakes the inline reader of generation gen, if it still owns
+// the role, by putting its read deadline in the past. A partly read frame
+// is kept (frameReader), so the next owner goes on where it stopped.
+func (c *Client) cancelRead(gen uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.reading && c.readGen == gen {
+		c.nc.SetReadDeadline(time.Unix(1, 0))
+	}
+}
+
+// handOffReader ends an inline reader's hold on the role: a deadline its
+// cancellation may have set is cleared first (while the role is still its
+// own, so a later owner's is never touched), then the role goes to a reader
+// goroutine if calls are still waiting, or to nobody.
+func (c *Client) handOffReader(stop func() bool) {
+	c.mu.Lock()
+	c.readGen++ // from here cancelRead of this reader does nothing
+	c.mu.Unlock()
+	if stop != nil && !stop() {
+		c.nc.SetReadDeadline(time.Time{})
+	}
+	c.mu.Lock()
+	more := len(c.pending) > 0 && c.err == nil
+	c.reading = more
+	c.mu.Unlock()
+	if more {
+		go c.readLoop()
 	}
 }
 
@@ -261,8 +388,9 @@ func (c *Client) Call(ctx context.Context, op string, args any, out any) error {
 
 // CallStream is Call that also hands every event frame of the call
 // (run_command's "stdout"/"stderr" with "stream": true) to onEvent, in
-// order, before it returns. onEvent runs on the connection's reader and
-// must be quick: while it runs no other response is read.
+// order, before it returns. onEvent runs on whichever goroutine reads the
+// connection (the call's own when no other is in flight) and must be quick:
+// while it runs no other response is read.
 func (c *Client) CallStream(ctx context.Context, op string, args any, out any, onEvent func(event string, data []byte)) error {
 	if m, isMap := args.(map[string]any); args == nil || (isMap && m == nil) {
 		args = map[string]any{}
@@ -277,6 +405,9 @@ func (c *Client) CallStream(ctx context.Context, op string, args any, out any, o
 	c.nextID++
 	id := c.nextID
 	c.pending[id] = ch
+	// Alone on the connection: this call reads its own answer.
+	inline := !c.reading
+	c.reading = true
 	if onEvent != nil {
 		if c.listeners == nil {
 			c.listeners = map[uint64]func(string, []byte){}
@@ -293,6 +424,9 @@ func (c *Client) CallStream(ctx context.Context, op string, args any, out any, o
 	body, err := marshal(map[string]any{"v": ProtocolVersion, "id": id, "op": op, "args": args})
 	if err != nil {
 		c.forget(id)
+		if inline {
+			c.handOffReader(nil)
+		}
 		return fmt.Errorf("encoding %s request: %w", op, err)
 	}
 	c.writeMu.Lock()
@@ -305,6 +439,13 @@ func (c *Client) CallStream(ctx context.Context, op string, args any, out any, o
 	c.writeMu.Unlock()
 	if err != nil {
 		c.forget(id)
+		if inline {
+			// A reader is needed to get the reason below.
+			c.mu.Lock()
+			c.readGen++
+			c.mu.Unlock()
+			go c.readLoop()
+		}
 		// The daemon may have refused the connection with a reason
 		// (unauthorized, busy) and closed it before this write: that frame
 		// is still waiting to be read, and it is the real answer. Give the
@@ -320,30 +461,38 @@ func (c *Client) CallStream(ctx context.Context, op string, args any, out any, o
 		return reason
 	}
 
-	select {
-	case resp, ok := <-ch:
-		if !ok {
-			c.mu.Lock()
-			err := c.err
-			c.mu.Unlock()
+	var resp response
+	var ok bool
+	if inline {
+		if resp, ok, err = c.readInline(ctx, id, ch); err != nil {
 			return err
 		}
-		if resp.err != nil {
-			return resp.err
+	} else {
+		select {
+		case resp, ok = <-ch:
+		case <-ctx.Done():
+			c.forget(id)
+			return ctx.Err()
 		}
-		if out == nil || len(resp.result) == 0 {
-			return nil
-		}
-		dec := msgpack.NewDecoder(bytes.NewReader(resp.result))
-		dec.SetCustomStructTag("msgpack")
-		if err := dec.Decode(out); err != nil {
-			return fmt.Errorf("decoding %s result: %w", op, err)
-		}
-		return nil
-	case <-ctx.Done():
-		c.forget(id)
-		return ctx.Err()
 	}
+	if !ok {
+		c.mu.Lock()
+		err := c.err
+		c.mu.Unlock()
+		return err
+	}
+	if resp.err != nil {
+		return resp.err
+	}
+	if out == nil || len(resp.result) == 0 {
+		return nil
+	}
+	dec := msgpack.NewDecoder(bytes.NewReader(resp.result))
+	dec.SetCustomStructTag("msgpack")
+	if err := dec.Decode(out); err != nil {
+		return fmt.Errorf("decoding %s result: %w", op, err)
+	}
+	return nil
 }
 
 func (c *Client) forget(id uint64) {

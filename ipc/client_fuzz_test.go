@@ -30,8 +30,7 @@ func FuzzClientResponses(f *testing.F) {
 	f.Add([]byte{0xff, 0xff, 0xff, 0xff})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		server, conn := net.Pipe()
-		c := &Client{nc: conn, maxFrame: 1 << 16, pending: map[uint64]chan response{}, done: make(chan struct{})}
-		go c.readLoop()
+		c := newClient(conn, 1<<16)
 		go func() {
 			// Read the request, answer with the fuzzed bytes, then hang up.
 			server.SetDeadline(time.Now().Add(2 * time.Second))

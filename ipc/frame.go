@@ -1,6 +1,7 @@
 package ipc
 
 import (
+	"bufio"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -72,4 +73,55 @@ func WriteFrame(w io.Writer, body []byte, max int) error {
 	}
 	_, err := w.Write(AppendFrame(make([]byte, 0, headerSize+len(body)), body))
 	return err
+}
+
+// frameReader reads frames one after another and keeps a frame it could
+// only partly read (a read deadline ended the read): the next call goes on
+// where the last one stopped, so a reader can be woken mid-frame (a
+// cancelled call) without losing its place in the stream.
+type frameReader struct {
+	br   *bufio.Reader
+	max  int
+	hdr  [headerSize]byte
+	hdrN int
+	body []byte // allocated once the header is complete
+	bodN int
+}
+
+// next returns the next whole frame's body. A timeout leaves the partial
+// frame for the next call; any other error is final for the stream.
+func (f *frameReader) next() ([]byte, error) {
+	for f.hdrN < headerSize {
+		n, err := f.br.Read(f.hdr[f.hdrN:])
+		f.hdrN += n
+		if err != nil {
+			if errors.Is(err, io.EOF) && f.hdrN > 0 {
+				err = io.ErrUnexpectedEOF
+			}
+			return nil, err
+		}
+	}
+	if f.body == nil {
+		n := binary.BigEndian.Uint32(f.hdr[:])
+		switch {
+		case n == 0:
+			return nil, ErrEmptyFrame
+		case uint64(n) > uint64(f.max):
+			return nil, fmt.Errorf("%w: %d bytes announced, at most %d accepted", ErrFrameTooLarge, n, f.max)
+		}
+		f.body = make([]byte, n)
+	}
+	for f.bodN < len(f.body) {
+		n, err := f.br.Read(f.body[f.bodN:])
+		f.bodN += n
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return nil, err
+		}
+	}
+	body := f.body
+	f.hdrN, f.body, f.bodN = 0, nil, 0
+	return body, nil
 }
