@@ -10,7 +10,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -358,4 +360,99 @@ func TestLockStateDirTwice(t *testing.T) {
 	l3, err := LockStateDir(dir)
 	require.NoError(t, err, "the lock is free again after Unlock")
 	require.NoError(t, l3.Unlock())
+}
+
+// holdFirstCommit makes j's first commit wait until release is closed, and
+// records every commit's batch size.
+func holdFirstCommit(j *Journal) (started, release chan struct{}, sizes func() []int) {
+	started, release = make(chan struct{}), make(chan struct{})
+	var mu sync.Mutex
+	var got []int
+	j.beforeCommit = func(n int) {
+		mu.Lock()
+		got = append(got, n)
+		first := len(got) == 1
+		mu.Unlock()
+		if first {
+			close(started)
+			<-release
+		}
+	}
+	return started, release, func() []int {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(got)
+	}
+}
+
+// queued is how many writes wait for the next commit.
+func (j *Journal) queued() int {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return len(j.queue)
+}
+
+// Writes that arrive during a commit share the next one: one transaction,
+// one fsync. Every write returns only after its own commit, and all of
+// them are there after a reopen.
+func TestJournalGroupsConcurrentWrites(t *testing.T) {
+	dir := t.TempDir()
+	j, _, err := OpenJournal(dir)
+	require.NoError(t, err)
+	started, release, sizes := holdFirstCommit(j)
+	errs := make(chan error, 11)
+	go func() { errs <- j.Put(sampleRecord("sc-first", 0)) }()
+	<-started
+	for i := range 10 {
+		go func() { errs <- j.Put(sampleRecord(fmt.Sprintf("sc-%02d", i), i)) }()
+	}
+	require.Eventually(t, func() bool { return j.queued() == 10 }, 10*time.Second, time.Millisecond)
+	select {
+	case err := <-errs:
+		t.Fatalf("a write returned before its commit: %v", err)
+	default:
+	}
+	close(release)
+	for range 11 {
+		require.NoError(t, <-errs)
+	}
+	assert.Equal(t, []int{1, 10}, sizes())
+	require.NoError(t, j.Close())
+
+	j, _, err = OpenJournal(dir)
+	require.NoError(t, err)
+	defer j.Close()
+	assert.Len(t, journalMap(t, j), 11)
+}
+
+// A write that fails fails alone: the others of its group are retried one
+// by one and succeed; a delete and a put of one group both land.
+func TestJournalBadWriteInAGroupFailsAlone(t *testing.T) {
+	dir := t.TempDir()
+	j, _, err := OpenJournal(dir)
+	require.NoError(t, err)
+	defer j.Close()
+	require.NoError(t, j.Put(sampleRecord("sc-gone", 0)))
+	started, release, sizes := holdFirstCommit(j)
+	first := make(chan error, 1)
+	go func() { first <- j.Put(sampleRecord("sc-first", 0)) }()
+	<-started
+	bad, good, del := make(chan error, 1), make(chan error, 1), make(chan error, 1)
+	go func() { bad <- j.Put(sampleRecord("", 1)) }() // bbolt: key required
+	require.Eventually(t, func() bool { return j.queued() == 1 }, 10*time.Second, time.Millisecond)
+	go func() { good <- j.Put(sampleRecord("sc-good", 2)) }()
+	require.Eventually(t, func() bool { return j.queued() == 2 }, 10*time.Second, time.Millisecond)
+	go func() { del <- j.Delete("sc-gone") }()
+	require.Eventually(t, func() bool { return j.queued() == 3 }, 10*time.Second, time.Millisecond)
+	close(release)
+	require.NoError(t, <-first)
+	assert.ErrorIs(t, <-bad, bolt.ErrKeyRequired)
+	require.NoError(t, <-good)
+	require.NoError(t, <-del)
+	assert.Equal(t, []int{1, 3}, sizes())
+	got := journalMap(t, j)
+	assert.Contains(t, got, "sc-first")
+	assert.Contains(t, got, "sc-good")
+	assert.NotContains(t, got, "sc-gone")
+	assert.Len(t, got, 2)
 }

@@ -233,6 +233,7 @@ func serve(cfg Config, stderr io.Writer) error {
 	if err != nil {
 		return &exitError{code: 2, err: err}
 	}
+	defer startProfiling(log)()
 	fail := func(format string, args ...any) error {
 		err := fmt.Errorf(format, args...)
 		log.Error("cannot start", "error", err)

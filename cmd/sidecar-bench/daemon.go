@@ -21,10 +21,15 @@ import (
 type daemon struct {
 	bin, dir, socket, stateDir string
 	args                       []string
+	env                        []string // added to the daemon's environment
 	cmd                        *exec.Cmd
 	pid                        int
 	done                       chan struct{}
 }
+
+// profiled counts the daemons started with a profile, to name their
+// directories.
+var profiled int
 
 // startDaemon runs `serve` in a fresh temporary directory.
 func startDaemon(o options, extra ...string) (*daemon, error) {
@@ -37,6 +42,10 @@ func startDaemon(o options, extra ...string) (*daemon, error) {
 	}
 	os.Chmod(dir, 0o755) // the sandbox uid must reach the state directory
 	d := &daemon{bin: o.daemonBin, dir: dir, socket: filepath.Join(dir, "run", "s.sock"), stateDir: filepath.Join(dir, "state")}
+	if o.profile != "" {
+		profiled++
+		d.env = append(d.env, fmt.Sprintf("SANDBOX_SIDECAR_PROFILE=%s", filepath.Join(o.profile, fmt.Sprintf("%02d-%s", profiled, o.scenario))))
+	}
 	d.args = append([]string{"serve", "--socket", d.socket, "--state-dir", d.stateDir, "--log-level", "error",
 		"--max-sandboxes", "1200", "--max-sandboxes-per-uid", "1200", "--max-sandboxes-per-owner", "1200",
 		"--max-commands", "128", "--max-connections", "4096", "--idle-timeout", "0"}, extra...)
@@ -51,6 +60,7 @@ func startDaemon(o options, extra ...string) (*daemon, error) {
 func (d *daemon) start() (time.Duration, error) {
 	begin := time.Now()
 	d.cmd = exec.Command(d.bin, d.args...)
+	d.cmd.Env = append(os.Environ(), d.env...)
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	stderr, err := d.cmd.StderrPipe()
 	if err != nil {

@@ -28,6 +28,8 @@ type options struct {
 	only      string
 	runsc     string
 	quick     bool
+	profile   string
+	scenario  string // the one running, for profile directories
 }
 
 // result is one measured line of the report.
@@ -52,9 +54,10 @@ func main() {
 	flag.StringVar(&o.socket, "socket", "", "measure an already running daemon on this socket instead (memory and recovery scenarios need a daemon of our own and are skipped)")
 	flag.StringVar(&o.outJSON, "json", "bench.json", "write machine-readable results here")
 	flag.StringVar(&o.outMD, "md", "", "write the Markdown report here (e.g. docs/benchmarks.md)")
-	flag.StringVar(&o.only, "only", "", "comma-separated scenarios to run (rpc,command,provision,gvisor,output,scale,recovery)")
+	flag.StringVar(&o.only, "only", "", "comma-separated scenarios to run (rpc,command,provision,gvisor,output,scale,agents,recovery)")
 	flag.StringVar(&o.runsc, "runsc", "", "runsc for the gvisor scenario (default: $SANDBOX_SIDECAR_RUNSC, the pinned build scripts/install-runsc.sh caches, else PATH)")
 	flag.BoolVar(&o.quick, "quick", false, "small counts: a smoke run, not a measurement")
+	flag.StringVar(&o.profile, "profile", "", "profile every daemon the run starts (CPU, mutex, block, heap) into DIR/<n>-<scenario>/ (the daemon's "+"SANDBOX_SIDECAR_PROFILE testing hook)")
 	flag.Parse()
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "sidecar-bench:", err)
@@ -84,6 +87,7 @@ func run(o options) error {
 		{"gvisor", benchGVisor},
 		{"output", benchOutput},
 		{"scale", benchScale},
+		{"agents", benchAgents},
 		{"recovery", benchRecovery},
 	}
 	for _, s := range scenarios {
@@ -91,6 +95,7 @@ func run(o options) error {
 			continue
 		}
 		fmt.Fprintf(os.Stderr, "== %s\n", s.name)
+		o.scenario = s.name
 		start := time.Now()
 		if err := s.fn(o, rep); err != nil {
 			return fmt.Errorf("scenario %s: %w", s.name, err)
