@@ -84,6 +84,12 @@ type Config struct {
 	// QuarantineRetryFor bounds how long a quarantined sandbox is retried
 	// (default DefaultQuarantineRetryFor); it is then reported failed.
 	QuarantineRetryFor time.Duration
+	// RecoverDestroysFor, when positive, bounds how long Recover waits for
+	// its destroys, counted from when it began: what is still running then
+	// goes on in the background (the daemon serves meanwhile). Deciding
+	// every sandbox's fate and adopting the kept ones are never cut short.
+	// Zero waits for every destroy (offline gc).
+	RecoverDestroysFor time.Duration
 }
 
 // Failpoints: the moments between durable steps where a crash leaves
@@ -191,6 +197,7 @@ type record struct {
 	running        int           // commands and file ops in progress
 	destroyFails   int           // failed destroy attempts
 	claimed        bool          // a destroy is under way (claimForDestroy)
+	recovering     bool          // a victim of start-up recovery, not yet destroyed: hidden from List
 	retryAt        time.Time     // when the reaper retries a failed destroy
 	adoptTries     int           // failed adopts of a quarantined sandbox
 	adoptRetryAt   time.Time     // when its next adopt is tried

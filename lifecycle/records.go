@@ -166,6 +166,11 @@ func (m *Manager) List(c Caller, owner string) []Sandbox {
 	defer m.mu.Unlock()
 	out := make([]Sandbox, 0, len(m.boxes))
 	for _, r := range m.boxes {
+		if r.recovering {
+			// Gone as far as clients know: recovery decided so before the
+			// daemon served, and destroys it in the background.
+			continue
+		}
 		if (c.Admin || (r.UID == c.UID && !r.Pooled)) && (owner == "" || r.Owner == owner) {
 			out = append(out, r.snapshot())
 		}

@@ -28,9 +28,16 @@ type RecoveryReport struct {
 	// AdoptFailed: kept sandboxes the backend could not adopt; they are
 	// quarantined (kept, retried in the background), not destroyed.
 	AdoptFailed int
+	// Pending: recovery's destroys not yet done. With
+	// Config.RecoverDestroysFor, Recover may return before they are (every
+	// sandbox's fate decided, kept ones adopted, victims claimed): they go
+	// on while the daemon serves, and Stats' report counts them as they
+	// end.
+	Pending int
 	// MovedAside names where an unreadable journal was moved, if it was.
 	MovedAside string
-	Duration   time.Duration
+	// Duration is how long Recover took (until it returned).
+	Duration time.Duration
 	// Actions lists what was (or, in a dry run, would be) done.
 	Actions []Action
 }
@@ -77,7 +84,10 @@ func sweepDecision(known bool) bool { return !known }
 
 // Recover re-adopts or destroys every journaled sandbox, then sweeps what
 // the backend has that the journal does not know. It runs before the
-// daemon serves. With dryRun it only reports what it would do.
+// daemon serves. With dryRun it only reports what it would do. With
+// Config.RecoverDestroysFor, destroys (of victims and orphans alike) still
+// running that long after it began go on after it returns; see
+// RecoveryReport.Pending.
 func (m *Manager) Recover(ctx context.Context, dryRun bool) (RecoveryReport, error) {
 	start := time.Now()
 	var rep RecoveryReport
@@ -170,45 +180,125 @@ func (m *Manager) Recover(ctx context.Context, dryRun bool) (RecoveryReport, err
 		return rep, listErr
 	}
 
-	var mu sync.Mutex
-	sem := make(chan struct{}, recoveryWorkers)
-	var wg sync.WaitGroup
-	for i, r := range victims {
+	// Every victim is in memory and claimed before anything serves: no
+	// client can use one (lookup wants ready), destroy one (it is claimed)
+	// or reuse its id, and each counts against the quotas until it is gone.
+	for _, r := range victims {
 		m.mu.Lock()
 		m.boxes[r.ID] = r
 		m.claimForDestroy(r) // nobody else knows it yet: always claimed
+		r.recovering = true
 		m.mu.Unlock()
-		sem <- struct{}{}
+	}
+	sort.Slice(rep.Actions, func(i, j int) bool { return rep.Actions[i].Sandbox < rep.Actions[j].Sandbox })
+	rep.Pending = len(victims)
+	m.publishRecovery(&rep)
+	// The destroys run on their own; Recover waits for them, up to
+	// Config.RecoverDestroysFor after it began when that is set.
+	finished := make(chan struct{})
+	m.reaperWG.Add(1)
+	go func() {
+		defer m.reaperWG.Done()
+		defer close(finished)
+		began := time.Now()
+		m.destroyVictims(victims, nDestroy, func(i int, err error) {
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			m.recovery.Pending--
+			tally(&m.recovery, i < nDestroy, err)
+		})
+		if rep.Pending > 0 {
+			m.mu.Lock()
+			left := m.recovery.Pending
+			m.mu.Unlock()
+			m.log.Info("recovery's destroys done", "count", len(victims), "took", time.Since(began), "not_started", left)
+		}
+	}()
+	var budget <-chan time.Time
+	if m.cfg.RecoverDestroysFor > 0 {
+		t := time.NewTimer(max(time.Until(start.Add(m.cfg.RecoverDestroysFor)), 0))
+		defer t.Stop()
+		budget = t.C
+	}
+	select {
+	case <-finished:
+	case <-budget:
+	}
+	m.mu.Lock()
+	if m.recovery.Pending == 0 {
+		m.recovery.Duration = time.Since(start)
+	} else {
+		m.recovery.Duration = time.Since(start)
+		m.log.Info("recovery decided and adopted; its remaining destroys go on in the background while the daemon serves", "pending", m.recovery.Pending)
+	}
+	actions := rep.Actions
+	rep = m.recovery
+	rep.Actions = actions
+	m.mu.Unlock()
+	return rep, listErr
+}
+
+// tally counts one recovery destroy: a journaled victim (or else a swept
+// orphan) destroyed, or failed.
+func tally(rep *RecoveryReport, journaled bool, err error) {
+	switch {
+	case err != nil:
+		rep.Failed++
+	case journaled:
+		rep.Destroyed++
+	default:
+		rep.Swept++
+	}
+}
+
+// publishRecovery makes rep (without its actions) what Stats reports,
+// and gives rep the moved-aside journal noted before.
+func (m *Manager) publishRecovery(rep *RecoveryReport) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	rep.MovedAside = m.recovery.MovedAside
+	m.recovery = *rep
+	m.recovery.Actions = nil
+}
+
+// destroyVictims destroys recovery's claimed victims, recoveryWorkers at a
+// time; the first nDestroy are journaled sandboxes, the rest swept orphans.
+// done is called once for each destroy that ran. Once the manager closes it
+// starts no more: those not started stay claimed, and journaled as they
+// were, so the next start destroys them.
+func (m *Manager) destroyVictims(victims []*record, nDestroy int, done func(i int, err error)) {
+	sem := make(chan struct{}, recoveryWorkers)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for i, r := range victims {
+		select {
+		case <-m.stop:
+			return
+		default:
+		}
+		select {
+		case sem <- struct{}{}:
+		case <-m.stop:
+			return
+		}
 		wg.Add(1)
-		go func(i int, r *record) {
+		go func() {
 			defer func() { <-sem; wg.Done() }()
 			reason := "recovery"
 			if i >= nDestroy {
 				reason = "orphan sweep"
 			}
 			err := m.destroyNow(r, reason, m.log.With("sandbox", r.ID, "owner", r.Owner))
-			mu.Lock()
-			defer mu.Unlock()
-			switch {
-			case err != nil:
-				rep.Failed++
-			case i < nDestroy:
-				rep.Destroyed++
-			default:
-				rep.Swept++
+			if err != nil {
+				// Left for the reaper's retries, in sight as any failed
+				// destroy is.
+				m.mu.Lock()
+				r.recovering = false
+				m.mu.Unlock()
 			}
-		}(i, r)
+			done(i, err)
+		}()
 	}
-	wg.Wait()
-	rep.Duration = time.Since(start)
-	sort.Slice(rep.Actions, func(i, j int) bool { return rep.Actions[i].Sandbox < rep.Actions[j].Sandbox })
-	m.mu.Lock()
-	movedAside := m.recovery.MovedAside
-	rep.MovedAside = movedAside
-	m.recovery = rep
-	m.recovery.Actions = nil
-	m.mu.Unlock()
-	return rep, listErr
 }
 
 // NoteJournalMovedAside records, for health, that the journal was

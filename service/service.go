@@ -336,7 +336,7 @@ func (s *Service) Health(ctx context.Context) HealthReport {
 		Sandboxes: st.Sandboxes, Commands: st.Commands, UptimeSeconds: time.Since(s.started).Seconds(),
 		PendingDestroy: st.PendingDestroy, Pooled: st.Pooled,
 		Recovery: RecoveryReport{Adopted: st.Recovery.Adopted, Destroyed: st.Recovery.Destroyed, Swept: st.Recovery.Swept,
-			Failed: st.Recovery.Failed, AdoptFailed: st.Recovery.AdoptFailed, MovedAside: st.Recovery.MovedAside, DurationS: st.Recovery.Duration.Seconds()},
+			Failed: st.Recovery.Failed, AdoptFailed: st.Recovery.AdoptFailed, Pending: st.Recovery.Pending, MovedAside: st.Recovery.MovedAside, DurationS: st.Recovery.Duration.Seconds()},
 		Limits: s.limits, BackendInfo: s.backendInfo, Memory: s.memoryReport()}
 	if err := s.backendHealth(ctx); err != nil {
 		r.Status = "degraded"

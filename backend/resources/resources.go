@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -136,13 +138,32 @@ func SweepCgroups(m *cgroup.Manager, log hclog.Logger) int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), CgroupWait)
 	defer cancel()
-	removed := 0
-	for _, name := range names {
-		if err := m.Remove(ctx, name); err != nil {
-			log.Warn("cannot remove a sandbox cgroup left by a previous daemon", "cgroup", name, "error", err)
-			continue
-		}
-		removed++
+	// A few at a time: after a crash with thousands of sandboxes this is
+	// most of a start's work (each group killed and removed in every
+	// hierarchy), and the kernel's share of it runs on every core.
+	var removed atomic.Int64
+	var wg sync.WaitGroup
+	next := make(chan string)
+	for range min(sweepWorkers, len(names)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for name := range next {
+				if err := m.Remove(ctx, name); err != nil {
+					log.Warn("cannot remove a sandbox cgroup left by a previous daemon", "cgroup", name, "error", err)
+					continue
+				}
+				removed.Add(1)
+			}
+		}()
 	}
-	return removed
+	for _, name := range names {
+		next <- name
+	}
+	close(next)
+	wg.Wait()
+	return int(removed.Load())
 }
+
+// sweepWorkers bounds the cgroups SweepCgroups removes at once.
+const sweepWorkers = 4

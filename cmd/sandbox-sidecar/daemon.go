@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -87,6 +88,9 @@ func openDaemon(cfg Config, log hclog.Logger, mode daemonMode) (_ *daemonParts, 
 		// Offline gc serves nothing: it decides and destroys, and adopts
 		// nothing (a disk it mounted would stay on the host).
 		SkipAdopt: mode.offline,
+		// The daemon serves while the last of recovery's destroys finish
+		// (docs/design.md); gc waits for them all.
+		RecoverDestroysFor: recoverDestroysFor(mode),
 	})
 	if err != nil {
 		return nil, err
@@ -117,4 +121,20 @@ func (d *daemonParts) close(log hclog.Logger) {
 		d.undo[i]()
 	}
 	d.undo = nil
+}
+
+// recoverDestroysWithin is how long after recovery began the daemon waits
+// for recovery's destroys before it serves; the rest finish in the
+// background. Short enough that a journal of 10,000 records serves within
+// two seconds, long enough that a restart with a few victims finishes them
+// all first, as before.
+const recoverDestroysWithin = 500 * time.Millisecond
+
+// recoverDestroysFor is lifecycle.Config.RecoverDestroysFor for mode: gc
+// waits for every destroy, serve for recoverDestroysWithin.
+func recoverDestroysFor(mode daemonMode) time.Duration {
+	if mode.offline {
+		return 0
+	}
+	return recoverDestroysWithin
 }

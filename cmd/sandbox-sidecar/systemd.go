@@ -111,8 +111,8 @@ func notifyStopping(log hclog.Logger) { notify(log, daemon.SdNotifyStopping) }
 // daemon's own socket (accept loop, request handling) is answered in time.
 // It returns a function that stops it all.
 func startSystemd(log hclog.Logger, socket string, mgr *lifecycle.Manager, srv *ipc.Server, rep lifecycle.RecoveryReport) func() {
-	notify(log, daemon.SdNotifyReady+"\nSTATUS="+fmt.Sprintf("serving; recovery adopted %d, destroyed %d, swept %d, failed %d",
-		rep.Adopted, rep.Destroyed, rep.Swept, rep.Failed)+fmt.Sprintf("\nMAINPID=%d", os.Getpid()))
+	notify(log, daemon.SdNotifyReady+"\nSTATUS="+fmt.Sprintf("serving; recovery adopted %d, destroyed %d, swept %d, failed %d, destroying %d in the background",
+		rep.Adopted, rep.Destroyed, rep.Swept, rep.Failed, rep.Pending)+fmt.Sprintf("\nMAINPID=%d", os.Getpid()))
 	watchdog, err := daemon.SdWatchdogEnabled(false)
 	if err != nil {
 		log.Warn("cannot read the watchdog settings", "error", err)

@@ -412,9 +412,9 @@ func benchScale(o options, rep *report) error {
 	idle := d.status("VmRSS")
 	rep.add("scale", "idle daemon", map[string]float64{"rss_KiB": idle, "fds": d.fds()}, "target ≤ 25 MiB")
 
-	nBoxes, nConns := 200, 1000
+	levels, nConns, nSample := []int{1, 10, 100, 500}, 1000, 30
 	if o.quick {
-		nBoxes, nConns = 20, 50
+		levels, nConns, nSample = []int{1, 5}, 50, 3
 	}
 	c, err := d.client()
 	if err != nil {
@@ -422,18 +422,50 @@ func benchScale(o options, rep *report) error {
 	}
 	defer c.Close()
 	runtime_GC(c)
-	rss0 := d.status("VmRSS")
-	ids := make([]string, 0, nBoxes)
-	for range nBoxes {
-		id, err := create(c, map[string]any{"ttl_s": 3600})
-		if err != nil {
-			return err
+	rss0, fds0 := d.status("VmRSS"), d.fds()
+	// Live sandboxes as an agent leaves them: made, and one command run
+	// (so each has its init, and the daemon its descriptors for it).
+	var ids []string
+	for _, level := range levels {
+		for len(ids) < level {
+			id, err := create(c, map[string]any{"ttl_s": 3600})
+			if err != nil {
+				return fmt.Errorf("live sandbox %d: %w", len(ids)+1, err)
+			}
+			if _, err := runCmd(c, id, []string{"/bin/true"}); err != nil {
+				return err
+			}
+			ids = append(ids, id)
 		}
-		ids = append(ids, id)
+		time.Sleep(300 * time.Millisecond)
+		runtime_GC(c)
+		rss, fds := d.status("VmRSS"), d.fds()
+		// On top of them: creates (each destroyed again) and commands in
+		// the live ones, in turn.
+		var creates, cmds []time.Duration
+		for i := range nSample {
+			start := time.Now()
+			id, err := create(c, map[string]any{"ttl_s": 3600})
+			if err != nil {
+				return err
+			}
+			creates = append(creates, time.Since(start))
+			if err := call(c, ipc.OpDestroy, map[string]any{"sandbox": id}, nil); err != nil {
+				return err
+			}
+			start = time.Now()
+			if _, err := runCmd(c, ids[i%len(ids)], []string{"/bin/true"}); err != nil {
+				return err
+			}
+			cmds = append(cmds, time.Since(start))
+		}
+		rep.add("scale", fmt.Sprintf("%d live sandboxes (each ran a command)", level), map[string]float64{
+			"rss_KiB": rss, "KiB_per_sandbox": (rss - rss0) / float64(level), "fds": fds, "fds_per_sandbox": (fds - fds0) / float64(level),
+			"create_p50_ms": ms(percentile(creates, 50)), "create_p99_ms": ms(percentile(creates, 99)),
+			"cmd_p50_ms": ms(percentile(cmds, 50)), "cmd_p99_ms": ms(percentile(cmds, 99))},
+			fmt.Sprintf("%d creates and %d commands at this level; cgroups, no disk caps; target ≤ 64 KiB each", nSample, nSample))
 	}
-	time.Sleep(300 * time.Millisecond)
 	rss1 := d.status("VmRSS")
-	rep.add("scale", fmt.Sprintf("%d live sandboxes", nBoxes), map[string]float64{"rss_KiB": rss1, "KiB_per_sandbox": (rss1 - rss0) / float64(nBoxes), "fds": d.fds()}, "target ≤ 64 KiB each")
 
 	conns := make([]*ipc.Client, 0, nConns)
 	for range nConns {
@@ -474,21 +506,22 @@ func benchAgents(o options, rep *report) error {
 	if o.quick {
 		nAgents, nCmds = 5, 3
 	}
-	wall, lat, err := runAgents(d, nAgents, nCmds)
+	wall, lat, creates, err := runAgents(d, nAgents, nCmds)
 	if err != nil {
 		return err
 	}
 	rep.add("agents", fmt.Sprintf("%d agents × (create, %d commands, destroy)", nAgents, nCmds), map[string]float64{
 		"wall_s": wall.Seconds(), "commands_per_s": float64(nAgents*nCmds) / wall.Seconds(),
-		"cmd_p50_ms": ms(percentile(lat, 50)), "cmd_p99_ms": ms(percentile(lat, 99))}, "target ≥ 150 commands/s, p99 ≤ 1 s; cgroups, no disk caps")
+		"cmd_p50_ms": ms(percentile(lat, 50)), "cmd_p99_ms": ms(percentile(lat, 99)),
+		"create_p50_ms": ms(percentile(creates, 50)), "create_p99_ms": ms(percentile(creates, 99))}, "target ≥ 150 commands/s, p99 ≤ 1 s; cgroups, no disk caps")
 	return nil
 }
 
-// runAgents runs the agents and returns the wall time and every command's
-// latency.
-func runAgents(d *daemon, nAgents, nCmds int) (time.Duration, []time.Duration, error) {
+// runAgents runs the agents and returns the wall time, every command's
+// latency and every create's.
+func runAgents(d *daemon, nAgents, nCmds int) (time.Duration, []time.Duration, []time.Duration, error) {
 	var mu sync.Mutex
-	var lat []time.Duration
+	var lat, creates []time.Duration
 	var firstErr error
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -502,10 +535,14 @@ func runAgents(d *daemon, nAgents, nCmds int) (time.Duration, []time.Duration, e
 					return err
 				}
 				defer ac.Close()
+				cs := time.Now()
 				id, err := create(ac, nil)
 				if err != nil {
 					return err
 				}
+				mu.Lock()
+				creates = append(creates, time.Since(cs))
+				mu.Unlock()
 				for range nCmds {
 					s := time.Now()
 					if _, err := runCmd(ac, id, []string{"/bin/true"}); err != nil {
@@ -527,7 +564,7 @@ func runAgents(d *daemon, nAgents, nCmds int) (time.Duration, []time.Duration, e
 		}()
 	}
 	wg.Wait()
-	return time.Since(start), lat, firstErr
+	return time.Since(start), lat, creates, firstErr
 }
 
 // runtime_GC gives the daemon a moment to settle before a baseline.
@@ -542,31 +579,74 @@ func benchRecovery(o options, rep *report) error {
 	if o.socket != "" {
 		return nil // needs a daemon of our own to kill
 	}
-	d, err := startDaemon(o, "--limit-disk-caps", "off")
+	sizes := []int{1000, 10000}
+	if o.quick {
+		sizes = []int{40}
+	}
+	for _, n := range sizes {
+		if err := recoveryRun(o, rep, n); err != nil {
+			return fmt.Errorf("%d records: %w", n, err)
+		}
+	}
+	return nil
+}
+
+// recoveryRun makes n sandboxes (half connection-bound, so recovery
+// destroys them; half with a lease, so it adopts them), kills the daemon
+// with -9 and times its restart: until it listens, and until a health call
+// on a fresh connection is answered.
+func recoveryRun(o options, rep *report, n int) error {
+	count := fmt.Sprint(n + 100)
+	d, err := startDaemon(o, "--limit-disk-caps", "off", "--max-sandboxes", count, "--max-sandboxes-per-uid", count)
 	if err != nil {
 		return err
 	}
 	defer d.stop()
-	n := 1000
-	if o.quick {
-		n = 40
-	}
-	keep, err := d.client() // holds the connection-bound half open until the kill
-	if err != nil {
-		return err
-	}
-	for i := range n {
-		args := map[string]any{"ttl_s": 3600}
-		if i%2 == 1 {
-			args = nil // connection-bound: destroyed by recovery
-		}
-		if _, err := create(keep, args); err != nil {
+	const conns = 8
+	keep := make([]*ipc.Client, conns) // hold the connection-bound half open until the kill
+	for i := range keep {
+		if keep[i], err = d.client(); err != nil {
 			return err
 		}
 	}
+	var mu sync.Mutex
+	var owned []string
+	var firstErr error
+	var wg sync.WaitGroup
+	for w := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += conns {
+				args := map[string]any{"ttl_s": 3600}
+				if i%2 == 1 {
+					args = nil // connection-bound: destroyed by recovery
+				}
+				id, err := create(keep[w], args)
+				mu.Lock()
+				if err != nil && firstErr == nil {
+					firstErr = err
+				}
+				if err == nil && args != nil {
+					owned = append(owned, id)
+				}
+				mu.Unlock()
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return firstErr
+	}
 	d.kill9()
-	keep.Close()
-	serving, err := d.start()
+	for _, c := range keep {
+		c.Close()
+	}
+	begin := time.Now()
+	listening, err := d.start()
 	if err != nil {
 		return err
 	}
@@ -579,9 +659,47 @@ func benchRecovery(o options, rep *report) error {
 	if err := call(c, ipc.OpHealth, nil, &h); err != nil {
 		return err
 	}
+	answered := time.Since(begin)
 	rep.add("recovery", fmt.Sprintf("start with %d journal records (half connection-bound)", n), map[string]float64{
-		"until_serving_s": serving.Seconds(), "reconcile_s": h.Recovery.DurationS,
-		"adopted": float64(h.Recovery.Adopted), "destroyed": float64(h.Recovery.Destroyed), "failed": float64(h.Recovery.Failed)},
-		"recovery finishes before the daemon serves; sandboxes have cgroups, no disk caps")
+		"until_listening_s": listening.Seconds(), "until_health_answered_s": answered.Seconds(), "reconcile_s": h.Recovery.DurationS,
+		"adopted": float64(h.Recovery.Adopted), "destroyed": float64(h.Recovery.Destroyed), "failed": float64(h.Recovery.Failed),
+		"destroys_left_to_background": float64(h.Recovery.Pending), "background_done_s": waitRecovered(c, begin).Seconds()},
+		"target at 10,000: serving within 2 s; sandboxes have cgroups, no disk caps")
+	// Leave nothing behind: the leased half outlives a daemon's stop.
+	destroyAll(d, owned, conns)
 	return nil
+}
+
+// waitRecovered waits (at most 10 minutes) until recovery's background
+// destroys are done and returns how long after begin that was.
+func waitRecovered(c *ipc.Client, begin time.Time) time.Duration {
+	deadline := time.Now().Add(10 * time.Minute)
+	for time.Now().Before(deadline) {
+		var h api.HealthResult
+		if call(c, ipc.OpHealth, nil, &h) == nil && h.Recovery.Pending == 0 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return time.Since(begin)
+}
+
+// destroyAll destroys ids on conns connections at once.
+func destroyAll(d *daemon, ids []string, conns int) {
+	var wg sync.WaitGroup
+	for w := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := d.client()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			for i := w; i < len(ids); i += conns {
+				call(c, ipc.OpDestroy, map[string]any{"sandbox": ids[i]}, nil)
+			}
+		}()
+	}
+	wg.Wait()
 }

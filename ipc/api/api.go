@@ -118,9 +118,12 @@ type RecoveryReport struct {
 	Failed    int `msgpack:"failed"`
 	// AdoptFailed counts kept sandboxes the backend could not adopt at
 	// start (quarantined, not destroyed).
-	AdoptFailed int     `msgpack:"adopt_failed"`
-	MovedAside  string  `msgpack:"journal_moved_aside,omitempty"`
-	DurationS   float64 `msgpack:"duration_s"`
+	AdoptFailed int `msgpack:"adopt_failed"`
+	// Pending counts recovery's destroys still running in the background
+	// (the daemon serves while they finish).
+	Pending    int     `msgpack:"pending"`
+	MovedAside string  `msgpack:"journal_moved_aside,omitempty"`
+	DurationS  float64 `msgpack:"duration_s"`
 }
 
 // CreateResult is create's result.

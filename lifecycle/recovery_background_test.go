@@ -1,0 +1,174 @@
+package lifecycle
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+)
+
+// gatedDestroy holds every Destroy until gate is closed, and says on
+// entered which ones began: a forced interleaving of recovery's destroys
+// with the daemon serving.
+type gatedDestroy struct {
+	backend.Backend
+	gate    chan struct{}
+	entered chan string
+}
+
+func gated(b backend.Backend) *gatedDestroy {
+	return &gatedDestroy{Backend: b, gate: make(chan struct{}), entered: make(chan string, 64)}
+}
+
+func (g *gatedDestroy) Destroy(ctx context.Context, id string) error {
+	g.entered <- id
+	<-g.gate
+	return g.Backend.Destroy(ctx, id)
+}
+
+// recoverWithin runs Recover and fails the test if it does not return in
+// time (as it would not if it waited for destroys that cannot finish).
+func recoverWithin(t *testing.T, m *Manager, d time.Duration) RecoveryReport {
+	t.Helper()
+	type result struct {
+		rep RecoveryReport
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		rep, err := m.Recover(context.Background(), false)
+		ch <- result{rep, err}
+	}()
+	select {
+	case r := <-ch:
+		require.NoError(t, r.err)
+		return r.rep
+	case <-time.After(d):
+		t.Fatal("Recover waited for its destroys past RecoverDestroysFor")
+		return RecoveryReport{}
+	}
+}
+
+// With a budget, recovery returns once every fate is decided and the kept
+// sandboxes adopted, while its destroys still run: the victims are gone for
+// every client meanwhile (not listed, not usable, destroy a no-op), the
+// daemon serves, and the report counts the destroys as they end.
+func TestRecoveryDestroysFinishInBackground(t *testing.T) {
+	e := newEnv(t, withJournal())
+	var victims []string
+	for range 3 {
+		victims = append(victims, e.create(alice, CreateRequest{}).ID) // connection-bound
+	}
+	kept := e.create(alice, CreateRequest{TTL: time.Hour})
+
+	var g *gatedDestroy
+	n := e.restart(func(c *Config) {
+		g = gated(c.Backend)
+		c.Backend = g
+		c.RecoverDestroysFor = time.Millisecond
+	})
+	release := sync.OnceFunc(func() { close(g.gate) })
+	defer release() // before the manager's Close, a cleanup
+	rep := recoverWithin(t, n.m, 10*time.Second)
+	assert.Equal(t, 1, rep.Adopted)
+	assert.Equal(t, 3, rep.Pending)
+	assert.Zero(t, rep.Destroyed)
+	assert.Equal(t, sorted(victims...), actionsByDo(rep)["destroy"])
+	n.m.Start()
+
+	assert.Equal(t, []string{kept.ID}, sandboxIDs(n.m.List(alice, "")), "victims are gone for clients")
+	assert.Equal(t, []string{kept.ID}, sandboxIDs(n.m.List(admin, "")))
+	_, err := n.m.Exec(context.Background(), alice, victims[0], backend.ExecRequest{Command: "true", Timeout: time.Second})
+	assert.ErrorIs(t, err, backend.ErrNotFound)
+	require.NoError(t, n.m.Destroy(context.Background(), alice, victims[1]), "destroying a victim is a no-op success")
+	fresh := n.create(alice, CreateRequest{TTL: time.Hour})
+	assert.Equal(t, 3, n.m.Stats().Recovery.Pending)
+
+	release()
+	require.Eventually(t, func() bool { return n.m.Stats().Recovery.Pending == 0 }, 10*time.Second, 5*time.Millisecond)
+	st := n.m.Stats().Recovery
+	assert.Equal(t, 3, st.Destroyed)
+	assert.Zero(t, st.Failed)
+	assert.Len(t, g.entered, 3, "each victim destroyed once; the client's destroy did not start another")
+	got := n.journaled()
+	assert.Len(t, got, 2)
+	assert.Contains(t, got, kept.ID)
+	assert.Contains(t, got, fresh.ID)
+	listed, err := n.base.List(context.Background())
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []string{kept.ID, fresh.ID}, listed)
+}
+
+// Without a budget (gc) Recover waits for every destroy, as before.
+func TestRecoveryWithoutBudgetWaitsForDestroys(t *testing.T) {
+	e := newEnv(t, withJournal())
+	e.create(alice, CreateRequest{})
+	e.create(alice, CreateRequest{})
+	n := e.restart(nil)
+	rep, err := n.m.Recover(context.Background(), false)
+	require.NoError(t, err)
+	assert.Equal(t, 2, rep.Destroyed)
+	assert.Zero(t, rep.Pending)
+	assert.Empty(t, n.journaled())
+}
+
+// Close during background destroys starts no more of them; those not
+// started stay journaled, and the next start destroys them.
+func TestRecoveryCloseStopsBackgroundDestroys(t *testing.T) {
+	e := newEnv(t, withJournal())
+	const total = recoveryWorkers + 2
+	for range total {
+		e.create(alice, CreateRequest{})
+	}
+	var g *gatedDestroy
+	n := e.restart(func(c *Config) {
+		g = gated(c.Backend)
+		c.Backend = g
+		c.RecoverDestroysFor = time.Millisecond
+	})
+	rep := recoverWithin(t, n.m, 10*time.Second)
+	assert.Equal(t, total, rep.Pending)
+	for range recoveryWorkers {
+		select {
+		case <-g.entered:
+		case <-time.After(10 * time.Second):
+			t.Fatal("recovery's destroys did not start")
+		}
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- n.m.Close(context.Background()) }()
+	require.Eventually(t, func() bool {
+		select {
+		case <-n.m.stop:
+			return true
+		default:
+			return false
+		}
+	}, 10*time.Second, time.Millisecond)
+	close(g.gate) // the four in flight finish; none follows
+	select {
+	case err := <-closed:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return")
+	}
+	assert.Empty(t, g.entered, "no destroy started after Close")
+	st := n.m.Stats().Recovery
+	assert.Equal(t, recoveryWorkers, st.Destroyed)
+	assert.Equal(t, total-recoveryWorkers, st.Pending)
+	assert.Len(t, n.journaled(), total-recoveryWorkers, "the rest is still journaled")
+
+	again := n.restart(nil)
+	rep2, err := again.m.Recover(context.Background(), false)
+	require.NoError(t, err)
+	assert.Equal(t, total-recoveryWorkers, rep2.Destroyed)
+	assert.Empty(t, again.journaled())
+	listed, err := again.base.List(context.Background())
+	require.NoError(t, err)
+	assert.Empty(t, listed)
+}
