@@ -33,6 +33,11 @@ var profiled int
 
 // startDaemon runs `serve` in a fresh temporary directory.
 func startDaemon(o options, extra ...string) (*daemon, error) {
+	return startDaemonEnv(o, nil, extra...)
+}
+
+// startDaemonEnv is startDaemon with env added to the daemon's environment.
+func startDaemonEnv(o options, env []string, extra ...string) (*daemon, error) {
 	if o.socket != "" {
 		return &daemon{socket: o.socket}, nil
 	}
@@ -41,7 +46,7 @@ func startDaemon(o options, extra ...string) (*daemon, error) {
 		return nil, err
 	}
 	os.Chmod(dir, 0o755) // the sandbox uid must reach the state directory
-	d := &daemon{bin: o.daemonBin, dir: dir, socket: filepath.Join(dir, "run", "s.sock"), stateDir: filepath.Join(dir, "state")}
+	d := &daemon{bin: o.daemonBin, dir: dir, socket: filepath.Join(dir, "run", "s.sock"), stateDir: filepath.Join(dir, "state"), env: env}
 	if o.profile != "" {
 		profiled++
 		d.env = append(d.env, fmt.Sprintf("SANDBOX_SIDECAR_PROFILE=%s", filepath.Join(o.profile, fmt.Sprintf("%02d-%s", profiled, o.scenario))))

@@ -343,16 +343,7 @@ func provisionRuns(o options, n, pool int, flags []string) (creates, firsts []ti
 	return creates, firsts, nil
 }
 
-func waitPooled(c *ipc.Client, n int) {
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		var h api.HealthResult
-		if call(c, ipc.OpHealth, nil, &h) == nil && h.Pooled >= n {
-			return
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
+func waitPooled(c *ipc.Client, n int) { waitPooledFor(c, n, 10*time.Second) }
 
 // --- 4. Output --------------------------------------------------------
 
@@ -702,4 +693,124 @@ func destroyAll(d *daemon, ids []string, conns int) {
 		}()
 	}
 	wg.Wait()
+}
+
+// --- 8. sbx on its fake -----------------------------------------------
+
+// sbxCreateDelay is how long the fake sbx takes to create a sandbox: a
+// stand-in for a microVM's boot.
+const sbxCreateDelay = 500 * time.Millisecond
+
+// benchSbx runs the sbx backend against backend/sbx/sbxfake (no KVM
+// needed; each command is one fake CLI process and the command, run on
+// the host): commands, cold creates and the warm pool, the same rows as
+// bwrap's. The fake is built with `go build`, so this scenario needs the
+// source tree.
+func benchSbx(o options, rep *report) error {
+	if o.socket != "" {
+		return nil
+	}
+	dir, err := os.MkdirTemp("", "bench-sbx")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	fake := filepath.Join(dir, "sbx")
+	if out, err := exec.Command("go", "build", "-o", fake, "github.com/sandbox-sidecar/sandbox-sidecar/backend/sbx/sbxfake").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "   skipped: cannot build the fake sbx (run from the source tree): %v\n%s", err, out)
+		return nil
+	}
+	kvm := filepath.Join(dir, "kvm")
+	if err := os.WriteFile(kvm, nil, 0o666); err != nil {
+		return err
+	}
+	n := 20
+	if o.quick {
+		n = 3
+	}
+	start := func(pool int) (*daemon, *ipc.Client, func(), error) {
+		fakeState, err := os.MkdirTemp(dir, "fake")
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		d, err := startDaemonEnv(o, []string{"SBXFAKE_STATE=" + fakeState, "SBXFAKE_CREATE_DELAY=" + sbxCreateDelay.String()},
+			"--backend", "sbx", "--sbx-path", fake, "--sbx-kvm-device", kvm, "--sbx-host-policy", "deny-all", "--pool-size", fmt.Sprint(pool))
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		c, err := d.client()
+		if err != nil {
+			d.stop()
+			return nil, nil, nil, err
+		}
+		return d, c, func() { c.Close(); d.stop() }, nil
+	}
+
+	// Commands, interleaved with the host's own /bin/true spawned here.
+	_, c, stop, err := start(0)
+	if err != nil {
+		return err
+	}
+	id, err := create(c, map[string]any{"ttl_s": 3600})
+	if err != nil {
+		stop()
+		return err
+	}
+	var side, host []time.Duration
+	for i := 0; i < 3*n+3; i++ {
+		s := time.Now()
+		if _, err := runCmd(c, id, []string{"/bin/true"}); err != nil {
+			stop()
+			return err
+		}
+		sd := time.Since(s)
+		s = time.Now()
+		if err := exec.Command("/bin/true").Run(); err != nil {
+			stop()
+			return err
+		}
+		if i >= 3 {
+			side, host = append(side, sd), append(host, time.Since(s))
+		}
+	}
+	stop()
+	sp50, hp50 := percentile(side, 50), percentile(host, 50)
+	rep.add("sbx", "run_command [/bin/true], sbx backend on its fake", map[string]float64{"p50_ms": ms(sp50), "p99_ms": ms(percentile(side, 99))},
+		"a command is one sbx CLI process (the fake) and the command")
+	rep.add("sbx", "host's own /bin/true, spawned by the bench (interleaved)", map[string]float64{"p50_ms": ms(hp50), "p99_ms": ms(percentile(host, 99)),
+		"sidecar_over_host_p50": float64(sp50) / float64(hp50)}, "")
+
+	for _, pool := range []int{0, 2} {
+		_, c, stop, err := start(pool)
+		if err != nil {
+			return err
+		}
+		var creates, firsts []time.Duration
+		for range n {
+			if pool > 0 {
+				waitPooledFor(c, 1, 10*sbxCreateDelay)
+			}
+			s := time.Now()
+			id, err := create(c, nil)
+			if err != nil {
+				stop()
+				return err
+			}
+			creates = append(creates, time.Since(s))
+			if _, err := runCmd(c, id, []string{"/bin/true"}); err != nil {
+				stop()
+				return err
+			}
+			firsts = append(firsts, time.Since(s))
+			call(c, ipc.OpDestroy, map[string]any{"sandbox": id}, nil)
+		}
+		stop()
+		name := fmt.Sprintf("cold (no pool), fake create delay %s", sbxCreateDelay)
+		if pool > 0 {
+			name = fmt.Sprintf("warm pool of %d, fake create delay %s", pool, sbxCreateDelay)
+		}
+		rep.add("sbx", "create, "+name, map[string]float64{"p50_ms": ms(percentile(creates, 50)), "p99_ms": ms(percentile(creates, 99))}, "")
+		rep.add("sbx", "create → first command result, "+name, map[string]float64{"p50_ms": ms(percentile(firsts, 50)), "p99_ms": ms(percentile(firsts, 99))}, "")
+	}
+	return nil
 }
