@@ -66,6 +66,7 @@ func (m *Manager) claimAndDestroy(rec *record, reason string, log hclog.Logger) 
 func (m *Manager) destroyNow(rec *record, reason string, log hclog.Logger) error {
 	m.opsWG.Add(1)
 	defer m.opsWG.Done()
+	m.awaitAdopted(rec) // never Destroy while the backend adopts it
 	if err := m.persist(rec); err != nil {
 		log.Error("journal write failed; destroying anyway", "error", err)
 	}

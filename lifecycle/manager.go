@@ -84,12 +84,14 @@ type Config struct {
 	// QuarantineRetryFor bounds how long a quarantined sandbox is retried
 	// (default DefaultQuarantineRetryFor); it is then reported failed.
 	QuarantineRetryFor time.Duration
-	// RecoverDestroysFor, when positive, bounds how long Recover waits for
-	// its destroys, counted from when it began: what is still running then
-	// goes on in the background (the daemon serves meanwhile). Deciding
-	// every sandbox's fate and adopting the kept ones are never cut short.
-	// Zero waits for every destroy (offline gc).
-	RecoverDestroysFor time.Duration
+	// RecoverWithin, when positive, bounds how long Recover takes,
+	// counted from when it began, once every sandbox's fate is decided:
+	// the kept sandboxes are adopted, and the victims destroyed, in the
+	// background, and Recover returns when all is done or the time is up
+	// (the daemon serves meanwhile; a use of a sandbox not yet adopted
+	// waits for its adopt). Zero adopts and destroys everything before
+	// Recover returns (offline gc).
+	RecoverWithin time.Duration
 }
 
 // Failpoints: the moments between durable steps where a crash leaves
@@ -198,6 +200,7 @@ type record struct {
 	destroyFails   int           // failed destroy attempts
 	claimed        bool          // a destroy is under way (claimForDestroy)
 	recovering     bool          // a victim of start-up recovery, not yet destroyed: hidden from List
+	adopted        chan struct{} // non-nil while recovery's background adopt of it is pending; closed when done
 	retryAt        time.Time     // when the reaper retries a failed destroy
 	adoptTries     int           // failed adopts of a quarantined sandbox
 	adoptRetryAt   time.Time     // when its next adopt is tried

@@ -132,6 +132,12 @@ func (m *Manager) lookup(c Caller, id string) (*record, error) {
 // marks its end.
 func (m *Manager) use(c Caller, id string) (*record, func(), error) {
 	m.mu.Lock()
+	if r := m.boxes[id]; r != nil && r.adopted != nil && r.UID == c.UID {
+		// Kept by a recovery that is still adopting it: first that.
+		m.mu.Unlock()
+		m.awaitAdopted(r)
+		m.mu.Lock()
+	}
 	defer m.mu.Unlock()
 	r, err := m.lookup(c, id)
 	if err != nil {

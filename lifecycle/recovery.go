@@ -29,7 +29,7 @@ type RecoveryReport struct {
 	// quarantined (kept, retried in the background), not destroyed.
 	AdoptFailed int
 	// Pending: recovery's destroys not yet done. With
-	// Config.RecoverDestroysFor, Recover may return before they are (every
+	// Config.RecoverWithin, Recover may return before they are (every
 	// sandbox's fate decided, kept ones adopted, victims claimed): they go
 	// on while the daemon serves, and Stats' report counts them as they
 	// end.
@@ -85,7 +85,7 @@ func sweepDecision(known bool) bool { return !known }
 // Recover re-adopts or destroys every journaled sandbox, then sweeps what
 // the backend has that the journal does not know. It runs before the
 // daemon serves. With dryRun it only reports what it would do. With
-// Config.RecoverDestroysFor, destroys (of victims and orphans alike) still
+// Config.RecoverWithin, destroys (of victims and orphans alike) still
 // running that long after it began go on after it returns; see
 // RecoveryReport.Pending.
 func (m *Manager) Recover(ctx context.Context, dryRun bool) (RecoveryReport, error) {
@@ -123,10 +123,25 @@ func (m *Manager) Recover(ctx context.Context, dryRun bool) (RecoveryReport, err
 		rep.Actions = append(rep.Actions, Action{jr.ID, "destroy", reason, jr.Owner})
 		victims = append(victims, r)
 	}
+	// With RecoverWithin the kept sandboxes are adopted after Recover
+	// returns, if it comes to that: each is in memory at once, its gate
+	// (record.adopted) open until the backend adopted it, and every use or
+	// destroy of it waits for the gate first.
+	lazy := m.cfg.RecoverWithin > 0 && !dryRun && !m.cfg.SkipAdopt
+	if lazy {
+		for _, r := range kept {
+			r.LastUsed = now // the idle clock restarts with the daemon
+			r.adopted = make(chan struct{})
+			rep.Actions = append(rep.Actions, Action{r.ID, "adopt", keptWhy[r.ID], r.Owner})
+			m.mu.Lock()
+			m.boxes[r.ID] = r
+			m.mu.Unlock()
+		}
+	}
 	// Each kept sandbox is adopted by the backend (its disk mounted, its
 	// cgroup made); one that cannot be is quarantined, never destroyed.
 	adoptErrs := make([]error, len(kept))
-	if !dryRun && !m.cfg.SkipAdopt {
+	if !dryRun && !m.cfg.SkipAdopt && !lazy {
 		var wg sync.WaitGroup
 		sem := make(chan struct{}, recoveryWorkers)
 		for i, r := range kept {
@@ -140,6 +155,9 @@ func (m *Manager) Recover(ctx context.Context, dryRun bool) (RecoveryReport, err
 		wg.Wait()
 	}
 	for i, r := range kept {
+		if lazy {
+			break
+		}
 		switch err := adoptErrs[i]; adoptDecision(err) {
 		case adoptGone:
 			m.log.Warn("the backend cannot adopt a journaled sandbox: it is gone; destroying its record", "sandbox", r.ID, "owner", r.Owner, "error", err)
@@ -192,15 +210,22 @@ func (m *Manager) Recover(ctx context.Context, dryRun bool) (RecoveryReport, err
 	}
 	sort.Slice(rep.Actions, func(i, j int) bool { return rep.Actions[i].Sandbox < rep.Actions[j].Sandbox })
 	rep.Pending = len(victims)
+	if lazy {
+		rep.Pending += len(kept)
+	}
 	m.publishRecovery(&rep)
-	// The destroys run on their own; Recover waits for them, up to
-	// Config.RecoverDestroysFor after it began when that is set.
+	// The adopts (with RecoverWithin) and destroys run on their own;
+	// Recover waits for them, up to Config.RecoverWithin after it began
+	// when that is set.
 	finished := make(chan struct{})
 	m.reaperWG.Add(1)
 	go func() {
 		defer m.reaperWG.Done()
 		defer close(finished)
 		began := time.Now()
+		if lazy {
+			m.adoptKept(kept, now)
+		}
 		m.destroyVictims(victims, nDestroy, func(i int, err error) {
 			m.mu.Lock()
 			defer m.mu.Unlock()
@@ -211,12 +236,12 @@ func (m *Manager) Recover(ctx context.Context, dryRun bool) (RecoveryReport, err
 			m.mu.Lock()
 			left := m.recovery.Pending
 			m.mu.Unlock()
-			m.log.Info("recovery's destroys done", "count", len(victims), "took", time.Since(began), "not_started", left)
+			m.log.Info("recovery's background work done", "adopts", len(kept), "destroys", len(victims), "took", time.Since(began), "not_started", left)
 		}
 	}()
 	var budget <-chan time.Time
-	if m.cfg.RecoverDestroysFor > 0 {
-		t := time.NewTimer(max(time.Until(start.Add(m.cfg.RecoverDestroysFor)), 0))
+	if m.cfg.RecoverWithin > 0 {
+		t := time.NewTimer(max(time.Until(start.Add(m.cfg.RecoverWithin)), 0))
 		defer t.Stop()
 		budget = t.C
 	}
@@ -236,6 +261,89 @@ func (m *Manager) Recover(ctx context.Context, dryRun bool) (RecoveryReport, err
 	rep.Actions = actions
 	m.mu.Unlock()
 	return rep, listErr
+}
+
+// adoptKept adopts the kept sandboxes Recover left to the background,
+// recoveryWorkers at a time, and opens each one's gate once its fate is
+// applied: adopted, quarantined, or (gone from the backend) destroyed.
+// Once the manager closes it adopts no more; their gates open unadopted
+// (the next start adopts them; their records are as journaled).
+func (m *Manager) adoptKept(kept []*record, now time.Time) {
+	sem := make(chan struct{}, recoveryWorkers)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for i, r := range kept {
+		stopped := false
+		select {
+		case <-m.stop:
+			stopped = true
+		default:
+			select {
+			case sem <- struct{}{}:
+			case <-m.stop:
+				stopped = true
+			}
+		}
+		if stopped {
+			m.mu.Lock()
+			for _, left := range kept[i:] {
+				close(left.adopted)
+				left.adopted = nil
+			}
+			m.mu.Unlock()
+			return
+		}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			err := m.adopt(r.ID)
+			log := m.log.With("sandbox", r.ID, "owner", r.Owner)
+			m.mu.Lock()
+			m.recovery.Pending--
+			gone := false
+			switch adoptDecision(err) {
+			case adoptGone:
+				log.Warn("the backend cannot adopt a journaled sandbox: it is gone; destroying its record", "error", err)
+				gone = m.claimForDestroy(r) // unless a client or the reaper got it first
+				if gone {
+					r.recovering = true
+				}
+			case adoptQuarantine:
+				m.recovery.AdoptFailed++
+				log.Error("the backend cannot adopt a journaled sandbox; it is quarantined (kept, retried in the background)", "error", err)
+				if !r.claimed {
+					m.quarantine(r, err)
+				}
+			default:
+				m.recovery.Adopted++
+			}
+			close(r.adopted)
+			r.adopted = nil
+			m.mu.Unlock()
+			if gone {
+				err := m.destroyNow(r, "recovery", log)
+				m.mu.Lock()
+				if err != nil {
+					r.recovering = false
+				}
+				tally(&m.recovery, true, err)
+				m.mu.Unlock()
+			}
+		}()
+	}
+}
+
+// awaitAdopted waits until r, which a recovery left to adopt in the
+// background, is adopted (or its adoption will not happen): a use or a
+// destroy must not reach the backend before its Adopt. m.mu must not be
+// held. The wait is bounded by the adopt's own timeout.
+func (m *Manager) awaitAdopted(r *record) {
+	m.mu.Lock()
+	ch := r.adopted
+	m.mu.Unlock()
+	if ch != nil {
+		<-ch
+	}
 }
 
 // tally counts one recovery destroy: a journaled victim (or else a swept

@@ -13,16 +13,27 @@ import (
 )
 
 // gatedDestroy holds every Destroy until gate is closed, and says on
-// entered which ones began: a forced interleaving of recovery's destroys
-// with the daemon serving.
+// entered which ones began; with adoptGate, every Adopt likewise: a forced
+// interleaving of recovery's background work with the daemon serving.
 type gatedDestroy struct {
 	backend.Backend
 	gate    chan struct{}
 	entered chan string
+
+	adoptGate    chan struct{} // nil: adopts go through
+	adoptEntered chan string
 }
 
 func gated(b backend.Backend) *gatedDestroy {
-	return &gatedDestroy{Backend: b, gate: make(chan struct{}), entered: make(chan string, 64)}
+	return &gatedDestroy{Backend: b, gate: make(chan struct{}), entered: make(chan string, 64), adoptEntered: make(chan string, 64)}
+}
+
+func (g *gatedDestroy) Adopt(ctx context.Context, id string) error {
+	if g.adoptGate != nil {
+		g.adoptEntered <- id
+		<-g.adoptGate
+	}
+	return g.Backend.Adopt(ctx, id)
 }
 
 func (g *gatedDestroy) Destroy(ctx context.Context, id string) error {
@@ -49,7 +60,7 @@ func recoverWithin(t *testing.T, m *Manager, d time.Duration) RecoveryReport {
 		require.NoError(t, r.err)
 		return r.rep
 	case <-time.After(d):
-		t.Fatal("Recover waited for its destroys past RecoverDestroysFor")
+		t.Fatal("Recover waited for its destroys past RecoverWithin")
 		return RecoveryReport{}
 	}
 }
@@ -69,17 +80,22 @@ func TestRecoveryDestroysFinishInBackground(t *testing.T) {
 	var g *gatedDestroy
 	n := e.restart(func(c *Config) {
 		g = gated(c.Backend)
+		g.adoptGate = make(chan struct{})
 		c.Backend = g
-		c.RecoverDestroysFor = time.Millisecond
+		c.RecoverWithin = time.Millisecond
 	})
 	release := sync.OnceFunc(func() { close(g.gate) })
 	defer release() // before the manager's Close, a cleanup
+	releaseAdopts := sync.OnceFunc(func() { close(g.adoptGate) })
+	defer releaseAdopts()
 	rep := recoverWithin(t, n.m, 10*time.Second)
-	assert.Equal(t, 1, rep.Adopted)
-	assert.Equal(t, 3, rep.Pending)
+	assert.Equal(t, 3+1, rep.Pending, "three destroys and one adopt")
 	assert.Zero(t, rep.Destroyed)
+	assert.Zero(t, rep.Adopted)
 	assert.Equal(t, sorted(victims...), actionsByDo(rep)["destroy"])
 	n.m.Start()
+	releaseAdopts()
+	require.Eventually(t, func() bool { return n.m.Stats().Recovery.Adopted == 1 }, 10*time.Second, time.Millisecond)
 
 	assert.Equal(t, []string{kept.ID}, sandboxIDs(n.m.List(alice, "")), "victims are gone for clients")
 	assert.Equal(t, []string{kept.ID}, sandboxIDs(n.m.List(admin, "")))
@@ -88,6 +104,8 @@ func TestRecoveryDestroysFinishInBackground(t *testing.T) {
 	require.NoError(t, n.m.Destroy(context.Background(), alice, victims[1]), "destroying a victim is a no-op success")
 	fresh := n.create(alice, CreateRequest{TTL: time.Hour})
 	assert.Equal(t, 3, n.m.Stats().Recovery.Pending)
+	_, err = n.m.Exec(context.Background(), alice, kept.ID, backend.ExecRequest{Command: "true", Timeout: 10 * time.Second})
+	require.NoError(t, err, "the kept sandbox serves while the victims are destroyed")
 
 	release()
 	require.Eventually(t, func() bool { return n.m.Stats().Recovery.Pending == 0 }, 10*time.Second, 5*time.Millisecond)
@@ -129,7 +147,7 @@ func TestRecoveryCloseStopsBackgroundDestroys(t *testing.T) {
 	n := e.restart(func(c *Config) {
 		g = gated(c.Backend)
 		c.Backend = g
-		c.RecoverDestroysFor = time.Millisecond
+		c.RecoverWithin = time.Millisecond
 	})
 	rep := recoverWithin(t, n.m, 10*time.Second)
 	assert.Equal(t, total, rep.Pending)
@@ -171,4 +189,54 @@ func TestRecoveryCloseStopsBackgroundDestroys(t *testing.T) {
 	listed, err := again.base.List(context.Background())
 	require.NoError(t, err)
 	assert.Empty(t, listed)
+}
+
+// A kept sandbox whose adopt is still running when the daemon serves: it
+// is listed at once, but a command in it and a destroy of it wait for the
+// adopt, so the backend never sees a sandbox used or destroyed before it
+// adopted it.
+func TestRecoveryUseWaitsForBackgroundAdopt(t *testing.T) {
+	e := newEnv(t, withJournal())
+	kept := e.create(alice, CreateRequest{TTL: time.Hour})
+	other := e.create(alice, CreateRequest{TTL: time.Hour})
+	var g *gatedDestroy
+	n := e.restart(func(c *Config) {
+		g = gated(c.Backend)
+		g.adoptGate = make(chan struct{})
+		close(g.gate) // destroys go through
+		c.Backend = g
+		c.RecoverWithin = time.Millisecond
+	})
+	release := sync.OnceFunc(func() { close(g.adoptGate) })
+	defer release()
+	rep := recoverWithin(t, n.m, 10*time.Second)
+	assert.Equal(t, 2, rep.Pending)
+	assert.Zero(t, rep.Adopted)
+	for range 2 {
+		<-g.adoptEntered
+	}
+	assert.ElementsMatch(t, []string{kept.ID, other.ID}, sandboxIDs(n.m.List(alice, "")), "kept sandboxes are listed at once")
+
+	execDone := make(chan error, 1)
+	go func() {
+		_, err := n.m.Exec(context.Background(), alice, kept.ID, backend.ExecRequest{Command: "true", Timeout: 10 * time.Second})
+		execDone <- err
+	}()
+	destroyDone := make(chan error, 1)
+	go func() { destroyDone <- n.m.Destroy(context.Background(), alice, other.ID) }()
+	select {
+	case err := <-execDone:
+		t.Fatalf("a command ran before its sandbox was adopted: %v", err)
+	case err := <-destroyDone:
+		t.Fatalf("a destroy ran before its sandbox was adopted: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	assert.Empty(t, g.entered, "no Destroy reached the backend before its Adopt")
+	release()
+	require.NoError(t, <-execDone)
+	require.NoError(t, <-destroyDone)
+	assert.Equal(t, other.ID, <-g.entered)
+	require.Eventually(t, func() bool { return n.m.Stats().Recovery.Pending == 0 }, 10*time.Second, time.Millisecond)
+	assert.Equal(t, 2, n.m.Stats().Recovery.Adopted)
+	assert.Equal(t, []string{kept.ID}, sandboxIDs(n.m.List(alice, "")))
 }

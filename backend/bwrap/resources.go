@@ -62,12 +62,25 @@ func (b *Backend) removeCgroup(sb *sandbox) error {
 	return resources.RemoveCgroup(b.cfg.Cgroups, sb.cgroupName(), sb.id)
 }
 
-// sweepCgroups removes every sandbox cgroup under the manager's base: New
-// calls it before any sandbox of this process runs, so each one was left by
-// a daemon that died, and whatever still runs in it is a stray. Sandboxes
-// that still exist get a new group when they are next used.
+// sweepCgroups removes the sandbox cgroups under the manager's base that
+// belong to no sandbox directory: New calls it before any sandbox of this
+// process runs, so each one was left by a daemon that died, and whatever
+// still runs in it is a stray. The group of a sandbox that still exists is
+// left for its next use or its destroy, which replace or remove it (and
+// kill what it holds; the marker scan in New already killed every process
+// a dead daemon started): after a crash with thousands of sandboxes,
+// removing them all here, each in every cgroup v1 hierarchy under the
+// kernel's one cgroup lock, was most of the time before the daemon served.
 func (b *Backend) sweepCgroups() {
-	if removed := resources.SweepCgroups(b.cfg.Cgroups, b.log); removed > 0 {
+	sandboxes := map[string]bool{}
+	if entries, err := os.ReadDir(b.cfg.Dir); err == nil {
+		for _, e := range entries {
+			if e.IsDir() && backend.ValidID(e.Name()) {
+				sandboxes[e.Name()] = true
+			}
+		}
+	}
+	if removed := resources.SweepCgroups(b.cfg.Cgroups, b.log, func(name string) bool { return sandboxes[name] }); removed > 0 {
 		b.log.Info("removed sandbox cgroups left by a previous daemon", "count", removed)
 	}
 }

@@ -54,7 +54,7 @@ func (b *Backend) removeCgroup(sb *sandbox) error {
 
 // sweepCgroups removes every sandbox cgroup under the manager's base: New
 // calls it once no sandbox of this process runs.
-func (b *Backend) sweepCgroups() { resources.SweepCgroups(b.cfg.Cgroups, b.log) }
+func (b *Backend) sweepCgroups() { resources.SweepCgroups(b.cfg.Cgroups, b.log, nil) }
 
 // placed starts cmd inside sb's cgroup: on v2 it is born there
 // (CLONE_INTO_CGROUP); on v1 a shell holds it at a pipe until its pid has

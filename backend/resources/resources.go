@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -123,11 +124,12 @@ func RemoveCgroup(m *cgroup.Manager, name, id string) error {
 	return nil
 }
 
-// SweepCgroups removes every sandbox cgroup under the manager's base and
-// returns how many it removed. A backend calls it when no sandbox of this
-// process runs, so each group was left by a daemon that died and whatever
-// still runs in it is a stray. Failures are logged to log.
-func SweepCgroups(m *cgroup.Manager, log hclog.Logger) int {
+// SweepCgroups removes every sandbox cgroup under the manager's base but
+// those keep names (nil: none) and returns how many it removed. A backend
+// calls it when no sandbox of this process runs, so each group was left by
+// a daemon that died and whatever still runs in it is a stray. Failures
+// are logged to log.
+func SweepCgroups(m *cgroup.Manager, log hclog.Logger, keep func(name string) bool) int {
 	if m == nil {
 		return 0
 	}
@@ -135,6 +137,9 @@ func SweepCgroups(m *cgroup.Manager, log hclog.Logger) int {
 	if err != nil {
 		log.Warn("cannot list sandbox cgroups left by a previous daemon", "error", err)
 		return 0
+	}
+	if keep != nil {
+		names = slices.DeleteFunc(names, keep)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), CgroupWait)
 	defer cancel()

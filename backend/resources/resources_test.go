@@ -64,7 +64,7 @@ func TestWithoutManager(t *testing.T) {
 	if err := RemoveCgroup(nil, "x", "x"); err != nil {
 		t.Errorf("RemoveCgroup without a manager = %v", err)
 	}
-	if n := SweepCgroups(nil, nil); n != 0 {
+	if n := SweepCgroups(nil, nil, nil); n != 0 {
 		t.Errorf("SweepCgroups without a manager = %d", n)
 	}
 }

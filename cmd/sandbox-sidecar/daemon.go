@@ -90,7 +90,7 @@ func openDaemon(cfg Config, log hclog.Logger, mode daemonMode) (_ *daemonParts, 
 		SkipAdopt: mode.offline,
 		// The daemon serves while the last of recovery's destroys finish
 		// (docs/design.md); gc waits for them all.
-		RecoverDestroysFor: recoverDestroysFor(mode),
+		RecoverWithin: recoverWithinFor(mode),
 	})
 	if err != nil {
 		return nil, err
@@ -123,18 +123,18 @@ func (d *daemonParts) close(log hclog.Logger) {
 	d.undo = nil
 }
 
-// recoverDestroysWithin is how long after recovery began the daemon waits
+// recoverWithin is how long after recovery began the daemon waits
 // for recovery's destroys before it serves; the rest finish in the
 // background. Short enough that a journal of 10,000 records serves within
 // two seconds, long enough that a restart with a few victims finishes them
 // all first, as before.
-const recoverDestroysWithin = 500 * time.Millisecond
+const recoverWithin = 500 * time.Millisecond
 
-// recoverDestroysFor is lifecycle.Config.RecoverDestroysFor for mode: gc
-// waits for every destroy, serve for recoverDestroysWithin.
-func recoverDestroysFor(mode daemonMode) time.Duration {
+// recoverWithinFor is lifecycle.Config.RecoverWithin for mode: gc
+// waits for every destroy, serve for recoverWithin.
+func recoverWithinFor(mode daemonMode) time.Duration {
 	if mode.offline {
 		return 0
 	}
-	return recoverDestroysWithin
+	return recoverWithin
 }
