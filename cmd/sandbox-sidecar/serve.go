@@ -292,7 +292,7 @@ func serve(cfg Config, stderr io.Writer) error {
 		log.Error("recovery was incomplete; the reaper retries failed destroys", "error", err)
 	}
 	log.Info("recovery done", "adopted", rep.Adopted, "adopt_failed", rep.AdoptFailed, "destroyed", rep.Destroyed, "swept", rep.Swept, "failed", rep.Failed,
-		"destroys_in_background", rep.Pending, "duration", rep.Duration)
+		"in_background", rep.Pending, "duration", rep.Duration)
 
 	auditLog, closeAudit, err := auditLogger(cfg.Server, log, stderr)
 	if err != nil {

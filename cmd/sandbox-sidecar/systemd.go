@@ -111,7 +111,7 @@ func notifyStopping(log hclog.Logger) { notify(log, daemon.SdNotifyStopping) }
 // daemon's own socket (accept loop, request handling) is answered in time.
 // It returns a function that stops it all.
 func startSystemd(log hclog.Logger, socket string, mgr *lifecycle.Manager, srv *ipc.Server, rep lifecycle.RecoveryReport) func() {
-	notify(log, daemon.SdNotifyReady+"\nSTATUS="+fmt.Sprintf("serving; recovery adopted %d, destroyed %d, swept %d, failed %d, destroying %d in the background",
+	notify(log, daemon.SdNotifyReady+"\nSTATUS="+fmt.Sprintf("serving; recovery adopted %d, destroyed %d, swept %d, failed %d, %d adopts and destroys still running",
 		rep.Adopted, rep.Destroyed, rep.Swept, rep.Failed, rep.Pending)+fmt.Sprintf("\nMAINPID=%d", os.Getpid()))
 	watchdog, err := daemon.SdWatchdogEnabled(false)
 	if err != nil {
