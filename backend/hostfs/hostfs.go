@@ -7,16 +7,12 @@
 package hostfs
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
-	"math"
 	"math/rand/v2"
 	"os"
 	"path"
-	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -35,11 +31,9 @@ const TempPrefix = ".sidecar-write-"
 // a UID of -1 leaves them the daemon's.
 type Owner struct{ UID, GID int }
 
-// Read returns the regular file rel of root (p, the path the client gave,
-// names it in errors). It checks the size of the opened file before reading
-// and never reads more than maxBytes+1 bytes, so a file growing meanwhile
-// still returns *backend.FileTooLargeError. FIFOs, sockets and devices are
-// refused without being opened for blocking I/O.
+// Read returns the file rel of root (p, the path the client gave, names
+// it in errors), as ReadOpened reads it. FIFOs and sockets are refused
+// without being opened for blocking I/O.
 func Read(root *os.Root, rel, p string, maxBytes int64) ([]byte, error) {
 	// O_NONBLOCK: opening a FIFO the guest planted must not wait for a writer.
 	f, err := root.OpenFile(rel, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
@@ -47,35 +41,7 @@ func Read(root *os.Root, rel, p string, maxBytes int64) ([]byte, error) {
 		return nil, Error(p, err)
 	}
 	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, Error(p, err)
-	}
-	switch {
-	case fi.IsDir():
-		return nil, Error(p, syscall.EISDIR)
-	case !fi.Mode().IsRegular():
-		return nil, fmt.Errorf("%w: %s is a %s, not a regular file; only regular files can be read this way, use run_command for others", backend.ErrBadPath, backend.ShortName(p), fileKind(fi.Mode()))
-	case fi.Size() > maxBytes:
-		return nil, &backend.FileTooLargeError{Path: p, Size: fi.Size(), MaxBytes: maxBytes}
-	}
-	limit := maxBytes
-	if limit < math.MaxInt64 {
-		limit++
-	}
-	var buf bytes.Buffer
-	buf.Grow(int(min(fi.Size(), maxBytes) + 1))
-	if _, err := buf.ReadFrom(io.LimitReader(f, limit)); err != nil {
-		return nil, Error(p, err)
-	}
-	if int64(buf.Len()) > maxBytes {
-		size := int64(buf.Len())
-		if now, err := f.Stat(); err == nil {
-			size = max(size, now.Size())
-		}
-		return nil, &backend.FileTooLargeError{Path: p, Size: size, MaxBytes: maxBytes}
-	}
-	return buf.Bytes(), nil
+	return ReadOpened(f, p, maxBytes)
 }
 
 // Write writes data to rel of root, creating missing parent directories
@@ -155,35 +121,14 @@ func makeParents(root *os.Root, dir string, owner Owner) error {
 	return nil
 }
 
-// List lists the directory rel of root, sorted by name. IsDir comes from
-// the entry's own type, so a symlink to a directory is reported as not a
-// directory (following it could leave the sandbox). More than maxEntries
-// entries returns ErrTooManyEntries without reading the rest.
+// List lists the directory rel of root, as ListOpened does.
 func List(root *os.Root, rel, p string, maxEntries int) ([]backend.DirEntry, error) {
 	d, err := root.OpenFile(rel, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
 	if err != nil {
 		return nil, Error(p, err)
 	}
 	defer d.Close()
-
-	var out []backend.DirEntry
-	for {
-		batch, err := d.ReadDir(listBatch)
-		for _, e := range batch {
-			out = append(out, backend.DirEntry{Name: e.Name(), IsDir: e.Type().IsDir()})
-		}
-		if len(out) > maxEntries {
-			return nil, fmt.Errorf("%w: %s has more than %d entries; list a subdirectory, or use run_command with find or ls | head", backend.ErrTooManyEntries, backend.ShortName(p), maxEntries)
-		}
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return nil, Error(p, err)
-		}
-	}
-	slices.SortFunc(out, func(a, b backend.DirEntry) int { return strings.Compare(a.Name, b.Name) })
-	return out, nil
+	return ListOpened(d, p, maxEntries)
 }
 
 // Error maps an error from a file operation on guest path p to the

@@ -2,7 +2,6 @@ package hostfs
 
 import (
 	"fmt"
-	"io"
 	"os"
 	"syscall"
 
@@ -36,10 +35,8 @@ func openRegular(root *os.Root, rel, p string, flag int, noFollow bool) (*os.Fil
 		err = Error(p, err)
 	case link != nil && !os.SameFile(link, fi):
 		err = fmt.Errorf("%w: %s changed while it was opened (the guest replaced it); retry", backend.ErrBadPath, backend.ShortName(p))
-	case fi.IsDir():
-		err = Error(p, syscall.EISDIR)
-	case !fi.Mode().IsRegular():
-		err = fmt.Errorf("%w: %s is a %s, not a regular file; only regular files can be read this way, use run_command for others", backend.ErrBadPath, backend.ShortName(p), fileKind(fi.Mode()))
+	default:
+		err = checkRegular(p, fi)
 	}
 	if err != nil {
 		f.Close()
@@ -59,15 +56,7 @@ func ReadRange(root *os.Root, rel, p string, offset, length int64) ([]byte, int6
 		return nil, 0, err
 	}
 	defer f.Close()
-	size := fi.Size()
-	buf := make([]byte, max(0, min(length, size-offset)))
-	got, err := f.ReadAt(buf, offset)
-	if err != nil && err != io.EOF {
-		return nil, 0, Error(p, err)
-	}
-	// A file cut short meanwhile gives what is still there; the caller
-	// sees fewer bytes than the size it was told and can tell.
-	return buf[:got], size, nil
+	return readRange(f, p, fi.Size(), offset, length)
 }
 
 // WriteAt writes data into the existing regular file rel of root at
