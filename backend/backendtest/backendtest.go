@@ -40,6 +40,15 @@ type Options struct {
 	// /tmp. A fake that runs commands on the host sets it false, which skips
 	// those checks; isolation of the workdirs is checked either way.
 	RealIsolation bool
+	// GuestView says reads and listings (ReadFile, ReadFileRange,
+	// ListDirectory) take any path of the sandbox's own view, resolved
+	// inside the sandbox as its guest resolves it (bwrap, gVisor): the
+	// sandbox's /etc, /usr and /proc/self, symlinks followed there, a host
+	// file the sandbox does not see not found. Without it they are confined
+	// to the workdir and /tmp like writes (bad_path elsewhere): the host
+	// fake, whose "view" is the host, and sbx, as docs/sbx.md says. Writes
+	// are confined either way.
+	GuestView bool
 	// AcceptBlockNetwork, AcceptOpenNetwork and AcceptEgressHosts say
 	// whether Create, as the backend under test is configured, accepts
 	// block_network=true, block_network=false and allow_egress_to. An
@@ -118,6 +127,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend, opts Optio
 		{"SpecRefusals", testSpecs},
 		{"InvalidRequests", testInvalidRequests},
 		{"BadPaths", testBadPaths},
+		{"FilesAsTheGuestSeesThem", testGuestView},
 		{"FileErrors", testFileErrors},
 		{"FileTooLarge", testFileTooLarge},
 		{"RangedFiles", testRangedFiles},
@@ -455,6 +465,16 @@ func testHostIsolation(s *suite) {
 	if res := s.run(sb, "cat "+quote(hostFile)); bytes.Contains(res.Stdout, []byte("host secret")) {
 		s.Errorf("the sandbox read the host file %s", hostFile)
 	}
+	if s.opts.GuestView {
+		// The file operations see what the sandbox sees: not the host's.
+		_, err := s.b.ReadFile(s.ctx(), sb.id, hostFile, 100)
+		wantErr(s, "ReadFile(a host file)", err, backend.ErrPathNotFound)
+		_, err = s.b.ListDirectory(s.ctx(), sb.id, dir, 100)
+		wantErr(s, "ListDirectory(a host directory)", err, backend.ErrPathNotFound)
+		if got, err := s.b.ReadFile(s.ctx(), sb.id, "/etc/shadow", 1<<20); err == nil || bytes.Contains(got, []byte("root:")) {
+			s.Errorf("ReadFile(/etc/shadow) = %d bytes, %v; the guest cannot read a shadow file", len(got), err)
+		}
+	}
 	if res := s.run(sb, "touch "+quote(filepath.Join(dir, "planted"))); res.ExitCode == 0 {
 		if _, err := os.Stat(filepath.Join(dir, "planted")); err == nil {
 			s.Errorf("the sandbox created a file in the host directory %s", dir)
@@ -784,27 +804,49 @@ func testBadPaths(s *suite) {
 		"ln -s ../../../../../../../../../../etc up-link && ln -s real.txt inner-link && ln -s realdir inner-dir-link && "+
 		"ln -s /etc/"+hostName+" dangling-out && mkdir -p sub && ln -s .. sub/parent")
 
-	escapes := []string{
-		"", "a\x00b", "../../../../../../../../../../etc/passwd", "/etc/passwd", "/",
-		"/tmp/../etc/passwd", "etc-link/passwd", "etc-link", "file-link", "up-link/passwd", "dangling-out",
+	escapes := []string{"", "a\x00b"}
+	outside := []string{"../../../../../../../../../../etc/passwd", "/etc/passwd", "/tmp/../etc/passwd", "etc-link/passwd", "up-link/passwd"}
+	if !s.opts.GuestView {
+		escapes = append(escapes, outside...)
+		escapes = append(escapes, "/", "etc-link", "file-link", "dangling-out")
 	}
 	// Just above the workdir is outside, unless the workdir lives under
 	// /tmp, which file operations may reach too.
 	parentOutside := !underTmp(path.Dir(sb.info.Workdir))
-	if parentOutside {
+	if parentOutside && !s.opts.GuestView {
 		escapes = append(escapes, "../x", sb.info.Workdir+"/../outside", "sub/../../x")
 	}
 	for _, p := range escapes {
 		_, err := s.b.ReadFile(ctx, sb.id, p, 1<<20)
 		wantErr(s, fmt.Sprintf("ReadFile(%q)", p), err, backend.ErrBadPath)
 	}
-	lists := []string{"", "/etc", "etc-link", "up-link", "etc-link/ssl"}
-	if parentOutside {
-		lists = append(lists, "../x", "..")
+	lists := []string{""}
+	if !s.opts.GuestView {
+		lists = append(lists, "/etc", "etc-link", "up-link", "etc-link/ssl")
+		if parentOutside {
+			lists = append(lists, "../x", "..")
+		}
 	}
 	for _, p := range lists {
 		_, err := s.b.ListDirectory(ctx, sb.id, p, 100)
 		wantErr(s, fmt.Sprintf("ListDirectory(%q)", p), err, backend.ErrBadPath)
+	}
+	if s.opts.GuestView {
+		// Every way out leads to the sandbox's own /etc/passwd, what cat
+		// shows the guest; a link to what the sandbox lacks is not found.
+		want := s.runOK(sb, "cat /etc/passwd")
+		for _, p := range outside {
+			if got, err := s.b.ReadFile(ctx, sb.id, p, 1<<20); err != nil || string(got) != want {
+				s.Errorf("ReadFile(%q) = %d bytes, %v; want the guest's /etc/passwd (%d bytes)", p, len(got), err, len(want))
+			}
+		}
+		_, err := s.b.ReadFile(ctx, sb.id, "dangling-out", 1<<20)
+		wantErr(s, "ReadFile(dangling-out)", err, backend.ErrPathNotFound)
+		for _, p := range []string{"/etc", "etc-link", "up-link"} {
+			if got, err := s.b.ListDirectory(ctx, sb.id, p, 10000); err != nil || !slices.Contains(got, backend.DirEntry{Name: "passwd"}) {
+				s.Errorf("ListDirectory(%q) = %d entries, %v; want the guest's /etc", p, len(got), err)
+			}
+		}
 	}
 	writes := []string{"", "/etc/" + hostName, "etc-link/" + hostName, "up-link/" + hostName, "etc-link/new-dir/" + hostName}
 	if parentOutside {
@@ -988,8 +1030,17 @@ func testRangedFiles(s *suite) {
 	wantErr(s, "WriteFileAt(fifo)", err, backend.ErrBadPath)
 	_, err = rb.WriteFileAt(ctx, sb.id, "link", []byte("x"), -1)
 	wantErr(s, "WriteFileAt(a symlink)", err, backend.ErrBadPath)
-	_, _, err = rb.ReadFileRange(ctx, sb.id, "/etc/passwd", 0, 10)
-	wantErr(s, "ReadFileRange(/etc/passwd)", err, backend.ErrBadPath)
+	if s.opts.GuestView {
+		want := s.runOK(sb, "cat /etc/passwd")
+		if data, size, err := rb.ReadFileRange(ctx, sb.id, "/etc/passwd", 1, 10); err != nil || size != int64(len(want)) || string(data) != want[1:11] {
+			s.Errorf("ReadFileRange(/etc/passwd, 1, 10) = %q, size %d, %v; want the guest's (%d bytes)", data, size, err, len(want))
+		}
+		_, _, err = rb.ReadFileRange(ctx, sb.id, "/dev/zero", 0, 10)
+		wantErr(s, "ReadFileRange(/dev/zero)", err, backend.ErrBadPath)
+	} else {
+		_, _, err = rb.ReadFileRange(ctx, sb.id, "/etc/passwd", 0, 10)
+		wantErr(s, "ReadFileRange(/etc/passwd)", err, backend.ErrBadPath)
+	}
 	_, _, err = rb.ReadFileRange(ctx, sb.id, "up/big.bin", -1, 10)
 	wantErr(s, "ReadFileRange(negative offset)", err, backend.ErrInvalidArgument)
 }
@@ -1202,4 +1253,107 @@ func testCancelledExec(s *suite) {
 	if got := s.runOK(sb, "cat kept.txt"); got != "kept" {
 		s.Errorf("after cancelled commands, kept.txt is %q", got)
 	}
+}
+
+// testGuestView: with Options.GuestView, reads and listings of any path
+// give what a guest process gets there: the same bytes as cat, the same
+// names as ls, /proc/self of a process with the guest's identity (never
+// init's), devices bounded, what the guest may not read refused; writes
+// stay confined. Without it, such paths are bad_path (testBadPaths).
+func testGuestView(s *suite) {
+	if !s.opts.GuestView {
+		s.Skip("the backend confines reads to the workdir and /tmp (testBadPaths checks that)")
+	}
+	sb := s.create(backend.Spec{})
+	ctx := s.ctx()
+
+	ls := strings.Fields(s.runOK(sb, "ls -A /"))
+	entries, err := s.b.ListDirectory(ctx, sb.id, "/", 10000)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name)
+	}
+	if err != nil || !slices.Equal(names, ls) {
+		s.Errorf("ListDirectory(/) = %v, %v; the guest's ls -A / says %v", names, err, ls)
+	}
+
+	// /proc/self is a process like the guest's: its identity, its
+	// confinement, and not pid 1 (init).
+	status, err := s.b.ReadFile(ctx, sb.id, "/proc/self/status", 1<<20)
+	if err != nil {
+		s.Fatalf("ReadFile(/proc/self/status): %v", err)
+	}
+	mine := statusFields(string(status))
+	for k, v := range statusFields(s.runOK(sb, "cat /proc/self/status")) {
+		switch k {
+		case "Uid", "Gid", "Groups", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp":
+			if mine[k] != v {
+				s.Errorf("/proc/self/status read as a file says %s %q; a guest command's says %q", k, mine[k], v)
+			}
+		}
+	}
+	if mine["Pid"] == "1" || mine["Pid"] == "" {
+		s.Errorf("/proc/self read as a file is pid %q: the sandbox's init, not a process of the guest's", mine["Pid"])
+	}
+
+	// Devices are read bounded: an endless one is too large, never a hang.
+	var tooLarge *backend.FileTooLargeError
+	if _, err := s.b.ReadFile(ctx, sb.id, "/dev/zero", 1000); !errors.As(err, &tooLarge) || tooLarge.MaxBytes != 1000 || tooLarge.Size <= 1000 {
+		s.Errorf("ReadFile(/dev/zero, 1000) = %v; want *FileTooLargeError past 1000 bytes", err)
+	}
+	if got, err := s.b.ReadFile(ctx, sb.id, "/dev/null", 10); err != nil || len(got) != 0 {
+		s.Errorf("ReadFile(/dev/null) = %q, %v", got, err)
+	}
+
+	// Symlinks resolve in the sandbox; the guest's permissions hold.
+	s.runOK(sb, "ln -s /etc/passwd pw && mkdir -p locked && echo hidden > locked/f && chmod 000 locked/f")
+	if got, err := s.b.ReadFile(ctx, sb.id, "pw", 1<<20); err != nil || string(got) != s.runOK(sb, "cat /etc/passwd") {
+		s.Errorf("ReadFile(pw -> /etc/passwd) = %q, %v", got, err)
+	}
+	if s.run(sb, "cat locked/f").ExitCode != 0 {
+		_, err := s.b.ReadFile(ctx, sb.id, "locked/f", 100)
+		wantErr(s, "ReadFile of a file the guest may not read", err, backend.ErrBadPath)
+	}
+
+	// Reads are served while a command runs.
+	done := make(chan backend.ExecResult, 1)
+	go func() {
+		res, _ := s.b.Exec(ctx, sb.id, backend.ExecRequest{Command: "touch running; sleep 3", Timeout: time.Minute})
+		done <- res
+	}()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := s.b.ReadFile(ctx, sb.id, "running", 10); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			s.Fatalf("the command never started")
+		}
+	}
+	if _, err := s.b.ReadFile(ctx, sb.id, "/etc/passwd", 1<<20); err != nil {
+		s.Errorf("ReadFile while a command runs: %v", err)
+	}
+	if res := <-done; res.ExitCode != 0 {
+		s.Errorf("the command beside the reads: %+v", res)
+	}
+	if _, err := s.b.ReadFile(ctx, sb.id, "/etc/passwd", 1<<20); err != nil {
+		s.Errorf("ReadFile after a command ended: %v", err)
+	}
+
+	// Writes stay in the workdir and /tmp.
+	for _, p := range []string{"/etc/" + unique("probe"), "/usr/" + unique("probe")} {
+		err := s.b.WriteFile(ctx, sb.id, p, []byte("x"), 0)
+		wantErr(s, fmt.Sprintf("WriteFile(%q)", p), err, backend.ErrBadPath)
+	}
+}
+
+// statusFields parses /proc/PID/status into field → value (whitespace
+// squeezed).
+func statusFields(s string) map[string]string {
+	out := map[string]string{}
+	for _, line := range strings.Split(s, "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok {
+			out[k] = strings.Join(strings.Fields(v), " ")
+		}
+	}
+	return out
 }

@@ -46,6 +46,7 @@ func TestBwrapConformance(t *testing.T) {
 			}, backendtest.Options{
 				Workdir:            guestWorkspace,
 				RealIsolation:      true,
+				GuestView:          true,
 				AcceptBlockNetwork: true,
 				KillGrace:          conformanceKillGrace,
 				// Each command runs alone in the sandbox's PID namespace

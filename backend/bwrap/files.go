@@ -45,23 +45,27 @@ func (b *Backend) fileOp(ctx context.Context, id string) (*sandbox, func(), erro
 	return sb, done, nil
 }
 
-// ReadFile returns the regular file at p. It checks the size of the opened
-// file before reading and never reads more than maxBytes+1 bytes, so a file
-// growing meanwhile still returns *backend.FileTooLargeError. FIFOs, sockets
-// and devices are refused without being opened for blocking I/O.
+// ReadFile returns the file at p as the sandbox sees it: any path of its
+// own view (relative ones start at /workspace), opened inside the sandbox
+// as its guest (opener.go) and read by the daemon through the descriptor,
+// bounded as hostfs.ReadOpened reads: a regular file's size is checked
+// before reading and never more than maxBytes+1 bytes are read, so a file
+// growing meanwhile, a /proc file or an endless device (/dev/zero) returns
+// *backend.FileTooLargeError. FIFOs, sockets and block devices are refused.
 func (b *Backend) ReadFile(ctx context.Context, id, p string, maxBytes int64) ([]byte, error) {
 	if maxBytes < 0 {
 		return nil, fmt.Errorf("%w: maxBytes %d is negative", backend.ErrInvalidArgument, maxBytes)
 	}
 	var data []byte
-	err := b.inArea(ctx, id, p, func(sb *sandbox, root *os.Root, rel string) (err error) {
-		data, err = hostfs.Read(root, rel, p, maxBytes)
+	err := b.inGuest(ctx, id, p, openRead, func(f *os.File) (err error) {
+		data, err = hostfs.ReadOpened(f, p, maxBytes)
 		return err
 	})
 	return data, err
 }
 
-// WriteFile writes data to p, creating missing parent directories (0755).
+// WriteFile writes data to p, which must lie in /workspace or /tmp (the
+// sandbox's own storage, under its disk cap), creating missing parent directories (0755).
 // The data goes to a temporary file in the same directory that is then
 // renamed over p, so a symlink at p is replaced, never written through, and a
 // reader never sees half a file. mode 0 means 0644; only permission bits are
@@ -73,17 +77,18 @@ func (b *Backend) WriteFile(ctx context.Context, id, p string, data []byte, mode
 	})
 }
 
-// ListDirectory lists the directory at p, sorted by name. IsDir comes from
-// the entry's own type, so a symlink to a directory is reported as not a
-// directory (following it could leave the sandbox). More than maxEntries
-// entries returns ErrTooManyEntries without reading the rest.
+// ListDirectory lists the directory at p as the sandbox sees it (opened
+// there as ReadFile opens a file), sorted by name. IsDir comes from the
+// entry's own type, so a symlink to a directory is reported as not a
+// directory. More than maxEntries entries returns ErrTooManyEntries without
+// reading the rest.
 func (b *Backend) ListDirectory(ctx context.Context, id, p string, maxEntries int) ([]backend.DirEntry, error) {
 	if maxEntries <= 0 {
 		return nil, fmt.Errorf("%w: maxEntries must be positive, got %d", backend.ErrInvalidArgument, maxEntries)
 	}
 	var entries []backend.DirEntry
-	err := b.inArea(ctx, id, p, func(sb *sandbox, root *os.Root, rel string) (err error) {
-		entries, err = hostfs.List(root, rel, p, maxEntries)
+	err := b.inGuest(ctx, id, p, openList, func(f *os.File) (err error) {
+		entries, err = hostfs.ListOpened(f, p, maxEntries)
 		return err
 	})
 	return entries, err

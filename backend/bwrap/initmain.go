@@ -30,7 +30,11 @@ func IsInit() bool { return initproc.Is(initEnv) }
 // calls it first thing, before flags or logging, and so does every test
 // binary that creates sandboxes (in TestMain): the init of a sandbox is the
 // daemon's own executable, run again inside the sandbox.
-func InitMain() { initproc.Main(initEnv, runInit) }
+// The sandbox's opener (opener.go) is the same binary again, run by init.
+func InitMain() {
+	initproc.Main(openerEnv, runOpener)
+	initproc.Main(initEnv, runInit)
+}
 
 // What a hostile guest can do to init, and why it does not help it:
 //
@@ -63,6 +67,8 @@ type initState struct {
 	ctrl     int
 	cmd      *initCommand
 	children bool // some child may still be unreaped
+	opener   openerChild
+	ctrlHup  bool // the control socket hung up while a command ran
 }
 
 // initCommand is the command init is running.
@@ -98,7 +104,7 @@ func runInit() int {
 	if err := unix.Chdir("/"); err != nil {
 		return initFail("chdir /: %v", err)
 	}
-	st := &initState{ctrl: initControlFD}
+	st := &initState{ctrl: initControlFD, opener: openerChild{pid: -1, sock: -1}}
 	if err := unix.Sendmsg(st.ctrl, initMsg{kind: msgReady}.encode(), nil, nil, unix.MSG_NOSIGNAL); err != nil {
 		return initFail("cannot tell the daemon it is ready: %v", err)
 	}
@@ -160,6 +166,9 @@ func closeInheritedFDs() error {
 // idle waits for the next command. It reports true when the daemon has
 // gone (its end of the control socket closed), so init should exit.
 func (st *initState) idle() bool {
+	if st.ctrlHup {
+		return true
+	}
 	timeout := -1
 	if st.children {
 		timeout = initReapInterval
@@ -191,6 +200,10 @@ func (st *initState) busy() {
 	if !c.killed {
 		fds = append(fds, unix.PollFd{Fd: int32(c.status), Events: unix.POLLIN})
 	}
+	if !st.ctrlHup {
+		// File operations' open requests come while a command runs too.
+		fds = append(fds, unix.PollFd{Fd: int32(st.ctrl), Events: unix.POLLIN})
+	}
 	timeout := initReapInterval
 	if c.pidfd < 0 {
 		timeout = 20
@@ -199,6 +212,13 @@ func (st *initState) busy() {
 		fmt.Fprintf(os.Stderr, "sandbox init: poll: %v\n", err)
 	}
 	for _, p := range fds {
+		if int(p.Fd) == st.ctrl && p.Revents != 0 {
+			// The daemon gone mid-command (a hang-up) is left to idle,
+			// which exits once the command is over.
+			if p.Revents&unix.POLLIN == 0 || st.receive() {
+				st.ctrlHup = true
+			}
+		}
 		if int(p.Fd) == c.status && p.Revents != 0 {
 			// The daemon shut down its side: the command's budget is spent
 			// or its request is gone. Whatever arrived, the answer is the
@@ -229,6 +249,9 @@ func (st *initState) reap() {
 			st.children = true
 			return
 		}
+		if pid == st.opener.pid {
+			st.dropOpener()
+		}
 		if st.cmd != nil && pid == st.cmd.pid {
 			st.finish(ws)
 		}
@@ -244,6 +267,7 @@ func (st *initState) finish(ws unix.WaitStatus) {
 	// namespace before it started.
 	killAllButInit()
 	st.children = true
+	st.dropOpener() // killed too: the next open starts another
 	m := initMsg{kind: msgExited}
 	switch {
 	case ws.Exited():
@@ -294,12 +318,18 @@ func (st *initState) receive() bool {
 	m, err := decodeInitMsg(buf[:n])
 	switch {
 	case err != nil:
+	case m.kind == msgOpen && len(fds) == 1 && flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) == 0:
+		taken[0] = true
+		st.forwardOpen(fds[0])
+		return false
 	case m.kind != msgRun:
 		err = fmt.Errorf("%w: kind %d on the control socket", errBadMessage, m.kind)
 	case flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0:
 		err = fmt.Errorf("%w: truncated", errBadMessage)
 	case len(fds) != initRunFDs:
 		err = fmt.Errorf("%w: %d descriptors, want %d", errBadMessage, len(fds), initRunFDs)
+	case st.cmd != nil:
+		err = fmt.Errorf("%w: a command while another runs", errBadMessage)
 	}
 	if err != nil {
 		// Dropping the descriptors closes the status socket, which the

@@ -67,6 +67,7 @@ type initProc struct {
 	ctrl   *os.File // non-blocking, in the runtime's poller
 	stderr *os.File
 	busy   bool // guarded by the sandbox's initMu
+	sendMu sync.Mutex
 
 	waitOnce sync.Once
 	reaping  atomic.Bool   // the reaping goroutine runs: bwrap's pid may be gone
@@ -262,6 +263,15 @@ func (ip *initProc) waitDead(limit time.Duration) bool {
 // send hands init one run message and its descriptors, waiting until
 // deadline at most for room on the socket.
 func (ip *initProc) send(fds []int, deadline time.Time) error {
+	return ip.sendKind(msgRun, fds, deadline)
+}
+
+// sendKind sends init one message of kind with fds. A command's run and
+// file operations' opens share the socket, so one send at a time sets the
+// write deadline.
+func (ip *initProc) sendKind(kind uint32, fds []int, deadline time.Time) error {
+	ip.sendMu.Lock()
+	defer ip.sendMu.Unlock()
 	if err := ip.ctrl.SetWriteDeadline(deadline); err != nil {
 		return err
 	}
@@ -271,7 +281,7 @@ func (ip *initProc) send(fds []int, deadline time.Time) error {
 	}
 	var sendErr error
 	err = rc.Write(func(fd uintptr) bool {
-		sendErr = unix.Sendmsg(int(fd), initMsg{kind: msgRun}.encode(), unix.UnixRights(fds...), nil, unix.MSG_NOSIGNAL)
+		sendErr = unix.Sendmsg(int(fd), initMsg{kind: kind}.encode(), unix.UnixRights(fds...), nil, unix.MSG_NOSIGNAL)
 		return !errors.Is(sendErr, unix.EAGAIN)
 	})
 	if err != nil {

@@ -1,6 +1,7 @@
 package bwrap
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -28,6 +29,14 @@ import (
 //	                         exited (values: how and with what status it ended), or
 //	                         failed (value: errno; the reason was written to its stderr)
 //	daemon → init, status:   shutdown(SHUT_WR): kill the command now
+//	daemon → init, control:  open + SCM_RIGHTS [reply socket]   (any time, also while a command runs)
+//	daemon → opener, reply:  open request (what, path), queued before the socket is handed over
+//	opener → daemon, reply:  opened (value: errno) + SCM_RIGHTS [the descriptor] when errno is 0
+//
+// An open request is for a file operation on a path as the guest sees it
+// (opener.go): init hands the reply socket to its opener, a process of the
+// guest's identity, which opens the path inside the sandbox and sends the
+// descriptor back on the reply socket; the daemon only reads it.
 //
 // The status socket is a fresh pair per command, so the daemon reads each
 // command's outcome on its own socket and needs no multiplexing; when init
@@ -51,6 +60,8 @@ const (
 	msgStarted = 3
 	msgExited  = 4
 	msgFailed  = 5
+	msgOpen    = 6
+	msgOpened  = 7
 )
 
 // How a command ended (the si_code of waitid).
@@ -91,7 +102,7 @@ func decodeInitMsg(buf []byte) (initMsg, error) {
 		a:    binary.LittleEndian.Uint32(buf[12:]),
 		b:    binary.LittleEndian.Uint32(buf[16:]),
 	}
-	if m.kind < msgReady || m.kind > msgFailed {
+	if m.kind < msgReady || m.kind > msgOpened {
 		return initMsg{}, fmt.Errorf("%w: unknown kind %d", errBadMessage, m.kind)
 	}
 	return m, nil
@@ -108,6 +119,49 @@ func (m initMsg) exitCode() (int, error) {
 		return 128 + int(m.b), nil
 	}
 	return 0, fmt.Errorf("%w: not a valid exit (kind %d, %d/%d)", errBadMessage, m.kind, m.a, m.b)
+}
+
+// What an open request opens a path for.
+const (
+	openRead = 1 // reading: O_RDONLY
+	openList = 2 // listing: O_RDONLY|O_DIRECTORY
+)
+
+// openRequest is one path to open inside the sandbox, as the guest.
+type openRequest struct {
+	what uint32 // openRead or openList
+	path string // absolute, as the guest sees it; resolved by the guest's kernel
+}
+
+// encode gives the request's one datagram: a header (kind msgOpen, the
+// what, the path's length), then the path.
+func (r openRequest) encode() []byte {
+	return append(initMsg{kind: msgOpen, a: r.what, b: uint32(len(r.path))}.encode(), r.path...)
+}
+
+// decodeOpenRequest checks that buf is one open request: our header, a
+// known what, a length that is the rest of the datagram, an absolute path
+// without NUL within backend.MaxGuestPathLen.
+func decodeOpenRequest(buf []byte) (openRequest, error) {
+	if len(buf) < initMsgSize {
+		return openRequest{}, fmt.Errorf("%w: open request of %d bytes", errBadMessage, len(buf))
+	}
+	m, err := decodeInitMsg(buf[:initMsgSize])
+	if err != nil {
+		return openRequest{}, err
+	}
+	p := buf[initMsgSize:]
+	switch {
+	case m.kind != msgOpen:
+		return openRequest{}, fmt.Errorf("%w: kind %d, not an open request", errBadMessage, m.kind)
+	case m.a != openRead && m.a != openList:
+		return openRequest{}, fmt.Errorf("%w: open for %d", errBadMessage, m.a)
+	case int64(m.b) != int64(len(p)) || len(p) == 0 || len(p) > backend.MaxGuestPathLen:
+		return openRequest{}, fmt.Errorf("%w: a path of %d bytes said %d", errBadMessage, len(p), m.b)
+	case p[0] != '/' || bytes.IndexByte(p, 0) >= 0:
+		return openRequest{}, fmt.Errorf("%w: the path is not absolute or holds a NUL", errBadMessage)
+	}
+	return openRequest{what: m.a, path: string(p)}, nil
 }
 
 // runRequest is what init needs to start one command.

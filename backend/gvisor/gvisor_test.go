@@ -125,6 +125,7 @@ func TestGVisorConformance(t *testing.T) {
 	}, backendtest.Options{
 		Workdir:            guestWorkspace,
 		RealIsolation:      true,
+		GuestView:          true,
 		AcceptBlockNetwork: true,
 		KillGrace:          500 * time.Millisecond,
 		// Init ends every process of the sandbox when a command ends.
@@ -403,7 +404,7 @@ func TestGVisorConformanceWithLimits(t *testing.T) {
 		cgm := testCgroups(t)
 		return newTestBackend(t, func(c *Config) { c.Cgroups, c.Limits = cgm, limits.Defaults() })
 	}, backendtest.Options{
-		Workdir: guestWorkspace, RealIsolation: true, AcceptBlockNetwork: true,
+		Workdir: guestWorkspace, RealIsolation: true, GuestView: true, AcceptBlockNetwork: true,
 		KillGrace: 500 * time.Millisecond, KillsEscapeesAtTimeout: true,
 	})
 }

@@ -29,11 +29,12 @@ type Area struct {
 }
 
 // ResolveGuestPath maps a path as the guest sees it onto the sandbox's
-// /workspace or /tmp. Relative paths start at /workspace. Anything else is
+// /workspace or /tmp, the only places a write may go (a backend that opens
+// reads inside the sandbox, as its guest, takes any path for those). Relative paths start at /workspace. Anything else is
 // refused; so are NUL bytes and the empty path. Symlinks are not resolved
 // here: os.Root does that, confined to the area.
 func ResolveGuestPath(p string) (Area, error) {
-	const confined = "file operations are confined to /workspace and /tmp (relative paths start at /workspace); use run_command to read other paths"
+	const confined = "writes (and reads, on a backend without a view of its own) are confined to /workspace and /tmp (relative paths start at /workspace); use run_command for other paths"
 	switch {
 	case p == "":
 		return Area{}, fmt.Errorf("%w: the path is empty; %s", backend.ErrBadPath, confined)

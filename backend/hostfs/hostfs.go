@@ -137,7 +137,7 @@ func Error(p string, err error) error {
 	name := backend.ShortName(p)
 	switch {
 	case isEscape(err):
-		return fmt.Errorf("%w: %s leads outside the sandbox's files through a symlink or '..'; file operations are confined to its workspace and /tmp and follow only symlinks that stay inside (relative ones); use run_command to read other paths", backend.ErrBadPath, name)
+		return fmt.Errorf("%w: %s leads outside /workspace and /tmp through a symlink or '..'; writes (and reads, on a backend without a view of its own) stay in them and follow only symlinks that stay inside (relative ones); use run_command for other paths", backend.ErrBadPath, name)
 	case errors.Is(err, syscall.ENAMETOOLONG):
 		return fmt.Errorf("%w: a component of %s is longer than the 255 bytes a file name may have; use a shorter name", backend.ErrBadPath, name)
 	case errors.Is(err, syscall.ELOOP):
