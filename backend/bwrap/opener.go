@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -29,13 +30,16 @@ import (
 // identity throughout, uid 1000 without capabilities, the guest's seccomp
 // filter, no_new_privs and rlimits, all inherited from init, and /proc/self
 // is its own, a process like the guest's, never init's (whose descriptors
-// include the control socket). It stays dumpable like every guest process,
-// so /proc/self is what a guest sees; the guest can signal it (then an open
-// is retried with a new one) but gains nothing by it: the opener holds no
-// descriptor of the host, and what it could be made to send the daemon is a
-// descriptor of the sandbox, which the daemon treats as hostile (it checks
-// the type, reads non-blocking and bounded, and never resolves a name
-// through it).
+// include the control socket). It makes itself non-dumpable first thing
+// and checks that nothing traced it before (TracerPid), so even a sandbox
+// allowed ptrace cannot take it over; the one difference this makes to
+// what it opens is that its own owner-only /proc/self files (environ, mem)
+// are closed to it, as they would be to any other process. The guest can
+// signal it (then the open is retried with a new one) and gains nothing by
+// it: the opener holds no descriptor of the host, and whatever descriptor
+// reached the daemon is one of the sandbox, which the daemon treats as
+// hostile (it checks the type, reads non-blocking and bounded, and never
+// resolves a name through it).
 //
 // It serves one request after another until it has been idle openerIdle,
 // or a command's end kills it with the rest of the guest's processes (init
@@ -58,6 +62,10 @@ const openerName = "sandbox-open"
 // reply sockets, each with one open request queued on it.
 func runOpener() int {
 	_ = os.WriteFile("/proc/self/comm", []byte(openerName), 0)
+	if err := beUntraceable(); err != nil {
+		fmt.Fprintf(os.Stderr, "sandbox opener: %v\n", err)
+		return 1
+	}
 	buf := make([]byte, 8)
 	oob := make([]byte, unix.CmsgSpace(4*4))
 	for {
@@ -197,3 +205,30 @@ func (st *initState) dropOpener() {
 
 // isOpener reports whether this process is a sandbox's opener.
 func isOpener() bool { return initproc.Is(openerEnv) }
+
+// beUntraceable makes the calling process non-dumpable (so no process of
+// the sandbox may ptrace it or read its memory and descriptors) and checks
+// that no tracer attached in the moment between its exec and that.
+func beUntraceable() error {
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return fmt.Errorf("cannot make itself non-dumpable: %v", err)
+	}
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return fmt.Errorf("cannot read its own status: %v", err)
+	}
+	if pid := tracerPID(string(status)); pid != "" && pid != "0" {
+		return fmt.Errorf("traced by pid %s; refusing to serve", pid)
+	}
+	return nil
+}
+
+// tracerPID is the TracerPid field of a /proc/PID/status, "" if absent.
+func tracerPID(status string) string {
+	for _, line := range strings.Split(status, "\n") {
+		if v, ok := strings.CutPrefix(line, "TracerPid:"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}

@@ -85,7 +85,20 @@ func readDevice(f *os.File, p string, maxBytes int64) ([]byte, error) {
 	var out []byte
 	var readErr error
 	cerr := rc.Control(func(fd uintptr) {
+		// The descriptor may have come from inside a sandbox, whose
+		// processes share its file description: make sure of O_NONBLOCK,
+		// and read only what poll says is there, so no read waits.
+		if err := unix.SetNonblock(int(fd), true); err != nil {
+			readErr = err
+			return
+		}
 		for int64(len(out)) <= maxBytes {
+			pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+			if n, err := unix.Poll(pfd, 0); errors.Is(err, unix.EINTR) {
+				continue
+			} else if err != nil || n == 0 || pfd[0].Revents&unix.POLLIN == 0 {
+				return
+			}
 			want := int(min(int64(deviceChunk), maxBytes+1-int64(len(out))))
 			out = slices.Grow(out, want)
 			n, err := unix.Read(int(fd), out[len(out):len(out)+want])
