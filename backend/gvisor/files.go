@@ -2,6 +2,7 @@ package gvisor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path"
@@ -11,11 +12,14 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/hostfs"
 )
 
-// File operations run on the host (backend/hostfs, confined with os.Root)
-// on the sandbox's work/ and tmp/ directories, which are bound into the
-// guest with gVisor's shared file access (--file-access-mounts=shared): the
-// guest sees a host write at once and the host a guest write, with no cache
-// in between. Files the daemon writes belong to the guest uid.
+// Writes run on the host (backend/hostfs, confined with os.Root) on the
+// sandbox's work/ and tmp/ directories, which are bound into the guest with
+// gVisor's shared file access (--file-access-mounts=shared): the guest sees
+// a host write at once and the host a guest write, with no cache in
+// between. Files the daemon writes belong to the guest uid. Reads and
+// listings take any path of the sandbox's own view and are served inside
+// it, as its guest (opener.go, guestfiles.go); only a terminated sandbox's
+// workspace and /tmp are read on the host.
 
 // openArea resolves p and opens its area of sb's files (hostfs.OpenArea).
 func openArea(sb *sandbox, p string) (*os.Root, string, error) {
@@ -38,18 +42,20 @@ func (b *Backend) fileOp(ctx context.Context, id string) (*sandbox, func(), erro
 	return sb, done, nil
 }
 
-// ReadFile returns the regular file at p (see hostfs.Read). A path the
-// host lacks but the guest has (a FIFO or socket made inside gVisor, which
-// exist only in its memory) is refused as such, like any FIFO.
+// ReadFile returns the file at p as the sandbox sees it, bounded as
+// hostfs.ReadOpened reads (an endless device is too large, never an
+// endless read; FIFOs and sockets are refused).
 func (b *Backend) ReadFile(ctx context.Context, id, p string, maxBytes int64) ([]byte, error) {
 	if maxBytes < 0 {
 		return nil, fmt.Errorf("%w: maxBytes %d is negative", backend.ErrInvalidArgument, maxBytes)
 	}
-	var data []byte
-	err := b.inArea(ctx, id, p, func(sb *sandbox, root *os.Root, rel string) (err error) {
-		data, err = hostfs.Read(root, rel, p, maxBytes)
-		return b.guestOnlyError(ctx, sb, p, err)
-	})
+	data, _, err := b.inGuest(ctx, id, p, fileRequest{op: fileRead, n: maxBytes}, maxBytes)
+	if errors.Is(err, errNoGuest) {
+		err = b.inTerminated(ctx, id, p, func(root *os.Root, rel string) (err error) {
+			data, err = hostfs.Read(root, rel, p, maxBytes)
+			return err
+		})
+	}
 	return data, err
 }
 
@@ -60,18 +66,39 @@ func (b *Backend) WriteFile(ctx context.Context, id, p string, data []byte, mode
 	})
 }
 
-// ListDirectory lists the directory at p (see hostfs.List). FIFOs and
-// sockets made inside gVisor are not in the host's view, so not listed.
+// ListDirectory lists the directory at p as the sandbox sees it (see
+// hostfs.ListOpened).
 func (b *Backend) ListDirectory(ctx context.Context, id, p string, maxEntries int) ([]backend.DirEntry, error) {
 	if maxEntries <= 0 {
 		return nil, fmt.Errorf("%w: maxEntries must be positive, got %d", backend.ErrInvalidArgument, maxEntries)
 	}
-	var entries []backend.DirEntry
-	err := b.inArea(ctx, id, p, func(sb *sandbox, root *os.Root, rel string) (err error) {
-		entries, err = hostfs.List(root, rel, p, maxEntries)
-		return err
-	})
-	return entries, err
+	data, _, err := b.inGuest(ctx, id, p, fileRequest{op: fileList, n: int64(maxEntries)}, entryBytes(maxEntries))
+	if errors.Is(err, errNoGuest) {
+		var entries []backend.DirEntry
+		err = b.inTerminated(ctx, id, p, func(root *os.Root, rel string) (err error) {
+			entries, err = hostfs.List(root, rel, p, maxEntries)
+			return err
+		})
+		return entries, err
+	}
+	if err != nil {
+		return nil, err
+	}
+	entries, err := decodeEntries(data, maxEntries)
+	if err != nil {
+		return nil, fmt.Errorf("%w: sandbox %s sent a listing of %s that is not one: %v", backend.ErrUnavailable, id, backend.ShortName(p), err)
+	}
+	return entries, nil
+}
+
+// inTerminated runs fn on p of a terminated sandbox, when p lies in its
+// workspace or /tmp (still on the host until Destroy, confined as writes
+// are); any other path is the sandbox's and gone with it.
+func (b *Backend) inTerminated(ctx context.Context, id, p string, fn func(root *os.Root, rel string) error) error {
+	if _, err := hostfs.ResolveGuestPath(p); err != nil {
+		return fmt.Errorf("%w: sandbox %q was terminated (its gVisor sandbox died): only its /workspace and /tmp can still be read; destroy it and create a new one", backend.ErrNotFound, id)
+	}
+	return b.inArea(ctx, id, p, func(sb *sandbox, root *os.Root, rel string) error { return fn(root, rel) })
 }
 
 // guestOnly tells, for a path the host's view of the sandbox's files

@@ -2,6 +2,7 @@ package gvisor
 
 import (
 	"bufio"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -32,7 +33,11 @@ func IsInit() bool { return initproc.Is(initEnv) }
 // InitMain runs a sandbox's init and never returns when IsInit is true;
 // otherwise it returns at once. The daemon's main function calls it first
 // thing, and so does every test binary that creates gVisor sandboxes.
-func InitMain() { initproc.Main(initEnv, runInit) }
+// The sandbox's opener (opener.go) is the same binary again, run by init.
+func InitMain() {
+	initproc.Main(openerEnv, runOpener)
+	initproc.Main(initEnv, runInit)
+}
 
 // What a hostile guest can do to init, and why it does not help it: init
 // is pid 1 of the sandbox and runs as root inside it, the guest's commands
@@ -55,6 +60,7 @@ type initState struct {
 	// can arrive before run has forked the command (a client gone right
 	// after its request); run then kills it as soon as it exists.
 	killAsked bool
+	files     fileOps
 }
 
 func runInit() int {
@@ -65,13 +71,13 @@ func runInit() int {
 	if err := unix.Chdir("/"); err != nil {
 		return initFail("chdir /: %v", err)
 	}
-	st := &initState{out: bufio.NewWriterSize(os.Stdout, maxChunk+frameHeaderSize)}
+	st := &initState{out: bufio.NewWriterSize(os.Stdout, maxChunk+frameHeaderSize), files: fileOps{sock: -1}}
 	if err := st.send(kindReady, nil); err != nil {
 		return initFail("cannot tell the daemon it is ready: %v", err)
 	}
 	in := bufio.NewReader(os.Stdin)
 	for {
-		kind, payload, err := readFrame(in, 1<<kindRun|1<<kindKill|1<<kindLstat)
+		kind, payload, err := readFrame(in, 1<<kindRun|1<<kindKill|1<<kindLstat|1<<kindFileOp)
 		if err != nil {
 			// The daemon went away (EOF) or broke the protocol: either way
 			// nobody will collect what runs here.
@@ -91,6 +97,15 @@ func runInit() int {
 			st.mu.Unlock()
 		case kindLstat:
 			st.lstat(string(payload))
+		case kindFileOp:
+			req, err := decodeFileRequest(payload)
+			if err != nil {
+				if len(payload) >= 4 {
+					_ = st.send(kindFileDone, fileDone{seq: binary.LittleEndian.Uint32(payload), code: fileInvalid, text: err.Error()}.encode())
+				}
+				continue
+			}
+			go st.fileOp(req)
 		case kindRun:
 			req, err := decodeRunRequest(payload)
 			if err != nil {
@@ -308,7 +323,9 @@ func (st *initState) run(req runRequest) {
 	term.Stop()
 	kill.Stop()
 	// A command's processes end with it: background jobs, setsid and
-	// double-fork escapees alike.
+	// double-fork escapees alike, and the opener. No file op may start
+	// another opener meanwhile, or this would wait for it.
+	st.files.mu.Lock()
 	killAllButInit()
 	for {
 		_, err := unix.Wait4(-1, nil, 0, nil)
@@ -316,6 +333,8 @@ func (st *initState) run(req runRequest) {
 			break
 		}
 	}
+	st.dropOpener()
+	st.files.mu.Unlock()
 	done := make(chan struct{})
 	go func() { drained.Wait(); close(done) }()
 	select {

@@ -24,15 +24,25 @@ func (b *Backend) guestOnlyError(ctx context.Context, sb *sandbox, p string, err
 	return err
 }
 
-// ReadFileRange implements backend.RangedFiles, confined as ReadFile is.
+// ReadFileRange implements backend.RangedFiles for any regular file of
+// the sandbox's view, read inside it as ReadFile reads.
 func (b *Backend) ReadFileRange(ctx context.Context, id, p string, offset, length int64) ([]byte, int64, error) {
-	var data []byte
-	var size int64
-	err := b.inArea(ctx, id, p, func(sb *sandbox, root *os.Root, rel string) (err error) {
-		data, size, err = hostfs.ReadRange(root, rel, p, offset, length)
-		return b.guestOnlyError(ctx, sb, p, err)
-	})
-	return data, size, err
+	if offset < 0 || length < 0 {
+		return nil, 0, fmt.Errorf("%w: offset %d and length %d must not be negative", backend.ErrInvalidArgument, offset, length)
+	}
+	data, d, err := b.inGuest(ctx, id, p, fileRequest{op: fileRange, offset: offset, n: length}, length)
+	if errors.Is(err, errNoGuest) {
+		var size int64
+		err = b.inTerminated(ctx, id, p, func(root *os.Root, rel string) (err error) {
+			data, size, err = hostfs.ReadRange(root, rel, p, offset, length)
+			return err
+		})
+		return data, size, err
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	return data, d.size, nil
 }
 
 // WriteFileAt implements backend.RangedFiles, confined as WriteFile is.

@@ -94,6 +94,12 @@ type initConn struct {
 	// lstated.
 	lstatMu sync.Mutex
 	lstated chan [2]uint32
+
+	// fileMu lets one file op at a time wait for its answer; fop (under
+	// mu) is that op, which readLoop fills.
+	fileMu  sync.Mutex
+	fileSeq uint32
+	fop     *fileWait
 }
 
 // command is one command's share of the stream.
@@ -121,7 +127,8 @@ var errInitDied = errors.New("the sandbox's init died")
 // current command.
 func (c *initConn) readLoop() {
 	r := bufio.NewReaderSize(c.fromInit, maxChunk+frameHeaderSize)
-	const allowed = 1<<kindStarted | 1<<kindStdout | 1<<kindStderr | 1<<kindExited | 1<<kindFailed | 1<<kindLstated
+	const allowed = 1<<kindStarted | 1<<kindStdout | 1<<kindStderr | 1<<kindExited | 1<<kindFailed | 1<<kindLstated |
+		1<<kindFileData | 1<<kindFileDone
 	var err error
 	for {
 		var kind byte
@@ -138,6 +145,12 @@ func (c *initConn) readLoop() {
 			select {
 			case c.lstated <- [2]uint32{binary.LittleEndian.Uint32(payload), binary.LittleEndian.Uint32(payload[4:])}:
 			default: // nobody asked: init is confused, but harmless
+			}
+			continue
+		}
+		if kind == kindFileData || kind == kindFileDone {
+			if err = c.fileFrame(kind, payload); err != nil {
+				break
 			}
 			continue
 		}

@@ -33,6 +33,7 @@ import (
 //	daemon → init:  kill                      kill the command now
 //	daemon → init:  lstat (path)              what the guest sees at path
 //	init → daemon:  lstat result (type, errno)
+//	daemon → init:  file op; init → daemon: file data..., file done (filewire.go)
 //
 // A frame is a kind byte, three zero bytes and a little-endian u32 payload
 // length, then the payload. Both sides check every header and bound every
@@ -64,6 +65,10 @@ const (
 	kindFailed  = 8
 	kindLstat   = 9
 	kindLstated = 10
+	// File operations on the guest's view (filewire.go).
+	kindFileOp   = 11
+	kindFileData = 12
+	kindFileDone = 13
 )
 
 // How a command ended (the si_code of waitid).
@@ -94,6 +99,12 @@ func maxPayload(kind byte) int {
 		return 8
 	case kindRun:
 		return maxRunPayload
+	case kindFileOp:
+		return fileRequestHeader + backend.MaxGuestPathLen
+	case kindFileData:
+		return maxFileData
+	case kindFileDone:
+		return fileDoneHeader + maxReasonBytes
 	}
 	return -1
 }
