@@ -59,7 +59,7 @@ TERMINAL = "terminal"
 ERROR_KINDS: Mapping[str, Tuple[str, str]] = {
     # The model asked for something it can correct.
     "bad_request": (MODEL, "a command or argument is malformed; the message names it"),
-    "bad_path": (MODEL, "the path leaves the sandbox's workdir and /tmp, is empty, or contains NUL"),
+    "bad_path": (MODEL, "the path is empty or contains NUL, a write leaves the workdir and /tmp, the guest may not open the file, or it is a FIFO or socket"),
     "path_not_found": (MODEL, "nothing exists at that path"),
     "is_a_directory": (MODEL, "a file was expected, the path is a directory"),
     "not_a_directory": (MODEL, "a directory was expected, the path is a file"),
