@@ -20,7 +20,8 @@ import (
 // security boundary: the daemon never touches the shared workspace on the
 // host beyond creating and removing it, so a guest-made symlink cannot lead
 // the daemon anywhere. Confining paths to the workdir and /tmp is the
-// contract clients see (as with bwrap), checked twice: lexically on the host
+// contract clients see (as for bwrap's and gVisor's writes; their reads take any path of
+// the sandbox's view, docs/sbx.md), checked twice: lexically on the host
 // ('..', absolute paths elsewhere) and after resolving symlinks in the guest
 // (realpath). A guest process racing the script can only make it act on the
 // guest's own files, which the guest can reach anyway.

@@ -70,7 +70,7 @@ func TestFilesLargerThanAFrameMoveInPieces(t *testing.T) {
 	assert.Zero(t, dest.Len())
 
 	run(t, c, id, "mkdir -p dir && mkfifo fifo")
-	for path, code := range map[string]string{"dir": ipc.CodeIsDirectory, "fifo": ipc.CodeBadPath, "missing": ipc.CodePathNotFound, "/etc/passwd": ipc.CodeBadPath} {
+	for path, code := range map[string]string{"dir": ipc.CodeIsDirectory, "fifo": ipc.CodeBadPath, "missing": ipc.CodePathNotFound, "/dev/zero": ipc.CodeBadPath, "/etc/shadow": ipc.CodePathNotFound} {
 		_, err = c.ExportFile(ctx, id, path, io.Discard, 1<<20, 0)
 		require.ErrorAs(t, err, &e, path)
 		assert.Equal(t, code, e.Code, path)

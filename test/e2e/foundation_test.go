@@ -218,8 +218,10 @@ func TestBadInputOverRawSocket(t *testing.T) {
 	d := startDaemon(t, "", "--max-frame-bytes", "1048576", "--max-file-bytes", "65536", "--max-output-bytes", "65536")
 	c := d.client(t)
 	id := create(t, c, nil)
-	// A symlink planted by the guest pointing out of the sandbox.
-	run(t, c, id, "ln -s /etc etclink && ln -s /etc/passwd pw && mkdir d")
+	// Symlinks planted by the guest pointing out of its storage: reads
+	// resolve them inside the sandbox (whose /etc has no shadow file, and
+	// never the host's), writes refuse them.
+	run(t, c, id, "ln -s /etc etclink && ln -s /etc/shadow pw && mkdir d")
 
 	conn, err := net.Dial("unix", d.socket)
 	require.NoError(t, err)
@@ -255,13 +257,15 @@ func TestBadInputOverRawSocket(t *testing.T) {
 		{"bad env name", ipc.OpRunCommand, map[string]any{"sandbox": id, "command": "true", "env": map[string]any{"A=B": "x"}}, ipc.CodeBadRequest},
 		{"unknown sandbox", ipc.OpRunCommand, map[string]any{"sandbox": "sc-ffffffffffffffff", "command": "true"}, ipc.CodeNotFound},
 		{"hostile sandbox id", ipc.OpReadFile, map[string]any{"sandbox": "../../etc", "path": "passwd"}, ipc.CodeNotFound},
-		{"traversal", ipc.OpReadFile, map[string]any{"sandbox": id, "path": "../../etc/passwd"}, ipc.CodeBadPath},
-		{"absolute outside", ipc.OpReadFile, map[string]any{"sandbox": id, "path": "/etc/passwd"}, ipc.CodeBadPath},
-		{"workspace dotdot", ipc.OpReadFile, map[string]any{"sandbox": id, "path": "/workspace/../etc/passwd"}, ipc.CodeBadPath},
-		{"symlink to file outside", ipc.OpReadFile, map[string]any{"sandbox": id, "path": "pw"}, ipc.CodeBadPath},
-		{"through symlinked dir", ipc.OpReadFile, map[string]any{"sandbox": id, "path": "etclink/passwd"}, ipc.CodeBadPath},
+		{"traversal", ipc.OpReadFile, map[string]any{"sandbox": id, "path": "../../etc/shadow"}, ipc.CodePathNotFound},
+		{"absolute outside", ipc.OpReadFile, map[string]any{"sandbox": id, "path": "/etc/shadow"}, ipc.CodePathNotFound},
+		{"workspace dotdot", ipc.OpReadFile, map[string]any{"sandbox": id, "path": "/workspace/../etc/shadow"}, ipc.CodePathNotFound},
+		{"symlink to a host file", ipc.OpReadFile, map[string]any{"sandbox": id, "path": "pw"}, ipc.CodePathNotFound},
+		{"through symlinked dir", ipc.OpReadFile, map[string]any{"sandbox": id, "path": "etclink/shadow"}, ipc.CodePathNotFound},
+		{"the sandbox's own file outside", ipc.OpReadFile, map[string]any{"sandbox": id, "path": "etclink/passwd"}, ""},
 		{"write through symlinked dir", ipc.OpWriteFile, map[string]any{"sandbox": id, "path": "etclink/evil", "data": []byte("x")}, ipc.CodeBadPath},
-		{"list through symlink", ipc.OpListDirectory, map[string]any{"sandbox": id, "path": "etclink"}, ipc.CodeBadPath},
+		{"write outside", ipc.OpWriteFile, map[string]any{"sandbox": id, "path": "/etc/evil", "data": []byte("x")}, ipc.CodeBadPath},
+		{"list through symlink", ipc.OpListDirectory, map[string]any{"sandbox": id, "path": "etclink"}, ""},
 		{"NUL in path", ipc.OpReadFile, map[string]any{"sandbox": id, "path": "a\x00b"}, ipc.CodeBadPath},
 		{"read a directory", ipc.OpReadFile, map[string]any{"sandbox": id, "path": "d"}, ipc.CodeIsDirectory},
 		{"missing file", ipc.OpReadFile, map[string]any{"sandbox": id, "path": "nope"}, ipc.CodePathNotFound},

@@ -194,12 +194,21 @@ func hostFiles(b *battery) {
 	// Symlinks planted in the workspace, then used through the file ops.
 	shadowBefore := fileHash("/etc/shadow")
 	h.run(id, "ln -s /etc/shadow abs; ln -s ../../../../../../../../etc/shadow rel; ln -s / rootlink; ln -s /dev/zero zero; mkdir d; ln -s ../.. d/up", 30)
+	// Reads resolve inside the sandbox, as the guest's kernel does: the
+	// links lead to the sandbox's own /etc, which has no shadow file.
+	hostShadow, _ := os.ReadFile("/etc/shadow")
 	var codes []string
-	for _, p := range []string{"abs", "rel", "rootlink/etc/shadow", "d/up/x", "/workspace/abs", "/tmp/../etc/shadow"} {
-		codes = append(codes, p+"→"+orOK(h.fileErr(ipc.OpReadFile, map[string]any{"sandbox": id, "path": p}, nil)))
+	shadowRead := false
+	for _, p := range []string{"abs", "rel", "rootlink/etc/shadow", "d/up/etc/shadow", "/workspace/abs", "/tmp/../etc/shadow"} {
+		var res api.ReadFileResult
+		code := h.fileErr(ipc.OpReadFile, map[string]any{"sandbox": id, "path": p}, &res)
+		if code == "" && len(hostShadow) > 0 && bytes.Contains(res.Data, hostShadow[:min(len(hostShadow), 16)]) {
+			shadowRead = true
+		}
+		codes = append(codes, p+"→"+orOK(code))
 	}
-	allBad := !strings.Contains(strings.Join(codes, " "), "→ok")
-	b.record(g, "read_file through planted symlinks (absolute, relative, dir, `..`)", "bad_path for every one", strings.Join(codes, " "), judge(allBad))
+	allUnseen := strings.Count(strings.Join(codes, " "), "→path_not_found") == len(codes)
+	b.record(g, "read_file through planted symlinks (absolute, relative, dir, `..`)", "resolved inside the sandbox: path_not_found for every one (its /etc has no shadow), never the host's file", strings.Join(codes, " "), judge(allUnseen && !shadowRead))
 
 	codes = codes[:0]
 	for _, p := range []string{"abs", "rootlink/tmp/" + probe, "d/up/" + probe} {
@@ -249,7 +258,7 @@ func hostFiles(b *battery) {
 		switch read() {
 		case "":
 			okReads++
-		case "bad_path":
+		case "path_not_found": // the symlink, resolved in the sandbox
 			refused++
 		}
 		reads++
@@ -257,7 +266,7 @@ func hostFiles(b *battery) {
 	wg.Wait()
 	// Both outcomes seen: the reads really raced the swap.
 	b.record(g, "TOCTOU: swap a file for a symlink to /etc/shadow during read_file", "never the host file; the race observed both ways",
-		fmt.Sprintf("%d reads while swapping: %d the benign file, %d bad_path (the symlink); host file leaked=%v", reads, okReads, refused, leaked),
+		fmt.Sprintf("%d reads while swapping: %d the benign file, %d path_not_found (the symlink, resolved in the sandbox); host file leaked=%v", reads, okReads, refused, leaked),
 		judge(!leaked && okReads > 0 && refused > 0))
 }
 
@@ -590,17 +599,35 @@ func confuseDaemon(b *battery) {
 	}
 	b.record(g, "filename with a newline", "written and listed as one name", "write "+nl+fmt.Sprintf(", listed=%v", listed), judge(nl == "ok" && listed))
 
+	// Reads of `..` and outside paths read the sandbox's own /etc/passwd;
+	// writes there are refused.
+	hostPasswd, _ := os.ReadFile("/etc/passwd")
+	guestRead := func(p string) string {
+		var res api.ReadFileResult
+		code := h.fileErr(ipc.OpReadFile, map[string]any{"sandbox": id, "path": p}, &res)
+		switch {
+		case code != "":
+			return code
+		case bytes.Equal(res.Data, hostPasswd):
+			return "HOST-FILE"
+		case bytes.Contains(res.Data, []byte("sandbox:x:1000:")):
+			return "sandbox's"
+		}
+		return "other"
+	}
 	out := []string{
 		"NUL→" + fe(ipc.OpWriteFile, map[string]any{"path": "a\x00b", "data": []byte("x")}),
-		"../→" + fe(ipc.OpReadFile, map[string]any{"path": "../../../../etc/passwd"}),
-		"/workspace/..→" + fe(ipc.OpReadFile, map[string]any{"path": "/workspace/../etc/passwd"}),
-		"/etc→" + fe(ipc.OpReadFile, map[string]any{"path": "/etc/passwd"}),
+		"read ../→" + guestRead("../../../../etc/passwd"),
+		"read /workspace/..→" + guestRead("/workspace/../etc/passwd"),
+		"read /etc→" + guestRead("/etc/passwd"),
+		"write ../→" + fe(ipc.OpWriteFile, map[string]any{"path": "../../../../etc/passwd", "data": []byte("x")}),
+		"write /etc→" + fe(ipc.OpWriteFile, map[string]any{"path": "/etc/passwd", "data": []byte("x")}),
 		"empty→" + fe(ipc.OpReadFile, map[string]any{"path": ""}),
 		"non-UTF-8→" + fe(ipc.OpWriteFile, map[string]any{"path": []byte{'x', 0xff, 0xfe}, "data": []byte("x")}),
 	}
 	s := strings.Join(out, " ")
-	b.record(g, "paths with NUL, `..`, outside, empty, non-UTF-8", "bad_path (empty: bad_request; non-UTF-8 bytes are a valid name)", s,
-		judge(strings.Count(s, "bad_path") == 4 && strings.Contains(s, "empty→bad_request") && strings.HasSuffix(s, "non-UTF-8→ok")))
+	b.record(g, "paths with NUL, `..`, outside, empty, non-UTF-8", "reads of `..` and outside: the sandbox's own file; writes there and NUL: bad_path; empty: bad_request; non-UTF-8 bytes are a valid name", s,
+		judge(strings.Count(s, "→sandbox's") == 3 && strings.Count(s, "bad_path") == 3 && strings.Contains(s, "empty→bad_request") && strings.HasSuffix(s, "non-UTF-8→ok")))
 
 	long := strings.Repeat("d/", 2040) + "f"                             // 4081 bytes: within the 4096 allowed
 	longer := strings.Repeat("x", 300) + "/" + strings.Repeat("y", 4000) // component > NAME_MAX, total > 4096
@@ -618,9 +645,28 @@ func confuseDaemon(b *battery) {
 		" dir→" + fe(ipc.OpReadFile, map[string]any{"path": "dir"}) +
 		" write dir→" + fe(ipc.OpWriteFile, map[string]any{"path": "dir", "data": []byte("x")})
 	took := time.Since(start)
-	b.record(g, "read_file of a FIFO, /dev/zero and /proc/self/mem symlinks, a directory", "refused at once (bad_path, is_a_directory)",
+	b.record(g, "read_file of a FIFO, /dev/zero and /proc/self/mem symlinks, a directory", "at once: refused (bad_path, is_a_directory) or bounded (/dev/zero: file_too_large)",
 		s+fmt.Sprintf(" (all in %s)", took.Round(100*time.Millisecond)),
-		judge(took < 10*time.Second && !strings.Contains(s, "→ok") && strings.Count(s, "is_a_directory") == 2))
+		judge(took < 10*time.Second && !strings.Contains(s, "→ok") && strings.Contains(s, "/dev/zero link→file_too_large") && strings.Count(s, "is_a_directory") == 2))
+
+	// read_file opens a path as the guest: /proc/self is a process of the
+	// guest's identity and confinement (the opener), never init, whose
+	// descriptors (the control socket) stay closed.
+	var st api.ReadFileResult
+	stCode := h.fileErr(ipc.OpReadFile, map[string]any{"sandbox": id, "path": "/proc/self/status"}, &st)
+	var fields []string
+	for _, line := range strings.Split(string(st.Data), "\n") {
+		for _, k := range []string{"Pid:", "Uid:", "CapEff:", "NoNewPrivs:", "Seccomp:"} {
+			if strings.HasPrefix(line, k) {
+				fields = append(fields, strings.Join(strings.Fields(line), " "))
+			}
+		}
+	}
+	initFDs := fe(ipc.OpListDirectory, map[string]any{"path": "/proc/1/fd"})
+	s = strings.Join(fields, "; ") + "; list /proc/1/fd→" + initFDs
+	b.record(g, "read_file /proc/self/status, list /proc/1/fd", "the reader is a process of the guest's identity (uid 1000, no capabilities, no_new_privs, the seccomp filter), not pid 1; init's descriptors refused", orOK(stCode)+": "+s,
+		judge(stCode == "" && strings.Contains(s, "Uid: 1000 1000 1000 1000") && strings.Contains(s, "CapEff: 0000000000000000") &&
+			strings.Contains(s, "NoNewPrivs: 1") && strings.Contains(s, "Seccomp: 2") && !strings.Contains(s, "Pid: 1;") && initFDs == "bad_path"))
 
 	big := fe(ipc.OpReadFile, map[string]any{"path": "big", "max_bytes": 10})
 	h.run(id, "head -c 1000 /dev/zero > big", 30)
