@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
+	"github.com/sandbox-sidecar/sandbox-sidecar/ipc/api"
 )
 
 // pinnedRunsc is where scripts/install-runsc.sh caches the pinned build.
@@ -97,6 +98,28 @@ func TestGVisorBoundary(t *testing.T) {
 	}
 	r = h.run(id, "ls -d /sys/fs/bpf /sys/kernel/debug /dev/kvm /dev/mem /dev/kmsg 2>&1 | wc -l; ls -d /sys/fs/bpf /sys/kernel/debug /dev/kvm /dev/mem /dev/kmsg 2>/dev/null; echo end", 30)
 	b.record(g, "host kernel interfaces (/sys/fs/bpf, /sys/kernel/debug, /dev/kvm, /dev/mem, /dev/kmsg)", "absent", r.out(), judge(r.out() == "5\nend"))
+
+	// read_file of the sandbox's own view: served inside gVisor, as the guest.
+	readCode := func(p string, max int) (string, []byte) {
+		var res api.ReadFileResult
+		code := h.fileErr(ipc.OpReadFile, map[string]any{"sandbox": id, "path": p, "max_bytes": max}, &res)
+		return orOK(code), res.Data
+	}
+	vc, version := readCode("/proc/version", 1<<16)
+	sc, status := readCode("/proc/self/status", 1<<16)
+	shc, _ := readCode("/etc/shadow", 1<<16)
+	zc, _ := readCode("/dev/zero", 1024)
+	uid := ""
+	for _, line := range strings.Split(string(status), "\n") {
+		if strings.HasPrefix(line, "Uid:") || strings.HasPrefix(line, "Pid:") {
+			uid += strings.Join(strings.Fields(line), " ") + "; "
+		}
+	}
+	obs := fmt.Sprintf("/proc/version→%s (%s); /proc/self/status→%s (%s); /etc/shadow→%s; /dev/zero→%s", vc,
+		map[bool]string{true: "gVisor's", false: "NOT gVisor's"}[strings.Contains(string(version), "gVisor") || !strings.Contains(string(version), strings.TrimSpace(string(host)))], sc, uid, shc, zc)
+	b.record(g, "read_file of the sandbox's view (/proc/version, /proc/self/status, /etc/shadow, /dev/zero)", "gVisor's own files, read as the guest (uid 1000, not pid 1); no shadow file; /dev/zero bounded", obs,
+		judge(vc == "ok" && !strings.Contains(string(version), strings.TrimSpace(string(host))) && sc == "ok" && strings.Contains(uid, "Uid: 1000 1000 1000 1000") &&
+			!strings.Contains(uid, "Pid: 1;") && shc == "path_not_found" && zc == "file_too_large"))
 
 	if *updateDoc {
 		require.NoError(t, writeGVisorTable(b.rows))
