@@ -1315,10 +1315,13 @@ func testGuestView(s *suite) {
 		wantErr(s, "ReadFile of a file the guest may not read", err, backend.ErrBadPath)
 	}
 
-	// Reads are served while a command runs.
+	// Reads are served while a command runs: the command waits for a file
+	// the suite writes only after its read, so a backend that served reads
+	// only between commands fails the read rather than pass by waiting.
+	gate := "/tmp/" + unique("go")
 	done := make(chan backend.ExecResult, 1)
 	go func() {
-		res, _ := s.b.Exec(ctx, sb.id, backend.ExecRequest{Command: "touch running; sleep 3", Timeout: time.Minute})
+		res, _ := s.b.Exec(ctx, sb.id, backend.ExecRequest{Command: "touch running; while [ ! -e " + gate + " ]; do sleep 0.05; done", Timeout: time.Minute})
 		done <- res
 	}()
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
@@ -1329,8 +1332,12 @@ func testGuestView(s *suite) {
 			s.Fatalf("the command never started")
 		}
 	}
-	if _, err := s.b.ReadFile(ctx, sb.id, "/etc/passwd", 1<<20); err != nil {
-		s.Errorf("ReadFile while a command runs: %v", err)
+	_, readErr := s.b.ReadFile(ctx, sb.id, "/etc/passwd", 1<<20)
+	if err := s.b.WriteFile(ctx, sb.id, gate, nil, 0); err != nil {
+		s.Fatalf("WriteFile(%s): %v", gate, err)
+	}
+	if readErr != nil {
+		s.Errorf("ReadFile while a command runs: %v", readErr)
 	}
 	if res := <-done; res.ExitCode != 0 {
 		s.Errorf("the command beside the reads: %+v", res)

@@ -6,7 +6,6 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -96,9 +95,11 @@ func TestBwrapReadsTheSandboxsOwnView(t *testing.T) {
 }
 
 // TestBwrapGuestReadsBesideACommand: a file operation while a command runs
-// is served at once (init takes open requests while it waits for the
-// command), and after a command's end killed the opener, the next one is
-// started.
+// is served (init takes open requests while it waits for the command): the
+// command here waits for a file that the test writes only after its reads
+// succeeded, so an init that served opens only between commands fails the
+// reads (their deadline passes) instead of passing by luck. After a
+// command's end killed the opener, the next one is started.
 func TestBwrapGuestReadsBesideACommand(t *testing.T) {
 	b := newTestBackend(t, daemonUID)
 	ctx := context.Background()
@@ -106,32 +107,30 @@ func TestBwrapGuestReadsBesideACommand(t *testing.T) {
 	if _, err := b.ReadFile(ctx, id, "/etc/passwd", 1<<20); err != nil {
 		t.Fatal(err)
 	}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	started := time.Now()
+	done := make(chan backend.ExecResult, 1)
 	go func() {
-		defer wg.Done()
-		run(t, b, id, "echo started > /tmp/started; sleep 3")
+		res, _ := b.Exec(ctx, id, backend.ExecRequest{Command: "touch /tmp/started; while [ ! -e /tmp/go ]; do sleep 0.05; done", Timeout: time.Minute})
+		done <- res
 	}()
-	for {
-		if _, err := b.ReadFile(ctx, id, "/tmp/started", 100); err == nil {
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Stat(known(t, b, id).tmpDir() + "/started"); err == nil {
 			break
 		}
-		if time.Since(started) > 20*time.Second {
+		if time.Now().After(deadline) {
 			t.Fatal("the command never started")
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
-	if _, err := b.ReadFile(ctx, id, "/proc/self/status", 1<<20); err != nil {
-		t.Fatalf("ReadFile while a command runs: %v", err)
+	_, readErr := b.ReadFile(ctx, id, "/proc/self/status", 1<<20)
+	_, listErr := b.ListDirectory(ctx, id, "/proc", 10000)
+	if err := b.WriteFile(ctx, id, "/tmp/go", nil, 0); err != nil {
+		t.Fatal(err)
 	}
-	if _, err := b.ListDirectory(ctx, id, "/proc", 10000); err != nil {
-		t.Fatalf("ListDirectory while a command runs: %v", err)
+	if readErr != nil || listErr != nil {
+		t.Errorf("while a command runs: ReadFile %v, ListDirectory %v", readErr, listErr)
 	}
-	if time.Since(started) > 3*time.Second {
-		t.Log("the machine is slow: the command may have ended before the reads")
+	if res := <-done; res.ExitCode != 0 {
+		t.Fatalf("the command: %+v", res)
 	}
-	wg.Wait()
 	// The command's end killed the opener; reads go on.
 	for i := 0; i < 3; i++ {
 		if _, err := b.ReadFile(ctx, id, "/etc/passwd", 1<<20); err != nil {
