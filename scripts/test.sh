@@ -15,7 +15,7 @@ export PATH="$PATH:/usr/local/go/bin"
 
 . scripts/lib/packages.sh
 
-apt_packages=(bubblewrap python3-msgpack python3-pytest util-linux libcap2-bin iproute2 procps strace e2fsprogs)
+apt_packages=(bubblewrap python3-msgpack python3-pytest util-linux libcap2-bin iproute2 iputils-ping curl procps strace e2fsprogs)
 if ! ensure_packages "${apt_packages[@]}"; then
   echo "tests that need the missing packages will skip" >&2
 fi
