@@ -130,11 +130,11 @@ type helloConn struct {
 	net.Conn
 }
 
-func (c *helloConn) Read(b []byte) (int, error)         { return c.r.Read(b) }
-func (c *helloConn) Write(b []byte) (int, error)        { return len(b), nil }
-func (c *helloConn) Close() error                       { return nil }
-func (c *helloConn) SetDeadline(time.Time) error        { return nil }
-func (c *helloConn) SetReadDeadline(time.Time) error    { return nil }
-func (c *helloConn) SetWriteDeadline(time.Time) error   { return nil }
-func (c *helloConn) LocalAddr() net.Addr                { return &net.TCPAddr{} }
-func (c *helloConn) RemoteAddr() net.Addr               { return &net.TCPAddr{} }
+func (c *helloConn) Read(b []byte) (int, error)       { return c.r.Read(b) }
+func (c *helloConn) Write(b []byte) (int, error)      { return len(b), nil }
+func (c *helloConn) Close() error                     { return nil }
+func (c *helloConn) SetDeadline(time.Time) error      { return nil }
+func (c *helloConn) SetReadDeadline(time.Time) error  { return nil }
+func (c *helloConn) SetWriteDeadline(time.Time) error { return nil }
+func (c *helloConn) LocalAddr() net.Addr              { return &net.TCPAddr{} }
+func (c *helloConn) RemoteAddr() net.Addr             { return &net.TCPAddr{} }
