@@ -38,6 +38,7 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/statedir"
 	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/egress"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/hostids"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/seccomp"
@@ -112,6 +113,10 @@ type Config struct {
 	// the host's network namespace. Off by default: without it such specs are
 	// refused, since this backend has no way to filter egress.
 	ShareHostNetwork bool
+	// Egress serves the network of sandboxes whose spec names
+	// allow_egress_to or allow_egress_to_cidrs (network "allowlist"). Nil:
+	// such specs are refused with ErrSpecUnenforceable.
+	Egress *egress.Egress
 	// Limits are every sandbox's limits, and the most a spec may ask for
 	// (backend.Spec.Resources asks for less). Zero fields mean no limit.
 	// The rlimits (OpenFiles, FileSizeBytes, and always a zero core size)

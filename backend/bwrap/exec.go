@@ -13,6 +13,7 @@ import (
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/hostfs"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/egress"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/seccomp"
 )
 
@@ -151,7 +152,8 @@ func setenvOptions(env []string) []string {
 // the sandbox's PID namespace, as its init must be.
 func (b *Backend) bwrapOptions(sb *sandbox, env []string, cwd string, firstDataFD int) []string {
 	o := []string{"--unshare-all"}
-	if sb.network == networkHost {
+	if sb.network == networkHost || sb.network == networkAllowlist {
+		// allowlist: bwrap starts in the namespace the daemon made.
 		o = append(o, "--share-net")
 	}
 	o = append(o, "--as-pid-1")
@@ -177,6 +179,11 @@ func (b *Backend) bwrapOptions(sb *sandbox, env []string, cwd string, firstDataF
 	} else {
 		o = append(o, "--perms", "0644", "--ro-bind-data", strconv.Itoa(firstDataFD+3), "/etc/hosts")
 	}
+	if sb.network == networkAllowlist {
+		// The egress resolver, the last of the data files.
+		o = append(o, "--perms", "0644", "--ro-bind-data", strconv.Itoa(firstDataFD+5), "/etc/resolv.conf")
+		o = append(o, "--ro-bind-try", "/etc/nsswitch.conf", "/etc/nsswitch.conf", "--ro-bind-try", "/etc/gai.conf", "/etc/gai.conf")
+	}
 	// The system-call filter, last of the data files: bwrap loads it just
 	// before it execs the sandbox's first process, so it confines init and
 	// everything init starts.
@@ -191,7 +198,8 @@ func (b *Backend) bwrapOptions(sb *sandbox, env []string, cwd string, firstDataF
 
 // dataFiles returns the memfds bwrap reads: its options, then the synthetic
 // /etc/passwd, /etc/group and /etc/hosts, then the seccomp filter
-// (seccomp.Guest(), sealed), in that order. The caller closes them.
+// (seccomp.Guest(), sealed), then the egress path's /etc/resolv.conf, in
+// that order. The caller closes them.
 func dataFiles(opts []string) (files []*os.File, err error) {
 	defer func() {
 		if err != nil {
@@ -219,7 +227,12 @@ func dataFiles(opts []string) (files []*os.File, err error) {
 	if err != nil {
 		return files, err
 	}
-	return append(files, filter), nil
+	files = append(files, filter)
+	resolv, err := memFile("etc-resolv-conf", egress.ResolvConf())
+	if err != nil {
+		return files, err
+	}
+	return append(files, resolv), nil
 }
 
 // memFile returns an anonymous in-memory file holding data, positioned at

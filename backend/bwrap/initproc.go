@@ -72,6 +72,8 @@ type initProc struct {
 	waitOnce sync.Once
 	reaping  atomic.Bool   // the reaping goroutine runs: bwrap's pid may be gone
 	exited   chan struct{} // closed once cmd.Wait has returned
+
+	egress *egressPath // network "allowlist": its namespace and netstack
 }
 
 // waited returns a channel closed once init's bwrap has been reaped,
@@ -96,21 +98,54 @@ var spawner struct {
 }
 
 type spawnRequest struct {
-	cmd  *exec.Cmd
-	done chan error
+	cmd   *exec.Cmd
+	netns *os.File // nil: the daemon's; else bwrap starts in it
+	done  chan error
 }
 
-func spawn(cmd *exec.Cmd) error {
+func spawn(cmd *exec.Cmd) error { return spawnIn(cmd, nil) }
+
+// startIn starts cmd from the spawner's thread moved into netns, then moves
+// the thread back home; if it cannot, *stuck refuses every later spawn.
+func startIn(cmd *exec.Cmd, netns, home *os.File, stuck *error) error {
+	if err := unix.Setns(int(netns.Fd()), unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("enter the sandbox's network namespace: %w", err)
+	}
+	err := cmd.Start()
+	if serr := unix.Setns(int(home.Fd()), unix.CLONE_NEWNET); serr != nil {
+		*stuck = fmt.Errorf("the daemon's spawning thread could not return to its network namespace (%v); restart the daemon", serr)
+		if err == nil {
+			_ = cmd.Process.Kill()
+			err = *stuck
+		}
+	}
+	return err
+}
+
+// spawnIn is spawn with bwrap started in network namespace netns (nil:
+// the daemon's).
+func spawnIn(cmd *exec.Cmd, netns *os.File) error {
 	spawner.once.Do(func() {
 		spawner.reqs = make(chan spawnRequest)
 		go func() {
 			runtime.LockOSThread() // never unlocked: the thread must outlive every init
+			home, homeErr := os.Open("/proc/thread-self/ns/net")
+			var stuck error // the thread could not return to the daemon's namespace
 			for r := range spawner.reqs {
-				r.done <- r.cmd.Start()
+				switch {
+				case stuck != nil:
+					r.done <- stuck
+				case r.netns == nil:
+					r.done <- r.cmd.Start()
+				case homeErr != nil:
+					r.done <- homeErr
+				default:
+					r.done <- startIn(r.cmd, r.netns, home, &stuck)
+				}
 			}
 		}()
 	})
-	r := spawnRequest{cmd: cmd, done: make(chan error, 1)}
+	r := spawnRequest{cmd: cmd, netns: netns, done: make(chan error, 1)}
 	spawner.reqs <- r
 	return <-r.done
 }
@@ -176,7 +211,12 @@ func (b *Backend) startInit(ctx context.Context, sb *sandbox, deadline time.Time
 	if err := capture.CloseInheritedOnExec(); err != nil {
 		return nil, fmt.Errorf("%w: not starting the init of sandbox %s: cannot keep the daemon's other file descriptors from leaking into it: %v", backend.ErrUnavailable, sb.id, err)
 	}
-	if err := spawn(cmd); err != nil {
+	if sb.network == networkAllowlist {
+		if ip.egress, err = b.startEgress(sb); err != nil {
+			return nil, err
+		}
+	}
+	if err := spawnIn(cmd, ip.egress.netns()); err != nil {
 		return nil, fmt.Errorf("%w: bwrap could not be started for sandbox %s (%v); check that %s is installed and executable", backend.ErrUnavailable, sb.id, err, b.bwrap)
 	}
 	ip.cmd = cmd
@@ -324,6 +364,7 @@ func (b *Backend) stopInit(ip *initProc) {
 	}
 	_ = ip.ctrl.Close()
 	_ = ip.stderr.Close()
+	ip.egress.close()
 }
 
 // reapInit waits (boundedly) for init's bwrap to exit and reports whether

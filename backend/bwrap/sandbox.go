@@ -8,6 +8,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
@@ -29,6 +30,7 @@ const (
 const (
 	networkNone = "none"
 	networkHost = "host"
+	// networkAllowlist: see egress.go.
 )
 
 // specVersion is the version of persistedSpec written by this code.
@@ -54,6 +56,10 @@ type persistedSpec struct {
 	// Absent in a sandbox made without one (before the range existed): it
 	// runs as Config.SandboxUID/SandboxGID, as it always did.
 	UID *uint32 `json:"uid,omitempty"`
+	// AllowEgressTo and AllowEgressToCIDRs are the allow-lists of a
+	// sandbox with network "allowlist".
+	AllowEgressTo      []string `json:"allow_egress_to,omitempty"`
+	AllowEgressToCIDRs []string `json:"allow_egress_to_cidrs,omitempty"`
 }
 
 func (s persistedSpec) SpecVersion() int { return s.Version }
@@ -74,6 +80,8 @@ type sandbox struct {
 	// alone (from the range), not shared.
 	uid, gid int
 	own      bool
+	// egressTo and egressCIDRs are the allow-lists of network "allowlist".
+	egressTo, egressCIDRs []string
 
 	ops registry.Ops // the operations in flight, so Destroy can stop them
 
@@ -90,7 +98,8 @@ type sandbox struct {
 
 func newSandbox(id, dir string, spec persistedSpec, lim limits.Limits) *sandbox {
 	return &sandbox{id: id, dir: dir, env: spec.Env, network: spec.Network, resources: spec.Resources,
-		limits: lim, disk: spec.Disk, uid: -1, gid: -1, ops: registry.Ops{ID: id}}
+		limits: lim, disk: spec.Disk, uid: -1, gid: -1, ops: registry.Ops{ID: id},
+		egressTo: spec.AllowEgressTo, egressCIDRs: spec.AllowEgressToCIDRs}
 }
 
 // setIDs gives sb the host ids its settings say: its own, or those of
@@ -223,6 +232,10 @@ func (b *Backend) loadSpec(id string) (persistedSpec, error) {
 		if !b.cfg.ShareHostNetwork {
 			return spec, fmt.Errorf("%w: sandbox %q was created with the host's network, which this daemon no longer allows; destroy it and create a new one", backend.ErrSpecUnenforceable, id)
 		}
+	case networkAllowlist:
+		if _, err := b.egressPolicy(spec.AllowEgressTo, spec.AllowEgressToCIDRs); err != nil {
+			return spec, fmt.Errorf("sandbox %q has egress allow-lists this daemon cannot serve now (%w); destroy it and create a new one", id, err)
+		}
 	default:
 		return spec, fmt.Errorf("%w: sandbox %q has unknown network %q in its settings; destroy it and create a new one", backend.ErrNotFound, id, spec.Network)
 	}
@@ -261,6 +274,9 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	}
 	saved := persistedSpec{Version: specVersion, Network: network, Env: maps.Clone(spec.Env), Resources: spec.Resources,
 		Disk: b.cfg.DiskCaps && lim.DiskBytes > 0}
+	if network == networkAllowlist {
+		saved.AllowEgressTo, saved.AllowEgressToCIDRs = slices.Clone(spec.AllowEgressTo), slices.Clone(spec.AllowEgressToCIDRs)
+	}
 	if b.uids != nil {
 		uid, err := b.uids.Allocate()
 		if err != nil {
@@ -333,7 +349,10 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 
 func (b *Backend) networkFor(spec backend.Spec) (string, error) {
 	if len(spec.AllowEgressTo) > 0 || len(spec.AllowEgressToCIDRs) > 0 {
-		return "", fmt.Errorf("%w: the bwrap backend has no egress filter, so it cannot limit a sandbox to allow_egress_to or allow_egress_to_cidrs; drop them (the sandbox then has no network) or use a backend that filters egress", backend.ErrSpecUnenforceable)
+		if _, err := b.egressPolicy(spec.AllowEgressTo, spec.AllowEgressToCIDRs); err != nil {
+			return "", err
+		}
+		return networkAllowlist, nil
 	}
 	if spec.BlockNetwork != nil && !*spec.BlockNetwork {
 		if !b.cfg.ShareHostNetwork {

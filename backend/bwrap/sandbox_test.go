@@ -33,8 +33,8 @@ func TestBwrapSpecRefusals(t *testing.T) {
 		target error
 		hint   string
 	}{
-		{"egress hosts", backend.Spec{AllowEgressTo: []string{"pypi.org"}}, backend.ErrSpecUnenforceable, "no egress filter"},
-		{"egress cidrs", backend.Spec{AllowEgressToCIDRs: []string{"10.0.0.0/8"}}, backend.ErrSpecUnenforceable, "no egress filter"},
+		{"egress hosts", backend.Spec{AllowEgressTo: []string{"pypi.org"}}, backend.ErrSpecUnenforceable, "egress filtering is not enabled on this daemon"},
+		{"egress cidrs", backend.Spec{AllowEgressToCIDRs: []string{"10.0.0.0/8"}}, backend.ErrSpecUnenforceable, "egress filtering is not enabled on this daemon"},
 		{"network wanted", backend.Spec{BlockNetwork: boolPtr(false)}, backend.ErrSpecUnenforceable, "share-host-network"},
 		{"env name with =", backend.Spec{Env: map[string]string{"A=B": "x"}}, backend.ErrInvalidArgument, "rename"},
 		{"empty env name", backend.Spec{Env: map[string]string{"": "x"}}, backend.ErrInvalidArgument, "rename"},

@@ -1,0 +1,67 @@
+package bwrap
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/egress"
+)
+
+// networkAllowlist is a sandbox whose only way out is the daemon's egress
+// path: a network namespace of its own made by the daemon, with a TUN
+// device served by sandbox/egress under the spec's allow-lists.
+const networkAllowlist = "allowlist"
+
+// egressPolicy checks a spec's allow-lists for this daemon.
+func (b *Backend) egressPolicy(names, cidrs []string) (egress.Policy, error) {
+	if b.cfg.Egress == nil {
+		return egress.Policy{}, fmt.Errorf("%w: egress filtering is not enabled on this daemon, so it cannot limit a sandbox to allow_egress_to or allow_egress_to_cidrs; drop them (the sandbox then has no network), or an operator can enable it ([egress] enabled = true in the config, and the packaged unit's egress drop-in; see docs/operations.md)", backend.ErrSpecUnenforceable)
+	}
+	p, err := egress.ParsePolicy(names, cidrs)
+	if err != nil {
+		return p, fmt.Errorf("%w: %v", backend.ErrInvalidArgument, err)
+	}
+	return p, nil
+}
+
+// egressPath is one init's network: its namespace and the session serving
+// it. It lives as long as the init: a new init (after a restart) gets a
+// new one.
+type egressPath struct {
+	ns   *egress.Netns
+	sess *egress.Session
+}
+
+// startEgress makes the namespace sb's next init starts in.
+func (b *Backend) startEgress(sb *sandbox) (*egressPath, error) {
+	p, err := b.egressPolicy(sb.egressTo, sb.egressCIDRs)
+	if err != nil {
+		return nil, err
+	}
+	ns, err := egress.NewNetns()
+	if err != nil {
+		return nil, fmt.Errorf("%w: cannot make the network namespace of sandbox %s (%v); egress needs CAP_SYS_ADMIN, CAP_NET_ADMIN and /dev/net/tun (the packaged unit's egress drop-in grants them)", backend.ErrUnavailable, sb.id, err)
+	}
+	sess, err := b.cfg.Egress.Serve(ns.TUN, sb.id, "", p)
+	if err != nil {
+		ns.NS.Close()
+		return nil, fmt.Errorf("%w: cannot serve the network of sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
+	}
+	return &egressPath{ns: ns, sess: sess}, nil
+}
+
+func (ep *egressPath) close() {
+	if ep == nil {
+		return
+	}
+	ep.sess.Close() // closes the TUN device too
+	ep.ns.NS.Close()
+}
+
+func (ep *egressPath) netns() *os.File {
+	if ep == nil {
+		return nil
+	}
+	return ep.ns.NS
+}
