@@ -35,6 +35,7 @@ type Config struct {
 	Lifecycle LifecycleSection `toml:"lifecycle"`
 	Limits    LimitsSection    `toml:"limits"`
 	Bwrap     BwrapSection     `toml:"bwrap"`
+	Egress    EgressSection    `toml:"egress"`
 	Sbx       SbxSection       `toml:"sbx"`
 	Gvisor    GvisorSection    `toml:"gvisor"`
 	Metrics   MetricsSection   `toml:"metrics"`
@@ -271,6 +272,7 @@ func defaultConfig() Config {
 			OwnUIDs: enforceAuto, UIDRangeStart: hostids.DefaultFirst, UIDRangeSize: hostids.DefaultSize,
 			SandboxUID: 65534, SandboxGID: 65534, KillGrace: Duration(2 * time.Second),
 		},
+		Egress: EgressSection{Hosts: map[string][]string{}, PrivateAllowed: []string{}, MaxConns: 256, IdleTimeout: Duration(5 * time.Minute)},
 		Sbx: SbxSection{
 			Path: "sbx", Template: sbx.DefaultTemplate, Memory: sbx.DefaultMemory,
 			CreateTimeout: Duration(sbx.DefaultCreateTimeout), KillAfter: Duration(sbx.DefaultKillAfter),
@@ -441,6 +443,10 @@ func (c *Config) validate() error {
 		if !strings.HasPrefix(f, "--") {
 			bad("gvisor.extra_flags: %q must start with --", f)
 		}
+	}
+	errs = append(errs, c.Egress.validate()...)
+	if c.Egress.Enabled && c.Server.Backend != "bwrap" {
+		bad("egress.enabled: only the bwrap backend has the egress path so far (server.backend is %q)", c.Server.Backend)
 	}
 	if _, err := sbx.ParseHostPolicy(c.Sbx.HostPolicy); err != nil {
 		bad("sbx.host_policy: %v", err)

@@ -299,6 +299,7 @@ func serve(cfg Config, stderr io.Writer) error {
 		return fail("%w", err)
 	}
 	defer closeAudit()
+	egressAuditor.set(auditLog, mgr.Describe)
 
 	limits := cfg.serviceLimits()
 	svc := service.New(service.Config{Manager: mgr, Policy: policy, Limits: limits, Logger: auditLog, Version: version, Node: node})
@@ -449,6 +450,11 @@ func newBackend(cfg Config, log hclog.Logger, enf *enforcement) (backend.Backend
 		if err := bwrapUIDs(&bc, cfg.Bwrap, log); err != nil {
 			return nil, err
 		}
+		eg, err := newEgress(cfg.Egress, log)
+		if err != nil {
+			return nil, err
+		}
+		bc.Egress = eg
 		return bwrap.New(bc)
 	case "sbx":
 		policy, err := sbx.ParseHostPolicy(cfg.Sbx.HostPolicy)
