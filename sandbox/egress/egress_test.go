@@ -25,6 +25,20 @@ import (
 // fails instead.
 func needRoot(t *testing.T) {
 	t.Helper()
+	why := rootOK()
+	if why == "" {
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("CI=true: %s", why)
+	}
+	t.Skip(why)
+}
+
+var loopbackOnly = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
+
+// rootOK says what is missing to make namespaces and TUN devices ("": nothing).
+func rootOK() string {
 	why := ""
 	switch {
 	case os.Geteuid() != 0:
@@ -34,13 +48,7 @@ func needRoot(t *testing.T) {
 	case func() bool { _, err := exec.LookPath("bwrap"); return err != nil }():
 		why = "needs bwrap"
 	}
-	if why == "" {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("CI=true: %s", why)
-	}
-	t.Skip(why)
+	return why
 }
 
 // harness is one sandbox-like network namespace behind a Session, with
@@ -112,7 +120,7 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 	var err error
 	h.e, err = New(Config{
 		Hosts:          hosts,
-		PrivateAllowed: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")},
+		PrivateAllowed: loopbackOnly,
 		MaxConns:       o.maxConns,
 		Lookup:         lookup,
 		Audit:          h.audit,
