@@ -51,11 +51,13 @@ func (b *Backend) startEgress(sb *sandbox) (*egressPath, error) {
 	return &egressPath{ns: ns, sess: sess}, nil
 }
 
-func (ep *egressPath) close() {
+func (ep *egressPath) close(log interface{ Warn(string, ...any) }) {
 	if ep == nil {
 		return
 	}
-	ep.sess.Close() // closes the TUN device too
+	if err := ep.sess.Close(); err != nil { // closes the TUN device too
+		log.Warn("egress", "error", err.Error())
+	}
 	ep.ns.NS.Close()
 }
 

@@ -364,7 +364,7 @@ func (b *Backend) stopInit(ip *initProc) {
 	}
 	_ = ip.ctrl.Close()
 	_ = ip.stderr.Close()
-	ip.egress.close()
+	ip.egress.close(b.log)
 }
 
 // reapInit waits (boundedly) for init's bwrap to exit and reports whether

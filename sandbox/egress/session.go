@@ -121,8 +121,15 @@ func newSession(e *Egress, tun *os.File, sandbox, owner string, p Policy) (_ *Se
 	return s, nil
 }
 
+// closeWait bounds Close's wait for the session's goroutines.
+var closeWait = 10 * time.Second
+
 // Close stops the netstack, every connection it holds and the TUN device.
+// It waits for the session's goroutines at most closeWait: one that is
+// stuck is left behind (and reported) rather than holding up the
+// sandbox's destroy.
 func (s *Session) Close() error {
+	var err error
 	s.once.Do(func() {
 		close(s.closing)
 		s.mu.Lock()
@@ -130,13 +137,26 @@ func (s *Session) Close() error {
 			c.Close()
 		}
 		s.mu.Unlock()
-		s.stack.Close()
-		s.wg.Wait()
-		s.stack.Wait()
-		s.tun.Close()
+		done := make(chan struct{})
+		go func() {
+			s.stack.Close()
+			s.wg.Wait()
+			s.stack.Wait()
+			close(done)
+		}()
+		t := time.NewTimer(closeWait)
+		defer t.Stop()
+		select {
+		case <-done:
+			s.tun.Close()
+		case <-t.C:
+			// The TUN device is closed once the netstack lets go of it.
+			go func() { <-done; s.tun.Close() }()
+			err = fmt.Errorf("egress: the netstack of sandbox %s did not stop within %v; left to stop in the background", s.sandbox, closeWait)
+		}
 		s.e.forget(s)
 	})
-	return nil
+	return err
 }
 
 // Conns is the number of live connections and UDP flows.
