@@ -622,3 +622,79 @@ func TestIPv6AllowedNameAndCIDR(t *testing.T) {
 		t.Fatalf("IPv6 CIDR: %v %q", err, out)
 	}
 }
+
+// TestServerFirstProtocol: a client that sends nothing (SSH, SMTP: the
+// server speaks first) to a name-allowed address goes through once the
+// peek gives up waiting for a name. The netstack's read deadline has an
+// error of its own, not os.ErrDeadlineExceeded; mistaking it for a failure
+// reset every such connection.
+func TestServerFirstProtocol(t *testing.T) {
+	h := newHarness(t, harnessOpts{names: []string{"allowed.test"}})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			fmt.Fprint(c, "220 greeting\n")
+			c.Close()
+		}
+	}()
+	_, port, _ := net.SplitHostPort(l.Addr().String())
+	const py = `
+import socket, sys
+a = socket.getaddrinfo("allowed.test", int(sys.argv[1]), socket.AF_INET, socket.SOCK_STREAM)[0][4]
+s = socket.create_connection(a, timeout=20)
+print(s.makefile().readline(), end="")
+`
+	out, err := h.run("/usr/bin/python3", "-c", py, port)
+	if err != nil || out != "220 greeting\n" {
+		t.Fatalf("server-first: %v %q", err, out)
+	}
+	if evs := h.eventsFor(func(ev Event) bool { return ev.Proto == "tcp" && ev.Allowed && ev.Name == "allowed.test" }); len(evs) != 1 {
+		t.Fatalf("audit: %+v", h.eventsFor(func(Event) bool { return true }))
+	}
+}
+
+// TestCloseIsBounded: a session whose goroutines do not stop is left
+// behind after closeWait, reported, rather than holding Close (and so a
+// sandbox's destroy) forever.
+func TestCloseIsBounded(t *testing.T) {
+	needRoot(t)
+	old := closeWait
+	closeWait = 200 * time.Millisecond
+	defer func() { closeWait = old }()
+	e, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, err := NewNetns()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.NS.Close()
+	s, err := e.Serve(ns.TUN, "stuck", "", Policy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	s.wg.Add(1) // a goroutine of the session that is stuck
+	go func() { <-release; s.wg.Done() }()
+	start := time.Now()
+	err = s.Close()
+	if err == nil || !strings.Contains(err.Error(), "did not stop") {
+		t.Fatalf("Close: %v", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("Close took %v", d)
+	}
+	if e.Sessions() != 0 {
+		t.Fatal("the session is still counted")
+	}
+	close(release)
+}
