@@ -115,10 +115,8 @@ func (s *Session) lookup(name, network string) ([]netip.Addr, error) {
 		}
 		return out, nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), dnsLookupLimit)
+	ctx, cancel := context.WithTimeout(s.ctx, dnsLookupLimit)
 	defer cancel()
-	stop := context.AfterFunc(ctxClosing(s.closing), cancel)
-	defer stop()
 	as, err := s.e.cfg.Lookup(ctx, network, name)
 	if err != nil {
 		// No record of this family is not a failure.

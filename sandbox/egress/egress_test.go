@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -533,6 +534,7 @@ func TestThousandConnectionsBounded(t *testing.T) {
 	if m := h.dnsQuery("allowed.test", dnsmessage.TypeA); len(m.Answers) != 1 {
 		t.Fatal("no address")
 	}
+	goroutines := runtime.NumGoroutine()
 	// 1,000 connections from inside the namespace at once, all held open.
 	const py = `
 import resource, socket, sys, selectors, errno, time
@@ -590,6 +592,14 @@ print(ok, refused, other, len(pending))
 	}
 	if n := h.sess.Conns(); n != 0 {
 		t.Fatalf("%d connections still counted", n)
+	}
+	// Nothing of the 1,000 stays behind in the daemon (a goroutine per
+	// dialled connection once waited for the session's end).
+	for time.Now().Before(deadline) && runtime.NumGoroutine() > goroutines+16 {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > goroutines+16 {
+		t.Fatalf("%d goroutines after the storm, %d before", n, goroutines)
 	}
 	if out, err := h.run("curl", "-sS", "--max-time", "20", h.httpURL); err != nil || !strings.HasPrefix(out, "hello") {
 		t.Fatalf("after the storm: %v %q", err, out)

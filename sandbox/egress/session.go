@@ -45,7 +45,9 @@ type Session struct {
 	stack          *stack.Stack
 	tun            *os.File
 
-	conns   atomic.Int64 // live connections and UDP flows
+	conns   atomic.Int64    // live connections and UDP flows
+	ctx     context.Context // done when the session closes
+	cancel  context.CancelFunc
 	dnsSem  chan struct{}
 	closing chan struct{}
 	once    sync.Once
@@ -66,6 +68,7 @@ func newSession(e *Egress, tun *os.File, sandbox, owner string, p Policy) (_ *Se
 	s := &Session{e: e, sandbox: sandbox, owner: owner, policy: p, tun: tun,
 		dnsSem: make(chan struct{}, maxDNSInFlight), closing: make(chan struct{}),
 		handed: map[netip.Addr]map[string]struct{}{}, open: map[io.Closer]struct{}{}}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.stack = stack.New(stack.Options{
 		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol, ipv6.NewProtocol},
 		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol},
@@ -132,6 +135,7 @@ func (s *Session) Close() error {
 	var err error
 	s.once.Do(func() {
 		close(s.closing)
+		s.cancel()
 		s.mu.Lock()
 		for c := range s.open {
 			c.Close()
@@ -324,10 +328,8 @@ func (s *Session) handleTCP(r *tcp.ForwarderRequest) {
 			ev.Name = d.names[0]
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.e.cfg.DialTimeout)
-	stop := context.AfterFunc(ctxClosing(s.closing), cancel)
+	ctx, cancel := context.WithTimeout(s.ctx, s.e.cfg.DialTimeout)
 	up, err := s.e.cfg.Dial(ctx, "tcp", netip.AddrPortFrom(dst, port).String())
-	stop()
 	cancel()
 	if err != nil {
 		ev.Reason = "dial: " + err.Error()
@@ -340,13 +342,6 @@ func (s *Session) handleTCP(r *tcp.ForwarderRequest) {
 	defer s.untrack(up)
 	ev.Allowed, ev.Reason = true, d.reason
 	ev.BytesOut, ev.BytesIn = relay(guest, up, first, s.e.cfg.IdleTimeout)
-}
-
-// ctxClosing is a context done when ch closes.
-func ctxClosing(ch <-chan struct{}) context.Context {
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() { <-ch; cancel() }()
-	return ctx
 }
 
 // abort resets a guest connection.
@@ -454,7 +449,7 @@ func (s *Session) handleUDP(r *udp.ForwarderRequest) {
 		defer s.conns.Add(-1)
 		defer s.untrack(guest)
 		start := time.Now()
-		ctx, cancel := context.WithTimeout(context.Background(), s.e.cfg.DialTimeout)
+		ctx, cancel := context.WithTimeout(s.ctx, s.e.cfg.DialTimeout)
 		up, err := s.e.cfg.Dial(ctx, "udp", netip.AddrPortFrom(dst, port).String())
 		cancel()
 		if err != nil {
