@@ -43,7 +43,7 @@ private_allowed = ["127.0.0.0/8"]
 `), 0o644))
 	d := startDaemon(t, base, "--config", conf)
 	c := d.client(t)
-	res := call(t, c, ipc.OpCreate, map[string]any{"spec": map[string]any{"owner": "dag/egress", "allow_egress_to": []string{"allowed.test"}}})
+	res := call(t, c, ipc.OpCreate, map[string]any{"spec": map[string]any{"owner": "dag/egress", "allow_egress_to": []string{"allowed.test"}}, "ttl_s": 600})
 	assert.Equal(t, "allowlist", res["network"])
 	id := res["sandbox"].(string)
 	out := run(t, c, id, "curl -sS --max-time 20 http://allowed.test:"+port+"/")
@@ -77,6 +77,14 @@ private_allowed = ["127.0.0.0/8"]
 	assert.Equal(t, 1, allowed, "allowed connections in the audit trail")
 	assert.Equal(t, 1, refused, "refused connections in the audit trail (the metadata address)")
 	assert.Contains(t, logs, `"name":"other.test"`, "the NXDOMAIN is audited")
+
+	// A restart ends the init and its namespace; the adopted sandbox's next
+	// command gets a new one under the same lists.
+	d.stop()
+	d.restart()
+	c = d.client(t)
+	out = run(t, c, id, "curl -sS --max-time 20 http://allowed.test:"+port+"/; curl -sS --max-time 20 http://other.test:"+port+"/ || echo refused")
+	assert.Equal(t, "hello allowed.test:"+port+"refused\n", string(out.Stdout), "%s", out.Stderr)
 }
 
 // TestEgressOffRefusesLists: the default daemon still refuses the lists,
