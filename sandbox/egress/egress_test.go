@@ -501,6 +501,9 @@ s.sendto(b"datagram", ("100.127.0.1", int(sys.argv[1]))); print(s.recv(64).decod
 func TestICMPRefused(t *testing.T) {
 	h := newHarness(t, harnessOpts{cidrs: []string{"127.0.0.1/32"}})
 	if _, err := exec.LookPath("ping"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI=true: ping (iputils-ping, in scripts/test.sh's packages) is missing")
+		}
 		t.Skip("no ping")
 	}
 	// The namespace's only route is the TUN device: the echo request goes
