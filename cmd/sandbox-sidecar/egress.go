@@ -25,7 +25,7 @@ type EgressSection struct {
 	// MaxConns bounds each sandbox's concurrent connections (default 256).
 	MaxConns int `toml:"max_conns"`
 	// IdleTimeout closes connections idle this long (default 5m).
-	IdleTimeout Duration `toml:"idle_timeout"`
+	IdleTimeout Duration `toml:"conn_idle_timeout"`
 }
 
 func (e EgressSection) validate() []error {

@@ -27,6 +27,16 @@ says how); systemd hands the daemon that socket.'
   [airflow]='The packaged service has no network of its own: install the drop-in
 /usr/share/doc/sandbox-sidecar/examples/airflow-api.conf (naming your API
 server) so the daemon can reach api_url.'
+  [egress]='Per-sandbox egress allow-lists (allow_egress_to, allow_egress_to_cidrs) for
+the bwrap backend; off, such specs are refused (spec_unenforceable). On needs
+the drop-in /usr/share/doc/sandbox-sidecar/examples/egress.conf (the host'"'"'s
+network, /dev/net/tun, CAP_SYS_ADMIN and CAP_NET_ADMIN; docs/operations.md,
+Egress). Names the egress resolver answers itself go in a table:
+[egress.hosts] "mirror.internal" = ["10.20.1.5"]'
+  [egress.private_allowed]='Loopback, private or host-own CIDRs sandboxes may be let reach (never
+link-local: 169.254.169.254 is always refused).'
+  [egress.max_conns]='Connections and UDP flows at once, per sandbox.'
+  [egress.conn_idle_timeout]='A connection with no byte either way for this long is closed.'
   [server.audit_file]='The service may write under /var/log/sandbox-sidecar (LogsDirectory=).'
   [limits.cgroups]='The service has Delegate=yes: sandboxes get cgroups of their own where the
 host'"'"'s cgroup v2 has the memory, pids and cpu controllers (Debian 12,
