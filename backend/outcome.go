@@ -13,8 +13,9 @@ const (
 // Facts are what a backend observed about how one command ended, and
 // nothing it has concluded from them. Classify concludes.
 type Facts struct {
-	// ExitCode is the status of the process the backend waited for (GNU
-	// timeout's, under which every guest command runs).
+	// ExitCode is the status of the process the backend waited for: the
+	// command's own where the sandbox's init keeps the budget (bwrap,
+	// gVisor), GNU timeout's where a command runs under it (sbx, host).
 	ExitCode int
 	// Elapsed is how long the command took, measured on the host around
 	// it, so never less than the guest's own timeout measured.
@@ -25,6 +26,10 @@ type Facts struct {
 	// OuterFired: the command outlived Applied+KillAfter and the daemon's
 	// own deadline, so the backend killed it from outside.
 	OuterFired bool
+	// GuestTimedOut: the sandbox's init, which keeps the budget itself,
+	// says it stopped the command at Applied (ExitCode is then 124, or 137
+	// when it needed SIGKILL).
+	GuestTimedOut bool
 	// Ended: the backend learned how the command ended (an exit status).
 	// A command whose end is unknown (its sandbox died under it) cannot
 	// have timed out.
@@ -48,8 +53,8 @@ type Outcome struct {
 //
 //   - sandbox_terminated when the sandbox is gone, whatever else happened;
 //   - nothing else when the backend does not know how it ended;
-//   - timed_out when the backend killed it from outside, or GNU timeout
-//     says it did: 124 (the command died to its SIGTERM) once Applied has
+//   - timed_out when the backend killed it from outside, the sandbox's init
+//     says it stopped it at its budget, or GNU timeout says it did: 124 (the command died to its SIGTERM) once Applied has
 //     elapsed, 137 (it had to SIGKILL) once Applied+KillAfter has. A
 //     command can exit 124 by itself and an OOM kill is also 137, so
 //     neither counts earlier;
@@ -69,7 +74,7 @@ func Classify(f Facts) Outcome {
 	case f.Terminated:
 		o.SandboxTerminated = true
 	case !f.Ended:
-	case f.OuterFired:
+	case f.OuterFired, f.GuestTimedOut:
 		o.TimedOut = true
 	case f.ExitCode == ExitTimedOut && f.Elapsed >= f.Applied:
 		o.TimedOut = true

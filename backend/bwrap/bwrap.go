@@ -508,7 +508,7 @@ func (b *Backend) probe(ctx context.Context) error {
 		return fail(err)
 	}
 	env, _ := mergeEnv(nil, nil)
-	res, err := b.execInit(ctx, ctx, sb, ip, backend.ExecRequest{MaxOutputBytes: probeOutputBytes}, b.budgeted([]string{"/bin/true"}, 5*time.Second), env, guestWorkspace, 5*time.Second)
+	res, err := b.execInit(ctx, ctx, sb, ip, backend.ExecRequest{MaxOutputBytes: probeOutputBytes}, []string{"/bin/true"}, env, guestWorkspace, 5*time.Second)
 	switch {
 	case err != nil:
 		return fail(err)

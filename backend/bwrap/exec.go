@@ -25,8 +25,6 @@ const (
 	guestGID       = 1000
 	guestHostname  = "sandbox"
 	guestPath      = "/usr/local/bin:/usr/bin:/bin"
-
-	timeoutPath = "/usr/bin/timeout" // GNU coreutils, under the bound /usr
 )
 
 // outerKillGrace is SIGTERM to SIGKILL for a command's own bwrap.
@@ -61,10 +59,13 @@ var (
 
 // Exec runs one command in the sandbox and returns its bounded output.
 //
-// The command runs as uid 1000 ("sandbox") in /workspace (or req.Cwd) under
-// GNU timeout with req.Timeout (rounded up to whole milliseconds, at least
-// one) and KillGrace; the daemon has it killed if it outlives that by
-// ExecGrace. Its environment is PATH, HOME, LANG, then the sandbox's Env,
+// The command runs as uid 1000 ("sandbox") in /workspace (or req.Cwd),
+// exec'd directly by the sandbox's init (a command string under the
+// sandbox's /bin/sh -c), with req.Timeout (rounded up to whole
+// milliseconds, at least one) and KillGrace kept by init itself: SIGTERM
+// to its process group at the budget, SIGKILL to every process of the
+// sandbox once the grace is spent too (exit 124, or 137, and TimedOut).
+// The daemon has it killed if it outlives that by ExecGrace. Its environment is PATH, HOME, LANG, then the sandbox's Env,
 // then req.Env, and nothing else. A zero req.MaxOutputBytes keeps
 // capture.DefaultMaxOutputBytes of each stream.
 //
@@ -91,7 +92,6 @@ func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 		return backend.ExecResult{}, err
 	}
 	applied := backend.GuestTimeout(req.Timeout)
-	argv = b.budgeted(argv, applied)
 
 	opCtx, done, err := sb.begin(ctx)
 	if err != nil {
@@ -114,12 +114,6 @@ func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 		return backend.ExecResult{AppliedTimeout: applied}, fmt.Errorf("command in sandbox %s was not run because the request ended: %w", id, ctx.Err())
 	}
 	return backend.ExecResult{}, err
-}
-
-// budgeted returns argv under GNU timeout with the applied budget and the
-// kill grace, as the guest runs it.
-func (b *Backend) budgeted(argv []string, applied time.Duration) []string {
-	return append([]string{timeoutPath, "--kill-after=" + backend.TimeoutSeconds(backend.GuestTimeout(b.cfg.KillGrace)), "--", backend.TimeoutSeconds(applied)}, argv...)
 }
 
 // baseEnv is every command's environment before the sandbox's and the

@@ -483,7 +483,7 @@ func TestInitRefusesMalformedMessages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	good, err := memFile("req", string(runRequest{argv: []string{timeoutPath, "5", "/bin/true"}, env: []string{"A=b"}, cwd: "/"}.encode()))
+	good, err := memFile("req", string(runRequest{argv: []string{"/bin/true"}, env: []string{"A=b"}, cwd: "/", timeout: 5 * time.Second}.encode()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -493,7 +493,7 @@ func TestInitRefusesMalformedMessages(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer bad.Close()
-	unbudgeted, err := memFile("req", string(runRequest{argv: []string{"/bin/sh", "-c", "true"}, cwd: "/"}.encode()))
+	unbudgeted, err := memFile("req", string(runRequest{argv: []string{"/bin/sh", "-c", "true"}, cwd: "/", timeout: 0}.encode()))
 	if err != nil {
 		t.Fatal(err)
 	}

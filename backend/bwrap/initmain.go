@@ -7,6 +7,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -59,12 +60,18 @@ func InitMain() {
 //     between commands.
 //
 // Init still re-checks every message and descriptor it receives, bounds
-// what it reads, and runs only argv that begin with GNU timeout.
+// what it reads, and keeps every command's budget itself: a timerfd fires
+// at the budget (SIGTERM and SIGCONT to the command's process group, as
+// GNU timeout did) and again once the grace is spent too (SIGKILL to every
+// process of the sandbox, so neither a process that ignores SIGTERM nor
+// one that left the group survives). The command is exec'd directly: a
+// command string is the sandbox's own /bin/sh -c, an argv its program.
 
-// initState is init's whole state: the control socket and at most one
-// running command.
+// initState is init's whole state: the control socket, the timer that
+// keeps a command's budget, and at most one running command.
 type initState struct {
 	ctrl     int
+	timer    int // a timerfd (CLOCK_MONOTONIC), armed while a command runs
 	cmd      *initCommand
 	children bool // some child may still be unreaped
 	opener   openerChild
@@ -73,10 +80,12 @@ type initState struct {
 
 // initCommand is the command init is running.
 type initCommand struct {
-	pid    int
-	pidfd  int // readable once it exits; -1 if the kernel gave none
-	status int // the command's status socket
-	killed bool
+	pid       int
+	pidfd     int // readable once it exits; -1 if the kernel gave none
+	status    int // the command's status socket
+	killed    bool
+	killAfter time.Duration // SIGTERM to SIGKILL once the budget is spent
+	timed     uint32        // timedNo, timedTerm or timedKill: what the timer has done
 }
 
 func runInit() int {
@@ -104,7 +113,11 @@ func runInit() int {
 	if err := unix.Chdir("/"); err != nil {
 		return initFail("chdir /: %v", err)
 	}
-	st := &initState{ctrl: initControlFD, opener: openerChild{pid: -1, sock: -1}}
+	timer, err := unix.TimerfdCreate(unix.CLOCK_MONOTONIC, unix.TFD_CLOEXEC|unix.TFD_NONBLOCK)
+	if err != nil {
+		return initFail("cannot make the timer that keeps commands' budgets: %v", err)
+	}
+	st := &initState{ctrl: initControlFD, timer: timer, opener: openerChild{pid: -1, sock: -1}}
 	if err := unix.Sendmsg(st.ctrl, initMsg{kind: msgReady}.encode(), nil, nil, unix.MSG_NOSIGNAL); err != nil {
 		return initFail("cannot tell the daemon it is ready: %v", err)
 	}
@@ -189,11 +202,11 @@ func (st *initState) idle() bool {
 	return false
 }
 
-// busy waits for the running command to end or for the daemon to ask for
-// it to be killed, reaping as it goes.
+// busy waits for the running command to end, for its budget's timer or
+// for the daemon to ask for it to be killed, reaping as it goes.
 func (st *initState) busy() {
 	c := st.cmd
-	fds := make([]unix.PollFd, 0, 2)
+	fds := make([]unix.PollFd, 0, 4)
 	if c.pidfd >= 0 {
 		fds = append(fds, unix.PollFd{Fd: int32(c.pidfd), Events: unix.POLLIN})
 	}
@@ -204,6 +217,9 @@ func (st *initState) busy() {
 		// File operations' open requests come while a command runs too.
 		fds = append(fds, unix.PollFd{Fd: int32(st.ctrl), Events: unix.POLLIN})
 	}
+	if c.timed != timedKill {
+		fds = append(fds, unix.PollFd{Fd: int32(st.timer), Events: unix.POLLIN})
+	}
 	timeout := initReapInterval
 	if c.pidfd < 0 {
 		timeout = 20
@@ -211,15 +227,20 @@ func (st *initState) busy() {
 	if _, err := unix.Poll(fds, timeout); err != nil && !errors.Is(err, unix.EINTR) {
 		fmt.Fprintf(os.Stderr, "sandbox init: poll: %v\n", err)
 	}
+	exited := false
 	for _, p := range fds {
-		if int(p.Fd) == st.ctrl && p.Revents != 0 {
+		exited = exited || int(p.Fd) == c.pidfd && p.Revents != 0
+	}
+	for _, p := range fds {
+		switch {
+		case p.Revents == 0:
+		case int(p.Fd) == st.ctrl:
 			// The daemon gone mid-command (a hang-up) is left to idle,
 			// which exits once the command is over.
 			if p.Revents&unix.POLLIN == 0 || st.receive() {
 				st.ctrlHup = true
 			}
-		}
-		if int(p.Fd) == c.status && p.Revents != 0 {
+		case int(p.Fd) == c.status:
 			// The daemon shut down its side: the command's budget is spent
 			// or its request is gone. Whatever arrived, the answer is the
 			// same.
@@ -227,9 +248,44 @@ func (st *initState) busy() {
 			_, _, _ = unix.Recvfrom(c.status, buf[:], unix.MSG_DONTWAIT)
 			killAllButInit()
 			c.killed = true
+		case int(p.Fd) == st.timer && !exited:
+			// (A command that exited as its budget ran out ended in
+			// time: the reap below reports it as it is.)
+			st.budgetSpent(c)
 		}
 	}
 	st.reap()
+}
+
+// budgetSpent acts on the budget's timer: at the budget, SIGTERM (and
+// SIGCONT, so a stopped process gets it) to the command's process group
+// and the timer set for the grace; once the grace is spent too, SIGKILL to
+// every process of the sandbox.
+func (st *initState) budgetSpent(c *initCommand) {
+	var expirations [8]byte
+	if n, err := unix.Read(st.timer, expirations[:]); n != len(expirations) || err != nil {
+		return // not fired after all (EAGAIN)
+	}
+	switch c.timed {
+	case timedNo:
+		c.timed = timedTerm
+		_ = unix.Kill(-c.pid, unix.SIGTERM)
+		_ = unix.Kill(-c.pid, unix.SIGCONT)
+		if c.killAfter > 0 {
+			st.arm(c.killAfter)
+			return
+		}
+		fallthrough
+	case timedTerm:
+		c.timed = timedKill
+		killAllButInit()
+	}
+}
+
+// arm sets the timer to fire once, d from now; 0 disarms it.
+func (st *initState) arm(d time.Duration) {
+	spec := unix.ItimerSpec{Value: unix.NsecToTimespec(int64(d))}
+	_ = unix.TimerfdSettime(st.timer, 0, &spec, nil)
 }
 
 // reap collects every exited child; the running command's status ends it.
@@ -262,13 +318,14 @@ func (st *initState) reap() {
 func (st *initState) finish(ws unix.WaitStatus) {
 	c := st.cmd
 	st.cmd = nil
+	st.arm(0)
 	// A command's processes end with it: background jobs, setsid and
 	// double-fork escapees alike. Only init and its children were in the
 	// namespace before it started.
 	killAllButInit()
 	st.children = true
 	st.dropOpener() // killed too: the next open starts another
-	m := initMsg{kind: msgExited}
+	m := initMsg{kind: msgExited, c: c.timed}
 	switch {
 	case ws.Exited():
 		m.a, m.b = endExited, uint32(ws.ExitStatus())
@@ -413,14 +470,23 @@ func readRequest(fd int) (runRequest, int64, error) {
 }
 
 // start runs the request with stdio as its streams, in a session of its
-// own, and tells the daemon it started (or why it could not). It takes
-// ownership of status.
+// own, under its budget, and tells the daemon it started (or why it could
+// not). It takes ownership of status.
 func (st *initState) start(req runRequest, status int, stdio []int) {
 	fail := func(err error, format string, args ...any) {
 		msg := fmt.Sprintf("sandbox: "+format+"\n", args...)
 		_, _ = unix.Write(stdio[2], []byte(msg))
 		errno, _ := errors.AsType[unix.Errno](err)
 		_ = unix.Sendmsg(status, initMsg{kind: msgFailed, a: uint32(errno)}.encode(), nil, nil, unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT)
+		_ = unix.Close(status)
+	}
+	// Not there, or not runnable: the status a shell gives (127, 126),
+	// as GNU timeout did in front of it.
+	notRunnable := func(err error) {
+		msg := fmt.Sprintf("sandbox: cannot run %s: %v\n", truncate(req.argv[0], 256), err)
+		_, _ = unix.Write(stdio[2], []byte(msg))
+		m := initMsg{kind: msgExited, a: endExited, b: uint32(initproc.NotRunnableStatus(err))}
+		_ = unix.Sendmsg(status, m.encode(), nil, nil, unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT)
 		_ = unix.Close(status)
 	}
 	var fi unix.Stat_t
@@ -431,18 +497,36 @@ func (st *initState) start(req runRequest, status int, stdio []int) {
 		fail(unix.ENOTDIR, "cannot change directory to %s: not a directory", req.cwd)
 		return
 	}
+	prog, err := initproc.LookPath(req.argv[0], req.env)
+	if err != nil {
+		notRunnable(err)
+		return
+	}
 	pidfd := -1
-	pid, err := syscall.ForkExec(req.argv[0], req.argv, &syscall.ProcAttr{
+	pid, err := syscall.ForkExec(prog, req.argv, &syscall.ProcAttr{
 		Dir:   req.cwd,
 		Env:   req.env,
 		Files: []uintptr{uintptr(stdio[0]), uintptr(stdio[1]), uintptr(stdio[2])},
 		Sys:   &syscall.SysProcAttr{Setsid: true, PidFD: &pidfd},
 	})
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EACCES) || errors.Is(err, unix.ENOEXEC) || errors.Is(err, unix.EISDIR) || errors.Is(err, unix.ENOTDIR) {
+		notRunnable(err)
+		return
+	}
 	if err != nil {
 		fail(err, "cannot start the command in %s: %v", req.cwd, err)
 		return
 	}
+	// The budget runs from the fork, as GNU timeout's did from its own.
+	st.arm(req.timeout)
 	st.children = true
-	st.cmd = &initCommand{pid: pid, pidfd: pidfd, status: status}
+	st.cmd = &initCommand{pid: pid, pidfd: pidfd, status: status, killAfter: req.killAfter}
 	_ = unix.Sendmsg(status, initMsg{kind: msgStarted, a: uint32(pid)}.encode(), nil, nil, unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT)
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "..."
+	}
+	return s
 }

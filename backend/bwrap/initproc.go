@@ -456,6 +456,7 @@ func (b *Backend) killInit(sb *sandbox) {
 type initOutcome struct {
 	exitCode   int
 	exited     bool // init reported how the command ended
+	timedOut   bool // init stopped the command at its budget
 	outerFired bool // the daemon's own deadline passed and it had init kill the command
 	terminated bool // init died or was killed: the sandbox is gone
 	refused    bool // init closed the status socket without an answer, yet lives
@@ -466,13 +467,14 @@ type initOutcome struct {
 // and the command's pipes, then reads the command's status socket until
 // init says how it ended, enforcing the deadline, ctx and Destroy itself.
 func (b *Backend) execInit(ctx, opCtx context.Context, sb *sandbox, ip *initProc, req backend.ExecRequest, argv, env []string, cwd string, applied time.Duration) (backend.ExecResult, error) {
+	run := runRequest{argv: argv, env: env, cwd: cwd, timeout: applied, killAfter: backend.GuestTimeout(b.cfg.KillGrace)}
 	log := b.log.With("sandbox", sb.id)
 	streams, err := capture.NewStreams(req.Stdin, req.MaxOutputBytes)
 	if err != nil {
 		return backend.ExecResult{}, fmt.Errorf("%w: cannot create pipes for a command in sandbox %s (is the daemon out of file descriptors?): %v", backend.ErrUnavailable, sb.id, err)
 	}
 	streams.SetOutput(backend.OutputFunc(req.Output))
-	reqFile, err := memFile("sandbox-request", string(runRequest{argv: argv, env: env, cwd: cwd}.encode()))
+	reqFile, err := memFile("sandbox-request", string(run.encode()))
 	if err != nil {
 		streams.Close()
 		return backend.ExecResult{}, fmt.Errorf("%w: prepare a command for sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
@@ -536,7 +538,7 @@ func (b *Backend) execInit(ctx, opCtx context.Context, sb *sandbox, ip *initProc
 		res.ExitCode = backend.ExitKilled
 	}
 	b.classify(sb, &res, backend.Facts{ExitCode: o.exitCode, Elapsed: o.duration, Applied: applied,
-		OuterFired: o.outerFired, Ended: o.exited, Terminated: destroyed || o.terminated}, oomBefore)
+		OuterFired: o.outerFired, GuestTimedOut: o.timedOut, Ended: o.exited, Terminated: destroyed || o.terminated}, oomBefore)
 	switch {
 	case res.SandboxTerminated:
 		log.Info("command ended with its sandbox", "destroyed", destroyed, "duration", o.duration, "oom_kills", res.OOMKills)
@@ -655,8 +657,8 @@ func (b *Backend) converse(opCtx context.Context, ip *initProc, status *os.File,
 				started = true
 				continue
 			case derr == nil && m.kind == msgExited:
-				if code, cerr := m.exitCode(); cerr == nil {
-					o.exitCode, o.exited, o.duration = code, true, now.Sub(start)
+				if code, timed, cerr := m.exitCode(); cerr == nil {
+					o.exitCode, o.timedOut, o.exited, o.duration = code, timed, true, now.Sub(start)
 					return o
 				}
 			case derr == nil && m.kind == msgFailed && !started:

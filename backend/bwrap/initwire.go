@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -26,7 +27,8 @@ import (
 //	init → daemon, control:  ready                    once, when init is set up
 //	daemon → init, control:  run + SCM_RIGHTS [status socket, request memfd, stdin, stdout, stderr]
 //	init → daemon, status:   started (value: the command's pid in the sandbox)
-//	                         exited (values: how and with what status it ended), or
+//	                         exited (values: how and with what status it ended, and
+//	                         what init did about its budget: timedNo, timedTerm, timedKill), or
 //	                         failed (value: errno; the reason was written to its stderr)
 //	daemon → init, status:   shutdown(SHUT_WR): kill the command now
 //	daemon → init, control:  open + SCM_RIGHTS [reply socket]   (any time, also while a command runs)
@@ -38,17 +40,21 @@ import (
 // guest's identity, which opens the path inside the sandbox and sends the
 // descriptor back on the reply socket; the daemon only reads it.
 //
+// The request carries the command's budget: init keeps it itself (a timer
+// per command), so the command is exec'd directly, with no GNU timeout in
+// front of it.
+//
 // The status socket is a fresh pair per command, so the daemon reads each
 // command's outcome on its own socket and needs no multiplexing; when init
 // dies, the daemon's end of every status socket reads EOF. Both sides check
 // every header they receive and never trust a length they did not bound.
 const (
-	initMsgSize     = 20
+	initMsgSize     = 24
 	initMagic       = 0x74696e69 // "init"
-	initProtocol    = 1
-	initControlFD   = 3 // init's end of the control socket
-	initExeFD       = 4 // the daemon's executable, which bwrap runs as init
-	initRunFDs      = 5 // status, request, stdin, stdout, stderr
+	initProtocol    = 2          // 2: the request carries the budget, exited says what init did about it
+	initControlFD   = 3          // init's end of the control socket
+	initExeFD       = 4          // the daemon's executable, which bwrap runs as init
+	initRunFDs      = 5          // status, request, stdin, stdout, stderr
 	maxRequestBytes = 4 << 20
 	requestMagic    = 0x71657272 // "rreq"
 )
@@ -71,10 +77,18 @@ const (
 	endDumped = 3 // CLD_DUMPED: the value is the signal
 )
 
+// What init did about a command's budget, in an exited message (its third
+// value).
+const (
+	timedNo   = 0 // the command ended within its budget
+	timedTerm = 1 // init sent the command's process group SIGTERM at the budget
+	timedKill = 2 // and, the grace spent, SIGKILL to every process of the sandbox
+)
+
 // initMsg is one header.
 type initMsg struct {
-	kind uint32
-	a, b uint32
+	kind    uint32
+	a, b, c uint32
 }
 
 func (m initMsg) encode() []byte {
@@ -84,6 +98,7 @@ func (m initMsg) encode() []byte {
 	binary.LittleEndian.PutUint32(buf[8:], m.kind)
 	binary.LittleEndian.PutUint32(buf[12:], m.a)
 	binary.LittleEndian.PutUint32(buf[16:], m.b)
+	binary.LittleEndian.PutUint32(buf[20:], m.c)
 	return buf
 }
 
@@ -101,6 +116,7 @@ func decodeInitMsg(buf []byte) (initMsg, error) {
 		kind: binary.LittleEndian.Uint32(buf[8:]),
 		a:    binary.LittleEndian.Uint32(buf[12:]),
 		b:    binary.LittleEndian.Uint32(buf[16:]),
+		c:    binary.LittleEndian.Uint32(buf[20:]),
 	}
 	if m.kind < msgReady || m.kind > msgOpened {
 		return initMsg{}, fmt.Errorf("%w: unknown kind %d", errBadMessage, m.kind)
@@ -108,17 +124,27 @@ func decodeInitMsg(buf []byte) (initMsg, error) {
 	return m, nil
 }
 
-// exitCode turns an exited message into the status a shell would report:
-// the exit status, or 128+N for a command killed by signal N.
-func (m initMsg) exitCode() (int, error) {
+// exitCode turns an exited message into the status a shell would report
+// (the exit status, or 128+N for a command killed by signal N) and whether
+// init stopped the command at its budget. A timed-out command's status is
+// what GNU timeout gave: 124 (backend.ExitTimedOut), or 137
+// (backend.ExitKilled) when SIGKILL was needed.
+func (m initMsg) exitCode() (code int, timedOut bool, err error) {
+	valid := m.kind == msgExited &&
+		(m.a == endExited && m.b <= 255 || (m.a == endKilled || m.a == endDumped) && m.b >= 1 && m.b <= 64)
 	switch {
-	case m.kind != msgExited:
-	case m.a == endExited && m.b <= 255:
-		return int(m.b), nil
-	case (m.a == endKilled || m.a == endDumped) && m.b >= 1 && m.b <= 64:
-		return 128 + int(m.b), nil
+	case !valid:
+	case m.c == timedTerm:
+		return backend.ExitTimedOut, true, nil
+	case m.c == timedKill:
+		return backend.ExitKilled, true, nil
+	case m.c != timedNo:
+	case m.a == endExited:
+		return int(m.b), false, nil
+	default:
+		return 128 + int(m.b), false, nil
 	}
-	return 0, fmt.Errorf("%w: not a valid exit (kind %d, %d/%d)", errBadMessage, m.kind, m.a, m.b)
+	return 0, false, fmt.Errorf("%w: not a valid exit (kind %d, %d/%d/%d)", errBadMessage, m.kind, m.a, m.b, m.c)
 }
 
 // What an open request opens a path for.
@@ -166,27 +192,34 @@ func decodeOpenRequest(buf []byte) (openRequest, error) {
 
 // runRequest is what init needs to start one command.
 type runRequest struct {
-	argv []string // argv[0] is timeoutPath: init only runs budgeted commands
+	argv []string // the command: argv[0] a path, or a name looked up in env's PATH
 	env  []string // "NAME=value", the whole environment
 	cwd  string   // absolute, inside the sandbox
+	// timeout is the command's budget and killAfter the grace between
+	// SIGTERM and SIGKILL, both whole milliseconds (backend.GuestTimeout),
+	// timeout at least one.
+	timeout, killAfter time.Duration
 }
 
 // Bounds init applies to a request, beyond the total size.
 const (
-	maxRequestArgv = backend.MaxArgv + 8 // the command's and timeout's own
+	maxRequestArgv = backend.MaxArgv
 	maxRequestEnv  = 1 << 16
 )
 
 func (r runRequest) encode() []byte {
-	buf := make([]byte, 0, 4+wirefmt.ListSize(r.argv)+wirefmt.ListSize(r.env)+4+len(r.cwd))
+	buf := make([]byte, 0, 12+wirefmt.ListSize(r.argv)+wirefmt.ListSize(r.env)+4+len(r.cwd))
 	buf = binary.LittleEndian.AppendUint32(buf, requestMagic)
+	buf = binary.LittleEndian.AppendUint32(buf, uint32(r.timeout.Milliseconds()))
+	buf = binary.LittleEndian.AppendUint32(buf, uint32(r.killAfter.Milliseconds()))
 	buf = wirefmt.AppendList(buf, r.argv)
 	buf = wirefmt.AppendList(buf, r.env)
 	return wirefmt.AppendString(buf, r.cwd)
 }
 
-// decodeRunRequest parses and checks a request: every count and length
-// within what is left, no NUL anywhere, argv starting with timeoutPath,
+// decodeRunRequest parses and checks a request: a budget of at least a
+// millisecond and at most backend.MaxTimeout (and a grace no longer), every
+// count and length within what is left, no NUL anywhere, a non-empty argv,
 // every environment entry NAME=value, an absolute clean cwd, nothing
 // trailing.
 func decodeRunRequest(buf []byte) (runRequest, error) {
@@ -201,6 +234,15 @@ func decodeRunRequest(buf []byte) (runRequest, error) {
 		return bad("wrong magic")
 	}
 	var r runRequest
+	timeout, ok1 := d.U32()
+	killAfter, ok2 := d.U32()
+	if !ok1 || !ok2 {
+		return bad("no budget")
+	}
+	r.timeout, r.killAfter = time.Duration(timeout)*time.Millisecond, time.Duration(killAfter)*time.Millisecond
+	if r.timeout < time.Millisecond || r.timeout > backend.MaxTimeout || r.killAfter > backend.MaxTimeout {
+		return bad("budget %v (grace %v) is not within 1ms and %v", r.timeout, r.killAfter, backend.MaxTimeout)
+	}
 	var ok bool
 	if r.argv, ok = d.List(maxRequestArgv); !ok {
 		return bad("bad argv")
@@ -214,8 +256,8 @@ func decodeRunRequest(buf []byte) (runRequest, error) {
 	switch {
 	case d.Left() != 0:
 		return bad("%d bytes trailing", d.Left())
-	case len(r.argv) < 2 || r.argv[0] != timeoutPath:
-		return bad("argv must run %s and a command", timeoutPath)
+	case len(r.argv) == 0 || r.argv[0] == "":
+		return bad("argv is empty")
 	}
 	if err := wirefmt.CheckCommand(r.env, r.cwd); err != nil {
 		return bad("%v", err)

@@ -7,40 +7,46 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 )
 
 func TestRunRequestRoundTrip(t *testing.T) {
 	r := runRequest{
-		argv: []string{timeoutPath, "--kill-after=2.000", "--", "1.000", "sh", "-c", "echo 'x y'\n", ""},
-		env:  []string{"A=", "B=c=d", "UNICODE=é"},
-		cwd:  "/workspace/sub dir",
+		argv:    []string{"sh", "-c", "echo 'x y'\n", ""},
+		env:     []string{"A=", "B=c=d", "UNICODE=é"},
+		cwd:     "/workspace/sub dir",
+		timeout: 1500 * time.Millisecond, killAfter: 2 * time.Second,
 	}
 	got, err := decodeRunRequest(r.encode())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(got.argv, r.argv) || !slices.Equal(got.env, r.env) || got.cwd != r.cwd {
+	if !slices.Equal(got.argv, r.argv) || !slices.Equal(got.env, r.env) || got.cwd != r.cwd || got.timeout != r.timeout || got.killAfter != r.killAfter {
 		t.Errorf("round trip: %+v, want %+v", got, r)
 	}
 }
 
 func TestDecodeRunRequestRefuses(t *testing.T) {
-	ok := runRequest{argv: []string{timeoutPath, "1", "true"}, env: []string{"A=b"}, cwd: "/"}
+	ok := runRequest{argv: []string{"true"}, env: []string{"A=b"}, cwd: "/", timeout: time.Second}
 	cases := map[string][]byte{
 		"empty":            nil,
 		"wrong magic":      append([]byte("xxxx"), ok.encode()[4:]...),
 		"trailing byte":    append(ok.encode(), 0),
 		"truncated":        ok.encode()[:len(ok.encode())-1],
-		"no timeout":       runRequest{argv: []string{"/bin/sh", "-c", "true"}, cwd: "/"}.encode(),
-		"timeout alone":    runRequest{argv: []string{timeoutPath}, cwd: "/"}.encode(),
-		"relative cwd":     runRequest{argv: ok.argv, cwd: "workspace"}.encode(),
-		"unclean cwd":      runRequest{argv: ok.argv, cwd: "/workspace/../etc"}.encode(),
-		"NUL in argv":      runRequest{argv: []string{timeoutPath, "1", "a\x00b"}, cwd: "/"}.encode(),
-		"NUL in env":       runRequest{argv: ok.argv, env: []string{"A=\x00"}, cwd: "/"}.encode(),
-		"env without name": runRequest{argv: ok.argv, env: []string{"=x"}, cwd: "/"}.encode(),
-		"env without =":    runRequest{argv: ok.argv, env: []string{"PATH"}, cwd: "/"}.encode(),
+		"no budget":        runRequest{argv: []string{"/bin/sh", "-c", "true"}, cwd: "/"}.encode(),
+		"budget too long":  runRequest{argv: ok.argv, cwd: "/", timeout: backend.MaxTimeout + time.Millisecond}.encode(),
+		"grace too long":   runRequest{argv: ok.argv, cwd: "/", timeout: time.Second, killAfter: backend.MaxTimeout + time.Millisecond}.encode(),
+		"empty argv":       runRequest{cwd: "/", timeout: time.Second}.encode(),
+		"empty program":    runRequest{argv: []string{""}, cwd: "/", timeout: time.Second}.encode(),
+		"relative cwd":     runRequest{argv: ok.argv, cwd: "workspace", timeout: time.Second}.encode(),
+		"unclean cwd":      runRequest{argv: ok.argv, cwd: "/workspace/../etc", timeout: time.Second}.encode(),
+		"NUL in argv":      runRequest{argv: []string{"true", "a\x00b"}, cwd: "/", timeout: time.Second}.encode(),
+		"NUL in env":       runRequest{argv: ok.argv, env: []string{"A=\x00"}, cwd: "/", timeout: time.Second}.encode(),
+		"env without name": runRequest{argv: ok.argv, env: []string{"=x"}, cwd: "/", timeout: time.Second}.encode(),
+		"env without =":    runRequest{argv: ok.argv, env: []string{"PATH"}, cwd: "/", timeout: time.Second}.encode(),
 		"huge count":       binary.LittleEndian.AppendUint32(binary.LittleEndian.AppendUint32(nil, requestMagic), 1<<31),
 		"huge length": binary.LittleEndian.AppendUint32(binary.LittleEndian.AppendUint32(
 			binary.LittleEndian.AppendUint32(nil, requestMagic), 1), 1<<31),
@@ -54,7 +60,7 @@ func TestDecodeRunRequestRefuses(t *testing.T) {
 }
 
 func TestInitMsgs(t *testing.T) {
-	for _, m := range []initMsg{{kind: msgReady}, {kind: msgRun}, {kind: msgStarted, a: 42}, {kind: msgExited, a: endKilled, b: 9}, {kind: msgFailed, a: 2}} {
+	for _, m := range []initMsg{{kind: msgReady}, {kind: msgRun}, {kind: msgStarted, a: 42}, {kind: msgExited, a: endKilled, b: 9, c: timedKill}, {kind: msgFailed, a: 2}} {
 		got, err := decodeInitMsg(m.encode())
 		if err != nil || got != m {
 			t.Errorf("decode(encode(%+v)) = %+v, %v", m, got, err)
@@ -76,31 +82,39 @@ func TestInitMsgs(t *testing.T) {
 
 func TestExitCodeFromInit(t *testing.T) {
 	cases := []struct {
-		m    initMsg
-		code int
-		ok   bool
+		m     initMsg
+		code  int
+		timed bool
+		ok    bool
 	}{
-		{initMsg{kind: msgExited, a: endExited, b: 0}, 0, true},
-		{initMsg{kind: msgExited, a: endExited, b: 124}, 124, true},
-		{initMsg{kind: msgExited, a: endExited, b: 255}, 255, true},
-		{initMsg{kind: msgExited, a: endKilled, b: 9}, 137, true},
-		{initMsg{kind: msgExited, a: endDumped, b: 11}, 139, true},
-		{initMsg{kind: msgExited, a: endExited, b: 256}, 0, false},
-		{initMsg{kind: msgExited, a: endKilled, b: 0}, 0, false},
-		{initMsg{kind: msgExited, a: endKilled, b: 65}, 0, false},
-		{initMsg{kind: msgExited, a: 7, b: 1}, 0, false},
-		{initMsg{kind: msgStarted, a: endExited, b: 0}, 0, false},
+		{initMsg{kind: msgExited, a: endExited, b: 0}, 0, false, true},
+		{initMsg{kind: msgExited, a: endExited, b: 124}, 124, false, true},
+		{initMsg{kind: msgExited, a: endExited, b: 255}, 255, false, true},
+		{initMsg{kind: msgExited, a: endKilled, b: 9}, 137, false, true},
+		{initMsg{kind: msgExited, a: endDumped, b: 11}, 139, false, true},
+		// Stopped at its budget: what GNU timeout reported, whatever the
+		// command's own status.
+		{initMsg{kind: msgExited, a: endKilled, b: 15, c: timedTerm}, 124, true, true},
+		{initMsg{kind: msgExited, a: endExited, b: 0, c: timedTerm}, 124, true, true},
+		{initMsg{kind: msgExited, a: endKilled, b: 9, c: timedKill}, 137, true, true},
+		{initMsg{kind: msgExited, a: endKilled, b: 9, c: 3}, 0, false, false},
+		{initMsg{kind: msgExited, a: endExited, b: 256, c: timedTerm}, 0, false, false},
+		{initMsg{kind: msgExited, a: endExited, b: 256}, 0, false, false},
+		{initMsg{kind: msgExited, a: endKilled, b: 0}, 0, false, false},
+		{initMsg{kind: msgExited, a: endKilled, b: 65}, 0, false, false},
+		{initMsg{kind: msgExited, a: 7, b: 1}, 0, false, false},
+		{initMsg{kind: msgStarted, a: endExited, b: 0}, 0, false, false},
 	}
 	for _, tc := range cases {
-		code, err := tc.m.exitCode()
-		if (err == nil) != tc.ok || code != tc.code {
-			t.Errorf("exitCode(%+v) = %d, %v; want %d, ok %v", tc.m, code, err, tc.code, tc.ok)
+		code, timed, err := tc.m.exitCode()
+		if (err == nil) != tc.ok || code != tc.code || timed != tc.timed {
+			t.Errorf("exitCode(%+v) = %d, %v, %v; want %d, %v, ok %v", tc.m, code, timed, err, tc.code, tc.timed, tc.ok)
 		}
 	}
 }
 
 func FuzzDecodeRunRequest(f *testing.F) {
-	f.Add(runRequest{argv: []string{timeoutPath, "1", "true"}, env: []string{"A=b"}, cwd: "/"}.encode())
+	f.Add(runRequest{argv: []string{"true"}, env: []string{"A=b"}, cwd: "/", timeout: time.Second}.encode())
 	f.Add([]byte("rreq"))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, buf []byte) {
@@ -113,7 +127,7 @@ func FuzzDecodeRunRequest(f *testing.F) {
 		if !bytes.Equal(r.encode(), buf) {
 			t.Fatalf("re-encoding %+v differs from the input", r)
 		}
-		if r.argv[0] != timeoutPath || !strings.HasPrefix(r.cwd, "/") {
+		if len(r.argv) == 0 || r.argv[0] == "" || r.timeout < time.Millisecond || r.timeout > backend.MaxTimeout || !strings.HasPrefix(r.cwd, "/") {
 			t.Fatalf("accepted %+v", r)
 		}
 		for _, s := range slices.Concat(r.argv, r.env, []string{r.cwd}) {
@@ -135,7 +149,7 @@ func FuzzDecodeInitMsg(f *testing.F) {
 		if !bytes.Equal(m.encode(), buf) {
 			t.Fatalf("re-encoding %+v differs from the input", m)
 		}
-		if code, err := m.exitCode(); err == nil && (code < 0 || code > 255) {
+		if code, _, err := m.exitCode(); err == nil && (code < 0 || code > 255) {
 			t.Fatalf("exit code %d out of range from %+v", code, m)
 		}
 	})

@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -47,8 +45,9 @@ func InitMain() {
 // the daemon's pipes are its stdin and stdout, which no command inherits
 // (each gets pipes of its own). Everything a command started is killed when
 // it ends, so no guest process lives between commands. Init still checks
-// every frame and bounds what it reads, and runs only argv that begin with
-// GNU timeout.
+// every frame and bounds what it reads. It keeps each command's budget
+// itself (a timer: SIGTERM to the command's process group, then SIGKILL to
+// every process of the sandbox) and execs the command directly.
 
 // initState is init's whole state.
 type initState struct {
@@ -204,7 +203,7 @@ func (st *initState) run(req runRequest) {
 		}
 		pipes[i] = [2]*os.File{r, w}
 	}
-	prog, err := lookPath(req.argv[0], req.env)
+	prog, err := initproc.LookPath(req.argv[0], req.env)
 	if err != nil {
 		// As a shell reports it: 127 for a command that is not there,
 		// 126 for one that cannot be run.
@@ -212,10 +211,7 @@ func (st *initState) run(req runRequest) {
 			p[0].Close()
 			p[1].Close()
 		}
-		code := uint32(126)
-		if errors.Is(err, unix.ENOENT) {
-			code = 127
-		}
+		code := uint32(initproc.NotRunnableStatus(err))
 		idle()
 		_ = st.send(kindStderr, fmt.Appendf(nil, "sandbox: %s: %v\n", truncate(req.argv[0], 256), err))
 		_ = st.send(kindExited, u32s(endExited, code, timedNo))
@@ -246,10 +242,7 @@ func (st *initState) run(req runRequest) {
 		// The child changes directory after it became the guest uid, so
 		// a directory the guest may not enter fails here as it should;
 		// so does a program it may not run.
-		code := uint32(126)
-		if errors.Is(err, unix.ENOENT) {
-			code = 127
-		}
+		code := uint32(initproc.NotRunnableStatus(err))
 		idle()
 		_ = st.send(kindStderr, fmt.Appendf(nil, "sandbox: cannot run %s in %s: %v\n", truncate(req.argv[0], 256), req.cwd, err))
 		_ = st.send(kindExited, u32s(endExited, code, timedNo))
@@ -347,37 +340,6 @@ func (st *initState) run(req runRequest) {
 	}
 	idle()
 	_ = st.send(kindExited, u32s(how, value, timed))
-}
-
-// lookPath finds name as execvp would with env's PATH: a name with a
-// slash is used as it is.
-func lookPath(name string, env []string) (string, error) {
-	if strings.Contains(name, "/") {
-		return name, nil
-	}
-	pathVar := ""
-	for _, kv := range env {
-		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
-			pathVar = v
-		}
-	}
-	var found error = unix.ENOENT
-	for _, dir := range filepath.SplitList(pathVar) {
-		if dir == "" {
-			dir = "."
-		}
-		p := filepath.Join(dir, name)
-		fi, err := os.Stat(p)
-		if err != nil || fi.IsDir() {
-			continue
-		}
-		if fi.Mode().Perm()&0o111 == 0 {
-			found = unix.EACCES
-			continue
-		}
-		return p, nil
-	}
-	return "", found
 }
 
 func truncate(s string, n int) string {

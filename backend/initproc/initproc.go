@@ -5,9 +5,12 @@
 package initproc
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -70,4 +73,49 @@ func ShieldedSignals() []os.Signal {
 		sigs = append(sigs, s)
 	}
 	return sigs
+}
+
+// LookPath finds name as execvp would with env's PATH: a name with a slash
+// is used as it is; otherwise the first executable regular file of that
+// name in PATH's directories. It fails with unix.ENOENT when there is none
+// and unix.EACCES when the only ones found may not be executed, so that
+// the caller can report it as a shell does (127, 126). Init runs commands
+// directly, with no shell or GNU timeout in front of them to do this.
+func LookPath(name string, env []string) (string, error) {
+	if strings.Contains(name, "/") {
+		return name, nil
+	}
+	pathVar := ""
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			pathVar = v
+		}
+	}
+	var found error = unix.ENOENT
+	for _, dir := range filepath.SplitList(pathVar) {
+		if dir == "" {
+			dir = "."
+		}
+		p := filepath.Join(dir, name)
+		fi, err := os.Stat(p)
+		if err != nil || !fi.Mode().IsRegular() {
+			continue
+		}
+		if unix.Access(p, unix.X_OK) != nil {
+			found = unix.EACCES
+			continue
+		}
+		return p, nil
+	}
+	return "", found
+}
+
+// NotRunnableStatus is the exit status a shell reports for a command it
+// could not start because of err: 127 when it does not exist, 126 when it
+// cannot be executed.
+func NotRunnableStatus(err error) int {
+	if errors.Is(err, unix.ENOENT) {
+		return 127
+	}
+	return 126
 }
