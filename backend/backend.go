@@ -167,6 +167,18 @@ type ProblemReporter interface {
 	Problems() map[string]string
 }
 
+// Warmer is implemented by backends whose sandboxes have a long-lived part
+// they would otherwise start at the first command (bwrap's init, in its
+// namespaces and cgroup). Warm starts it now, so that the sandbox's first
+// command costs what any later one does; the lifecycle calls it for every
+// warm pool member it makes, before the member can be claimed. It is
+// idempotent, bounded by ctx, and an error means the sandbox cannot serve
+// (the caller destroys it). A sandbox whose warm part later dies is
+// terminated as it would be after any command.
+type Warmer interface {
+	Warm(ctx context.Context, id string) error
+}
+
 // StaleReleaser is implemented by backends whose sandboxes hold host
 // resources that a daemon killed with -9 can leave held (a loop device
 // attached to a sandbox's disk image in the dead daemon's mount namespace,

@@ -188,6 +188,13 @@ func (m *Manager) createPooled() error {
 	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.CreateTimeout)
 	defer cancel()
 	info, err := m.be.Create(ctx, rec.ID, backend.Spec{})
+	if err == nil {
+		// Ready to run, not just made: its first command must not pay
+		// for starting the sandbox's init.
+		if w, ok := m.be.(backend.Warmer); ok {
+			err = w.Warm(ctx, rec.ID)
+		}
+	}
 	if err != nil {
 		m.obs.CreateFailed(CreateFailPool)
 		m.claimAndDestroy(rec, "pool create failed", log)

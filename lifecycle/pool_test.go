@@ -2,6 +2,8 @@ package lifecycle
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -154,4 +156,59 @@ func TestPoolOwnerQuotaIsPerUID(t *testing.T) {
 	var q *QuotaError
 	require.ErrorAs(t, err, &q, "alice's own quota still holds")
 	assert.Equal(t, "owner", q.Scope)
+}
+
+// warmingBackend records the backend.Warmer calls the manager makes,
+// failing the first fail of them, and forwards the others to the backend
+// it wraps when that one warms too.
+type warmingBackend struct {
+	backend.Backend
+	mu     sync.Mutex
+	warmed []string
+	fail   int
+}
+
+func (w *warmingBackend) Warm(ctx context.Context, id string) error {
+	w.mu.Lock()
+	w.warmed = append(w.warmed, id)
+	failing := w.fail > 0
+	w.fail--
+	w.mu.Unlock()
+	if failing {
+		return fmt.Errorf("%w: warming failed (test)", backend.ErrUnavailable)
+	}
+	if inner, ok := w.Backend.(backend.Warmer); ok {
+		return inner.Warm(ctx, id)
+	}
+	return nil
+}
+
+func (w *warmingBackend) calls() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.warmed)
+}
+
+// Every pool member is warmed before it can be claimed; one that cannot be
+// warmed is destroyed and replaced, never handed out.
+func TestPoolWarmsEveryMember(t *testing.T) {
+	var wb *warmingBackend
+	e := newPoolEnv(t, 2, nil, withWrapper(func(b backend.Backend) backend.Backend {
+		wb = &warmingBackend{Backend: b, fail: 2}
+		return wb
+	}))
+	calls := wb.calls()
+	require.GreaterOrEqual(t, len(calls), 4, "two failed warms, then two members")
+	failed := calls[:2]
+	for _, s := range e.m.List(admin, "") {
+		assert.Contains(t, calls[2:], s.ID, "pool member %s was warmed", s.ID)
+		assert.NotContains(t, failed, s.ID)
+	}
+	left, err := e.base.List(context.Background())
+	require.NoError(t, err)
+	for _, id := range failed {
+		assert.NotContains(t, left, id, "a member that could not be warmed is destroyed")
+	}
+	s := e.create(alice, CreateRequest{})
+	assert.Contains(t, calls, s.ID, "the claimed sandbox was warmed")
 }

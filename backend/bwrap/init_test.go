@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 )
 
 // These tests need bubblewrap, and root for the uid-65534 mode: they skip
@@ -561,4 +563,55 @@ func processRunning(cmdline string) bool {
 		}
 	}
 	return false
+}
+
+// A warmed sandbox (a warm pool member) has its init running, in its
+// cgroup, before any command; its first command uses that init.
+func TestBwrapWarmStartsInitBeforeTheFirstCommand(t *testing.T) {
+	forEachMode(t, func(t *testing.T, b *Backend) {
+		id := create(t, b, backend.Spec{})
+		if pid := initPID(t, b, id); pid != 0 {
+			t.Fatalf("an unwarmed sandbox has an init (pid %d)", pid)
+		}
+		if err := b.Warm(context.Background(), id); err != nil {
+			t.Fatalf("Warm: %v", err)
+		}
+		warm := initPID(t, b, id)
+		if warm == 0 {
+			t.Fatal("no init after Warm")
+		}
+		if err := b.Warm(context.Background(), id); err != nil {
+			t.Fatalf("Warm again: %v", err)
+		}
+		if got := initPID(t, b, id); got != warm {
+			t.Errorf("a second Warm changed the init: pid %d, then %d", warm, got)
+		}
+		if out := runOK(t, b, id, "cat /proc/1/comm"); out != "sandbox-init\n" {
+			t.Errorf("pid 1: %q", out)
+		}
+		if got := initPID(t, b, id); got != warm {
+			t.Errorf("the first command started another init: pid %d, then %d", warm, got)
+		}
+		wantErr(t, b.Warm(context.Background(), "no-such-sandbox"), backend.ErrNotFound)
+		if err := b.Destroy(context.Background(), id); err != nil {
+			t.Fatal(err)
+		}
+		wantErr(t, b.Warm(context.Background(), id), backend.ErrNotFound)
+	})
+	t.Run("cgroup", func(t *testing.T) {
+		m := testCgroups(t)
+		b := newTestBackend(t, rangeUID, withCgroups(m, limits.Limits{PIDs: 64}))
+		id := create(t, b, backend.Spec{})
+		if err := b.Warm(context.Background(), id); err != nil {
+			t.Fatalf("Warm: %v", err)
+		}
+		pid := initPID(t, b, id)
+		pids, err := known(t, b, id).cg.PIDs()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Contains(pids, pid) {
+			t.Errorf("the warm init (pid %d) is not in the sandbox's cgroup, which holds %v", pid, pids)
+		}
+	})
 }

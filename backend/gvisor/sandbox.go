@@ -420,3 +420,29 @@ func (b *Backend) boot(ctx context.Context, sb *sandbox) (_ *initConn, err error
 	log.Debug("gVisor sandbox booted", "duration", time.Since(start))
 	return c, nil
 }
+
+var _ backend.Warmer = (*Backend)(nil)
+
+// Warm boots sandbox id's gVisor sandbox and init if this process has none
+// for it yet (Create boots one; a sandbox re-adopted after a restart has
+// none until now), so that its first command costs what any later one
+// does. It waits for a command in flight to end, until ctx does.
+func (b *Backend) Warm(ctx context.Context, id string) error {
+	sb, err := b.lookup(id)
+	if err != nil {
+		return err
+	}
+	opCtx, done, err := sb.ops.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	if _, err := b.acquireInit(opCtx, sb); err != nil {
+		if errors.Is(err, errInitDied) {
+			return fmt.Errorf("%w: sandbox %q was terminated (its gVisor sandbox died); destroy it and create a new one", backend.ErrNotFound, id)
+		}
+		return err
+	}
+	sb.releaseInit()
+	return nil
+}
