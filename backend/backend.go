@@ -179,6 +179,16 @@ type Warmer interface {
 	Warm(ctx context.Context, id string) error
 }
 
+// StaticInitReporter is implemented by backends that run an init of the
+// daemon's inside every sandbox (bwrap, gVisor). StaticInit reports whether
+// that init is statically linked (no ELF interpreter): only then does it run
+// in a sandbox whose root is not the host's, such as an image without
+// glibc. A backend whose init is dynamic refuses such roots with an error
+// that says so.
+type StaticInitReporter interface {
+	StaticInit() bool
+}
+
 // StaleReleaser is implemented by backends whose sandboxes hold host
 // resources that a daemon killed with -9 can leave held (a loop device
 // attached to a sandbox's disk image in the dead daemon's mount namespace,

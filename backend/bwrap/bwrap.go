@@ -34,6 +34,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/registry"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/statedir"
 	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
@@ -80,6 +81,13 @@ type Config struct {
 	Dir string
 	// BwrapPath is the bubblewrap binary; empty means "bwrap" on PATH.
 	BwrapPath string
+	// InitPath is the executable every sandbox's bwrap runs as its init;
+	// empty means the daemon's own (/proc/self/exe), which is what a
+	// packaged daemon uses. It must be a build of this same source (init
+	// and daemon speak one protocol version, checked at start). Tests point
+	// it at a static build of the daemon (the race-enabled test binary is
+	// dynamically linked). Opened once, at New.
+	InitPath string
 	// UIDRange, when not empty, gives every new sandbox a host uid of its
 	// own from this range, and the same number as its gid: bwrap starts with
 	// those credentials and no supplementary groups, in an unprivileged user
@@ -171,8 +179,12 @@ type Backend struct {
 	cfg       Config
 	bwrap     string
 	exe       *os.File // the daemon's executable, which every sandbox's bwrap runs as init
+	static    bool     // exe is statically linked (initproc.Static)
 	log       hclog.Logger
 	rootLinks []string // bwrap options recreating /bin, /lib, ... from the host
+	// testRoot, set by tests only, replaces the guest's root (the host's
+	// /usr and rootLinks) with a bind of this directory.
+	testRoot string
 
 	// uids hands out the sandboxes' own host uids (nil without UIDRange);
 	// viaCaps says the daemon is not root and uses CAP_SETUID/CAP_SETGID
@@ -276,14 +288,23 @@ func New(cfg Config) (*Backend, error) {
 		}
 	}
 
-	exe, err := initExecutable(otherUID, otherGID)
+	exe, err := initExecutable(cfg.InitPath, otherUID, otherGID)
 	if err != nil {
 		return nil, fmt.Errorf("bwrap backend: cannot prepare the daemon's own executable to run as the sandboxes' init: %w", err)
+	}
+	static, err := initproc.Static(exe)
+	if err != nil {
+		exe.Close()
+		return nil, fmt.Errorf("bwrap backend: the sandboxes' init: %w", err)
+	}
+	if !static {
+		cfg.Logger.Info("the sandboxes' init is dynamically linked: it needs the host's loader and C library, so it runs only in sandboxes whose root is the host's; build the daemon with CGO_ENABLED=0 -buildmode=exe for one that runs anywhere", "init", exe.Name())
 	}
 	b := &Backend{
 		cfg:       cfg,
 		bwrap:     bin,
 		exe:       exe,
+		static:    static,
 		log:       cfg.Logger,
 		rootLinks: hostRootLinks("/"),
 		uids:      uids,
@@ -563,15 +584,26 @@ func (b *Backend) command(sb *sandbox, args []string) *exec.Cmd {
 	return cmd
 }
 
-// initExecutable returns the daemon's running executable, for bwrap to run
-// as each sandbox's init through an inherited descriptor: no path of the
+// StaticInit reports whether the sandboxes' init is statically linked, so
+// that it runs in a root without the host's loader and C library (an
+// image). A backend whose init is not refuses such roots.
+func (b *Backend) StaticInit() bool { return b.static }
+
+var _ backend.StaticInitReporter = (*Backend)(nil)
+
+// initExecutable returns the daemon's running executable (or path, when
+// set), for bwrap to run as each sandbox's init through an inherited
+// descriptor: no path of the
 // host needs to be visible in the sandbox or reachable by its uid (the
 // binary may sit in a 0700 directory), and a package upgrade that replaces
 // the file on disk does not put a different version in the sandboxes.
 // When the sandbox uid cannot execute the file itself (its mode, or a
 // noexec mount), it is copied once into a sealed memfd instead.
-func initExecutable(sandboxUID, sandboxGID int) (*os.File, error) {
-	f, err := os.Open("/proc/self/exe")
+func initExecutable(path string, sandboxUID, sandboxGID int) (*os.File, error) {
+	if path == "" {
+		path = "/proc/self/exe"
+	}
+	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}

@@ -157,8 +157,12 @@ func (b *Backend) bwrapOptions(sb *sandbox, env []string, cwd string, firstDataF
 		"--hostname", guestHostname,
 		"--clearenv") // before the --setenv options, which it would undo
 	o = append(o, env...)
-	o = append(o, "--ro-bind", "/usr", "/usr")
-	o = append(o, b.rootLinks...)
+	if b.testRoot != "" {
+		o = append(o, "--bind", b.testRoot, "/")
+	} else {
+		o = append(o, "--ro-bind", "/usr", "/usr")
+		o = append(o, b.rootLinks...)
+	}
 	o = append(o, "--perms", "0755", "--dir", "/etc")
 	for _, f := range etcFiles {
 		o = append(o, "--ro-bind-try", f, f)

@@ -14,12 +14,15 @@ import (
 	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc/inittest"
 )
 
 func TestMain(m *testing.M) {
 	// This binary is also every test sandbox's init, as the daemon's is.
 	InitMain()
-	os.Exit(m.Run())
+	code := m.Run()
+	inittest.Remove()
+	os.Exit(code)
 }
 
 func boolPtr(v bool) *bool { return &v }

@@ -46,6 +46,7 @@ import (
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/hostfs"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/registry"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/statedir"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
@@ -110,6 +111,11 @@ type Config struct {
 	Dir string
 	// RunscPath is the runsc binary; empty means "runsc" on PATH.
 	RunscPath string
+	// InitPath is the executable bound read-only into every sandbox as its
+	// init; empty means the daemon's own (os.Executable). It must be a
+	// build of this same source. Tests point it at a static build of the
+	// daemon (the race-enabled test binary is dynamically linked).
+	InitPath string
 	// Platform is runsc's --platform (default systrap).
 	Platform string
 	// ExtraFlags are added to every runsc command line before the
@@ -141,6 +147,7 @@ type Backend struct {
 	runsc   string
 	version string // runsc --version, first line
 	exe     string // the daemon's executable, bound into every sandbox as init
+	static  bool   // exe is statically linked (initproc.Static)
 	log     hclog.Logger
 
 	reg *registry.Registry[*sandbox]
@@ -197,11 +204,20 @@ func New(cfg Config) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, fmt.Errorf("gvisor backend: cannot find the daemon's own executable, which every sandbox runs as its init: %w", err)
+	exe := cfg.InitPath
+	if exe == "" {
+		if exe, err = os.Executable(); err != nil {
+			return nil, fmt.Errorf("gvisor backend: cannot find the daemon's own executable, which every sandbox runs as its init: %w", err)
+		}
 	}
-	b := &Backend{cfg: cfg, runsc: bin, exe: exe, log: cfg.Logger}
+	static, err := staticExecutable(exe)
+	if err != nil {
+		return nil, fmt.Errorf("gvisor backend: the sandboxes' init: %w", err)
+	}
+	if !static {
+		cfg.Logger.Info("the sandboxes' init is dynamically linked: it needs the host's loader and C library, so it runs only in sandboxes whose root is the host's; build the daemon with CGO_ENABLED=0 -buildmode=exe for one that runs anywhere", "init", exe)
+	}
+	b := &Backend{cfg: cfg, runsc: bin, exe: exe, static: static, log: cfg.Logger}
 	b.reg = registry.New(registry.Hooks[*sandbox]{
 		Load: b.load,
 		Usable: func(sb *sandbox) error {
@@ -245,6 +261,24 @@ func New(cfg Config) (*Backend, error) {
 	b.log.Info("gvisor backend ready", "runsc", bin, "version", b.version, "platform", cfg.Platform)
 	return b, nil
 }
+
+// staticExecutable reports whether the executable at path is statically
+// linked (initproc.Static).
+func staticExecutable(path string) (bool, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	return initproc.Static(f)
+}
+
+// StaticInit reports whether the sandboxes' init is statically linked, so
+// that it runs in a root without the host's loader and C library (an
+// image). A backend whose init is not refuses such roots.
+func (b *Backend) StaticInit() bool { return b.static }
+
+var _ backend.StaticInitReporter = (*Backend)(nil)
 
 func findRunsc(configured string) (string, error) {
 	const hint = "install gVisor's runsc (docs/operations.md, gVisor)"

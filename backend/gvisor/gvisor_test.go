@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc/inittest"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/backendtest"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
@@ -23,7 +24,9 @@ import (
 func TestMain(m *testing.M) {
 	// This binary is also every test sandbox's init, as the daemon's is.
 	InitMain()
-	os.Exit(m.Run())
+	code := m.Run()
+	inittest.Remove()
+	os.Exit(code)
 }
 
 // pinnedRunsc is where scripts/install-runsc.sh caches the pinned build.
@@ -471,5 +474,56 @@ func TestGVisorHealthLeavesNothing(t *testing.T) {
 	ids, _ := b.runscList(context.Background())
 	if len(probes)+len(names)+len(ids) != 0 {
 		t.Fatalf("Health left %v, cgroups %v, runsc sandboxes %v", probes, names, ids)
+	}
+}
+
+// A static build of the daemon serves as the sandboxes' init (StaticInit
+// says so), and Warm boots a re-adopted sandbox before its first command.
+func TestGVisorStaticInitAndWarm(t *testing.T) {
+	static := inittest.Daemon(t, "exe")
+	dir := filepath.Join(t.TempDir(), "gvisor")
+	first := newTestBackend(t, func(c *Config) { c.Dir, c.InitPath = dir, static })
+	if !first.StaticInit() {
+		t.Fatalf("StaticInit is false for %s, built CGO_ENABLED=0 -buildmode=exe", static)
+	}
+	ctx := context.Background()
+	const id = "warmed"
+	if _, err := first.Create(ctx, id, backend.Spec{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := execOK(t, first, id, "cat /proc/1/comm"); got != "sandbox-init\n" {
+		t.Errorf("through the static init: %q", got)
+	}
+	if err := first.Warm(ctx, id); err != nil {
+		t.Errorf("Warm of a booted sandbox: %v", err)
+	}
+	// A restart: the next backend has no init for it until Warm.
+	sb, err := first.lookup(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb.initMu.Lock()
+	sb.init.close()
+	sb.init = nil
+	sb.initMu.Unlock()
+	second := newTestBackend(t, func(c *Config) { c.Dir, c.InitPath = dir, static })
+	if err := second.Warm(ctx, id); err != nil {
+		t.Fatalf("Warm after a restart: %v", err)
+	}
+	sb2, err := second.lookup(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb2.initMu.Lock()
+	booted := sb2.init != nil
+	sb2.initMu.Unlock()
+	if !booted {
+		t.Fatal("no init after Warm")
+	}
+	if got := execOK(t, second, id, "echo warm"); got != "warm\n" {
+		t.Errorf("after Warm: %q", got)
+	}
+	if err := second.Warm(ctx, "no-such-sandbox"); !errors.Is(err, backend.ErrNotFound) {
+		t.Errorf("Warm of an unknown sandbox: %v, want ErrNotFound", err)
 	}
 }
