@@ -15,7 +15,7 @@ export PATH="$PATH:/usr/local/go/bin"
 
 . scripts/lib/packages.sh
 
-apt_packages=(bubblewrap python3-msgpack python3-pytest util-linux libcap2-bin iproute2 iputils-ping curl procps strace e2fsprogs)
+apt_packages=(bubblewrap python3-msgpack python3-pytest util-linux libcap2-bin iproute2 iputils-ping curl procps strace e2fsprogs busybox-static)
 if ! ensure_packages "${apt_packages[@]}"; then
   echo "tests that need the missing packages will skip" >&2
 fi
@@ -60,7 +60,7 @@ fuzz FuzzLoadConfig 40000x ./cmd/sandbox-sidecar
 
 echo "== benchmark tool smoke run (small counts; measurements are 'make bench')"
 mkdir -p bin
-go build -o bin/sandbox-sidecar ./cmd/sandbox-sidecar
+CGO_ENABLED=0 go build -o bin/sandbox-sidecar ./cmd/sandbox-sidecar
 go run ./cmd/sidecar-bench --quick --daemon-bin bin/sandbox-sidecar --json "$(mktemp -d)/bench.json" >/dev/null
 
 if [ -d clients/python/tests ]; then

@@ -61,11 +61,12 @@ mkdir -p "$out" "$stage/DEBIAN" "$stage/usr/bin" "$stage/lib/systemd/system" \
 
 # No cgo: the binary needs no shared library (user and group names resolve
 # through /etc/passwd and /etc/group, where systemd-sysusers puts
-# sandbox-sidecar). Position-independent where Go supports it, for ASLR.
-buildmode=pie
-case "$goarch" in
-s390x | riscv64) buildmode=exe ;;
-esac
+# sandbox-sidecar). And truly static (-buildmode=exe): the daemon's binary is
+# also every sandbox's init, which must run in a root without the host's
+# loader and C library (an image: busybox, musl); a Go PIE, even without
+# cgo, names /lib64/ld-linux-x86-64.so.2 as its interpreter. Why static over
+# PIE, and over a second small init binary: docs/design.md ("A static init").
+buildmode=exe
 echo "== go build $pkg $version ($goarch, $buildmode)" >&2
 (cd "$root" && CGO_ENABLED=0 GOOS=linux GOARCH=$goarch go build -trimpath -buildmode=$buildmode \
   -ldflags "-s -w -X main.version=$version" -o "$stage/usr/bin/$pkg" ./cmd/sandbox-sidecar)
