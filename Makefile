@@ -7,10 +7,11 @@ run:
 test:
 	./scripts/test.sh
 
-# Static, as the package builds it: the binary is also every sandbox's init
-# (docs/design.md, "A static init").
+# The daemon, and beside it the sandboxes' init, static as the package builds
+# it (docs/design.md, "A static init"); the daemon finds it there.
 build:
-	CGO_ENABLED=0 go build -o bin/sandbox-sidecar ./cmd/sandbox-sidecar
+	go build -o bin/sandbox-sidecar ./cmd/sandbox-sidecar
+	CGO_ENABLED=0 go build -o bin/sandbox-sidecar-init ./cmd/sandbox-sidecar-init
 
 # Measure (minutes; run on an otherwise idle machine) and rewrite the
 # generated table in docs/benchmarks.md.

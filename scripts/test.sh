@@ -60,7 +60,8 @@ fuzz FuzzLoadConfig 40000x ./cmd/sandbox-sidecar
 
 echo "== benchmark tool smoke run (small counts; measurements are 'make bench')"
 mkdir -p bin
-CGO_ENABLED=0 go build -o bin/sandbox-sidecar ./cmd/sandbox-sidecar
+go build -o bin/sandbox-sidecar ./cmd/sandbox-sidecar
+CGO_ENABLED=0 go build -o bin/sandbox-sidecar-init ./cmd/sandbox-sidecar-init
 go run ./cmd/sidecar-bench --quick --daemon-bin bin/sandbox-sidecar --json "$(mktemp -d)/bench.json" >/dev/null
 
 if [ -d clients/python/tests ]; then

@@ -61,7 +61,7 @@ func busyboxRoot(t *testing.T) string {
 // root's own /bin/sh (busybox), an argv is found in PATH, and the budget
 // holds, all without GNU timeout (which that root does not have).
 func TestBwrapStaticInitRunsWithoutTheHostsLibraries(t *testing.T) {
-	static := inittest.Daemon(t, "exe")
+	static := inittest.Init(t, "exe")
 	for _, mode := range allModes {
 		t.Run(mode.name, func(t *testing.T) {
 			b := newTestBackend(t, mode, func(c *Config) { c.InitPath = static })
@@ -94,7 +94,7 @@ func TestBwrapStaticInitRunsWithoutTheHostsLibraries(t *testing.T) {
 // cannot start, and says so: the test above proves the static init, not a
 // root that happens to hold the host's libraries.
 func TestBwrapDynamicInitCannotStartWithoutTheHostsLibraries(t *testing.T) {
-	dynamic := inittest.Daemon(t, "pie")
+	dynamic := inittest.Init(t, "pie")
 	b := newTestBackend(t, rangeUID, func(c *Config) { c.InitPath = dynamic })
 	if b.StaticInit() {
 		t.Fatalf("StaticInit is true for %s, a PIE", dynamic)

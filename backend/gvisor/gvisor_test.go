@@ -480,7 +480,7 @@ func TestGVisorHealthLeavesNothing(t *testing.T) {
 // A static build of the daemon serves as the sandboxes' init (StaticInit
 // says so), and Warm boots a re-adopted sandbox before its first command.
 func TestGVisorStaticInitAndWarm(t *testing.T) {
-	static := inittest.Daemon(t, "exe")
+	static := inittest.Init(t, "exe")
 	dir := filepath.Join(t.TempDir(), "gvisor")
 	first := newTestBackend(t, func(c *Config) { c.Dir, c.InitPath = dir, static })
 	if !first.StaticInit() {

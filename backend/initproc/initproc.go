@@ -142,3 +142,26 @@ func Static(f *os.File) (bool, error) {
 	}
 	return e.Type == elf.ET_EXEC || e.Type == elf.ET_DYN, nil
 }
+
+// BinaryName is the small static init's executable
+// (cmd/sandbox-sidecar-init).
+const BinaryName = "sandbox-sidecar-init"
+
+// Find returns the small static init that belongs with the daemon's
+// executable daemonExe: BinaryName in the same directory (a build tree's
+// bin/), or in ../libexec/sandbox-sidecar/ from it (the package's
+// /usr/libexec/sandbox-sidecar/). It returns "" when there is none, and the
+// backends then run the daemon's own executable as init. Only a regular
+// file counts, not a directory or a dangling link.
+func Find(daemonExe string) string {
+	dir := filepath.Dir(daemonExe)
+	for _, p := range []string{
+		filepath.Join(dir, BinaryName),
+		filepath.Join(dir, "..", "libexec", "sandbox-sidecar", BinaryName),
+	} {
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
+			return filepath.Clean(p)
+		}
+	}
+	return ""
+}

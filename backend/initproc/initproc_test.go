@@ -2,6 +2,7 @@ package initproc
 
 import (
 	"os"
+	"path/filepath"
 	"slices"
 	"syscall"
 	"testing"
@@ -52,10 +53,10 @@ func TestStatic(t *testing.T) {
 			t.Errorf("Static(%s) = %v, %v; want %v", path, got, err, want)
 		}
 	}
-	// The daemon built as the package builds it, and as a PIE (which
-	// links the loader even without cgo).
-	check(inittest.Daemon(t, "exe"), true)
-	check(inittest.Daemon(t, "pie"), false)
+	// The init built as the package builds it, and as a PIE (which links
+	// the loader even without cgo).
+	check(inittest.Init(t, "exe"), true)
+	check(inittest.Init(t, "pie"), false)
 	// Debian's own: a dynamically linked program, and busybox-static.
 	check("/bin/true", false)
 	if _, err := os.Stat("/bin/busybox"); err == nil {
@@ -77,4 +78,41 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	inittest.Remove()
 	os.Exit(code)
+}
+
+func TestFind(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "usr", "bin")
+	libexec := filepath.Join(dir, "usr", "libexec", "sandbox-sidecar")
+	for _, d := range []string{bin, libexec} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	daemon := filepath.Join(bin, "sandbox-sidecar")
+	if got := Find(daemon); got != "" {
+		t.Errorf("Find with no init = %q, want none", got)
+	}
+	// A directory of that name is not an init.
+	if err := os.Mkdir(filepath.Join(libexec, BinaryName), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got := Find(daemon); got != "" {
+		t.Errorf("Find with a directory in its place = %q, want none", got)
+	}
+	if err := os.Remove(filepath.Join(libexec, BinaryName)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(libexec, BinaryName), nil, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := Find(daemon), filepath.Join(libexec, BinaryName); got != want {
+		t.Errorf("Find (the package's layout) = %q, want %q", got, want)
+	}
+	if err := os.WriteFile(filepath.Join(bin, BinaryName), nil, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := Find(daemon), filepath.Join(bin, BinaryName); got != want {
+		t.Errorf("Find (a build tree: next to the daemon first) = %q, want %q", got, want)
+	}
 }

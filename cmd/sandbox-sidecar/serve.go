@@ -22,6 +22,7 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/gvisor"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/sbx"
 	"github.com/sandbox-sidecar/sandbox-sidecar/internal/failpoint"
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
@@ -424,6 +425,23 @@ func memberOf(gid uint32) bool {
 	return false
 }
 
+// sandboxInit is the executable the bwrap and gVisor backends run as every
+// sandbox's init: the small static sandbox-sidecar-init installed with the
+// daemon (initproc.Find), else "" (the daemon's own executable).
+func sandboxInit(log hclog.Logger) string {
+	exe, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	p := initproc.Find(exe)
+	if p == "" {
+		log.Info("no " + initproc.BinaryName + " installed with the daemon; the sandboxes run the daemon's own executable as their init")
+	} else {
+		log.Debug("the sandboxes' init", "path", p)
+	}
+	return p
+}
+
 // newBackend makes the configured backend; enf is what the bwrap backend
 // may use to enforce [limits].
 func newBackend(cfg Config, log hclog.Logger, enf *enforcement) (backend.Backend, error) {
@@ -443,6 +461,7 @@ func newBackend(cfg Config, log hclog.Logger, enf *enforcement) (backend.Backend
 			Limits:           cfg.Limits.sandboxLimits(),
 			Logger:           log.Named("bwrap"),
 			Failpoint:        failpointFromEnv(log),
+			InitPath:         sandboxInit(log),
 		}
 		if os.Geteuid() == 0 {
 			bc.SandboxUID, bc.SandboxGID = cfg.Bwrap.SandboxUID, cfg.Bwrap.SandboxGID
@@ -472,6 +491,7 @@ func newBackend(cfg Config, log hclog.Logger, enf *enforcement) (backend.Backend
 			Dir: filepath.Join(cfg.Server.StateDir, "gvisor"), RunscPath: cfg.Gvisor.RunscPath,
 			Platform: cfg.Gvisor.Platform, ExtraFlags: cfg.Gvisor.ExtraFlags, KillGrace: cfg.Gvisor.KillGrace.D(),
 			Limits: cfg.Limits.sandboxLimits(), Cgroups: enf.cgroups, Logger: log.Named("gvisor"),
+			InitPath: sandboxInit(log),
 		})
 	}
 	return nil, errors.New("unknown backend; this build has: bwrap, gvisor, sbx")

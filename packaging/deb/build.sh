@@ -55,21 +55,27 @@ esac
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
-mkdir -p "$out" "$stage/DEBIAN" "$stage/usr/bin" "$stage/lib/systemd/system" \
+mkdir -p "$out" "$stage/DEBIAN" "$stage/usr/bin" "$stage/usr/libexec/$pkg" "$stage/lib/systemd/system" \
   "$stage/usr/lib/sysusers.d" "$stage/usr/lib/tmpfiles.d" "$stage/etc/$pkg" \
   "$stage/usr/share/man/man1" "$stage/usr/share/doc/$pkg/examples" "$stage/usr/share/lintian/overrides"
 
-# No cgo: the binary needs no shared library (user and group names resolve
+# No cgo: the binaries need no shared library (user and group names resolve
 # through /etc/passwd and /etc/group, where systemd-sysusers puts
-# sandbox-sidecar). And truly static (-buildmode=exe): the daemon's binary is
-# also every sandbox's init, which must run in a root without the host's
-# loader and C library (an image: busybox, musl); a Go PIE, even without
-# cgo, names /lib64/ld-linux-x86-64.so.2 as its interpreter. Why static over
-# PIE, and over a second small init binary: docs/design.md ("A static init").
-buildmode=exe
-echo "== go build $pkg $version ($goarch, $buildmode)" >&2
+# sandbox-sidecar). The daemon is position-independent where Go supports it,
+# for ASLR. The sandboxes' init (cmd/sandbox-sidecar-init) is truly static
+# (-buildmode=exe): it runs inside roots without the host's loader and C
+# library (an image: busybox, musl), where a Go PIE, which names
+# /lib64/ld-linux-x86-64.so.2 as its interpreter even without cgo, cannot
+# start. Why a second binary: docs/design.md ("A static init").
+buildmode=pie
+case "$goarch" in
+s390x | riscv64) buildmode=exe ;;
+esac
+echo "== go build $pkg $version ($goarch, $buildmode; its init static)" >&2
 (cd "$root" && CGO_ENABLED=0 GOOS=linux GOARCH=$goarch go build -trimpath -buildmode=$buildmode \
   -ldflags "-s -w -X main.version=$version" -o "$stage/usr/bin/$pkg" ./cmd/sandbox-sidecar)
+(cd "$root" && CGO_ENABLED=0 GOOS=linux GOARCH=$goarch go build -trimpath -buildmode=exe \
+  -ldflags "-s -w" -o "$stage/usr/libexec/$pkg/$pkg-init" ./cmd/sandbox-sidecar-init)
 
 install -m 0644 "$root/packaging/systemd/$pkg.service" "$root/packaging/systemd/$pkg.socket" "$root/packaging/systemd/$pkg-metrics.socket" "$stage/lib/systemd/system/"
 install -m 0644 "$root/packaging/sysusers.d/$pkg.conf" "$stage/usr/lib/sysusers.d/$pkg.conf"

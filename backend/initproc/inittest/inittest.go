@@ -1,6 +1,6 @@
-// Package inittest builds, for tests, the daemon's binary as a static
-// executable, to run as the sandboxes' init where the test binary itself
-// cannot: under -race (cgo) a test binary is dynamically linked and needs
+// Package inittest builds, for tests, the sandboxes' init
+// (cmd/sandbox-sidecar-init) as a static executable, to run where the test
+// binary itself cannot: under -race (cgo) a test binary is dynamically linked and needs
 // the host's loader and C library, which a sandbox whose root is not the
 // host's does not have. It is imported by tests only.
 package inittest
@@ -16,7 +16,7 @@ import (
 	"time"
 )
 
-// buildTimeout bounds one go build of the daemon (a cold build cache on a
+// buildTimeout bounds one go build of the init (a cold build cache on a
 // loaded 2-core machine takes about a minute).
 const buildTimeout = 5 * time.Minute
 
@@ -26,13 +26,12 @@ var builds struct {
 	done map[string]string // buildmode → path
 }
 
-// Daemon returns the path of ./cmd/sandbox-sidecar built with
-// CGO_ENABLED=0 and the given -buildmode ("exe": static; "pie": linked
-// against the loader), once per test process and build mode. The binary
-// calls every backend's InitMain first thing, so it serves as any
-// backend's init. It fails the test when the build fails: the module's own
+// Init returns the path of ./cmd/sandbox-sidecar-init built with
+// CGO_ENABLED=0 and the given -buildmode ("exe": static, as the package
+// builds it; "pie": linked against the loader), once per test process and
+// build mode. It fails the test when the build fails: the module's own
 // source must build.
-func Daemon(t testing.TB, buildmode string) string {
+func Init(t testing.TB, buildmode string) string {
 	t.Helper()
 	builds.Lock()
 	defer builds.Unlock()
@@ -55,12 +54,12 @@ func Daemon(t testing.TB, buildmode string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := filepath.Join(builds.dir, "sandbox-sidecar-"+buildmode)
+	out := filepath.Join(builds.dir, "sandbox-sidecar-init-"+buildmode)
 	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
 	if _, err := os.Stat(gobin); err != nil {
 		gobin = "go"
 	}
-	cmd := exec.Command(gobin, "build", "-trimpath", "-buildmode="+buildmode, "-o", out, "./cmd/sandbox-sidecar")
+	cmd := exec.Command(gobin, "build", "-trimpath", "-buildmode="+buildmode, "-o", out, "./cmd/sandbox-sidecar-init")
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	cmd.WaitDelay = time.Second
@@ -72,7 +71,7 @@ func Daemon(t testing.TB, buildmode string) string {
 	b, err := cmd.CombinedOutput()
 	timer.Stop()
 	if err != nil {
-		t.Fatalf("go build -buildmode=%s ./cmd/sandbox-sidecar: %v\n%s", buildmode, err, b)
+		t.Fatalf("go build -buildmode=%s ./cmd/sandbox-sidecar-init: %v\n%s", buildmode, err, b)
 	}
 	if err := os.Chmod(out, 0o755); err != nil {
 		t.Fatal(err)

@@ -1,0 +1,28 @@
+// Command sandbox-sidecar-init is the init the daemon runs inside every
+// sandbox (bubblewrap's and gVisor's), built static (CGO_ENABLED=0
+// -buildmode=exe) so that it needs nothing of the host: a sandbox whose
+// root is an image without glibc runs it as well as one on the host's
+// root. It is small on purpose: only the two backends' inits, so a sandbox
+// starts it in about half the time the daemon's own binary takes, and an
+// idle one holds a third of the memory (docs/design.md, "A static init").
+//
+// The daemon finds it next to its own executable, or in
+// ../libexec/sandbox-sidecar/ from there (initproc.Find), opens it once at
+// start and hands it to each sandbox by descriptor. Run by hand it only
+// says what it is.
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/gvisor"
+)
+
+func main() {
+	bwrap.InitMain()
+	gvisor.InitMain()
+	fmt.Fprintln(os.Stderr, "sandbox-sidecar-init: this is the init the sandbox-sidecar daemon runs inside its sandboxes; it is not run by hand")
+	os.Exit(2)
+}
