@@ -189,3 +189,46 @@ func BenchmarkReadFileInterleaved(b *testing.B) {
 		b.ReportMetric(ms(percentile(r.d, 99)), r.name+"-p99-ms")
 	}
 }
+
+// BenchmarkInitStart starts and stops a sandbox's init (what a cold
+// sandbox's first command, or a pool member's Warm, pays), with the
+// daemon's own binary as init unless SANDBOX_SIDECAR_BENCH_INIT names one:
+//
+//	CI=true go test -run '^$' -bench InitStart -benchtime 100x ./backend/bwrap
+func BenchmarkInitStart(b *testing.B) {
+	be := newBenchBackend(b, daemonUID)
+	if p := os.Getenv("SANDBOX_SIDECAR_BENCH_INIT"); p != "" {
+		dir := filepath.Join(b.TempDir(), "state")
+		cfg := daemonUID.config(dir)
+		cfg.InitPath = p
+		var err error
+		if be, err = New(cfg); err != nil {
+			b.Fatal(err)
+		}
+	}
+	ctx := context.Background()
+	const id = "bench-init-start"
+	if _, err := be.Create(ctx, id, backend.Spec{}); err != nil {
+		b.Fatal(err)
+	}
+	defer be.Destroy(ctx, id)
+	sb, err := be.lookup(id)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var d []time.Duration
+	for b.Loop() {
+		start := time.Now()
+		if err := be.Warm(ctx, id); err != nil {
+			b.Fatal(err)
+		}
+		d = append(d, time.Since(start))
+		sb.initMu.Lock()
+		be.stopInit(sb.init)
+		sb.init = nil
+		sb.initMu.Unlock()
+	}
+	b.ReportMetric(ms(percentile(d, 50)), "start-p50-ms")
+	b.ReportMetric(ms(percentile(d, 99)), "start-p99-ms")
+	b.ReportMetric(0, "ns/op")
+}

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/registry"
 	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
 )
 
@@ -713,10 +714,15 @@ func (b *Backend) converse(opCtx context.Context, ip *initProc, status *os.File,
 
 var _ backend.Warmer = (*Backend)(nil)
 
+var _ backend.Warmer = (*Backend)(nil)
+
 // Warm starts sandbox id's init now, in its namespaces and cgroup, if this
 // process has none for it yet, so that its first command costs what any
 // later one does (the warm pool's members are warmed before they can be
-// claimed). An init that is running a command is warm already.
+// claimed). It leaves the init free for a command: an Exec that arrives meanwhile waits
+// for the start rather than starting another, and is never refused as
+// busy because of it. A sandbox whose init died is left for its next
+// command to report as terminated; Warm says it is gone.
 func (b *Backend) Warm(ctx context.Context, id string) error {
 	sb, err := b.lookup(id)
 	if err != nil {
@@ -727,15 +733,21 @@ func (b *Backend) Warm(ctx context.Context, id string) error {
 		return err
 	}
 	defer done()
-	ip, err := b.acquireInit(opCtx, sb, time.Now().Add(initStartTimeout))
+	sb.initMu.Lock()
+	defer sb.initMu.Unlock()
 	switch {
-	case err == nil:
-		sb.releaseInit(ip)
-		return nil
-	case errors.Is(err, errInitBusy):
-		return nil
-	case errors.Is(err, errInitDied):
+	case sb.initGone, sb.init != nil && !sb.init.alive():
 		return fmt.Errorf("%w: sandbox %q was terminated (its init process died); destroy it and create a new one", backend.ErrNotFound, id)
+	case sb.init != nil:
+		return nil
 	}
-	return err
+	ip, err := b.startInit(opCtx, sb, time.Now().Add(initStartTimeout))
+	if err != nil {
+		if registry.Destroyed(opCtx) {
+			return backend.NotFound(id)
+		}
+		return err
+	}
+	sb.init = ip
+	return nil
 }
