@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc/inittest"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 )
 
@@ -391,7 +392,9 @@ func settle() {
 }
 
 func TestBwrapLiveSandboxesCostLittle(t *testing.T) {
-	b := newTestBackend(t, rangeUID)
+	// The small static init, as the package installs it (the test
+	// binary would measure itself).
+	b := newTestBackend(t, rangeUID, func(c *Config) { c.InitPath = inittest.Init(t, "exe") })
 	warm := create(t, b, backend.Spec{})
 	runOK(t, b, warm, "true")
 	settle()
