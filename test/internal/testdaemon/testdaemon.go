@@ -46,6 +46,15 @@ func Main(m *testing.M, bin *string) {
 			fmt.Fprintln(os.Stderr, "building the daemon:", err)
 			os.Exit(1)
 		}
+		// And beside it the sandboxes' small static init, where the
+		// daemon looks for it (initproc.Find), as the package installs it.
+		build = exec.Command("go", "build", "-o", filepath.Join(dir, "sandbox-sidecar-init"), "github.com/sandbox-sidecar/sandbox-sidecar/cmd/sandbox-sidecar-init")
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "building the sandboxes' init:", err)
+			os.Exit(1)
+		}
 	}
 	code := m.Run()
 	_ = os.RemoveAll(dir)
