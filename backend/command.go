@@ -8,9 +8,11 @@ import (
 	"time"
 )
 
-// Every backend runs a guest command as an argv of a process (bwrap's or
-// sbx exec's), under GNU timeout inside the sandbox. These are the bounds
-// and conventions that follow, the same for all of them.
+// Every backend runs a guest command as an argv of a process inside the
+// sandbox, under a budget: the sandbox's init keeps it (bwrap, gVisor) or
+// GNU timeout does (sbx, the host test backend), with GNU timeout's
+// conventions either way. These are the bounds and conventions that
+// follow, the same for all of them.
 
 // Limits on a request, from the kernel's exec limits: one argument or
 // environment string may not exceed MAX_ARG_STRLEN (128 KiB), and all of
@@ -27,7 +29,7 @@ const (
 // ShellPath runs a request's command string (sh -c) in every guest.
 const ShellPath = "/bin/sh"
 
-// GNU timeout's exit codes.
+// GNU timeout's exit codes, which the inits that keep budgets report too.
 const (
 	// ExitTimedOut: the command died to timeout's SIGTERM.
 	ExitTimedOut = 124

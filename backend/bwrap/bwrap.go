@@ -112,7 +112,8 @@ type Config struct {
 	// nobody). 0 is refused: it is almost always a forgotten field, and it
 	// would make every guest file root's.
 	SandboxUID, SandboxGID int
-	// KillGrace is the inner timeout's --kill-after (default DefaultKillGrace).
+	// KillGrace is how long a command has between the SIGTERM and the
+	// SIGKILL its init sends at its budget (default DefaultKillGrace).
 	KillGrace time.Duration
 	// ExecGrace is the time beyond a command's Timeout+KillGrace after which
 	// the daemon SIGKILLs bwrap itself (default DefaultExecGrace).

@@ -17,9 +17,9 @@ var baseEnv = map[string]string{"PATH": guestPath, "HOME": guestWorkspace, "LANG
 
 // Exec runs one command in the sandbox and returns its bounded output.
 //
-// The command runs as uid 1000 in /workspace (or req.Cwd) under GNU
-// timeout with req.Timeout (rounded up to whole milliseconds) and
-// KillGrace, started by the sandbox's init; if it outlives that by
+// The command runs as uid 1000 in /workspace (or req.Cwd), exec'd by the
+// sandbox's init, which keeps req.Timeout (rounded up to whole
+// milliseconds) and KillGrace itself; if it outlives that by
 // ExecGrace the daemon has init kill it, and if init does not answer
 // within killAnswer the sandbox is stopped and the command reported
 // SandboxTerminated. Its environment is PATH, HOME, LANG, then the

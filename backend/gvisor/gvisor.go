@@ -121,7 +121,8 @@ type Config struct {
 	// ExtraFlags are added to every runsc command line before the
 	// subcommand (e.g. "--debug-log=/var/log/runsc/").
 	ExtraFlags []string
-	// KillGrace is the in-guest timeout's --kill-after (default DefaultKillGrace).
+	// KillGrace is how long a command has between the SIGTERM and the
+	// SIGKILL its init sends at its budget (default DefaultKillGrace).
 	KillGrace time.Duration
 	// ExecGrace is the time beyond a command's Timeout+KillGrace after which
 	// the daemon has init kill it (default DefaultExecGrace).
