@@ -17,7 +17,8 @@ const (
 	guestGID       = 1000
 	guestHostname  = "sandbox"
 	guestPath      = "/usr/local/bin:/usr/bin:/bin"
-	// guestInit is where the daemon's executable is bound, read-only.
+	// guestInit is where the sandboxes' init (Config.InitPath, or the
+	// daemon's own executable) is bound, read-only.
 	guestInit = "/.sandbox-sidecar-init"
 )
 

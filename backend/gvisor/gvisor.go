@@ -12,7 +12,7 @@
 // bubblewrap backend shows its guests the host.
 //
 // One runsc sandbox per sandbox, booted by Create and kept: its only
-// process is an init of ours (the daemon's own executable, bound in
+// process is an init of ours (sandbox-sidecar-init or the daemon's own executable, bound in
 // read-only; see InitMain) that starts every command, so a command costs a
 // fork and an exec inside gVisor rather than a `runsc exec`. The daemon and
 // init talk over the container's stdio pipes (see wire.go). Init kills
@@ -147,7 +147,7 @@ type Backend struct {
 	cfg     Config
 	runsc   string
 	version string // runsc --version, first line
-	exe     string // the daemon's executable, bound into every sandbox as init
+	exe     string // the sandboxes' init (InitPath or the daemon's executable), bound into every sandbox
 	static  bool   // exe is statically linked (initproc.Static)
 	log     hclog.Logger
 
