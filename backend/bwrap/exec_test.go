@@ -484,3 +484,35 @@ func TestBwrapExecLatency(t *testing.T) {
 		t.Logf("Exec /bin/true: min %v, median %v, p90 %v, max %v", times[0], times[len(times)/2], times[len(times)*9/10], times[len(times)-1])
 	})
 }
+
+// Init runs an argv itself, so it reports what a shell (or GNU timeout
+// before it) would: 127 for a program that is not there, 126 for one that
+// cannot run, and a working directory the guest may not enter as exit 1
+// with the reason, not as a program that cannot run.
+func TestBwrapArgvThatCannotRun(t *testing.T) {
+	b := newTestBackend(t, rangeUID)
+	id := create(t, b, backend.Spec{})
+	runOK(t, b, id, "printf 'echo hi' > /workspace/noexec; printf '#!/bin/sh\necho script\n' > /workspace/script; chmod +x /workspace/script; mkdir -m 0 /workspace/shut")
+	cases := []struct {
+		name   string
+		req    backend.ExecRequest
+		code   int
+		stdout string
+		stderr string
+	}{
+		{"not on PATH", backend.ExecRequest{Argv: []string{"no-such-program"}}, 127, "", "no-such-program"},
+		{"no such path", backend.ExecRequest{Argv: []string{"/workspace/missing"}}, 127, "", "/workspace/missing"},
+		{"not executable", backend.ExecRequest{Argv: []string{"/workspace/noexec"}}, 126, "", "permission denied"},
+		{"a directory", backend.ExecRequest{Argv: []string{"/workspace"}}, 126, "", "/workspace"},
+		{"a script", backend.ExecRequest{Argv: []string{"/workspace/script"}}, 0, "script\n", ""},
+		{"on PATH", backend.ExecRequest{Argv: []string{"echo", "found"}}, 0, "found\n", ""},
+		{"cwd not enterable", backend.ExecRequest{Argv: []string{"/bin/true"}, Cwd: "/workspace/shut"}, 1, "", "cannot change directory to /workspace/shut"},
+	}
+	for _, tc := range cases {
+		tc.req.Timeout = 10 * time.Second
+		res, err := b.Exec(context.Background(), id, tc.req)
+		if err != nil || res.ExitCode != tc.code || string(res.Stdout) != tc.stdout || !strings.Contains(strings.ToLower(string(res.Stderr)), strings.ToLower(tc.stderr)) || res.TimedOut {
+			t.Errorf("%s: exit %d stdout %q stderr %q timed out %v, %v; want exit %d, stdout %q, stderr holding %q", tc.name, res.ExitCode, res.Stdout, res.Stderr, res.TimedOut, err, tc.code, tc.stdout, tc.stderr)
+		}
+	}
+}

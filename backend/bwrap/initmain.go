@@ -248,9 +248,10 @@ func (st *initState) busy() {
 			_, _, _ = unix.Recvfrom(c.status, buf[:], unix.MSG_DONTWAIT)
 			killAllButInit()
 			c.killed = true
-		case int(p.Fd) == st.timer && !exited:
+		case int(p.Fd) == st.timer && !exited && !c.killed:
 			// (A command that exited as its budget ran out ended in
-			// time: the reap below reports it as it is.)
+			// time: the reap below reports it as it is. One the daemon
+			// had killed is not a timeout of init's.)
 			st.budgetSpent(c)
 		}
 	}
@@ -495,6 +496,11 @@ func (st *initState) start(req runRequest, status int, stdio []int) {
 		return
 	} else if fi.Mode&unix.S_IFMT != unix.S_IFDIR {
 		fail(unix.ENOTDIR, "cannot change directory to %s: not a directory", req.cwd)
+		return
+	} else if err := unix.Access(req.cwd, unix.X_OK); err != nil {
+		// Checked here so that the fork's own errors below are the
+		// program's alone.
+		fail(err, "cannot change directory to %s: %v", req.cwd, err)
 		return
 	}
 	prog, err := initproc.LookPath(req.argv[0], req.env)
