@@ -276,6 +276,11 @@ func TestBwrapTimeouts(t *testing.T) {
 		{"sleep", "sleep 60", time.Second, 124, time.Second, 3 * time.Second},
 		{"ignores SIGTERM", "trap '' TERM; sleep 60", time.Second, 137, 1500 * time.Millisecond, 3 * time.Second},
 		{"sub-millisecond budget", "sleep 60", time.Nanosecond, 124, 0, 2 * time.Second},
+		// As GNU timeout reported them: a command that handles SIGTERM and
+		// exits by itself still timed out (124), and a stopped one gets
+		// SIGCONT with its SIGTERM, so it ends at the budget, not the grace.
+		{"handles SIGTERM and exits 0", "trap 'exit 0' TERM; sleep 60 & wait", time.Second, 124, time.Second, 1400 * time.Millisecond + time.Second},
+		{"stopped", "kill -STOP $$", time.Second, 124, time.Second, 1400 * time.Millisecond + time.Second},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
