@@ -279,8 +279,8 @@ func TestBwrapTimeouts(t *testing.T) {
 		// As GNU timeout reported them: a command that handles SIGTERM and
 		// exits by itself still timed out (124), and a stopped one gets
 		// SIGCONT with its SIGTERM, so it ends at the budget, not the grace.
-		{"handles SIGTERM and exits 0", "trap 'exit 0' TERM; sleep 60 & wait", time.Second, 124, time.Second, 1400 * time.Millisecond + time.Second},
-		{"stopped", "kill -STOP $$", time.Second, 124, time.Second, 1400 * time.Millisecond + time.Second},
+		{"handles SIGTERM and exits 0", "trap 'exit 0' TERM; sleep 60 & wait", time.Second, 124, time.Second, 1400*time.Millisecond + time.Second},
+		{"stopped", "kill -STOP $$", time.Second, 124, time.Second, 1400*time.Millisecond + time.Second},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
