@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/registry"
 	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
 )
@@ -241,7 +242,7 @@ func (b *Backend) startInit(ctx context.Context, sb *sandbox, deadline time.Time
 	switch {
 	case err == nil:
 		if m, derr := decodeInitMsg(buf[:n]); derr != nil || m.kind != msgReady {
-			return nil, fmt.Errorf("%w: the init of sandbox %s said something unexpected (%v); is the daemon's binary the one that is running?", backend.ErrUnavailable, sb.id, derr)
+			return nil, fmt.Errorf("%w: the init of sandbox %s said something unexpected (%v): the daemon and its init (%s, or the daemon's own binary) must be of one version; install them together and restart", backend.ErrUnavailable, sb.id, derr, initproc.BinaryName)
 		}
 	case ctx.Err() != nil:
 		return nil, fmt.Errorf("the init of sandbox %s was not started: %w", sb.id, ctx.Err())

@@ -71,7 +71,7 @@ func runInit() int {
 		return initFail("chdir /: %v", err)
 	}
 	st := &initState{out: bufio.NewWriterSize(os.Stdout, maxChunk+frameHeaderSize), files: fileOps{sock: -1}}
-	if err := st.send(kindReady, nil); err != nil {
+	if err := st.send(kindReady, u32s(initProtocol)); err != nil {
 		return initFail("cannot tell the daemon it is ready: %v", err)
 	}
 	in := bufio.NewReader(os.Stdin)

@@ -402,10 +402,12 @@ func (b *Backend) boot(ctx context.Context, sb *sandbox) (_ *initConn, err error
 		return nil, fmt.Errorf("%w: %v", backend.ErrUnavailable, err)
 	}
 	stop := context.AfterFunc(ctx, func() { _ = outR.SetReadDeadline(time.Now()) })
-	kind, _, rerr := readFrame(outR, 1<<kindReady)
+	kind, ready, rerr := readFrame(outR, 1<<kindReady)
 	stop()
 	switch {
-	case rerr == nil && kind == kindReady:
+	case rerr == nil && kind == kindReady && readyFrom(ready) == nil:
+	case rerr == nil:
+		return nil, fmt.Errorf("%w: the init of sandbox %s: %v", backend.ErrUnavailable, sb.id, readyFrom(ready))
 	case ctx.Err() != nil:
 		return nil, fmt.Errorf("the gVisor sandbox of %s was not started: %w", sb.id, ctx.Err())
 	case errors.Is(rerr, os.ErrDeadlineExceeded):

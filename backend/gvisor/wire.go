@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/wirefmt"
 )
 
@@ -24,7 +25,8 @@ import (
 // every guest process connect to host sockets on its mounts. So one ordered
 // byte stream each way carries frames:
 //
-//	init → daemon:  ready                     once, when init is set up
+//	init → daemon:  ready (protocol)          once, when init is set up: the
+//	                                          protocol version it speaks (u32)
 //	daemon → init:  run (request)             one command: argv, env, cwd, stdin
 //	init → daemon:  started (pid) | failed (reason: the command did not start)
 //	init → daemon:  stdout / stderr (bytes)   the command's output, in chunks
@@ -79,12 +81,30 @@ const (
 
 var errBadFrame = errors.New("malformed frame")
 
+// initProtocol is the version of this conversation, which init says in its
+// ready frame: the init is a binary of its own (sandbox-sidecar-init), so
+// a daemon started with an init of another version refuses it instead of
+// misreading its frames.
+const initProtocol = 1
+
+// readyFrom checks a ready frame's payload: init's protocol version,
+// which must be this daemon's.
+func readyFrom(p []byte) error {
+	if len(p) == 4 && binary.LittleEndian.Uint32(p) == initProtocol {
+		return nil
+	}
+	return fmt.Errorf("it speaks another protocol than this daemon (ready frame %x, want version %d): the daemon and its %s are of different versions; install them together and restart",
+		p, initProtocol, initproc.BinaryName)
+}
+
 // maxPayload is the largest payload a frame of kind may carry, 0 for an
 // unknown kind.
 func maxPayload(kind byte) int {
 	switch kind {
-	case kindReady, kindKill:
+	case kindKill:
 		return 0
+	case kindReady:
+		return 4
 	case kindStarted:
 		return 4
 	case kindExited:

@@ -160,3 +160,17 @@ func TestReadLoopEndsOnABadFrame(t *testing.T) {
 		})
 	}
 }
+
+// Init is a binary of its own: a daemon given one of another version
+// refuses it at its ready frame, with what to do, rather than misread it.
+func TestReadyFrameCarriesTheProtocol(t *testing.T) {
+	if err := readyFrom(u32s(initProtocol)); err != nil {
+		t.Errorf("this version's ready frame: %v", err)
+	}
+	for name, p := range map[string][]byte{"empty (before versions)": nil, "another version": u32s(initProtocol + 1), "too long": u32s(initProtocol, 0)} {
+		err := readyFrom(p)
+		if err == nil || !strings.Contains(err.Error(), "install them together") {
+			t.Errorf("%s: %v, want a refusal that says what to do", name, err)
+		}
+	}
+}
