@@ -21,7 +21,7 @@ import (
 // The daemon and init share one Unix SOCK_SEQPACKET socket pair, the control
 // socket: init inherits its end as fd initControlFD and is the only process
 // in the sandbox holding it. Every message is a fixed-size header
-// (initMsgSize bytes, little-endian: magic, protocol version, kind, two
+// (initMsgSize bytes, little-endian: magic, protocol version, kind, three
 // values); the variable part of a request travels in a memfd.
 //
 //	init → daemon, control:  ready                    once, when init is set up
