@@ -19,6 +19,10 @@ import (
 // sandbox, knows it is init.
 const initEnv = "SANDBOX_SIDECAR_INIT"
 
+// initThreads is how many OS threads init starts before any command, so
+// that its runtime finds an idle one whenever it needs one later.
+const initThreads = 8
+
 // initReapInterval is how often init reaps leftovers while any remain.
 const initReapInterval = 1000 // milliseconds
 
@@ -55,7 +59,10 @@ func InitMain() {
 //     is likewise init's alone.
 //   - Starve it: a command may fork or allocate until the kernel refuses;
 //     init then fails to start the next command and says so, or the OOM
-//     killer picks it and the sandbox is reported terminated. Everything a
+//     killer picks it and the sandbox is reported terminated. Init starts
+//     its threads before any command (initproc.ReserveThreads), so a
+//     command holding every pid of the group cannot leave its runtime
+//     without one. Everything a
 //     command started is killed when it ends, so no guest process lives
 //     between commands.
 //
@@ -95,6 +102,10 @@ func runInit() int {
 	}
 	// Requests can be megabytes; keep the heap small between them.
 	debug.SetGCPercent(25)
+	// Threads first: a command may take every pid of the sandbox's group
+	// (a fork bomb), and a Go runtime that cannot start a thread when it
+	// needs one dies ("failed to create new OS thread").
+	initproc.ReserveThreads(initThreads)
 
 	if err := checkControlSocket(initControlFD); err != nil {
 		return initFail("fd %d is not the control socket: %v", initControlFD, err)

@@ -11,7 +11,9 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -164,4 +166,33 @@ func Find(daemonExe string) string {
 		}
 	}
 	return ""
+}
+
+// ReserveThreads makes the Go runtime start n OS threads now and keep them
+// idle, so that it has one at hand whenever it needs another later (to run
+// the collector while init waits in a system call, say). An init's threads
+// count against the sandbox's pids limit like its commands' processes, and
+// a command may take every pid there is (a fork bomb): a runtime that then
+// cannot create a thread it needs dies ("failed to create new OS thread"),
+// and the sandbox with it. n goroutines each lock themselves to a thread
+// of their own until all n run at once, then unlock and return; the
+// threads stay in the runtime's idle list.
+func ReserveThreads(n int) {
+	var running, release sync.WaitGroup
+	running.Add(n)
+	release.Add(1)
+	var done sync.WaitGroup
+	done.Add(n)
+	for range n {
+		go func() {
+			defer done.Done()
+			runtime.LockOSThread()
+			running.Done()
+			release.Wait()
+			runtime.UnlockOSThread()
+		}()
+	}
+	running.Wait()
+	release.Done()
+	done.Wait()
 }

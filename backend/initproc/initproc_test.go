@@ -4,6 +4,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -114,5 +116,35 @@ func TestFind(t *testing.T) {
 	}
 	if got, want := Find(daemon), filepath.Join(bin, BinaryName); got != want {
 		t.Errorf("Find (a build tree: next to the daemon first) = %q, want %q", got, want)
+	}
+}
+
+// threads is this process's number of OS threads.
+func threads(t *testing.T) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Threads:"); ok {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	t.Fatal("no Threads line in /proc/self/status")
+	return 0
+}
+
+func TestReserveThreads(t *testing.T) {
+	before := threads(t)
+	ReserveThreads(before + 4)
+	// Each of the goroutines held a thread of its own at once; the
+	// threads stay, idle, for the runtime's later needs.
+	if after := threads(t); after < before+4 {
+		t.Errorf("%d threads after reserving %d (had %d)", after, before+4, before)
 	}
 }
