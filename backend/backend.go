@@ -214,6 +214,10 @@ type Spec struct {
 	// allows, or for a limit the backend cannot enforce on this host, is
 	// refused with ErrSpecUnenforceable, never silently capped or dropped.
 	Resources Resources
+	// Image is the sandbox's root filesystem; the zero Image is the
+	// built-in host image. A backend that cannot run an image refuses it
+	// with ErrSpecUnenforceable.
+	Image Image
 }
 
 // Resources are per-sandbox limits. Zero means "the daemon's default".

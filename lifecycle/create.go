@@ -84,9 +84,14 @@ func (m *Manager) Create(ctx context.Context, c Caller, req CreateRequest) (Sand
 	if req.TTL < 0 {
 		return Sandbox{}, fmt.Errorf("%w: ttl must be positive", ErrInvalid)
 	}
+	img, err := m.ResolveImage(req.Image)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	req.Image, req.Spec.Image = img.DisplayName(), img
 	start := time.Now()
 	sb, ok, err := m.claimPooled(c, req)
-	if m.cfg.PoolSize > 0 && poolable(req.Spec) && (!ok || err == nil) {
+	if m.poolSize(req.Image) > 0 && poolable(req.Spec) && (!ok || err == nil) {
 		m.obs.PoolClaim(ok)
 	}
 	if ok {
@@ -104,6 +109,7 @@ func (m *Manager) Create(ctx context.Context, c Caller, req CreateRequest) (Sand
 		Labels:    cloneMap(req.Labels),
 		NetSpec:   netSpecJSON(req.Spec),
 		Resources: req.Spec.Resources,
+		Image:     req.Image,
 		State:     StateCreating,
 		CreatedAt: now,
 		LastUsed:  now,
@@ -122,10 +128,17 @@ func (m *Manager) Create(ctx context.Context, c Caller, req CreateRequest) (Sand
 	rec := newRecord(s)
 	rec.source = SourceCold
 
+	rec.ImageDigest = img.Digest
 	if err := m.reserve(rec); err != nil {
 		return Sandbox{}, err
 	}
-	log := m.log.With("sandbox", rec.ID, "peer_uid", c.UID, "peer_pid", c.PID, "owner", rec.Owner)
+	log := m.log.With("sandbox", rec.ID, "peer_uid", c.UID, "peer_pid", c.PID, "owner", rec.Owner, "image", rec.Image)
+	// The record now holds the image against an image rm; one that
+	// finished between the resolve and the reserve has removed it.
+	if _, err := m.ResolveImage(req.Image); err != nil {
+		m.forget(rec)
+		return Sandbox{}, err
+	}
 
 	m.opsWG.Add(1)
 	defer m.opsWG.Done()
@@ -188,6 +201,9 @@ func (m *Manager) reserve(rec *record) error {
 	defer m.mu.Unlock()
 	if m.closing {
 		return ErrShuttingDown
+	}
+	if err := m.checkImageTaken(rec); err != nil {
+		return err
 	}
 	var perUID, perOwner int
 	for _, r := range m.boxes {

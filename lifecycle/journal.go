@@ -54,10 +54,14 @@ type journalRecord struct {
 	// HostUID is the sandbox's own host uid (Sandbox.HostUID). Absent in
 	// records written before it was kept, which decode as 0: the backend
 	// runs such a sandbox as the uid it was made with.
-	HostUID   uint32    `json:"host_uid,omitempty"`
-	CreatedAt time.Time `json:"created_at"`
-	ExpiresAt time.Time `json:"expires_at"`
-	LastUsed  time.Time `json:"last_used"`
+	HostUID uint32 `json:"host_uid,omitempty"`
+	// Image and ImageDigest: the image it runs on; absent (a record from
+	// before images) is the host image.
+	Image       string    `json:"image,omitempty"`
+	ImageDigest string    `json:"image_digest,omitempty"`
+	CreatedAt   time.Time `json:"created_at"`
+	ExpiresAt   time.Time `json:"expires_at"`
+	LastUsed    time.Time `json:"last_used"`
 }
 
 // journalResources are the limits a create asked for, as journaled (for

@@ -65,9 +65,16 @@ type Config struct {
 	// DefaultMaxCmdsPerUID of MaxCmdsPerHost); it is never above
 	// MaxCmdsPerHost.
 	MaxCmdsPerUID int
-	// PoolSize is how many ready sandboxes to keep for creates that a
-	// plain sandbox can serve (0: no pool).
+	// PoolSize is how many ready sandboxes of DefaultImage to keep for
+	// creates that a plain sandbox can serve (0: no pool).
 	PoolSize int
+	// Images are the images the operator imported (nil: only the
+	// built-in backend.HostImage); DefaultImage is the image of a create
+	// that names none ("": host); ImagePools is the pool size of other
+	// images (an entry for DefaultImage overrides PoolSize).
+	Images       Images
+	DefaultImage string
+	ImagePools   map[string]int
 	// Now is the clock (tests may replace it).
 	Now func() time.Time
 	// Failpoint, when set, is called at named points of create and destroy
@@ -124,6 +131,9 @@ type Caller struct {
 
 // CreateRequest is what a client asks of a new sandbox.
 type CreateRequest struct {
+	// Image names the image to run on ("": Config.DefaultImage); Create
+	// resolves it into Spec.Image.
+	Image  string
 	Spec   backend.Spec
 	Owner  string
 	Labels map[string]string
@@ -171,6 +181,10 @@ type Sandbox struct {
 	// Pooled is set while the sandbox belongs to the warm pool (being
 	// made, or waiting to be claimed).
 	Pooled bool
+	// Image is the name of the image the sandbox runs on
+	// (backend.HostImage for the built-in), ImageDigest its digest.
+	Image       string
+	ImageDigest string
 	// Env is the spec's environment when the backend did not apply it at
 	// create (a sandbox claimed from the pool); Exec adds it.
 	Env map[string]string
@@ -237,6 +251,10 @@ type Manager struct {
 
 	poolKick chan struct{} // wakes the pool filler
 
+	// removingImages are the images an image rm is removing: no create
+	// may take them meanwhile. Guarded by mu.
+	removingImages map[string]bool
+
 	reaperTick atomic.Int64 // unix nanos of the reaper's last completed round
 }
 
@@ -289,6 +307,8 @@ func New(cfg Config) (*Manager, error) {
 		uidCmds:  map[uint32]int{},
 		stop:     make(chan struct{}),
 		poolKick: make(chan struct{}, 1),
+
+		removingImages: map[string]bool{},
 	}, nil
 }
 
@@ -327,7 +347,7 @@ func (m *Manager) Start() {
 		defer m.reaperWG.Done()
 		m.retryQuarantined()
 	}()
-	if m.cfg.PoolSize > 0 {
+	if len(m.poolSizes()) > 0 {
 		m.reaperWG.Add(1)
 		go func() {
 			defer m.reaperWG.Done()

@@ -3,13 +3,17 @@ package lifecycle
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 )
 
-// The warm pool keeps Config.PoolSize plain sandboxes made ahead of time,
+// The warm pool keeps, for each image with a pool size (Config.PoolSize for
+// the default image, Config.ImagePools for others), that many plain
+// sandboxes of the image made ahead of time,
 // so that a create a plain sandbox can serve costs a claim (a journal write)
 // instead of the backend's create (for a microVM, seconds). Pool members are
 // journaled like any sandbox (state "pooled"), count against the host quota
@@ -29,7 +33,7 @@ func poolable(spec backend.Spec) bool {
 // claimPooled turns a pool member into caller's sandbox. ok is false when
 // the pool cannot serve the request (none ready, or the spec needs more).
 func (m *Manager) claimPooled(c Caller, req CreateRequest) (sb Sandbox, ok bool, err error) {
-	if m.cfg.PoolSize <= 0 || !poolable(req.Spec) {
+	if m.poolSize(req.Image) <= 0 || !poolable(req.Spec) {
 		return Sandbox{}, false, nil
 	}
 	if err := backend.ValidateEnv(req.Spec.Env, "the sandbox's"); err != nil {
@@ -49,7 +53,7 @@ func (m *Manager) claimPooled(c Caller, req CreateRequest) (sb Sandbox, ok bool,
 	var perUID, perOwner int
 	for _, r := range m.boxes {
 		switch {
-		case r.State == StatePooled:
+		case r.State == StatePooled && r.Image == req.Image:
 			pooled = append(pooled, r)
 		case r.Pooled:
 		default:
@@ -146,33 +150,46 @@ func (m *Manager) fillPool() {
 	}
 }
 
-// topUpPool creates pool members until the pool is full.
+// topUpPool creates pool members until every image's pool is full. An
+// image that is not imported (yet) is skipped: an operator may import it
+// while the daemon runs.
 func (m *Manager) topUpPool() error {
-	for {
-		m.mu.Lock()
-		n := 0
-		for _, r := range m.boxes {
-			if r.Pooled {
-				n++
+	sizes := m.poolSizes()
+	names := slices.Sorted(maps.Keys(sizes))
+	for _, name := range names {
+		img, err := m.ResolveImage(name)
+		if err != nil {
+			m.log.Debug("warm pool of an image not imported: not filled", "image", name, "error", err)
+			continue
+		}
+		for {
+			m.mu.Lock()
+			n := 0
+			for _, r := range m.boxes {
+				if r.Pooled && r.Image == name {
+					n++
+				}
+			}
+			closing := m.closing
+			m.mu.Unlock()
+			if closing || n >= sizes[name] {
+				break
+			}
+			if err := m.createPooled(img); err != nil {
+				return err
 			}
 		}
-		closing := m.closing
-		m.mu.Unlock()
-		if closing || n >= m.cfg.PoolSize {
-			return nil
-		}
-		if err := m.createPooled(); err != nil {
-			return err
-		}
 	}
+	return nil
 }
 
-// createPooled makes one pool member, journaled before the backend is
-// asked, like any create.
-func (m *Manager) createPooled() error {
+// createPooled makes one pool member of image img, journaled before the
+// backend is asked, like any create.
+func (m *Manager) createPooled(img backend.Image) error {
 	now := m.cfg.Now()
 	rec := newRecord(Sandbox{
 		ID: NewID(), State: StateCreating, Pooled: true, NetSpec: netSpecJSON(backend.Spec{}),
+		Image: img.DisplayName(), ImageDigest: img.Digest,
 		CreatedAt: now, LastUsed: now, ExpiresAt: now.Add(m.cfg.MaxLifetime),
 	})
 	if err := m.reserve(rec); err != nil {
@@ -180,14 +197,14 @@ func (m *Manager) createPooled() error {
 	}
 	m.opsWG.Add(1)
 	defer m.opsWG.Done()
-	log := m.log.With("sandbox", rec.ID, "pool", true)
+	log := m.log.With("sandbox", rec.ID, "pool", true, "image", rec.Image)
 	if err := m.persist(rec); err != nil {
 		m.forget(rec)
 		return fmt.Errorf("%w: %v", ErrJournal, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.CreateTimeout)
 	defer cancel()
-	info, err := m.be.Create(ctx, rec.ID, backend.Spec{})
+	info, err := m.be.Create(ctx, rec.ID, backend.Spec{Image: img})
 	if err == nil {
 		// Ready to run, not just made: its first command must not pay
 		// for starting the sandbox's init.

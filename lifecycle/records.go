@@ -68,6 +68,7 @@ func (r *record) journalRecord() journalRecord {
 		Network: r.Network, NetSpec: r.NetSpec, Workdir: r.Workdir,
 		State: journaled(r.State), ConnBound: r.ConnBound, Pooled: r.Pooled, Env: cloneMap(r.Env),
 		Resources: journalResources(r.Resources), HostUID: r.HostUID,
+		Image: r.Image, ImageDigest: r.ImageDigest,
 		CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt, LastUsed: r.LastUsed,
 	}
 }
@@ -78,6 +79,7 @@ func fromJournal(jr journalRecord) *record {
 		Labels: jr.Labels, Tags: jr.Tags, Network: jr.Network, NetSpec: jr.NetSpec,
 		Workdir: jr.Workdir, State: jr.State, ConnBound: jr.ConnBound, Pooled: jr.Pooled, Env: jr.Env,
 		Resources: backend.Resources(jr.Resources), HostUID: jr.HostUID,
+		Image: cmpOr(jr.Image, backend.HostImage), ImageDigest: jr.ImageDigest,
 		CreatedAt: jr.CreatedAt, ExpiresAt: jr.ExpiresAt, LastUsed: jr.LastUsed,
 	})
 }

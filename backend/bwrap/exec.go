@@ -87,7 +87,10 @@ func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 	if err != nil {
 		return backend.ExecResult{}, err
 	}
-	env, err := mergeEnv(sb.env, req.Env)
+	if req.Command != "" && sb.image != nil && !sb.image.Shell {
+		return backend.ExecResult{}, fmt.Errorf("%w: sandbox %s runs on image %s, which has no %s to run a command string; give the command as an argv", backend.ErrNoShell, id, backend.ShortName(sb.image.Name), backend.ShellPath)
+	}
+	env, err := backend.MergeEnv(sb.baseEnv(), sb.env, req.Env)
 	if err != nil {
 		return backend.ExecResult{}, err
 	}
@@ -157,6 +160,21 @@ func (b *Backend) bwrapOptions(sb *sandbox, env []string, cwd string, firstDataF
 		"--hostname", guestHostname,
 		"--clearenv") // before the --setenv options, which it would undo
 	o = append(o, env...)
+	if sb.image != nil {
+		// The image's root, and of the host's /etc only passwd, group
+		// and hosts, the daemon's own.
+		o = append(o, sb.imageOpts...)
+		o = append(o,
+			"--perms", "0644", "--ro-bind-data", strconv.Itoa(firstDataFD+1), "/etc/passwd",
+			"--perms", "0644", "--ro-bind-data", strconv.Itoa(firstDataFD+2), "/etc/group",
+			"--perms", "0644", "--ro-bind-data", strconv.Itoa(firstDataFD+3), "/etc/hosts")
+		if sb.network == networkAllowlist {
+			// The egress resolver (the image's own resolv.conf is left
+			// out); its nsswitch.conf and gai.conf are the image's.
+			o = append(o, "--perms", "0644", "--ro-bind-data", strconv.Itoa(firstDataFD+5), "/etc/resolv.conf")
+		}
+		return append(o, b.guestMounts(sb, cwd, firstDataFD)...)
+	}
 	if b.testRoot != "" {
 		o = append(o, "--bind", b.testRoot, "/")
 	} else {
@@ -182,16 +200,21 @@ func (b *Backend) bwrapOptions(sb *sandbox, env []string, cwd string, firstDataF
 		o = append(o, "--perms", "0644", "--ro-bind-data", strconv.Itoa(firstDataFD+5), "/etc/resolv.conf")
 		o = append(o, "--ro-bind-try", "/etc/nsswitch.conf", "/etc/nsswitch.conf", "--ro-bind-try", "/etc/gai.conf", "/etc/gai.conf")
 	}
+	return append(o, b.guestMounts(sb, cwd, firstDataFD)...)
+}
+
+// guestMounts are the options every root shares: the seccomp filter,
+// /proc, /dev, the sandbox's /workspace and /tmp, the working directory.
+func (b *Backend) guestMounts(sb *sandbox, cwd string, firstDataFD int) []string {
 	// The system-call filter, last of the data files: bwrap loads it just
 	// before it execs the sandbox's first process, so it confines init and
 	// everything init starts.
-	o = append(o, "--seccomp", strconv.Itoa(firstDataFD+4))
-	return append(o,
+	return []string{"--seccomp", strconv.Itoa(firstDataFD + 4),
 		"--proc", "/proc",
 		"--dev", "/dev",
 		"--bind", sb.workDir(), guestWorkspace,
 		"--bind", sb.tmpDir(), guestTmp,
-		"--chdir", cwd)
+		"--chdir", cwd}
 }
 
 // dataFiles returns the memfds bwrap reads: its options, then the synthetic

@@ -60,6 +60,8 @@ type persistedSpec struct {
 	// sandbox with network "allowlist".
 	AllowEgressTo      []string `json:"allow_egress_to,omitempty"`
 	AllowEgressToCIDRs []string `json:"allow_egress_to_cidrs,omitempty"`
+	// Image is the image the sandbox runs on; absent: the host image.
+	Image *imageSpec `json:"image,omitempty"`
 }
 
 func (s persistedSpec) SpecVersion() int { return s.Version }
@@ -82,6 +84,11 @@ type sandbox struct {
 	own      bool
 	// egressTo and egressCIDRs are the allow-lists of network "allowlist".
 	egressTo, egressCIDRs []string
+	// image is the image its root comes from; nil: the host's.
+	// imageOpts are the bwrap options building that root
+	// (imageRootOptions), read once when the sandbox is made or adopted.
+	image     *imageSpec
+	imageOpts []string
 
 	ops registry.Ops // the operations in flight, so Destroy can stop them
 
@@ -98,7 +105,7 @@ type sandbox struct {
 
 func newSandbox(id, dir string, spec persistedSpec, lim limits.Limits) *sandbox {
 	return &sandbox{id: id, dir: dir, env: spec.Env, network: spec.Network, resources: spec.Resources,
-		limits: lim, disk: spec.Disk, uid: -1, gid: -1, ops: registry.Ops{ID: id},
+		limits: lim, disk: spec.Disk, uid: -1, gid: -1, image: spec.Image, ops: registry.Ops{ID: id},
 		egressTo: spec.AllowEgressTo, egressCIDRs: spec.AllowEgressToCIDRs}
 }
 
@@ -192,6 +199,11 @@ func (b *Backend) load(id string) (*sandbox, error) {
 	if spec.Disk && !b.cfg.DiskCaps {
 		return nil, fmt.Errorf("%w: sandbox %q has a disk of its own, which this daemon cannot mount (disk caps are off); destroy it and create a new one", backend.ErrSpecUnenforceable, id)
 	}
+	if spec.Image != nil {
+		if _, err := b.checkImage(backend.Image{Name: spec.Image.Name, Root: spec.Image.Root}); err != nil {
+			return nil, fmt.Errorf("sandbox %s runs on image %s: %w", id, backend.ShortName(spec.Image.Name), err)
+		}
+	}
 	if spec.UID != nil {
 		b.mu.Lock()
 		err := b.checkAdoptedUID(id, *spec.UID)
@@ -202,6 +214,9 @@ func (b *Backend) load(id string) (*sandbox, error) {
 	}
 	sb := newSandbox(id, b.sandboxDir(id), spec, lim)
 	b.setIDs(sb, spec)
+	if err := sb.readImageRoot(); err != nil {
+		return nil, err
+	}
 	// Re-adopted (the daemon restarted, or the host rebooted): mount its
 	// disk again and give it a fresh cgroup; New removed the old ones.
 	if err := b.mountDisk(sb); err != nil {
@@ -266,6 +281,10 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	if err != nil {
 		return backend.Info{}, err
 	}
+	img, err := b.checkImage(spec.Image)
+	if err != nil {
+		return backend.Info{}, err
+	}
 	log := b.log.With("sandbox", id)
 
 	dir := b.sandboxDir(id)
@@ -273,7 +292,7 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 		return backend.Info{}, fmt.Errorf("sandbox %q already exists or is being destroyed; destroy it first or choose another id: %w", id, fs.ErrExist)
 	}
 	saved := persistedSpec{Version: specVersion, Network: network, Env: maps.Clone(spec.Env), Resources: spec.Resources,
-		Disk: b.cfg.DiskCaps && lim.DiskBytes > 0}
+		Disk: b.cfg.DiskCaps && lim.DiskBytes > 0, Image: img}
 	if network == networkAllowlist {
 		saved.AllowEgressTo, saved.AllowEgressToCIDRs = slices.Clone(spec.AllowEgressTo), slices.Clone(spec.AllowEgressToCIDRs)
 	}
@@ -286,6 +305,9 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	}
 	sb := newSandbox(id, dir, saved, lim)
 	b.setIDs(sb, saved)
+	if err := sb.readImageRoot(); err != nil {
+		return backend.Info{}, err
+	}
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		b.releaseUID(id, saved.UID)
 		if errors.Is(err, fs.ErrExist) {
@@ -339,7 +361,7 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 		return backend.Info{}, err
 	}
 	log.Info("sandbox created", "network", network, "env_vars", len(spec.Env), "memory_bytes", lim.MemoryBytes,
-		"pids", lim.PIDs, "cpus", lim.CPUs, "disk_bytes", saved.Disk && lim.DiskBytes > 0, "host_uid", sb.uid)
+		"pids", lim.PIDs, "cpus", lim.CPUs, "disk_bytes", saved.Disk && lim.DiskBytes > 0, "host_uid", sb.uid, "image", spec.Image.DisplayName())
 	info := backend.Info{Workdir: guestWorkspace, Network: network}
 	if saved.UID != nil {
 		info.HostUID = *saved.UID

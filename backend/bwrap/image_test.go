@@ -1,0 +1,69 @@
+package bwrap
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+)
+
+func TestImageRootOptions(t *testing.T) {
+	root := t.TempDir()
+	for _, d := range []string{"usr/bin", "etc/ssl", "proc", "dev", "workspace", "tmp", "sys", "opt"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, f := range []string{"etc/passwd", "etc/group", "etc/hosts", "etc/os-release", "init.txt"} {
+		if err := os.WriteFile(filepath.Join(root, f), []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for l, target := range map[string]string{"bin": "usr/bin", "etc/localtime": "/usr/share/zoneinfo/Etc/UTC"} {
+		if err := os.Symlink(target, filepath.Join(root, l)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := syscall.Mkfifo(filepath.Join(root, "fifo"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := imageRootOptions(root, etcOwn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Join(opts, " ")
+	want := strings.Join([]string{
+		"--symlink usr/bin /bin",
+		"--ro-bind " + root + "/init.txt /init.txt",
+		"--ro-bind " + root + "/opt /opt",
+		"--ro-bind " + root + "/usr /usr",
+		"--perms 0755 --dir /etc",
+		// An absolute symlink is made again as itself: bwrap never
+		// follows it on the host.
+		"--symlink /usr/share/zoneinfo/Etc/UTC /etc/localtime",
+		"--ro-bind " + root + "/etc/os-release /etc/os-release",
+		"--ro-bind " + root + "/etc/ssl /etc/ssl",
+	}, " ")
+	if got != want {
+		t.Fatalf("options:\n got %s\nwant %s", got, want)
+	}
+}
+
+func TestImageSandboxNeedsAStaticInit(t *testing.T) {
+	b := newTestBackend(t, daemonUID)
+	b.static = false // as the dynamically linked test binary is under -race
+	root := t.TempDir()
+	_, err := b.Create(context.Background(), "sb-img", backend.Spec{Image: backend.Image{Name: "numpy", Root: root}})
+	if !errors.Is(err, backend.ErrSpecUnenforceable) || !strings.Contains(err.Error(), "dynamically linked") {
+		t.Fatalf("create on an image with a dynamic init: %v, want spec_unenforceable naming the cause", err)
+	}
+	if ids, _ := b.List(context.Background()); slices.Contains(ids, "sb-img") {
+		t.Fatal("a refused create left a sandbox")
+	}
+}

@@ -1,0 +1,134 @@
+package lifecycle
+
+// Images: which image a create runs on, which sandboxes and pools use an
+// image, and removing one only while nothing does.
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+)
+
+// Images is the image store as the manager sees it (sandbox/image, adapted
+// by the daemon's wiring). Get of an unknown name returns an error
+// wrapping backend.ErrImageNotFound.
+type Images interface {
+	Get(name string) (backend.Image, error)
+	List() []backend.Image
+}
+
+func cmpOr(s, def string) string { return cmp.Or(s, def) }
+
+// defaultImage is the name of a create's image when it names none.
+func (m *Manager) defaultImage() string { return cmp.Or(m.cfg.DefaultImage, backend.HostImage) }
+
+// ImageList returns the images a create may name: the built-in host
+// image first, then the store's by name.
+func (m *Manager) ImageList() []backend.Image {
+	out := []backend.Image{{Name: backend.HostImage}}
+	if m.cfg.Images != nil {
+		imgs := m.cfg.Images.List()
+		slices.SortFunc(imgs, func(a, b backend.Image) int { return cmp.Compare(a.Name, b.Name) })
+		out = append(out, imgs...)
+	}
+	return out
+}
+
+// ImageNames returns the names of ImageList.
+func (m *Manager) ImageNames() []string {
+	var names []string
+	for _, im := range m.ImageList() {
+		names = append(names, im.Name)
+	}
+	return names
+}
+
+// DefaultImage returns the image of a create that names none.
+func (m *Manager) DefaultImage() string { return m.defaultImage() }
+
+// ResolveImage returns the image name stands for ("": the default).
+func (m *Manager) ResolveImage(name string) (backend.Image, error) {
+	name = cmp.Or(name, m.defaultImage())
+	if name == backend.HostImage {
+		return backend.Image{Name: backend.HostImage}, nil
+	}
+	if m.cfg.Images != nil {
+		im, err := m.cfg.Images.Get(name)
+		if err == nil {
+			return im, nil
+		}
+		if !errors.Is(err, backend.ErrImageNotFound) {
+			return backend.Image{}, err
+		}
+	}
+	return backend.Image{}, &backend.ImageNotFoundError{Name: name, Known: m.ImageNames()}
+}
+
+// poolSizes are the warm pool's target per image name; only sizes > 0.
+func (m *Manager) poolSizes() map[string]int {
+	sizes := map[string]int{}
+	if m.cfg.PoolSize > 0 {
+		sizes[m.defaultImage()] = m.cfg.PoolSize
+	}
+	for name, n := range m.cfg.ImagePools {
+		if n > 0 {
+			sizes[cmp.Or(name, backend.HostImage)] = n
+		} else {
+			delete(sizes, name)
+		}
+	}
+	return sizes
+}
+
+// poolSize is the warm pool's target for image name.
+func (m *Manager) poolSize(name string) int { return m.poolSizes()[name] }
+
+// RemoveImage calls remove, which deletes image name from the store, only
+// while no sandbox (in any state, the pool's included) runs on it and no
+// pool is configured for it; meanwhile no create may take it. The
+// built-in host image cannot be removed.
+func (m *Manager) RemoveImage(name string, remove func() error) error {
+	if name == backend.HostImage || name == "" {
+		return fmt.Errorf("%w: %q is the built-in image (the host's /usr) and cannot be removed", ErrInvalid, backend.HostImage)
+	}
+	m.mu.Lock()
+	inUse := &backend.ImageInUseError{Name: name, Pool: m.poolSize(name) > 0}
+	for _, r := range m.boxes {
+		if r.Image == name {
+			if r.Pooled {
+				inUse.Pool = true
+			} else {
+				inUse.Sandboxes = append(inUse.Sandboxes, r.ID)
+			}
+		}
+	}
+	if m.removingImages[name] {
+		m.mu.Unlock()
+		return fmt.Errorf("%w: image %s is being removed by another request", backend.ErrImageInUse, backend.ShortName(name))
+	}
+	if len(inUse.Sandboxes) > 0 || inUse.Pool {
+		m.mu.Unlock()
+		slices.Sort(inUse.Sandboxes)
+		return inUse
+	}
+	m.removingImages[name] = true
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		delete(m.removingImages, name)
+		m.mu.Unlock()
+	}()
+	return remove()
+}
+
+// checkImageTaken is reserve's check that rec's image is not being
+// removed; m.mu must be held.
+func (m *Manager) checkImageTaken(rec *record) error {
+	if m.removingImages[rec.Image] {
+		return &backend.ImageNotFoundError{Name: rec.Image, Known: []string{"(" + rec.Image + " is being removed)"}}
+	}
+	return nil
+}
