@@ -82,6 +82,12 @@ var (
 	// ErrNoShell: a command string in a sandbox whose image has no
 	// /bin/sh to run it; give an argv instead.
 	ErrNoShell = fmt.Errorf("image has no shell")
+	// ErrBadImage, ErrImageTooLarge, ErrImageExists: an import refused
+	// (not an image, or a hostile one; over the store's caps; the name
+	// taken by another digest).
+	ErrBadImage      = fmt.Errorf("bad image")
+	ErrImageTooLarge = fmt.Errorf("image too large")
+	ErrImageExists   = fmt.Errorf("image name taken")
 )
 
 // ImageNotFoundError is an unknown image name, with the names there are.

@@ -27,6 +27,13 @@ const (
 	OpWriteTags     = "write_tags"
 	OpDestroyRun    = "destroy_run"
 	OpGC            = "gc"
+	// The operator's image ops (docs/protocol.md, "Images").
+	OpImageLs          = "image_ls"
+	OpImageInspect     = "image_inspect"
+	OpImageRm          = "image_rm"
+	OpImageImportBegin = "image_import_begin"
+	OpImageImportData  = "image_import_data"
+	OpImageImportEnd   = "image_import_end"
 )
 
 // Error codes: stable strings a client may switch on. docs/protocol.md says
@@ -52,6 +59,12 @@ const (
 	CodeBackendUnavail    = "backend_unavailable"
 	CodeShuttingDown      = "shutting_down"
 	CodeInternal          = "internal"
+	CodeImageNotFound     = "image_not_found"
+	CodeImageInUse        = "image_in_use"
+	CodeImageExists       = "image_exists"
+	CodeBadImage          = "bad_image"
+	CodeImageTooLarge     = "image_too_large"
+	CodeNoShell           = "no_shell"
 )
 
 // Error is an error response: a stable code for machines, a sentence for

@@ -95,3 +95,18 @@ func (c *Client) DestroyRun(ctx context.Context, owner string) (api.DestroyRunRe
 func (c *Client) GC(ctx context.Context, req api.GCRequest) (api.GCResult, error) {
 	return call[api.GCResult](ctx, c, OpGC, req)
 }
+
+// ImageList lists the images a create may name.
+func (c *Client) ImageList(ctx context.Context) (api.ImageListResult, error) {
+	return call[api.ImageListResult](ctx, c, OpImageLs, nil)
+}
+
+// ImageInspect describes one image.
+func (c *Client) ImageInspect(ctx context.Context, name string) (api.ImageInspectResult, error) {
+	return call[api.ImageInspectResult](ctx, c, OpImageInspect, api.ImageRequest{Name: name})
+}
+
+// ImageRemove removes an image (admins only).
+func (c *Client) ImageRemove(ctx context.Context, name string) (api.ImageRemoveResult, error) {
+	return call[api.ImageRemoveResult](ctx, c, OpImageRm, api.ImageRequest{Name: name})
+}

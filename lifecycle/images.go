@@ -132,3 +132,17 @@ func (m *Manager) checkImageTaken(rec *record) error {
 	}
 	return nil
 }
+
+// ImagePoolSize is the warm pool's configured size for image name.
+func (m *Manager) ImagePoolSize(name string) int { return m.poolSize(name) }
+
+// ImageUse counts the sandboxes on each image now, the pool's included.
+func (m *Manager) ImageUse() map[string]int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	use := map[string]int{}
+	for _, r := range m.boxes {
+		use[r.Image]++
+	}
+	return use
+}

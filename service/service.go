@@ -42,8 +42,9 @@ const (
 
 // Features lists what this daemon speaks beyond version 1 as first
 // published; hello reports it, so a client can tell before it asks.
-// "create_resources": create takes resources.
-var Features = []string{"create_resources"}
+// "create_resources": create takes resources; "images": create takes
+// image, and the image ops exist.
+var Features = []string{"create_resources", "images"}
 
 // Limits bound what one request may ask for.
 type Limits struct {
@@ -98,6 +99,9 @@ type Config struct {
 	// Node names this host; hello reports it so that a client can tell a
 	// handle made on another host (sandboxes live on one host).
 	Node string
+	// Images imports and removes images (nil: no store; image_import
+	// and image_rm are refused). The manager lists and resolves them.
+	Images ImageStore
 }
 
 // backendHealthTTL is how long one backend health check answers for: a
@@ -129,6 +133,9 @@ type Service struct {
 	// backendInfo is the backend's Describe, fixed at start; shared
 	// read-only like limits.
 	backendInfo map[string]string
+
+	images ImageStore
+	up     uploads // the streamed imports in progress
 }
 
 type backendHealth struct {
@@ -150,7 +157,8 @@ func New(cfg Config) *Service {
 	if cfg.Policy == nil {
 		cfg.Policy = &Policy{}
 	}
-	s := &Service{m: cfg.Manager, policy: cfg.Policy, lim: cfg.Limits, log: cfg.Logger, version: cfg.Version, node: cfg.Node, started: time.Now()}
+	s := &Service{m: cfg.Manager, policy: cfg.Policy, lim: cfg.Limits, log: cfg.Logger, version: cfg.Version, node: cfg.Node, started: time.Now(),
+		images: cfg.Images}
 	if lr, ok := cfg.Manager.Backend().(backend.LimitReporter); ok {
 		s.limits = maps.Clone(lr.LimitsInForce())
 	}
@@ -164,7 +172,10 @@ func New(cfg Config) *Service {
 func (s *Service) Limits() Limits { return s.lim }
 
 // Disconnected implements ipc.ConnObserver.
-func (s *Service) Disconnected(peer *ipc.Peer) { s.m.Disconnected(peer.ConnID) }
+func (s *Service) Disconnected(peer *ipc.Peer) {
+	s.abortUploadsOf(peer.ConnID)
+	s.m.Disconnected(peer.ConnID)
+}
 
 // audit carries what one request's audit line says.
 type audit struct {
@@ -254,6 +265,18 @@ func (s *Service) dispatch(ctx context.Context, c lifecycle.Caller, peer *ipc.Pe
 		return s.destroyRun(ctx, c, args, a)
 	case ipc.OpGC:
 		return s.gc(ctx, c, args, a)
+	case ipc.OpImageLs:
+		return s.imageLs(args)
+	case ipc.OpImageInspect:
+		return s.imageInspect(args, a)
+	case ipc.OpImageRm:
+		return s.imageRm(c, args, a)
+	case ipc.OpImageImportBegin:
+		return s.imageImportBegin(c, peer, args, a)
+	case ipc.OpImageImportData:
+		return s.imageImportData(ctx, c, peer, args)
+	case ipc.OpImageImportEnd:
+		return s.imageImportEnd(ctx, c, peer, args, a)
 	}
 	return nil, ipc.Errorf(ipc.CodeUnknownOp, "unknown op %q; see docs/protocol.md for the ops this daemon speaks", req.Op)
 }
@@ -287,6 +310,8 @@ func (s *Service) hello(c lifecycle.Caller, peer *ipc.Peer, args *ipc.Args) (any
 			DefaultTimeoutS:    s.lim.DefaultTimeout.Seconds(),
 			MaxListEntries:     s.lim.MaxListEntries,
 		},
+		Images:       s.m.ImageNames(),
+		DefaultImage: s.m.DefaultImage(),
 	}, nil
 }
 
@@ -337,7 +362,7 @@ func (s *Service) Health(ctx context.Context) HealthReport {
 		PendingDestroy: st.PendingDestroy, Pooled: st.Pooled,
 		Recovery: RecoveryReport{Adopted: st.Recovery.Adopted, Destroyed: st.Recovery.Destroyed, Swept: st.Recovery.Swept,
 			Failed: st.Recovery.Failed, AdoptFailed: st.Recovery.AdoptFailed, Pending: st.Recovery.Pending, MovedAside: st.Recovery.MovedAside, DurationS: st.Recovery.Duration.Seconds()},
-		Limits: s.limits, BackendInfo: s.backendInfo, Memory: s.memoryReport()}
+		Limits: s.limits, BackendInfo: s.backendInfo, Memory: s.memoryReport(), Images: s.m.ImageNames()}
 	if err := s.backendHealth(ctx); err != nil {
 		r.Status = "degraded"
 		r.BackendError = err.Error()
@@ -443,6 +468,7 @@ func (s *Service) create(ctx context.Context, c lifecycle.Caller, args *ipc.Args
 	if err := spec.Done("spec field"); err != nil {
 		return nil, err
 	}
+	req.Image = args.String("image", false)
 	res, rerr := resourcesArg(args)
 	if rerr != nil {
 		return nil, rerr
@@ -459,7 +485,7 @@ func (s *Service) create(ctx context.Context, c lifecycle.Caller, args *ipc.Args
 	if err := args.Done("argument"); err != nil {
 		return nil, err
 	}
-	a.add("owner", req.Owner, "labels", req.Labels)
+	a.add("owner", req.Owner, "labels", req.Labels, "image", req.Image)
 	if !res.IsZero() {
 		a.add("resources", resourcesMap(res))
 	}
@@ -474,6 +500,7 @@ func (s *Service) create(ctx context.Context, c lifecycle.Caller, args *ipc.Args
 		Network:   sb.Network,
 		ExpiresAt: unixSeconds(sb.ExpiresAt),
 		ConnBound: sb.ConnBound,
+		Image:     sb.Image,
 	}, nil
 }
 
@@ -761,6 +788,7 @@ func (s *Service) list(c lifecycle.Caller, args *ipc.Args) (any, error) {
 			RemainingS: max(b.ExpiresAt.Sub(now).Seconds(), 0),
 			Tags:       b.TagMap(),
 			Resources:  api.Resources{MemoryBytes: r.MemoryBytes, CPUs: r.CPUs, PIDs: r.PIDs, DiskBytes: r.DiskBytes},
+			Image:      b.Image,
 		}
 		if b.State == lifecycle.StateQuarantined {
 			out[i].Quarantine = b.Quarantine
@@ -793,6 +821,14 @@ func (s *Service) toWire(err error) *ipc.Error {
 	if errors.As(err, &held) {
 		return ipc.Errorf(ipc.CodeHeldByOther, "%v", err).With("holder", held.Holder)
 	}
+	var noImage *backend.ImageNotFoundError
+	if errors.As(err, &noImage) {
+		return ipc.Errorf(ipc.CodeImageNotFound, "%v", err).With("images", noImage.Known)
+	}
+	var inUse *backend.ImageInUseError
+	if errors.As(err, &inUse) {
+		return ipc.Errorf(ipc.CodeImageInUse, "%v", err).With("sandboxes", nonNilList(inUse.Sandboxes)).With("pool", inUse.Pool)
+	}
 	codes := []struct {
 		target error
 		code   string
@@ -806,6 +842,12 @@ func (s *Service) toWire(err error) *ipc.Error {
 		{backend.ErrTooManyEntries, ipc.CodeTooManyEntries},
 		{backend.ErrInvalidArgument, ipc.CodeBadRequest},
 		{backend.ErrUnavailable, ipc.CodeBackendUnavail},
+		{backend.ErrImageNotFound, ipc.CodeImageNotFound},
+		{backend.ErrImageInUse, ipc.CodeImageInUse},
+		{backend.ErrImageExists, ipc.CodeImageExists},
+		{backend.ErrBadImage, ipc.CodeBadImage},
+		{backend.ErrImageTooLarge, ipc.CodeImageTooLarge},
+		{backend.ErrNoShell, ipc.CodeNoShell},
 		{lifecycle.ErrInvalid, ipc.CodeBadRequest},
 		{lifecycle.ErrShuttingDown, ipc.CodeShuttingDown},
 		{lifecycle.ErrJournal, ipc.CodeInternal},
@@ -845,6 +887,13 @@ func nonNil(b []byte) []byte {
 		return []byte{}
 	}
 	return b
+}
+
+func nonNilList(l []string) []string {
+	if l == nil {
+		return []string{}
+	}
+	return l
 }
 
 func nonNilMap(m map[string]string) map[string]string {

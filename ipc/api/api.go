@@ -30,6 +30,10 @@ type HelloResult struct {
 	Features []string    `msgpack:"features"`
 	Peer     Peer        `msgpack:"peer"`
 	Limits   HelloLimits `msgpack:"limits"`
+	// Images names the images a create may ask for (host first), and
+	// DefaultImage the one it gets when it names none.
+	Images       []string `msgpack:"images"`
+	DefaultImage string   `msgpack:"default_image"`
 }
 
 // Peer is the peer as the kernel reported it.
@@ -77,6 +81,8 @@ type HealthResult struct {
 	// makes the status degraded. A non-admin sees only its own uid's.
 	Quarantined []QuarantinedSandbox `msgpack:"quarantined,omitempty"`
 	Damaged     []DamagedSandbox     `msgpack:"damaged,omitempty"`
+	// Images names the images a create may ask for, as hello does.
+	Images []string `msgpack:"images"`
 }
 
 // MemoryReport is health's memory section: what every sandbox together
@@ -133,6 +139,8 @@ type CreateResult struct {
 	Network   string  `msgpack:"network"`
 	ExpiresAt float64 `msgpack:"expires_at"`
 	ConnBound bool    `msgpack:"conn_bound"`
+	// Image is the image the sandbox runs on.
+	Image string `msgpack:"image"`
 }
 
 // Resources are create's resources as asked; a key left out is the
@@ -284,6 +292,66 @@ type SandboxInfo struct {
 	Resources  Resources         `msgpack:"resources"`
 	// Quarantine is why the sandbox is quarantined (only in that state).
 	Quarantine string `msgpack:"quarantine,omitempty"`
+	// Image is the image the sandbox runs on.
+	Image string `msgpack:"image"`
+}
+
+// ImageInfo is one image as image_ls and image_inspect report it.
+type ImageInfo struct {
+	Name string `msgpack:"name"`
+	// Builtin: the host image, which is not in the store.
+	Builtin bool `msgpack:"builtin"`
+	// Default: a create that names no image gets this one.
+	Default bool   `msgpack:"default"`
+	Digest  string `msgpack:"digest,omitempty"`
+	// SizeBytes and Files are the unpacked root's.
+	SizeBytes  int64    `msgpack:"size_bytes"`
+	Files      int64    `msgpack:"files"`
+	CreatedAt  float64  `msgpack:"created_at,omitempty"`
+	ImportedAt float64  `msgpack:"imported_at,omitempty"`
+	Source     string   `msgpack:"source,omitempty"`
+	Env        []string `msgpack:"env,omitempty"`
+	Entrypoint []string `msgpack:"entrypoint,omitempty"`
+	Cmd        []string `msgpack:"cmd,omitempty"`
+	WorkingDir string   `msgpack:"working_dir,omitempty"`
+	User       string   `msgpack:"user,omitempty"`
+	// Sandboxes counts the sandboxes on it now; PoolSize is its warm
+	// pool's configured size.
+	Sandboxes int `msgpack:"sandboxes"`
+	PoolSize  int `msgpack:"pool_size"`
+}
+
+// ImageListResult is image_ls's result.
+type ImageListResult struct {
+	Images []ImageInfo `msgpack:"images"`
+}
+
+// ImageInspectResult is image_inspect's result.
+type ImageInspectResult struct {
+	Image ImageInfo `msgpack:"image"`
+}
+
+// ImageRemoveResult is image_rm's result.
+type ImageRemoveResult struct {
+	Removed string `msgpack:"removed"`
+}
+
+// ImageImportBeginResult is image_import_begin's result: the upload's id
+// and the most data one image_import_data may carry.
+type ImageImportBeginResult struct {
+	Upload        string `msgpack:"upload"`
+	MaxChunkBytes int    `msgpack:"max_chunk_bytes"`
+}
+
+// ImageImportDataResult is image_import_data's result.
+type ImageImportDataResult struct {
+	ReceivedBytes int64 `msgpack:"received_bytes"`
+}
+
+// ImageImportEndResult is image_import_end's result: the imported image.
+type ImageImportEndResult struct {
+	Image         ImageInfo `msgpack:"image"`
+	ReceivedBytes int64     `msgpack:"received_bytes"`
 }
 
 // GCResult is gc's result.
@@ -312,6 +380,13 @@ var Results = map[string]any{
 	"destroy_run":    DestroyRunResult{},
 	"list":           ListResult{},
 	"gc":             GCResult{},
+
+	"image_ls":           ImageListResult{},
+	"image_inspect":      ImageInspectResult{},
+	"image_rm":           ImageRemoveResult{},
+	"image_import_begin": ImageImportBeginResult{},
+	"image_import_data":  ImageImportDataResult{},
+	"image_import_end":   ImageImportEndResult{},
 }
 
 // Requests, as a Go client sends them. The daemon reads them with
@@ -332,6 +407,9 @@ type CreateRequest struct {
 	Resources *Resources        `msgpack:"resources,omitempty"`
 	Labels    map[string]string `msgpack:"labels,omitempty"`
 	TTLS      float64           `msgpack:"ttl_s,omitempty"`
+	// Image names the image to run on (hello's images); left out, the
+	// daemon's default.
+	Image string `msgpack:"image,omitempty"`
 }
 
 // Spec is what create's spec may ask.
@@ -432,6 +510,32 @@ type GCRequest struct {
 	DryRun bool `msgpack:"dry_run,omitempty"`
 }
 
+// ImageRequest is the arguments of image_inspect and image_rm.
+type ImageRequest struct {
+	Name string `msgpack:"name"`
+}
+
+// ImageImportBeginRequest is image_import_begin's arguments: the name the
+// image gets.
+type ImageImportBeginRequest struct {
+	Name string `msgpack:"name"`
+}
+
+// ImageImportDataRequest is image_import_data's arguments: the next piece
+// of the archive, at Offset (the bytes sent so far).
+type ImageImportDataRequest struct {
+	Upload string `msgpack:"upload"`
+	Offset int64  `msgpack:"offset"`
+	Data   []byte `msgpack:"data"`
+}
+
+// ImageImportEndRequest is image_import_end's arguments: the archive is
+// whole (or, with Abort, given up).
+type ImageImportEndRequest struct {
+	Upload string `msgpack:"upload"`
+	Abort  bool   `msgpack:"abort,omitempty"`
+}
+
 // Requests maps each op to its arguments' type.
 var Requests = map[string]any{
 	"hello":          HelloRequest{},
@@ -450,4 +554,11 @@ var Requests = map[string]any{
 	"destroy_run":    OwnerRequest{},
 	"list":           OwnerRequest{},
 	"gc":             GCRequest{},
+
+	"image_ls":           struct{}{},
+	"image_inspect":      ImageRequest{},
+	"image_rm":           ImageRequest{},
+	"image_import_begin": ImageImportBeginRequest{},
+	"image_import_data":  ImageImportDataRequest{},
+	"image_import_end":   ImageImportEndRequest{},
 }

@@ -82,7 +82,8 @@ func TestDocumented(t *testing.T) {
 func TestEveryOpHasAResult(t *testing.T) {
 	ops := []string{ipc.OpHello, ipc.OpHealth, ipc.OpCreate, ipc.OpRunCommand, ipc.OpReadFile, ipc.OpWriteFile,
 		ipc.OpListDirectory, ipc.OpDestroy, ipc.OpList, ipc.OpRenew, ipc.OpAttach, ipc.OpRelease, ipc.OpReadTags,
-		ipc.OpWriteTags, ipc.OpDestroyRun, ipc.OpGC}
+		ipc.OpWriteTags, ipc.OpDestroyRun, ipc.OpGC, ipc.OpImageLs, ipc.OpImageInspect, ipc.OpImageRm,
+		ipc.OpImageImportBegin, ipc.OpImageImportData, ipc.OpImageImportEnd}
 	var missing []string
 	for _, op := range ops {
 		_, res := api.Results[op]
