@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -180,12 +181,13 @@ type listedSandbox struct {
 	ExpiresAt  float64           `json:"expires_at"`
 	LastUsed   float64           `json:"last_used"`
 	RemainingS float64           `json:"remaining_s"`
+	Image      string            `json:"image"`
 }
 
 func listed(s api.SandboxInfo) listedSandbox {
 	return listedSandbox{Sandbox: s.Sandbox, UID: s.UID, Owner: s.Owner, Holder: s.Holder, Labels: s.Labels, State: s.State,
 		Workdir: s.Workdir, Network: s.Network, ConnBound: s.ConnBound, CreatedAt: s.CreatedAt, ExpiresAt: s.ExpiresAt,
-		LastUsed: s.LastUsed, RemainingS: s.RemainingS}
+		LastUsed: s.LastUsed, RemainingS: s.RemainingS, Image: s.Image}
 }
 
 func runList(args []string, stdout, stderr io.Writer) error {
@@ -241,7 +243,7 @@ func runList(args []string, stdout, stderr io.Writer) error {
 			title = "(no run: connection-bound or ad hoc)"
 		}
 		fmt.Fprintf(tw, "RUN %s\n", title)
-		fmt.Fprintln(tw, "  SANDBOX\tUID\tSTATE\tHOLDER\tTASK\tAGE\tREMAINING")
+		fmt.Fprintln(tw, "  SANDBOX\tUID\tSTATE\tIMAGE\tHOLDER\tTASK\tAGE\tREMAINING")
 		for _, s := range groups[o] {
 			task := s.Labels["task_id"]
 			if task == "" {
@@ -256,7 +258,7 @@ func runList(args []string, stdout, stderr io.Writer) error {
 			if s.ConnBound {
 				remaining += " (conn)"
 			}
-			fmt.Fprintf(tw, "  %s\t%d\t%s\t%s\t%s\t%s\t%s\n", s.Sandbox, s.UID, s.State, holder, task, age, remaining)
+			fmt.Fprintf(tw, "  %s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Sandbox, s.UID, s.State, cmp.Or(s.Image, "-"), holder, task, age, remaining)
 		}
 	}
 	return tw.Flush()
@@ -302,10 +304,11 @@ func (r *resourceFlags) arg() *api.Resources {
 func runCreate(args []string, stdout, stderr io.Writer) error {
 	var cf clientFlags
 	var ttl time.Duration
-	var owner string
+	var owner, image string
 	var res resourceFlags
 	env := envFlag{}
-	fs := newFlags("create", "[--ttl 1h] [--owner DAG_ID/RUN_ID] [--env K=V] [--memory SIZE] [--cpus N] [--pids N] [--disk SIZE]", stderr)
+	fs := newFlags("create", "[--ttl 1h] [--owner DAG_ID/RUN_ID] [--image NAME] [--env K=V] [--memory SIZE] [--cpus N] [--pids N] [--disk SIZE]", stderr)
+	fs.StringVar(&image, "image", "", "the image the sandbox runs on (sandbox-sidecar image ls; default: the daemon's [images] default)")
 	cf.register(fs, 10*time.Minute)
 	fs.DurationVar(&ttl, "ttl", time.Hour, "how long the sandbox lives (capped by the daemon's --max-lifetime)")
 	fs.StringVar(&owner, "owner", "", "Airflow run that owns the sandbox (\"<dag_id>/<run_id>\")")
@@ -323,7 +326,7 @@ func runCreate(args []string, stdout, stderr io.Writer) error {
 	}
 	defer cancel()
 	defer cl.Close()
-	created, err := cl.Create(ctx, api.CreateRequest{Spec: &api.Spec{Env: env, Owner: owner}, TTLS: ttl.Seconds(), Resources: res.arg()})
+	created, err := cl.Create(ctx, api.CreateRequest{Spec: &api.Spec{Env: env, Owner: owner}, TTLS: ttl.Seconds(), Resources: res.arg(), Image: image})
 	if err != nil {
 		return err
 	}
@@ -333,7 +336,7 @@ func runCreate(args []string, stdout, stderr io.Writer) error {
 
 func runExec(args []string, stdout, stderr io.Writer) error {
 	var cf clientFlags
-	var sandbox, shell, cwd string
+	var sandbox, shell, cwd, image string
 	var cmdTimeout time.Duration
 	var maxOut int
 	var stdin, stream bool
@@ -344,6 +347,7 @@ func runExec(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&sandbox, "sandbox", "", "sandbox to run in (default: a throwaway sandbox, destroyed afterwards)")
 	fs.StringVar(&shell, "sh", "", "run this shell string with sh -c instead of an argv")
 	fs.StringVar(&cwd, "cwd", "", "working directory inside the sandbox")
+	fs.StringVar(&image, "image", "", "the image of the throwaway sandbox (default: the daemon's [images] default)")
 	fs.DurationVar(&cmdTimeout, "command-timeout", time.Minute, "the command's timeout")
 	fs.IntVar(&maxOut, "max-output-bytes", 1<<20, "per-stream output cap (the tail is kept)")
 	fs.BoolVar(&stdin, "stdin", false, "send this process's stdin to the command")
@@ -354,6 +358,9 @@ func runExec(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	argv := fs.Args()
+	if sandbox != "" && image != "" {
+		return &exitError{code: 2, err: errors.New("--image picks a throwaway sandbox's image; give it to create instead of --sandbox")}
+	}
 	if sandbox != "" && resources.arg() != nil {
 		return &exitError{code: 2, err: errors.New("--memory, --cpus, --pids and --disk size a throwaway sandbox; give them to create instead of --sandbox")}
 	}
@@ -370,7 +377,7 @@ func runExec(args []string, stdout, stderr io.Writer) error {
 	defer cancel()
 	defer cl.Close()
 	if sandbox == "" {
-		res, err := cl.Create(ctx, api.CreateRequest{Resources: resources.arg()})
+		res, err := cl.Create(ctx, api.CreateRequest{Resources: resources.arg(), Image: image})
 		if err != nil {
 			return err
 		}

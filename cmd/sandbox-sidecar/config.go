@@ -40,6 +40,56 @@ type Config struct {
 	Gvisor    GvisorSection    `toml:"gvisor"`
 	Metrics   MetricsSection   `toml:"metrics"`
 	Airflow   AirflowSection   `toml:"airflow"`
+	Images    ImagesSection    `toml:"images"`
+}
+
+// ImagesSection configures the image store and the images sandboxes run
+// on (docs/operations.md, "Images").
+type ImagesSection struct {
+	// Default is the image of a create that names none: "host" (the
+	// built-in) or an imported name.
+	Default string `toml:"default"`
+	// MaxBytes and MaxFiles cap one import (its archive and its unpacked
+	// root); 0: the store's defaults.
+	MaxBytes Size  `toml:"max_bytes"`
+	MaxFiles int64 `toml:"max_files"`
+	// Pools is the warm pool's size per image (lifecycle.pool_size is the
+	// default image's, unless named here).
+	Pools map[string]int `toml:"pools"`
+}
+
+func (s ImagesSection) validate(maxSandboxes, poolSize int) []error {
+	var errs []error
+	total := poolSize
+	if _, ok := s.Pools[s.defaultName()]; ok {
+		total = 0
+	}
+	for name, n := range s.Pools {
+		if n < 0 {
+			errs = append(errs, fmt.Errorf("images.pools: %q has %d; give a size of 0 or more", name, n))
+		}
+		if name == "" || len(name) > 128 {
+			errs = append(errs, fmt.Errorf("images.pools: %q is not an image name", name))
+		}
+		total += n
+	}
+	if total > maxSandboxes {
+		errs = append(errs, fmt.Errorf("lifecycle.pool_size and images.pools together (%d) must be at most lifecycle.max_sandboxes (%d)", total, maxSandboxes))
+	}
+	if s.MaxBytes < 0 || s.MaxFiles < 0 {
+		errs = append(errs, fmt.Errorf("images.max_bytes and images.max_files must not be negative (0: the store's defaults)"))
+	}
+	if len(s.Default) > 128 {
+		errs = append(errs, fmt.Errorf("images.default: %q is not an image name", s.Default))
+	}
+	return errs
+}
+
+func (s ImagesSection) defaultName() string {
+	if s.Default == "" {
+		return "host"
+	}
+	return s.Default
 }
 
 type ServerSection struct {
@@ -282,6 +332,7 @@ func defaultConfig() Config {
 		Gvisor: GvisorSection{Platform: gvisor.PlatformSystrap, KillGrace: Duration(gvisor.DefaultKillGrace)},
 		Airflow: AirflowSection{Auth: runwatch.AuthBearer, RunPath: runwatch.DefaultRunPath,
 			PollInterval: Duration(runwatch.DefaultInterval), RequestTimeout: Duration(runwatch.DefaultRequestTimeout)},
+		Images: ImagesSection{Default: "host"},
 	}
 }
 
@@ -536,6 +587,7 @@ func (c *Config) validate() error {
 	}
 	errs = append(errs, c.Metrics.validate()...)
 	errs = append(errs, c.Airflow.validate()...)
+	errs = append(errs, c.Images.validate(c.Lifecycle.MaxSandboxes, c.Lifecycle.PoolSize)...)
 	return errors.Join(errs...)
 }
 

@@ -49,6 +49,7 @@ func init() {
 		"read":    {"print a file of a sandbox to stdout", runRead},
 		"rm":      {"destroy sandboxes (or every sandbox of a run with --run)", runRemove},
 		"gc":      {"destroy orphaned sandboxes now (via the daemon, or offline when none runs)", runGC},
+		"image":   {"import, pull, list, inspect and remove the images sandboxes run on", runImage},
 		"version": {"print the version", runVersion},
 		"config":  {"check or show the configuration file", runConfig},
 	}

@@ -13,6 +13,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -81,7 +82,23 @@ func serveConfig(args []string, stderr io.Writer) (Config, error) {
 	fs.IntVar(&l.MaxSandboxesPerUID, "max-sandboxes-per-uid", l.MaxSandboxesPerUID, "most sandboxes per client uid")
 	fs.IntVar(&l.MaxSandboxesPerOwner, "max-sandboxes-per-owner", l.MaxSandboxesPerOwner, "most sandboxes per owner (Airflow run)")
 	fs.IntVar(&l.MaxCommands, "max-commands", l.MaxCommands, "most commands running at once on this host")
-	fs.IntVar(&l.PoolSize, "pool-size", l.PoolSize, "ready sandboxes kept in a warm pool for fast creates (0: no pool)")
+	fs.IntVar(&l.PoolSize, "pool-size", l.PoolSize, "ready sandboxes of the default image kept in a warm pool for fast creates (0: no pool)")
+	im := &cfg.Images
+	fs.StringVar(&im.Default, "images-default", im.Default, "the image of a create that names none: host (the host's /usr, the built-in) or an imported image's name")
+	fs.Var(&im.MaxBytes, "images-max-bytes", "most bytes one image import may bring (its archive, and its unpacked root; a size: 8g; 0: the store's default)")
+	fs.Int64Var(&im.MaxFiles, "images-max-files", im.MaxFiles, "most files one image's unpacked root may hold (0: the store's default)")
+	fs.Func("image-pool", "NAME=N: keep N ready sandboxes of image NAME in the warm pool (repeatable; images.pools)", func(v string) error {
+		n, size, ok := strings.Cut(v, "=")
+		k, err := strconv.Atoi(size)
+		if !ok || n == "" || err != nil || k < 0 {
+			return fmt.Errorf("want NAME=N with N >= 0, got %q", v)
+		}
+		if im.Pools == nil {
+			im.Pools = map[string]int{}
+		}
+		im.Pools[n] = k
+		return nil
+	})
 	fs.Var(&lim.MaxOutputBytes, "max-output-bytes", "cap on max_output_bytes (per stream; a size: 4m)")
 	fs.Var(&lim.MaxFileBytes, "max-file-bytes", "cap on one read_file or write_file (a size: 8m)")
 	fs.Var(&lim.MaxTimeout, "max-timeout", "cap on a command's timeout")
