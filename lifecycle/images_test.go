@@ -178,3 +178,25 @@ func imageOf(rec *specRecorder, id string) backend.Image {
 	sp, _ := rec.spec(id)
 	return sp.Image
 }
+
+// A restart with a smaller pool of an image destroys the members beyond
+// it, which would otherwise hold the image against an rm forever.
+func TestRestartWithASmallerPoolTrimsIt(t *testing.T) {
+	imgs := newTestImages("numpy")
+	e, _ := newImageEnv(t, func(c *Config) {
+		c.ImagePools = map[string]int{"numpy": 2}
+		c.ReapInterval = 50 * time.Millisecond
+	}, imgs)
+	e.m.Start()
+	waitPool(t, e, 2)
+	// The next daemon, on the same journal, without that pool.
+	m2, err := New(Config{Backend: e.newBase(), Journal: e.journal, Now: e.clock.Now, Images: imgs, ImagePools: map[string]int{"numpy": 1}, ReapInterval: 50 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, e.m.Close(context.Background()))
+	_, err = m2.Recover(context.Background(), false)
+	require.NoError(t, err)
+	require.Equal(t, 2, m2.Stats().Pooled, "recovery keeps both")
+	m2.Start()
+	t.Cleanup(func() { _ = m2.Close(context.Background()) })
+	require.Eventually(t, func() bool { return m2.Stats().Pooled == 1 }, 10*time.Second, 10*time.Millisecond, "trimmed to the pool's size")
+}

@@ -347,6 +347,13 @@ func (m *Manager) Start() {
 		defer m.reaperWG.Done()
 		m.retryQuarantined()
 	}()
+	// Pool members recovery kept beyond what is configured now (a smaller
+	// pool, or none, for their image) go.
+	m.reaperWG.Add(1)
+	go func() {
+		defer m.reaperWG.Done()
+		m.trimPool()
+	}()
 	if len(m.poolSizes()) > 0 {
 		m.reaperWG.Add(1)
 		go func() {

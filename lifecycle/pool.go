@@ -227,3 +227,34 @@ func (m *Manager) createPooled(img backend.Image) error {
 	log.Debug("warm pool member ready")
 	return nil
 }
+
+// trimPool destroys the ready pool members beyond their image's pool size,
+// the newest first: after a restart with a smaller pool of an image (or
+// none), recovery kept members nobody wants, and they would hold the image
+// against an rm.
+func (m *Manager) trimPool() {
+	sizes := m.poolSizes()
+	m.mu.Lock()
+	byImage := map[string][]*record{}
+	for _, r := range m.boxes {
+		if r.State == StatePooled {
+			byImage[r.Image] = append(byImage[r.Image], r)
+		}
+	}
+	var extra []*record
+	for name, rs := range byImage {
+		sort.Slice(rs, func(i, j int) bool { return rs[i].CreatedAt.After(rs[j].CreatedAt) })
+		for _, r := range rs[:max(len(rs)-sizes[name], 0)] {
+			if m.claimForDestroy(r) {
+				extra = append(extra, r)
+			}
+		}
+	}
+	m.mu.Unlock()
+	for _, r := range extra {
+		log := m.log.With("sandbox", r.ID, "pool", true, "image", r.Image)
+		if err := m.destroyNow(r, "its image's pool is smaller now", log); err != nil {
+			log.Warn("destroying a pool member beyond its image's pool size failed; the reaper retries", "error", err)
+		}
+	}
+}

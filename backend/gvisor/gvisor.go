@@ -543,6 +543,9 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	if spec.BlockNetwork != nil && !*spec.BlockNetwork {
 		return backend.Info{}, fmt.Errorf("%w: the gvisor backend gives sandboxes no network (runsc --network=none); keep block_network=true", backend.ErrSpecUnenforceable)
 	}
+	if !spec.Image.IsHost() {
+		return backend.Info{}, fmt.Errorf("%w: the gvisor backend runs sandboxes on the host image only so far; create without image %s", backend.ErrSpecUnenforceable, backend.ShortName(spec.Image.Name))
+	}
 	if err := backend.ValidateEnv(spec.Env, "the sandbox's"); err != nil {
 		return backend.Info{}, err
 	}

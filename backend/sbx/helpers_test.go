@@ -288,3 +288,15 @@ func wantErr(t *testing.T, err, target error, hints ...string) {
 }
 
 func boolPtr(v bool) *bool { return &v }
+
+// callsContain reports whether a fake invocation has args as a run.
+func (f *fakeHost) callsContain(args ...string) bool {
+	return slices.ContainsFunc(f.calls(), func(c []string) bool {
+		for i := 0; i+len(args) <= len(c); i++ {
+			if slices.Equal(c[i:i+len(args)], args) {
+				return true
+			}
+		}
+		return false
+	})
+}

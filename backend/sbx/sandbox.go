@@ -259,6 +259,10 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	if err != nil {
 		return backend.Info{}, err
 	}
+	template, err := b.templateFor(spec.Image)
+	if err != nil {
+		return backend.Info{}, err
+	}
 	if err := backend.ValidateEnv(spec.Env, "the sandbox's"); err != nil {
 		return backend.Info{}, err
 	}
@@ -320,7 +324,7 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	}
 
 	args := append([]string{"create", "--name", name}, resourceArgs...)
-	args = append(args, "--template", b.cfg.Template, "shell", ws)
+	args = append(args, "--template", template, "shell", ws)
 	created = true
 	start := time.Now()
 	res, runErr := b.runSbx(ctx, b.cfg.CreateTimeout, cliOutputBytes, nil, args...)

@@ -29,6 +29,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -135,6 +136,10 @@ type Config struct {
 	Env []string
 	// Template is the image sandboxes boot from (default DefaultTemplate).
 	Template string
+	// Templates are the other images a create may name (its image is
+	// passed to sbx create --template as it is; sbx pulls it): only
+	// these, so a client cannot make the host pull what it likes.
+	Templates []string
 	// Memory is each microVM's memory in sbx's notation: "2g", "1536m"
 	// (default DefaultMemory). Less than 1 GiB is refused.
 	Memory string
@@ -199,8 +204,10 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.Template == "" {
 		cfg.Template = DefaultTemplate
 	}
-	if strings.HasPrefix(cfg.Template, "-") || strings.ContainsAny(cfg.Template, " \t\n\x00") {
-		return nil, fmt.Errorf("sbx backend: template image %q is not an image reference", cfg.Template)
+	for _, t := range append([]string{cfg.Template}, cfg.Templates...) {
+		if t == "" || strings.HasPrefix(t, "-") || strings.ContainsAny(t, " \t\n\x00") || t == backend.HostImage {
+			return nil, fmt.Errorf("sbx backend: template image %q is not an image reference", t)
+		}
 	}
 	if cfg.Memory == "" {
 		cfg.Memory = DefaultMemory
@@ -442,4 +449,29 @@ func firstLine(b []byte) string {
 		}
 	}
 	return ""
+}
+
+// templateFor is the sbx template of a create on image im: the default
+// template for the host image (an sbx sandbox never runs on the host's
+// /usr), else im's name when the operator allows it ([sbx] templates).
+func (b *Backend) templateFor(im backend.Image) (string, error) {
+	if im.IsHost() || im.Name == b.cfg.Template {
+		return b.cfg.Template, nil
+	}
+	if slices.Contains(b.cfg.Templates, im.Name) {
+		return im.Name, nil
+	}
+	return "", fmt.Errorf("%w: the sbx backend boots only the templates the operator allows ([sbx] template %q and templates %v), not %s", backend.ErrSpecUnenforceable, b.cfg.Template, b.cfg.Templates, backend.ShortName(im.Name))
+}
+
+// Images lists the templates a create may name, as images (the daemon's
+// image list for this backend: sbx pulls them itself).
+func (b *Backend) Images() []backend.Image {
+	out := []backend.Image{{Name: b.cfg.Template, Source: "sbx template (the default)"}}
+	for _, t := range b.cfg.Templates {
+		if t != b.cfg.Template {
+			out = append(out, backend.Image{Name: t, Source: "sbx template"})
+		}
+	}
+	return out
 }

@@ -611,3 +611,27 @@ func TestSbxBareNameIsLookedUpOnPath(t *testing.T) {
 	_, err = New(f.config(func(c *Config) { c.SbxPath = "sbx" }))
 	wantErr(t, err, backend.ErrUnavailable, "not on PATH")
 }
+
+// An image maps to sbx's --template, and only an allowed one.
+func TestSbxImageIsAnAllowedTemplate(t *testing.T) {
+	b, f := newFakeBackend(t, func(c *Config) { c.Templates = []string{"ghcr.io/acme/agent:1"} })
+	id, _ := create(t, b, backend.Spec{Image: backend.Image{Name: "ghcr.io/acme/agent:1"}})
+	ws := filepath.Join(f.dir, id, "workspace")
+	if !f.callsContain("--template", "ghcr.io/acme/agent:1", "shell", ws) {
+		t.Errorf("no sbx create with the allowed template in %q", f.calls())
+	}
+	_, err := b.Create(context.Background(), "sc-notallowed", backend.Spec{Image: backend.Image{Name: "evil/miner:latest"}})
+	if !errors.Is(err, backend.ErrSpecUnenforceable) || !strings.Contains(err.Error(), "templates") {
+		t.Fatalf("a template the operator did not allow: %v, want spec_unenforceable naming [sbx] templates", err)
+	}
+	if f.callsContain("--template", "evil/miner:latest") {
+		t.Fatal("sbx was asked to boot a template the operator did not allow")
+	}
+	names := []string{}
+	for _, im := range b.Images() {
+		names = append(names, im.Name)
+	}
+	if !slices.Equal(names, []string{DefaultTemplate, "ghcr.io/acme/agent:1"}) {
+		t.Fatalf("Images() = %v", names)
+	}
+}

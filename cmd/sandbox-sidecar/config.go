@@ -270,6 +270,7 @@ type BwrapSection struct {
 type SbxSection struct {
 	Path          string   `toml:"path"`
 	Template      string   `toml:"template"`
+	Templates     List     `toml:"templates"`
 	Memory        string   `toml:"memory"`
 	CPUs          int      `toml:"cpus"`
 	CreateTimeout Duration `toml:"create_timeout"`
@@ -324,7 +325,7 @@ func defaultConfig() Config {
 		},
 		Egress: EgressSection{Hosts: map[string][]string{}, PrivateAllowed: []string{}, MaxConns: 256, IdleTimeout: Duration(5 * time.Minute)},
 		Sbx: SbxSection{
-			Path: "sbx", Template: sbx.DefaultTemplate, Memory: sbx.DefaultMemory,
+			Path: "sbx", Template: sbx.DefaultTemplate, Templates: List{}, Memory: sbx.DefaultMemory,
 			CreateTimeout: Duration(sbx.DefaultCreateTimeout), KillAfter: Duration(sbx.DefaultKillAfter),
 			ExecGrace: Duration(sbx.DefaultExecGrace), ListTimeout: Duration(sbx.DefaultListTimeout),
 			HostPolicy: string(sbx.PolicyUnknown), KVMDevice: sbx.DefaultKVMDevice,
@@ -332,7 +333,7 @@ func defaultConfig() Config {
 		Gvisor: GvisorSection{Platform: gvisor.PlatformSystrap, KillGrace: Duration(gvisor.DefaultKillGrace)},
 		Airflow: AirflowSection{Auth: runwatch.AuthBearer, RunPath: runwatch.DefaultRunPath,
 			PollInterval: Duration(runwatch.DefaultInterval), RequestTimeout: Duration(runwatch.DefaultRequestTimeout)},
-		Images: ImagesSection{Default: "host"},
+		Images: ImagesSection{Default: "host", Pools: map[string]int{}},
 	}
 }
 

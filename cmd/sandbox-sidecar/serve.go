@@ -130,7 +130,8 @@ func serveConfig(args []string, stderr io.Writer) (Config, error) {
 	fs.StringVar(&cfg.Metrics.Listen, "metrics-listen", cfg.Metrics.Listen, "serve Prometheus metrics on this host:port, e.g. 127.0.0.1:9464 (default: off)")
 	sx := &cfg.Sbx
 	fs.StringVar(&sx.Path, "sbx-path", sx.Path, "the sbx binary (sbx backend)")
-	fs.StringVar(&sx.Template, "sbx-template", sx.Template, "image every sbx sandbox boots from")
+	fs.StringVar(&sx.Template, "sbx-template", sx.Template, "image every sbx sandbox boots from, unless its create names another of sbx-templates")
+	fs.Var(&listFlag{l: &sx.Templates}, "sbx-templates", "other images a create may name as its image, each passed to sbx create --template (repeatable, comma-separated; sbx pulls them)")
 	fs.StringVar(&sx.Memory, "sbx-memory", sx.Memory, "memory of each microVM (at least 1g)")
 	fs.IntVar(&sx.CPUs, "sbx-cpus", sx.CPUs, "CPUs of each microVM (0: sbx's default)")
 	fs.Var(&sx.CreateTimeout, "sbx-create-timeout", "bound on sbx create (boot plus a first image pull)")
@@ -498,7 +499,7 @@ func newBackend(cfg Config, log hclog.Logger, enf *enforcement) (backend.Backend
 			return nil, err
 		}
 		return sbx.New(sbx.Config{
-			Dir: filepath.Join(cfg.Server.StateDir, "sbx"), SbxPath: cfg.Sbx.Path, Template: cfg.Sbx.Template,
+			Dir: filepath.Join(cfg.Server.StateDir, "sbx"), SbxPath: cfg.Sbx.Path, Template: cfg.Sbx.Template, Templates: cfg.Sbx.Templates,
 			Memory: cfg.Sbx.Memory, CPUs: cfg.Sbx.CPUs, CreateTimeout: cfg.Sbx.CreateTimeout.D(),
 			KillAfter: cfg.Sbx.KillAfter.D(), ExecGrace: cfg.Sbx.ExecGrace.D(), ListTimeout: cfg.Sbx.ListTimeout.D(),
 			HostPolicy: policy, Marker: cfg.Sbx.Marker, KVMDevice: cfg.Sbx.KVMDevice, Logger: log.Named("sbx"),

@@ -61,7 +61,10 @@ def sidecar_binary(tmp_path_factory: pytest.TempPathFactory) -> str:
         unavailable(f"no Go module at {REPO_ROOT} to build the daemon from")
     out = tmp_path_factory.mktemp("bin") / "sandbox-sidecar"
     build = subprocess.run(
-        [go, "build", "-o", str(out), "./cmd/sandbox-sidecar"],
+        # Static, as the package builds it: the daemon is every sandbox's
+        # init, and an image sandbox has no loader of the host's.
+        [go, "build", "-buildmode=exe", "-o", str(out), "./cmd/sandbox-sidecar"],
+        env={**os.environ, "CGO_ENABLED": "0"},
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

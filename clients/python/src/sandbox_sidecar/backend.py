@@ -78,6 +78,12 @@ ERROR_KINDS: Mapping[str, Tuple[str, str]] = {
     "owner_mismatch": (TERMINAL, "attach: the sandbox belongs to another DAG run"),
     "held_by_other": (TERMINAL, "attach: another task holds the sandbox"),
     "wrong_host": (TERMINAL, "the handle names another host: the sandbox lives there"),
+    "image_not_found": (TERMINAL, "the image the backend was made with is not on this host (the operator imports it)"),
+    "no_shell": (TERMINAL, "the sandbox's image has no /bin/sh to run a command string (Airflow sends strings): give the image a shell"),
+    "image_in_use": (TERMINAL, "image_rm: sandboxes or the warm pool run on the image"),
+    "image_exists": (TERMINAL, "an import's name is taken by another image"),
+    "bad_image": (TERMINAL, "an import is not an image, or a hostile one"),
+    "image_too_large": (TERMINAL, "an import exceeds the daemon's image caps"),
     "frame_too_large": (TERMINAL, "a request or response exceeded the frame limit"),
     "unsupported_version": (TERMINAL, "client and daemon share no protocol version"),
     "unknown_op": (TERMINAL, "the daemon is too old for this operation"),
@@ -330,6 +336,12 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
         backend creates (Airflow's ``SandboxSpec`` has no resource fields):
         ``memory_bytes``, ``cpus``, ``pids``, ``disk_bytes``. A limit the host
         cannot enforce, or looser than the daemon allows, fails ``create``.
+    :param image: the image every sandbox this backend creates runs on: a
+        name the operator imported (``sandbox-sidecar image ls``), or
+        ``"host"``; ``None`` takes the daemon's default. The image brings the
+        sandbox's libraries (numpy, pandas, ...) without touching the host.
+        An image this host does not have fails ``create`` with a
+        ``SandboxTerminalError`` (code ``image_not_found``) listing those it has.
     :param connect_timeout: seconds to connect to the daemon.
     :param op_timeout: budget of the calls with no timeout of their own.
     :param grace: seconds allowed beyond a call's budget before giving up on
@@ -351,6 +363,7 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
         ttl_s: Optional[float] = None,
         auto_labels: bool = True,
         resources: Optional[Mapping[str, Any]] = None,
+        image: Optional[str] = None,
         connect_timeout: float = 5.0,
         op_timeout: float = 60.0,
         grace: float = 15.0,
@@ -365,6 +378,9 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
         self._auto_labels = auto_labels
         self._log_output = bool(log_output)
         self._resources = check_resources(resources)
+        if image is not None and (not isinstance(image, str) or not image):
+            raise ValueError(f"image must be an image's name (a non-empty str) or None, got {image!r}")
+        self._image = image
         self._client_options = {"connect_timeout": connect_timeout, "op_timeout": op_timeout, "grace": grace}
         check_timeouts(**self._client_options)
         self._client = client
@@ -390,6 +406,7 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
             "auto_labels": self._auto_labels,
             "log_output": self._log_output,
             "resources": dict(self._resources),
+            "image": self._image,
             **self._client_options,
         }
 
@@ -426,13 +443,15 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
         labels: Optional[Mapping[str, Any]] = None,
         ttl_s: Optional[float] = None,
         resources: Optional[Mapping[str, Any]] = None,
+        image: Optional[str] = None,
     ) -> str:
         """Provision a sandbox and return its id.
 
         A spec (or resources) this host cannot enforce raises
         ``SandboxTerminalError`` with the daemon's explanation; nothing weaker
         is ever provisioned. ``labels``, ``ttl_s`` and ``resources`` add to
-        (and override) the constructor's, key by key.
+        (and override) the constructor's, key by key; ``image`` overrides the
+        constructor's.
         """
         merged: Dict[str, str] = _airflow_task_labels() if self._auto_labels else {}
         merged.update(self._labels)
@@ -444,6 +463,7 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
                 labels=merged or None,
                 ttl_s=ttl_s if ttl_s is not None else self._ttl_s,
                 resources=limits or None,
+                image=image if image is not None else self._image,
             )
         except SidecarError as exc:
             raise to_sandbox_error(exc, op="create") from exc

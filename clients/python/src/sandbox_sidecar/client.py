@@ -579,15 +579,19 @@ class SidecarClient:
         labels: Optional[Mapping[str, str]] = None,
         ttl_s: Optional[float] = None,
         resources: Optional[Mapping[str, Any]] = None,
+        image: Optional[str] = None,
         timeout: Optional[float] = None,
     ) -> dict:
         """Provision a sandbox. ``spec`` is the wire map (env, block_network, allow_egress_to, ...).
 
         ``resources`` asks for limits tighter than the daemon's: ``memory_bytes``,
         ``cpus``, ``pids``, ``disk_bytes`` (the daemon checks them; a limit it
-        cannot enforce is the error ``spec_unenforceable``).
+        cannot enforce is the error ``spec_unenforceable``). ``image`` names
+        the image the sandbox runs on (one of ``hello()["images"]``; ``None``:
+        the daemon's default); an unknown one is the error ``image_not_found``,
+        whose ``details["images"]`` lists those there are.
 
-        Returns ``sandbox``, ``workdir``, ``network``, ``expires_at``, ``conn_bound``.
+        Returns ``sandbox``, ``workdir``, ``network``, ``expires_at``, ``conn_bound``, ``image``.
         """
         return self.call(
             "create",
@@ -596,6 +600,7 @@ class SidecarClient:
                 "labels": _opt_map(labels),
                 "ttl_s": ttl_s,
                 "resources": dict(resources) if resources is not None else None,
+                "image": image,
             },
             timeout=timeout,
         )
