@@ -15,7 +15,7 @@ export PATH="$PATH:/usr/local/go/bin"
 
 . scripts/lib/packages.sh
 
-apt_packages=(bubblewrap python3-msgpack python3-pytest util-linux libcap2-bin iproute2 iputils-ping curl procps strace e2fsprogs busybox-static)
+apt_packages=(bubblewrap python3-msgpack python3-pytest util-linux libcap2-bin iproute2 iputils-ping curl procps strace e2fsprogs busybox-static debootstrap)
 if ! ensure_packages "${apt_packages[@]}"; then
   echo "tests that need the missing packages will skip" >&2
 fi
@@ -43,6 +43,10 @@ fi
 
 echo "== go vet"
 go vet ./...
+
+# test/sandboximage debootstraps a bookworm with python3 and numpy (once,
+# cached under /var/cache/sandbox-sidecar-test) to prove images end to end.
+export SANDBOX_SIDECAR_SANDBOX_IMAGE_TEST=1
 
 echo "== go test -race"
 go test -race -count=1 -timeout 30m ./...

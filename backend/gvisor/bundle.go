@@ -1,9 +1,12 @@
 package gvisor
 
 import (
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/hostfs"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/statedir"
@@ -207,11 +210,35 @@ type ociNamespace struct {
 var initCaps = []string{"CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_DAC_READ_SEARCH"}
 
 // spec is sb's OCI runtime spec.
-func (b *Backend) spec(sb *sandbox) ociSpec {
+func (b *Backend) spec(sb *sandbox) (ociSpec, error) {
 	mounts := []ociMount{
 		{Destination: "/proc", Type: "proc", Source: "proc"},
 		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
 		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+	}
+	root := filepath.Join(b.cfg.Dir, rootfsName)
+	if sb.image != nil {
+		// The image's entries on its mount-point root, and nothing of
+		// the host's /usr or /etc.
+		var err error
+		if root, err = b.imageRootfs(sb.image); err != nil {
+			return ociSpec{}, err
+		}
+		ms, err := imageMounts(sb.image.Root)
+		if err != nil {
+			return ociSpec{}, fmt.Errorf("%w: cannot read the root of image %s: %v; import it again", backend.ErrUnavailable, backend.ShortName(sb.image.Name), err)
+		}
+		mounts = append(mounts, ms...)
+	} else {
+		mounts = append(mounts, b.hostMounts()...)
+	}
+	return b.specWith(sb, root, mounts), nil
+}
+
+// hostMounts are the host image's: its /usr, top-level directories and
+// the etcBinds it has.
+func (b *Backend) hostMounts() []ociMount {
+	mounts := []ociMount{
 		{Destination: "/usr", Type: "bind", Source: "/usr", Options: []string{"rbind", "ro", "nosuid", "nodev"}},
 	}
 	for _, name := range []string{"lib", "lib32", "lib64", "libx32", "bin", "sbin"} {
@@ -224,6 +251,11 @@ func (b *Backend) spec(sb *sandbox) ociSpec {
 			mounts = append(mounts, ociMount{Destination: p, Type: "bind", Source: p, Options: []string{"rbind", "ro", "nosuid", "nodev"}})
 		}
 	}
+	return mounts
+}
+
+// specWith is sb's spec on root with mounts before the sandbox's own.
+func (b *Backend) specWith(sb *sandbox, root string, mounts []ociMount) ociSpec {
 	mounts = append(mounts,
 		ociMount{Destination: guestInit, Type: "bind", Source: b.exe, Options: []string{"bind", "ro", "nodev"}},
 		ociMount{Destination: guestWorkspace, Type: "bind", Source: sb.workDir(), Options: []string{"rbind", "rw", "nosuid", "nodev"}},
@@ -250,7 +282,7 @@ func (b *Backend) spec(sb *sandbox) ociSpec {
 			Capabilities:    ociCaps{Bounding: initCaps, Effective: initCaps, Permitted: initCaps, Inheritable: []string{}, Ambient: []string{}},
 			Rlimits:         rlimits,
 		},
-		Root:     ociRoot{Path: filepath.Join(b.cfg.Dir, rootfsName), Readonly: true},
+		Root:     ociRoot{Path: root, Readonly: true},
 		Hostname: guestHostname,
 		Mounts:   mounts,
 		Linux: ociLinux{Namespaces: []ociNamespace{
@@ -266,5 +298,9 @@ func (b *Backend) writeBundle(sb *sandbox) error {
 	}
 	p := filepath.Join(sb.bundleDir(), "config.json")
 	_ = os.Remove(p + ".tmp") // a crash's leftover would stop WriteJSON
-	return statedir.WriteJSON(p, b.spec(sb))
+	spec, err := b.spec(sb)
+	if err != nil {
+		return err
+	}
+	return statedir.WriteJSON(p, spec)
 }

@@ -55,7 +55,10 @@ func (b *Backend) execIn(ctx, opCtx context.Context, sb *sandbox, req backend.Ex
 	if len(req.Stdin) > maxStdinBytes {
 		return backend.ExecResult{}, fmt.Errorf("%w: stdin is %d bytes, more than the %d a command may get; write it to a file with write_file instead", backend.ErrInvalidArgument, len(req.Stdin), maxStdinBytes)
 	}
-	env, err := backend.MergeEnv(baseEnv, sb.env, req.Env)
+	if req.Command != "" && sb.image != nil && !sb.image.Shell {
+		return backend.ExecResult{}, fmt.Errorf("%w: sandbox %s runs on image %s, which has no %s to run a command string; give the command as an argv", backend.ErrNoShell, sb.id, backend.ShortName(sb.image.Name), backend.ShellPath)
+	}
+	env, err := backend.MergeEnv(sb.baseEnvOf(), sb.env, req.Env)
 	if err != nil {
 		return backend.ExecResult{}, err
 	}

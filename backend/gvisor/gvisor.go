@@ -149,6 +149,8 @@ type Backend struct {
 	version string // runsc --version, first line
 	exe     string // the sandboxes' init (InitPath or the daemon's executable), bound into every sandbox
 	static  bool   // exe is statically linked (initproc.Static)
+	// imageMu orders the making of the images' mount-point roots.
+	imageMu sync.Mutex
 	log     hclog.Logger
 
 	reg *registry.Registry[*sandbox]
@@ -472,6 +474,8 @@ type persistedSpec struct {
 	Network   string            `json:"network"`
 	Env       map[string]string `json:"env,omitempty"`
 	Resources backend.Resources `json:"resources,omitempty"`
+	// Image is the image the sandbox runs on; absent: the host image.
+	Image *imageSpec `json:"image,omitempty"`
 }
 
 // SpecVersion implements registry.Versioned.
@@ -512,6 +516,14 @@ func (b *Backend) load(id string) (*sandbox, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s was created with limits this daemon no longer enforces (%w); destroy it and create a new one", id, err)
 	}
+	if spec.Image != nil {
+		if _, err := b.checkImage(backend.Image{Name: spec.Image.Name, Digest: spec.Image.Digest, Root: spec.Image.Root}); err != nil {
+			return nil, fmt.Errorf("sandbox %s runs on image %s: %w", id, backend.ShortName(spec.Image.Name), err)
+		}
+		if _, err := b.imageRootfs(spec.Image); err != nil {
+			return nil, err
+		}
+	}
 	sb := newSandbox(id, b.sandboxDir(id), spec, lim)
 	if _, err := os.Stat(sb.workDir()); err != nil {
 		return nil, backend.NotFound(id)
@@ -543,8 +555,14 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	if spec.BlockNetwork != nil && !*spec.BlockNetwork {
 		return backend.Info{}, fmt.Errorf("%w: the gvisor backend gives sandboxes no network (runsc --network=none); keep block_network=true", backend.ErrSpecUnenforceable)
 	}
-	if !spec.Image.IsHost() {
-		return backend.Info{}, fmt.Errorf("%w: the gvisor backend runs sandboxes on the host image only so far; create without image %s", backend.ErrSpecUnenforceable, backend.ShortName(spec.Image.Name))
+	img, err := b.checkImage(spec.Image)
+	if err != nil {
+		return backend.Info{}, err
+	}
+	if img != nil {
+		if _, err := b.imageRootfs(img); err != nil {
+			return backend.Info{}, err
+		}
 	}
 	if err := backend.ValidateEnv(spec.Env, "the sandbox's"); err != nil {
 		return backend.Info{}, err
@@ -565,7 +583,7 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 		}
 		return backend.Info{}, fmt.Errorf("create sandbox %s: %w; check that the state directory is writable", id, err)
 	}
-	saved := persistedSpec{Version: specVersion, Network: networkNone, Env: maps.Clone(spec.Env), Resources: spec.Resources}
+	saved := persistedSpec{Version: specVersion, Network: networkNone, Env: maps.Clone(spec.Env), Resources: spec.Resources, Image: img}
 	sb := newSandbox(id, dir, saved, lim)
 	defer func() {
 		if err != nil {
@@ -600,7 +618,7 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 		return backend.Info{}, err
 	}
 	sb.releaseInit()
-	log.Info("sandbox created", "network", networkNone, "env_vars", len(spec.Env))
+	log.Info("sandbox created", "network", networkNone, "env_vars", len(spec.Env), "image", spec.Image.DisplayName())
 	return backend.Info{Workdir: guestWorkspace, Network: networkNone}, nil
 }
 

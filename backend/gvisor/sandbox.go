@@ -34,6 +34,7 @@ type sandbox struct {
 	env     map[string]string
 	limits  limits.Limits
 	cg      *cgroup.Cgroup // nil without cgroups; made at each boot
+	image   *imageSpec     // the image its root comes from; nil: the host's
 
 	ops registry.Ops
 
@@ -50,7 +51,7 @@ type sandbox struct {
 }
 
 func newSandbox(id, dir string, spec persistedSpec, lim limits.Limits) *sandbox {
-	sb := &sandbox{id: id, dir: dir, env: spec.Env, limits: lim, ops: registry.Ops{ID: id}, initSlot: make(chan struct{}, 1)}
+	sb := &sandbox{id: id, dir: dir, env: spec.Env, limits: lim, image: spec.Image, ops: registry.Ops{ID: id}, initSlot: make(chan struct{}, 1)}
 	sb.initSlot <- struct{}{}
 	return sb
 }
