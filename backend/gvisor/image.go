@@ -102,6 +102,10 @@ func makeImageRootfs(dir, root string) error {
 	if err := os.WriteFile(filepath.Join(tmp, guestInit), nil, 0o755); err != nil {
 		return err
 	}
+	// Whatever the daemon's umask (the packaged unit's is 0077).
+	if err := exactModes(tmp); err != nil {
+		return err
+	}
 	return os.Rename(tmp, dir)
 }
 

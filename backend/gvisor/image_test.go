@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -43,6 +44,12 @@ func busyboxRoot(t *testing.T, shell bool) string {
 	if err := os.Symlink("/proc/mounts", filepath.Join(root, "etc/mtab")); err != nil {
 		t.Fatal(err)
 	}
+	// As the store writes a root, whatever the test's umask.
+	for p, mode := range map[string]os.FileMode{"": 0o755, "bin": 0o755, "etc": 0o755, "bin/busybox": 0o755, "etc/passwd": 0o644, "etc/image-marker": 0o644} {
+		if err := os.Chmod(filepath.Join(root, p), mode); err != nil {
+			t.Fatal(err)
+		}
+	}
 	return root
 }
 
@@ -58,6 +65,10 @@ func TestGVisorImage(t *testing.T) {
 		t.Fatalf("an image with a dynamic init: %v", err)
 	}
 	b.static = true
+	// As the packaged unit runs it (UMask=0077): the image's mount-point
+	// root must still let the guest in.
+	old := syscall.Umask(0o077)
+	t.Cleanup(func() { syscall.Umask(old) })
 
 	id := "sb-image"
 	if _, err := b.Create(context.Background(), id, backend.Spec{Image: img}); err != nil {
