@@ -119,6 +119,9 @@ func (s *Service) imageRm(c lifecycle.Caller, args *ipc.Args, a *audit) (any, er
 		return nil, err
 	}
 	a.add("image", name)
+	if name == backend.HostImage {
+		return nil, ipc.Errorf(ipc.CodeBadRequest, "%q is the built-in image (the host's /usr) and cannot be removed", backend.HostImage)
+	}
 	if s.images == nil {
 		return nil, &backend.ImageNotFoundError{Name: name, Known: s.m.ImageNames()}
 	}
