@@ -128,6 +128,14 @@ func (s *Service) gc(ctx context.Context, c lifecycle.Caller, args *ipc.Args, a 
 	reaped := 0
 	if !dryRun {
 		reaped = s.m.Reap()
+		// And what interrupted imports and image removals left.
+		if g, ok := s.images.(interface{ GC() (int, error) }); ok {
+			n, gerr := g.GC()
+			a.add("image_debris", n)
+			if gerr != nil {
+				s.log.Warn("the image store's gc failed", "error", gerr)
+			}
+		}
 	}
 	a.add("dry_run", dryRun, "swept", swept, "reaped", reaped)
 	if err != nil {

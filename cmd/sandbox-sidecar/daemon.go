@@ -15,6 +15,7 @@ import (
 // behind [limits], the backend, the journal and the lifecycle manager.
 type daemonParts struct {
 	be      backend.Backend
+	images  daemonImages
 	journal *lifecycle.Journal
 	mgr     *lifecycle.Manager
 	// movedAside is where an unreadable journal was moved ("" when it was
@@ -59,6 +60,9 @@ func openDaemon(cfg Config, log hclog.Logger, mode daemonMode) (_ *daemonParts, 
 		return nil, fmt.Errorf("backend %s: %w", cfg.Server.Backend, err)
 	}
 	d.undo = append(d.undo, func() { d.closeBackend(log) })
+	if d.images, err = openImages(cfg, d.be, log); err != nil {
+		return nil, err
+	}
 
 	if d.journal, d.movedAside, err = lifecycle.OpenJournal(cfg.Server.StateDir); err != nil {
 		return nil, err
@@ -85,6 +89,7 @@ func openDaemon(cfg Config, log hclog.Logger, mode daemonMode) (_ *daemonParts, 
 		ReapInterval: lc.ReapInterval.D(), MaxPerHost: lc.MaxSandboxes, MaxPerUID: lc.MaxSandboxesPerUID,
 		MaxPerOwner: lc.MaxSandboxesPerOwner, MaxCmdsPerHost: lc.MaxCommands, MaxCmdsPerUID: lc.MaxCommandsPerUID,
 		PoolSize: lc.PoolSize, CreateTimeout: createTimeout, Observer: mode.observer,
+		Images: d.images.list, DefaultImage: cfg.Images.Default, ImagePools: cfg.Images.Pools,
 		// Offline gc serves nothing: it decides and destroys, and adopts
 		// nothing (a disk it mounted would stay on the host).
 		SkipAdopt: mode.offline,
@@ -97,6 +102,9 @@ func openDaemon(cfg Config, log hclog.Logger, mode daemonMode) (_ *daemonParts, 
 	}
 	if d.movedAside != "" {
 		d.mgr.NoteJournalMovedAside(d.movedAside)
+	}
+	if _, err := d.mgr.ResolveImage(""); err != nil && !mode.offline {
+		log.Warn("the default image ([images] default) is not imported: creates that name no image fail until it is", "error", err)
 	}
 	return d, nil
 }

@@ -321,7 +321,7 @@ func serve(cfg Config, stderr io.Writer) error {
 	egressAuditor.set(auditLog, mgr.Describe)
 
 	limits := cfg.serviceLimits()
-	svc := service.New(service.Config{Manager: mgr, Policy: policy, Limits: limits, Logger: auditLog, Version: version, Node: node})
+	svc := service.New(service.Config{Manager: mgr, Policy: policy, Limits: limits, Logger: auditLog, Version: version, Node: node, Images: d.images.store})
 	var lst net.Listener
 	socketPath := cfg.Server.Socket
 	if activated != nil {

@@ -189,5 +189,3 @@ func tail(s string, n int) string {
 	}
 	return strings.Join(lines, "\n")
 }
-
-func TestWarmNumpyRootfs(t *testing.T) { numpyRootfs(t) }
