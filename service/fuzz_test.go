@@ -84,7 +84,8 @@ var knownCodes = map[string]bool{
 	ipc.CodeBadPath: true, ipc.CodePathNotFound: true, ipc.CodeIsDirectory: true, ipc.CodeNotDirectory: true,
 	ipc.CodeFileTooLarge: true, ipc.CodeTooManyEntries: true, ipc.CodeQuotaExceeded: true, ipc.CodeOwnerMismatch: true,
 	ipc.CodeHeldByOther: true, ipc.CodeSpecUnenforceable: true, ipc.CodeBackendUnavail: true, ipc.CodeShuttingDown: true,
-	ipc.CodeUnauthorized: true,
+	ipc.CodeUnauthorized: true, ipc.CodeImageNotFound: true, ipc.CodeImageInUse: true, ipc.CodeImageExists: true,
+	ipc.CodeBusy: true,
 }
 
 // FuzzHandle feeds request bodies through the envelope decoder and then
@@ -133,6 +134,14 @@ func FuzzHandle(f *testing.F) {
 	seed(ipc.OpDestroyRun, map[string]any{"owner": "nobody/none"})
 	seed(ipc.OpGC, map[string]any{"dry_run": true})
 	seed(ipc.OpDestroy, map[string]any{"sandbox": "sc-0000000000000000"})
+	seed(ipc.OpCreate, map[string]any{"image": "host", "ttl_s": 60})
+	seed(ipc.OpCreate, map[string]any{"image": "numpy"})
+	seed(ipc.OpImageLs, nil)
+	seed(ipc.OpImageInspect, map[string]any{"name": "host"})
+	seed(ipc.OpImageRm, map[string]any{"name": "numpy"})
+	seed(ipc.OpImageImportBegin, map[string]any{"name": "numpy"})
+	seed(ipc.OpImageImportData, map[string]any{"upload": "up-0", "offset": 0, "data": []byte("x")})
+	seed(ipc.OpImageImportEnd, map[string]any{"upload": "up-0", "abort": true})
 	seed("no_such_op", map[string]any{"x": 1})
 
 	m, err := lifecycle.New(lifecycle.Config{Backend: newTestBackend(f), MaxPerHost: 8, MaxPerUID: 8, MaxPerOwner: 4, IdleTimeout: -1})
