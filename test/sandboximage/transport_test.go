@@ -43,9 +43,19 @@ func TestImagePullFromALoopbackRegistry(t *testing.T) {
 	id, err := img.ConfigName()
 	require.NoError(t, err)
 	assert.Equal(t, id.String(), ins.Image.Digest, "the store names the image by its config digest")
-	// Pulling it again is a no-op, under the same name.
+	// Pulling it again is a no-op, under the same name; another image
+	// under that name is image_exists, and changes nothing.
 	d.mustCLI(t, "image", "pull", ref.String(), "--name", "pulled")
-	_, errOut, code := d.cli(t, "image", "pull", host+"/tools/absent:1", "--name", "absent")
+	other, err := name.ParseReference(host + "/tools/busybox:nosh")
+	require.NoError(t, err)
+	require.NoError(t, remote.Write(other, busyboxImage(t, false)))
+	_, errOut, code := d.cli(t, "image", "pull", other.String(), "--name", "pulled")
+	assert.NotEqual(t, 0, code)
+	assert.Contains(t, errOut, "image_exists")
+	ins, err = c.ImageInspect(ctxT(t, 10*time.Second), "pulled")
+	require.NoError(t, err)
+	assert.Equal(t, id.String(), ins.Image.Digest)
+	_, errOut, code = d.cli(t, "image", "pull", host+"/tools/absent:1", "--name", "absent")
 	assert.NotEqual(t, 0, code)
 	assert.Contains(t, errOut, "absent")
 }
