@@ -93,6 +93,13 @@ func TestNumpyImage(t *testing.T) {
 		assert.Contains(t, string(res.Stderr), "No module named 'numpy'")
 	}
 
+	// The CLI's throwaway sandbox and its create take the image too.
+	out = d.mustCLI(t, "exec", "--image", "numpy", "--", "python3", "-c", "import numpy; print('cli', numpy.__name__)")
+	assert.Equal(t, "cli numpy\n", out)
+	id := strings.TrimSpace(d.mustCLI(t, "create", "--image", "numpy", "--ttl", "10m"))
+	out = d.mustCLI(t, "exec", "--sandbox", id, "--", "python3", "-c", "import numpy")
+	d.mustCLI(t, "rm", id)
+
 	// The image's config Env under the sandbox's; HOME and the workdir
 	// stay /workspace.
 	res = sh(t, c, sb.Sandbox, `echo "$PATH|$IMAGE_TEST|$HOME|$(pwd)|$(id -u)"`)
