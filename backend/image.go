@@ -106,7 +106,11 @@ func (e *ImageNotFoundError) Unwrap() error { return ErrImageNotFound }
 type ImageInUseError struct {
 	Name      string
 	Sandboxes []string
-	Pool      bool
+	// Pool: a warm pool is configured for the image. Leftover counts
+	// pool members of an earlier, larger pool, which the daemon is
+	// removing.
+	Pool     bool
+	Leftover int
 }
 
 func (e *ImageInUseError) Error() string {
@@ -116,6 +120,9 @@ func (e *ImageInUseError) Error() string {
 	}
 	if e.Pool {
 		who = append(who, "the warm pool (set its [images] pool size to 0 and restart)")
+	}
+	if e.Leftover > 0 {
+		who = append(who, fmt.Sprintf("%d warm pool member(s) of an earlier pool size, which the daemon is removing (retry in a moment)", e.Leftover))
 	}
 	return fmt.Sprintf("image %s is used by %s; destroy those first", ShortName(e.Name), strings.Join(who, " and "))
 }

@@ -99,7 +99,9 @@ func (m *Manager) RemoveImage(name string, remove func() error) error {
 	for _, r := range m.boxes {
 		if r.Image == name {
 			if r.Pooled {
-				inUse.Pool = true
+				if !inUse.Pool {
+					inUse.Leftover++
+				}
 			} else {
 				inUse.Sandboxes = append(inUse.Sandboxes, r.ID)
 			}
@@ -109,7 +111,7 @@ func (m *Manager) RemoveImage(name string, remove func() error) error {
 		m.mu.Unlock()
 		return fmt.Errorf("%w: image %s is being removed by another request", backend.ErrImageInUse, backend.ShortName(name))
 	}
-	if len(inUse.Sandboxes) > 0 || inUse.Pool {
+	if len(inUse.Sandboxes) > 0 || inUse.Pool || inUse.Leftover > 0 {
 		m.mu.Unlock()
 		slices.Sort(inUse.Sandboxes)
 		return inUse

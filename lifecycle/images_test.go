@@ -200,3 +200,31 @@ func TestRestartWithASmallerPoolTrimsIt(t *testing.T) {
 	t.Cleanup(func() { _ = m2.Close(context.Background()) })
 	require.Eventually(t, func() bool { return m2.Stats().Pooled == 1 }, 10*time.Second, 10*time.Millisecond, "trimmed to the pool's size")
 }
+
+// Pool members of a pool the image no longer has hold it until the trim
+// after a restart has removed them; the refusal says so, and then the rm
+// succeeds.
+func TestRemoveAfterThePoolIsGone(t *testing.T) {
+	imgs := newTestImages("numpy")
+	e, _ := newImageEnv(t, func(c *Config) {
+		c.ImagePools = map[string]int{"numpy": 2}
+		c.ReapInterval = 50 * time.Millisecond
+	}, imgs)
+	e.m.Start()
+	waitPool(t, e, 2)
+	require.NoError(t, e.m.Close(context.Background()))
+	m2, err := New(Config{Backend: e.newBase(), Journal: e.journal, Now: e.clock.Now, Images: imgs, ReapInterval: 50 * time.Millisecond})
+	require.NoError(t, err)
+	_, err = m2.Recover(context.Background(), false)
+	require.NoError(t, err)
+	err = m2.RemoveImage("numpy", func() error { return imgs.remove("numpy") })
+	var inUse *backend.ImageInUseError
+	require.ErrorAs(t, err, &inUse)
+	assert.False(t, inUse.Pool, "no pool is configured")
+	assert.Equal(t, 2, inUse.Leftover)
+	assert.Contains(t, err.Error(), "retry in a moment")
+	m2.Start()
+	t.Cleanup(func() { _ = m2.Close(context.Background()) })
+	require.Eventually(t, func() bool { return m2.Stats().Pooled == 0 && len(m2.List(admin, "")) == 0 }, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, m2.RemoveImage("numpy", func() error { return imgs.remove("numpy") }))
+}

@@ -93,6 +93,15 @@ func TestNumpyImage(t *testing.T) {
 		assert.Contains(t, string(res.Stderr), "No module named 'numpy'")
 	}
 
+	// File ops read the sandbox's own view: the image's files.
+	rf, err := c.ReadFile(ctxT(t, time.Minute), api.ReadFileRequest{Sandbox: sb.Sandbox, Path: "/" + imageMarker})
+	require.NoError(t, err)
+	assert.Equal(t, "image\n", string(rf.Data))
+	_, err = c.ReadFile(ctxT(t, time.Minute), api.ReadFileRequest{Sandbox: host.Sandbox, Path: "/" + imageMarker})
+	var nf *ipc.Error
+	require.ErrorAs(t, err, &nf)
+	assert.Equal(t, ipc.CodePathNotFound, nf.Code)
+
 	// The CLI's throwaway sandbox and its create take the image too.
 	out = d.mustCLI(t, "exec", "--image", "numpy", "--", "python3", "-c", "import numpy; print('cli', numpy.__name__)")
 	assert.Equal(t, "cli numpy\n", out)
@@ -189,6 +198,9 @@ func TestNumpyImage(t *testing.T) {
 	d.start()
 	c = d.client(t)
 	require.NoError(t, c.Destroy(ctxT(t, time.Minute), sb.Sandbox))
+	// The members of the pool it no longer has are removed at start; until
+	// then an rm says so.
+	waitPooled(t, c, 0)
 	d.mustCLI(t, "image", "rm", "numpy")
 	assert.Empty(t, storeRoots(t, d), "the root is gone with its last name")
 	_, err = c.Create(ctxT(t, time.Minute), api.CreateRequest{Image: "numpy"})
