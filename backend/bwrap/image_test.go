@@ -67,3 +67,24 @@ func TestImageSandboxNeedsAStaticInit(t *testing.T) {
 		t.Fatal("a refused create left a sandbox")
 	}
 }
+
+// With an egress allow-list the sandbox's resolv.conf is the daemon's
+// resolver: the image's is left out, whatever it is (a symlink, often).
+func TestImageRootLeavesResolvConfToEgress(t *testing.T) {
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "etc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("../run/systemd/resolve/stub-resolv.conf", filepath.Join(root, "etc/resolv.conf")); err != nil {
+		t.Fatal(err)
+	}
+	for network, want := range map[string]bool{networkNone: true, networkAllowlist: false} {
+		sb := &sandbox{id: "sb", network: network, image: &imageSpec{Name: "x", Root: root}}
+		if err := sb.readImageRoot(); err != nil {
+			t.Fatal(err)
+		}
+		if got := slices.Contains(sb.imageOpts, "/etc/resolv.conf"); got != want {
+			t.Errorf("network %s: the image's resolv.conf bound %v, want %v (%q)", network, got, want, sb.imageOpts)
+		}
+	}
+}
