@@ -27,6 +27,12 @@ says how); systemd hands the daemon that socket.'
   [airflow]='The packaged service has no network of its own: install the drop-in
 /usr/share/doc/sandbox-sidecar/examples/airflow-api.conf (naming your API
 server) so the daemon can reach api_url.'
+  [images]='The images sandboxes may run on, besides host (the host'"'"'s /usr): an operator
+imports them with `sandbox-sidecar image import PATH --name NAME` or `image pull
+REF --name NAME` (the CLI reads or pulls, the daemon needs no network) and
+lists them with `sandbox-sidecar image ls`.'
+  [images.pools]='A warm pool per image, NAME = N (lifecycle.pool_size is the default
+image'"'"'s), e.g. analytics = 2.'
   [egress]='Per-sandbox egress allow-lists (allow_egress_to, allow_egress_to_cidrs) for
 the bwrap backend; off, such specs are refused (spec_unenforceable). On needs
 the drop-in /usr/share/doc/sandbox-sidecar/examples/egress.conf (the host'"'"'s
