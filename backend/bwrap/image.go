@@ -49,6 +49,17 @@ func (b *Backend) checkImage(im backend.Image) (*imageSpec, error) {
 	if err != nil || !fi.IsDir() || !filepath.IsAbs(im.Root) {
 		return nil, fmt.Errorf("%w: image %s has no unpacked root at %q (%v); import it again", backend.ErrUnavailable, backend.ShortName(im.Name), im.Root, err)
 	}
+	// bwrap runs as the sandbox's uid: it must reach the root to bind it.
+	// Any uid of the range stands for all of them (none owns the store).
+	other, otherGID := b.cfg.SandboxUID, b.cfg.SandboxGID
+	if b.uids != nil {
+		other, otherGID = int(b.cfg.UIDRange.First), int(b.cfg.UIDRange.First)
+	}
+	if other >= 0 {
+		if err := checkReachable(im.Root, other, otherGID); err != nil {
+			return nil, fmt.Errorf("%w: image %s cannot be bound by the sandboxes' uids: %v", backend.ErrUnavailable, backend.ShortName(im.Name), err)
+		}
+	}
 	return &imageSpec{Name: im.Name, Digest: im.Digest, Root: im.Root, Env: slices.Clone(im.Env), Shell: backend.HasShell(im.Root)}, nil
 }
 

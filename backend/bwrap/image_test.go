@@ -88,3 +88,22 @@ func TestImageRootLeavesResolvConfToEgress(t *testing.T) {
 		}
 	}
 }
+
+// An image root the sandboxes' uid cannot reach is refused with the path
+// to fix, not a bwrap that dies before it can be placed in its cgroup.
+func TestImageRootOutOfTheSandboxUIDsReach(t *testing.T) {
+	b := newTestBackend(t, rangeUID)
+	b.static = true
+	base := t.TempDir()
+	if err := os.Chmod(base, 0o700); err != nil { // the range's uids cannot search it
+		t.Fatal(err)
+	}
+	root := filepath.Join(base, "rootfs")
+	if err := os.Mkdir(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, err := b.Create(context.Background(), "sb-unreachable", backend.Spec{Image: backend.Image{Name: "numpy", Root: root}})
+	if !errors.Is(err, backend.ErrUnavailable) || !strings.Contains(err.Error(), base) {
+		t.Fatalf("an unreachable image root: %v, want backend_unavailable naming %s", err, base)
+	}
+}

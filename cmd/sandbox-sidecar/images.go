@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 
 	"github.com/hashicorp/go-hclog"
@@ -44,6 +45,11 @@ func openImages(cfg Config, be backend.Backend, log hclog.Logger) (daemonImages,
 			return daemonImages{}, fmt.Errorf("image store: %w", err)
 		}
 		s := storeImages{st}
+		for _, in := range st.List() {
+			if err := letSandboxesIn(in.Root); err != nil {
+				log.Warn("the sandboxes' uids cannot reach an image's root; its sandboxes will fail", "image", in.Name, "error", err)
+			}
+		}
 		return daemonImages{list: s, store: s}, nil
 	case *sbx.Backend:
 		return daemonImages{list: sbxTemplates{b}}, nil
@@ -97,6 +103,9 @@ func (a storeImages) Import(ctx context.Context, r io.Reader, name string) (back
 	if err != nil {
 		return backend.Image{}, storeErr(err)
 	}
+	if err := letSandboxesIn(in.Root); err != nil {
+		return backend.Image{}, fmt.Errorf("%w: image %s was imported, but the sandboxes' uids cannot reach its root: %v", backend.ErrUnavailable, name, err)
+	}
 	return toImage(in), nil
 }
 
@@ -118,3 +127,19 @@ func (t sbxTemplates) Get(name string) (backend.Image, error) {
 }
 
 func (t sbxTemplates) List() []backend.Image { return t.b.Images() }
+
+// letSandboxesIn lets every uid search the directory holding an image's
+// root (never list or write it): bwrap binds the root as the sandbox's uid,
+// and the store makes that directory with the daemon's umask, which the
+// packaged unit sets to 0077.
+func letSandboxesIn(root string) error {
+	dir := filepath.Dir(root)
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return err
+	}
+	if fi.Mode().Perm()&0o011 == 0o011 {
+		return nil
+	}
+	return os.Chmod(dir, fi.Mode().Perm()|0o711)
+}

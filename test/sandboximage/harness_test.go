@@ -86,7 +86,10 @@ func (d *daemon) start() {
 	d.t.Helper()
 	cmd := exec.Command(daemonBin, d.args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	d.proc = testdaemon.Start(d.t, cmd, 60*time.Second, nil)
+	// The daemon runs with the packaged unit's UMask=0077: what it makes
+	// for the sandboxes must not depend on a friendlier umask.
+	old := syscall.Umask(0o077)
+	d.proc = testdaemon.Start(d.t, cmd, 60*time.Second, func() { syscall.Umask(old) })
 	d.cmd = cmd
 }
 
