@@ -72,6 +72,13 @@ func (im Image) EnvMap() map[string]string {
 	return m
 }
 
+// ImageEtcLeftOut are the entries of an image's /etc that never enter its
+// sandboxes: passwd, group and hosts are the daemon's own there, and the
+// image's shadow databases (and the backups of all these) describe users
+// that do not exist in the sandbox; the store makes every file readable,
+// so they would be the guest's to read.
+var ImageEtcLeftOut = []string{"passwd", "group", "hosts", "shadow", "gshadow", "passwd-", "group-", "shadow-", "gshadow-"}
+
 // Errors about images; callers check them with errors.Is.
 var (
 	// ErrImageNotFound: no image of that name (ImageNotFoundError says

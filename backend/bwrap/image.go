@@ -31,10 +31,6 @@ type imageSpec struct {
 // /etc is built entry by entry (imageEtc).
 var guestOwned = []string{"proc", "dev", "sys", "tmp", "workspace", "etc"}
 
-// etcOwn are the /etc files of an image sandbox that are the daemon's own,
-// never the image's.
-var etcOwn = []string{"passwd", "group", "hosts"}
-
 // checkImage says whether this backend can run sandboxes on im now, and
 // returns what spec.json keeps of it.
 func (b *Backend) checkImage(im backend.Image) (*imageSpec, error) {
@@ -66,8 +62,9 @@ func (b *Backend) checkImage(im backend.Image) (*imageSpec, error) {
 // imageRootOptions returns the bwrap options that build the guest's root
 // from image root: every top-level entry but guestOwned, read-only (a
 // symlink recreated as itself, never followed on the host), and /etc as a
-// directory of the image's entries but etcSkip (etcOwn, which the caller
-// binds, and resolv.conf where the daemon gives its own).
+// directory of the image's entries but etcSkip (backend.ImageEtcLeftOut:
+// passwd, group and hosts, which the caller binds, the shadow databases;
+// and resolv.conf where the daemon gives its own).
 // The root itself is never bound whole: bwrap could not make its mount
 // points (/workspace, /etc/passwd) in a read-only tree shared by every
 // sandbox of the image.
@@ -147,10 +144,10 @@ func (sb *sandbox) readImageRoot() error {
 	if sb.image == nil {
 		return nil
 	}
-	skip := etcOwn
+	skip := backend.ImageEtcLeftOut
 	if sb.network == networkAllowlist {
 		// The daemon's egress resolver is the sandbox's resolv.conf.
-		skip = append(slices.Clone(etcOwn), "resolv.conf")
+		skip = append(slices.Clone(skip), "resolv.conf")
 	}
 	opts, err := imageRootOptions(sb.image.Root, skip)
 	if err != nil {

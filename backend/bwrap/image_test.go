@@ -20,7 +20,7 @@ func TestImageRootOptions(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for _, f := range []string{"etc/passwd", "etc/group", "etc/hosts", "etc/os-release", "init.txt"} {
+	for _, f := range []string{"etc/passwd", "etc/group", "etc/hosts", "etc/shadow", "etc/gshadow", "etc/os-release", "init.txt"} {
 		if err := os.WriteFile(filepath.Join(root, f), []byte("x"), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -33,7 +33,7 @@ func TestImageRootOptions(t *testing.T) {
 	if err := syscall.Mkfifo(filepath.Join(root, "fifo"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	opts, err := imageRootOptions(root, etcOwn)
+	opts, err := imageRootOptions(root, backend.ImageEtcLeftOut)
 	if err != nil {
 		t.Fatal(err)
 	}

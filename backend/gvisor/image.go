@@ -91,7 +91,7 @@ func makeImageRootfs(dir, root string) error {
 	if err := stubEntries(root, tmp, guestOwned); err != nil {
 		return err
 	}
-	if err := stubEntries(filepath.Join(root, "etc"), filepath.Join(tmp, "etc"), etcOwn); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := stubEntries(filepath.Join(root, "etc"), filepath.Join(tmp, "etc"), backend.ImageEtcLeftOut); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
 	for _, name := range etcOwn {
@@ -168,7 +168,7 @@ func imageMounts(root string) ([]ociMount, error) {
 	if err := add(root, "/", guestOwned); err != nil {
 		return nil, err
 	}
-	if err := add(filepath.Join(root, "etc"), "/etc/", etcOwn); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := add(filepath.Join(root, "etc"), "/etc/", backend.ImageEtcLeftOut); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
 	return out, nil

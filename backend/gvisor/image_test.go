@@ -36,7 +36,7 @@ func busyboxRoot(t *testing.T, shell bool) string {
 			t.Fatal(err)
 		}
 	}
-	for f, data := range map[string]string{"etc/passwd": "image:x:0:0::/:/bin/sh\n", "etc/image-marker": "image\n"} {
+	for f, data := range map[string]string{"etc/passwd": "image:x:0:0::/:/bin/sh\n", "etc/image-marker": "image\n", "etc/shadow": "image:secret:1::::::\n"} {
 		if err := os.WriteFile(filepath.Join(root, f), []byte(data), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -45,7 +45,7 @@ func busyboxRoot(t *testing.T, shell bool) string {
 		t.Fatal(err)
 	}
 	// As the store writes a root, whatever the test's umask.
-	for p, mode := range map[string]os.FileMode{"": 0o755, "bin": 0o755, "etc": 0o755, "bin/busybox": 0o755, "etc/passwd": 0o644, "etc/image-marker": 0o644} {
+	for p, mode := range map[string]os.FileMode{"": 0o755, "bin": 0o755, "etc": 0o755, "bin/busybox": 0o755, "etc/passwd": 0o644, "etc/image-marker": 0o644, "etc/shadow": 0o444} {
 		if err := os.Chmod(filepath.Join(root, p), mode); err != nil {
 			t.Fatal(err)
 		}
@@ -87,9 +87,9 @@ func TestGVisorImage(t *testing.T) {
 	if res.ExitCode != 0 || !strings.Contains(string(res.Stdout), "sandbox:x:1000:1000") || !strings.Contains(string(res.Stdout), "image\n") || strings.Contains(string(res.Stdout), "image:x:0") {
 		t.Fatalf("the daemon's /etc/passwd and the image's other /etc: exit %d %q %q", res.ExitCode, res.Stdout, res.Stderr)
 	}
-	res = run(backend.ExecRequest{Command: `echo "$PATH $FROM_IMAGE $(pwd)"; ls /usr /lib /etc/ld.so.cache 2>&1`})
+	res = run(backend.ExecRequest{Command: `echo "$PATH $FROM_IMAGE $(pwd)"; ls /usr /lib /etc/ld.so.cache /etc/shadow 2>&1`})
 	out := string(res.Stdout)
-	if !strings.HasPrefix(out, "/bin yes /workspace\n") || strings.Count(out, "No such file or directory") != 3 {
+	if !strings.HasPrefix(out, "/bin yes /workspace\n") || strings.Count(out, "No such file or directory") != 4 {
 		t.Fatalf("env, workdir and nothing of the host: %q (stderr %q)", out, res.Stderr)
 	}
 	if res := run(backend.ExecRequest{Argv: []string{"/bin/busybox", "touch", "/bin/x"}}); res.ExitCode == 0 {
