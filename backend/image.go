@@ -1,11 +1,9 @@
 package backend
 
 import (
-	"debug/elf"
 	"fmt"
 	"os"
 	"path"
-	"slices"
 	"strings"
 	"time"
 )
@@ -135,20 +133,6 @@ func (e *ImageInUseError) Error() string {
 }
 
 func (e *ImageInUseError) Unwrap() error { return ErrImageInUse }
-
-// StaticExecutable reports whether the executable f names asks for no
-// program interpreter (a dynamic loader such as /lib64/ld-linux-x86-64.so.2):
-// only such a binary runs as init in an image, where nothing of the host
-// is. It reads the ELF program headers through /proc/self/fd, so f may be
-// a memfd.
-func StaticExecutable(f *os.File) (bool, error) {
-	e, err := elf.Open(fmt.Sprintf("/proc/self/fd/%d", f.Fd()))
-	if err != nil {
-		return false, err
-	}
-	defer e.Close()
-	return !slices.ContainsFunc(e.Progs, func(p *elf.Prog) bool { return p.Type == elf.PT_INTERP }), nil
-}
 
 // HasShell reports whether the image root has an executable ShellPath,
 // resolving symlinks as the sandbox would see them: an absolute target

@@ -71,23 +71,3 @@ func TestImageErrors(t *testing.T) {
 		t.Fatalf("EnvMap = %v", m)
 	}
 }
-
-func TestStaticExecutable(t *testing.T) {
-	f, err := os.Open("/proc/self/exe")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if _, err := StaticExecutable(f); err != nil {
-		t.Fatal(err)
-	}
-	// /bin/sh on a Debian host asks for ld-linux.
-	sh, err := os.Open("/bin/sh")
-	if err != nil {
-		t.Skip(err)
-	}
-	defer sh.Close()
-	if static, err := StaticExecutable(sh); err != nil || static {
-		t.Fatalf("/bin/sh static=%v err=%v, want dynamic", static, err)
-	}
-}
