@@ -72,7 +72,10 @@ func lintianErrors(t *testing.T, deb string) (string, []string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), lintianTimeout)
 	defer cancel()
-	out, err := runHost(ctx, "lintian", "--pedantic", "--display-info", "--show-overrides", deb)
+	// --fail-on none: with --show-overrides, lintian 2.116 counts an
+	// overridden error tag (the static init's statically-linked-binary)
+	// toward its exit status; the E: lines are what we judge.
+	out, err := runHost(ctx, "lintian", "--pedantic", "--display-info", "--show-overrides", "--fail-on", "none", deb)
 	if ctx.Err() != nil {
 		t.Fatalf("lintian: %v", err)
 	}
@@ -82,8 +85,8 @@ func lintianErrors(t *testing.T, deb string) (string, []string) {
 			errs = append(errs, line)
 		}
 	}
-	// lintian exits non-zero on errors, which we report ourselves; any
-	// other failure shows as output without tags.
+	// Errors are reported from the E: lines; a non-zero exit is then a
+	// failure of lintian itself.
 	if err != nil && len(errs) == 0 {
 		t.Fatalf("lintian failed: %v\n%s", err, out)
 	}
