@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/egress"
@@ -98,21 +99,31 @@ func TestBwrapEgressAllowlist(t *testing.T) {
 	if res := run(t, b, id, "curl -sS --max-time 10 http://169.254.169.254/"); res.ExitCode == 0 {
 		t.Fatalf("metadata reached: %q", res.Stdout)
 	}
+	// An allowed connection's event is written when its relay ends, a
+	// moment after the guest's program exits: wait for it, bounded.
+	count := func() (allowed, refused int) {
+		for _, ev := range el.events {
+			if ev.Proto == "tcp" && ev.Sandbox == id {
+				if ev.Allowed {
+					allowed++
+				} else {
+					refused++
+				}
+			}
+		}
+		return allowed, refused
+	}
 	el.mu.Lock()
 	defer el.mu.Unlock()
+	allowed, refused := count()
+	for deadline := time.Now().Add(10 * time.Second); (allowed < 2 || refused < 2) && time.Now().Before(deadline); allowed, refused = count() {
+		el.mu.Unlock()
+		time.Sleep(10 * time.Millisecond)
+		el.mu.Lock()
+	}
 	for _, d := range el.dials {
 		if d != "127.0.0.1:"+port {
 			t.Errorf("dialled %s", d)
-		}
-	}
-	var allowed, refused int
-	for _, ev := range el.events {
-		if ev.Proto == "tcp" && ev.Sandbox == id {
-			if ev.Allowed {
-				allowed++
-			} else {
-				refused++
-			}
 		}
 	}
 	if allowed != 2 || refused != 2 {

@@ -88,6 +88,20 @@ func (h *harness) eventsFor(pred func(Event) bool) []Event {
 	return out
 }
 
+// awaitEvents is eventsFor once at least n events match, or after 10s: a
+// connection's event is written when its relay ends, which can be a moment
+// after the guest's program has exited.
+func (h *harness) awaitEvents(pred func(Event) bool, n int) []Event {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		evs := h.eventsFor(pred)
+		if len(evs) >= n || time.Now().After(deadline) {
+			return evs
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 type harnessOpts struct {
 	names, cidrs []string
 	hosts        map[string][]netip.Addr
@@ -262,7 +276,7 @@ func TestAllowedNameHTTPHTTPSAndRaw(t *testing.T) {
 		t.Fatalf("raw socket: %v %q", err, out)
 	}
 	// The audit trail has the connections, allowed, with bytes.
-	evs := h.eventsFor(func(ev Event) bool { return ev.Proto == "tcp" && ev.Allowed })
+	evs := h.awaitEvents(func(ev Event) bool { return ev.Proto == "tcp" && ev.Allowed }, 5)
 	if len(evs) < 5 {
 		t.Fatalf("audit: %d allowed connections, want 5: %+v", len(evs), evs)
 	}
@@ -669,7 +683,7 @@ print(s.makefile().readline(), end="")
 	if err != nil || out != "220 greeting\n" {
 		t.Fatalf("server-first: %v %q", err, out)
 	}
-	if evs := h.eventsFor(func(ev Event) bool { return ev.Proto == "tcp" && ev.Allowed && ev.Name == "allowed.test" }); len(evs) != 1 {
+	if evs := h.awaitEvents(func(ev Event) bool { return ev.Proto == "tcp" && ev.Allowed && ev.Name == "allowed.test" }, 1); len(evs) != 1 {
 		t.Fatalf("audit: %+v", h.eventsFor(func(Event) bool { return true }))
 	}
 }
