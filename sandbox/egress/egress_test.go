@@ -487,7 +487,7 @@ s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.sendto(b"datagram", a); 
 	if n, _, err := udp.ReadFrom(make([]byte, 64)); err == nil {
 		t.Fatalf("a datagram of %d bytes arrived", n)
 	}
-	if evs := h.eventsFor(func(ev Event) bool { return ev.Proto == "udp" }); len(evs) != 1 || evs[0].Allowed || evs[0].Port != uint16(port) {
+	if evs := h.awaitEvents(func(ev Event) bool { return ev.Proto == "udp" }, 1); len(evs) != 1 || evs[0].Allowed || evs[0].Port != uint16(port) {
 		t.Fatalf("audit: %+v", evs)
 	}
 
