@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/test/internal/debroot"
 )
 
 // Named bounds on every wait of the container's life.
@@ -139,7 +141,7 @@ func firstChild(pid int) int {
 
 func (c *container) bootLog(lines int) string {
 	b, _ := os.ReadFile(c.log)
-	return tail(string(b), lines)
+	return debroot.Tail(string(b), lines)
 }
 
 // command builds a command that runs args inside the container as root.

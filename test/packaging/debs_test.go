@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/test/internal/debroot"
 )
 
 const (
@@ -75,7 +77,7 @@ func lintianErrors(t *testing.T, deb string) (string, []string) {
 	// --fail-on none: with --show-overrides, lintian 2.116 counts an
 	// overridden error tag (the static init's statically-linked-binary)
 	// toward its exit status; the E: lines are what we judge.
-	out, err := runHost(ctx, "lintian", "--pedantic", "--display-info", "--show-overrides", "--fail-on", "none", deb)
+	out, err := debroot.RunHost(ctx, "lintian", "--pedantic", "--display-info", "--show-overrides", "--fail-on", "none", deb)
 	if ctx.Err() != nil {
 		t.Fatalf("lintian: %v", err)
 	}

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/test/internal/debroot"
 )
 
 const (
@@ -125,12 +127,12 @@ func pinnedRunsc(t *testing.T) string {
 	ctx, cancel := context.WithTimeout(context.Background(), runscTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(repoRoot(t), "scripts", "install-runsc.sh"))
-	cmd.Env = append(os.Environ(), "RUNSC_CACHE="+cacheDir())
+	cmd.Env = append(os.Environ(), "RUNSC_CACHE="+debroot.CacheDir())
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		msg := fmt.Sprintf("no pinned runsc (scripts/install-runsc.sh: %v)\n%s", err, tail(stderr.String(), 20))
+		msg := fmt.Sprintf("no pinned runsc (scripts/install-runsc.sh: %v)\n%s", err, debroot.Tail(stderr.String(), 20))
 		if os.Getenv("CI") == "true" {
 			t.Fatal(msg)
 		}

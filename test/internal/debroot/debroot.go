@@ -1,0 +1,158 @@
+// Package debroot holds what the tests that debootstrap a Debian root
+// filesystem share: where the built roots are cached between runs, which
+// mirror this host's apt uses, a cache key, a lock wait and a host command
+// runner that kills debootstrap's whole process group on timeout.
+package debroot
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// CacheDir is where built root filesystems are kept between runs
+// (SANDBOX_SIDECAR_TEST_CACHE, else $XDG_CACHE_HOME/sandbox-sidecar-test,
+// else /var/cache/sandbox-sidecar-test).
+func CacheDir() string {
+	if d := os.Getenv("SANDBOX_SIDECAR_TEST_CACHE"); d != "" {
+		return d
+	}
+	if d := os.Getenv("XDG_CACHE_HOME"); d != "" {
+		return filepath.Join(d, "sandbox-sidecar-test")
+	}
+	return "/var/cache/sandbox-sidecar-test"
+}
+
+// Key names a root by everything that decides its content: a format
+// version its builder bumps when what it does after debootstrap changes,
+// the suite, the variant and the packages (in any order).
+func Key(format, suite, variant string, pkgs []string) string {
+	pkgs = slices.Clone(pkgs)
+	slices.Sort(pkgs)
+	h := sha256.Sum256([]byte(strings.Join([]string{format, suite, variant, strings.Join(pkgs, ",")}, "\n")))
+	return hex.EncodeToString(h[:])[:16]
+}
+
+// Mirror is the Debian mirror apt on this host uses for suite
+// (SANDBOX_SIDECAR_DEBIAN_MIRROR overrides it).
+func Mirror(suite string) string {
+	if m := os.Getenv("SANDBOX_SIDECAR_DEBIAN_MIRROR"); m != "" {
+		return m
+	}
+	files, _ := filepath.Glob("/etc/apt/sources.list.d/*.sources")
+	for _, f := range files {
+		if m := mirrorFromDeb822(f, suite); m != "" {
+			return m
+		}
+	}
+	files, _ = filepath.Glob("/etc/apt/sources.list.d/*.list")
+	for _, f := range append([]string{"/etc/apt/sources.list"}, files...) {
+		if m := mirrorFromList(f, suite); m != "" {
+			return m
+		}
+	}
+	return "http://deb.debian.org/debian"
+}
+
+// mirrorFromDeb822 returns the first URI of a stanza whose Suites has the
+// suite, from a deb822 .sources file.
+func mirrorFromDeb822(path, suite string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	for _, stanza := range strings.Split(string(b), "\n\n") {
+		fields := map[string]string{}
+		for _, line := range strings.Split(stanza, "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && !strings.HasPrefix(line, "#") && !strings.HasPrefix(line, " ") {
+				fields[strings.ToLower(strings.TrimSpace(k))] = strings.TrimSpace(v)
+			}
+		}
+		if fields["enabled"] == "no" || !slices.Contains(strings.Fields(fields["types"]), "deb") {
+			continue
+		}
+		if slices.Contains(strings.Fields(fields["suites"]), suite) {
+			if uris := strings.Fields(fields["uris"]); len(uris) > 0 {
+				return uris[0]
+			}
+		}
+	}
+	return ""
+}
+
+// mirrorFromList does the same for a one-line-style sources.list.
+func mirrorFromList(path, suite string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fs := strings.Fields(sc.Text())
+		if len(fs) < 3 || fs[0] != "deb" {
+			continue
+		}
+		fs = fs[1:]
+		if strings.HasPrefix(fs[0], "[") { // [options]
+			for len(fs) > 0 && !strings.HasSuffix(fs[0], "]") {
+				fs = fs[1:]
+			}
+			if len(fs) > 0 {
+				fs = fs[1:]
+			}
+		}
+		if len(fs) >= 2 && fs[1] == suite {
+			return fs[0]
+		}
+	}
+	return ""
+}
+
+// FlockTimeout takes an exclusive lock on f, waiting at most limit for a
+// concurrent builder to finish.
+func FlockTimeout(f *os.File, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return nil
+		}
+		if err != syscall.EWOULDBLOCK || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// RunHost runs a command on the host, output combined. On timeout its
+// whole process group is killed: debootstrap and tar start children.
+func RunHost(ctx context.Context, name string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		err = fmt.Errorf("%s timed out: %w", name, ctx.Err())
+	}
+	return string(out), err
+}
+
+// Tail returns the last n lines of s.
+func Tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
