@@ -130,13 +130,16 @@ func (b *Backend) execIn(ctx, opCtx context.Context, sb *sandbox, req backend.Ex
 			if e.failed != "" {
 				return res, nil // init wrote why to the command's stderr
 			}
-			res.TimedOut = outerFired || e.timedOut
 			switch {
 			case cancelled && registry.Destroyed(opCtx):
-				res.SandboxTerminated, res.TimedOut = true, false
+				res.SandboxTerminated = true
 				return res, nil
 			case cancelled:
 				return res, fmt.Errorf("command in sandbox %s was killed because the request ended: %w", sb.id, ctx.Err())
+			}
+			b.classify(sb, &res, outerFired, e.timedOut, oomBefore)
+			if res.OOMKills > 0 {
+				log.Info("the sandbox reached its memory limit during the command", "oom_kills", res.OOMKills, "oom_killed", res.OOMKilled, "memory_bytes", sb.limits.MemoryBytes)
 			}
 			if outerFired {
 				log.Warn("the command outlived its timeout and was killed", "timeout", applied, "duration", res.Duration)

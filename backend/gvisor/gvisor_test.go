@@ -451,6 +451,46 @@ func TestGVisorMemoryLimit(t *testing.T) {
 	if err := b.Destroy(ctx, id); err != nil {
 		t.Fatal(err)
 	}
+
+	// Many small allocations: the host's OOM killer then usually picks
+	// the guest process's address space (a systrap stub in the cgroup)
+	// rather than the sentry, and gVisor ends that process with a plain
+	// exit 1. Either way the command must say it was killed for memory.
+	const py = "py-balloon"
+	if _, err := b.Create(ctx, py, backend.Spec{Resources: backend.Resources{MemoryBytes: 256 << 20, PIDs: 64}}); err != nil {
+		t.Fatal(err)
+	}
+	balloon := []string{"python3", "-c", "b = []\nfor i in range(64): b.append(bytearray(16 << 20))"}
+	res, err = b.Exec(ctx, py, backend.ExecRequest{Argv: balloon, Timeout: 2 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.OOMKilled || res.OOMKills == 0 || (!res.SandboxTerminated && res.ExitCode != backend.ExitKilled) {
+		t.Fatalf("python3 allocating 1 GiB in 16 MiB blocks under 256 MiB: %+v; want oom_killed with exit 137 (or sandbox_terminated)", res)
+	}
+	if !res.SandboxTerminated {
+		if res.Reason() != backend.ReasonOOMKilled {
+			t.Errorf("reason %q, want %q", res.Reason(), backend.ReasonOOMKilled)
+		}
+		// A child lost to the OOM killer, its parent going on: the
+		// parent's own status, the kill counted.
+		res, err = b.Exec(ctx, py, backend.ExecRequest{Command: "python3 -c 'b = []\nfor i in range(64): b.append(bytearray(16 << 20))'; echo after $?", Timeout: 2 * time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case res.SandboxTerminated:
+			if !res.OOMKilled {
+				t.Errorf("the sandbox died under a balloon without oom_killed: %+v", res)
+			}
+			t.Logf("the OOM killer took the sentry this time: %+v", res)
+		case res.ExitCode != 0 || res.OOMKilled || res.OOMKills == 0 || !strings.Contains(string(res.Stdout), "after 1"):
+			t.Errorf("a shell whose python3 was OOM-killed, going on: %+v (stdout %q); want exit 0, oom_kills > 0, not oom_killed", res, res.Stdout)
+		}
+	}
+	if err := b.Destroy(ctx, py); err != nil {
+		t.Fatal(err)
+	}
 	if names, _ := cgm.List(); len(names) != 0 {
 		t.Fatalf("cgroups left after Destroy: %v", names)
 	}

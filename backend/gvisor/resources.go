@@ -21,10 +21,11 @@ import (
 // forked by it, are born there. runsc runs with --ignore-cgroups: left to
 // itself it makes a cgroup per container at the top of each hierarchy
 // (named after the container, even without a cgroupsPath in the spec) and
-// moves the sentry and gofer there. The guest's processes live
-// inside the sentry, so the host's OOM killer can only kill the sentry (or
-// the gofer): a sandbox past its memory limit dies whole, and its command
-// reports sandbox_terminated with oom_killed set.
+// moves the sentry and gofer there. The guest's processes live inside
+// the sentry, but on systrap (and ptrace) each guest address space is also
+// a host stub process in the group: past its memory limit the host's OOM
+// killer takes the sentry (the sandbox dies whole: sandbox_terminated with
+// oom_killed) or one stub (that guest process ends; classify).
 
 // effectiveLimits is what one sandbox gets (resources.Effective): it
 // refuses any disk cap, and the daemon's disk limit is reported off, never
@@ -99,6 +100,36 @@ func (b *Backend) placed(sb *sandbox, cmd *exec.Cmd) (release func() error, err 
 		_, err := gateW.Write([]byte("go\n"))
 		return err
 	}, nil
+}
+
+// stubLostStatus is the exit status gVisor gives a guest process whose
+// address space it lost. On the systrap and ptrace platforms every guest
+// address space is a host "stub" process in the sandbox's cgroup, and the
+// host's OOM killer may pick one instead of the sentry: the sentry then
+// ends the guest process with EPERM ("systrap corrupted memory: subprocess
+// died" in its log), a plain exit 1 rather than a signal.
+const stubLostStatus = 1
+
+// classify decides why a command that ended by itself ended
+// (backend.Classify), from init's report in res and the sandbox's OOM
+// counter. A guest process that exits stubLostStatus while the counter
+// rose lost its address space to the OOM killer, and is reported as the
+// kernel's kill it was: oom_killed, 137. One that survived a kill (of a
+// child) with any other status keeps its own, with oom_kills counted.
+func (b *Backend) classify(sb *sandbox, res *backend.ExecResult, outerFired, guestTimedOut bool, oomBefore uint64) {
+	f := backend.Facts{ExitCode: res.ExitCode, Elapsed: res.Duration, Applied: res.AppliedTimeout,
+		KillAfter: backend.GuestTimeout(b.cfg.KillGrace), OuterFired: outerFired, GuestTimedOut: guestTimedOut, Ended: true}
+	if sb.cg != nil {
+		f.OOMCounted, f.OOMBefore, f.OOMAfter = true, oomBefore, sb.oomKills()
+		if f.OOMAfter > f.OOMBefore && f.ExitCode == stubLostStatus {
+			f.ExitCode = backend.ExitKilled
+		}
+	}
+	o := backend.Classify(f)
+	o.Apply(res)
+	if o.OOMKilled {
+		res.ExitCode = backend.ExitKilled
+	}
 }
 
 // oomKills reads sb's cgroup OOM-kill counter (0 without one).
