@@ -239,7 +239,7 @@ type decision struct {
 // decide judges a destination the sandbox dials (guest-side address).
 func (s *Session) decide(guestAddr netip.Addr, port uint16) decision {
 	if guestAddr == ResolverAddr4 || guestAddr == ResolverAddr6 {
-		return decision{reason: "the resolver answers DNS over UDP only"}
+		return decision{reason: "the resolver answers DNS on port 53 only"}
 	}
 	if guestAddr.IsLoopback() {
 		return decision{reason: "a loopback address is the sandbox's own"}
@@ -270,6 +270,10 @@ func (s *Session) decide(guestAddr netip.Addr, port uint16) decision {
 func (s *Session) handleTCP(r *tcp.ForwarderRequest) {
 	id := r.ID()
 	guestDst, port := addrOf(id.LocalAddress), id.LocalPort
+	if (guestDst == ResolverAddr4 || guestDst == ResolverAddr6) && port == 53 {
+		s.serveDNSTCP(r)
+		return
+	}
 	dst := fromGuest(guestDst)
 	ev := Event{Proto: "tcp", Addr: dst, Port: port}
 	d := s.decide(guestDst, port)
