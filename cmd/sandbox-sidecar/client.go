@@ -306,13 +306,16 @@ func runCreate(args []string, stdout, stderr io.Writer) error {
 	var ttl time.Duration
 	var owner, image string
 	var res resourceFlags
+	var egressTo, egressCIDRs List
 	env := envFlag{}
-	fs := newFlags("create", "[--ttl 1h] [--owner DAG_ID/RUN_ID] [--image NAME] [--env K=V] [--memory SIZE] [--cpus N] [--pids N] [--disk SIZE]", stderr)
+	fs := newFlags("create", "[--ttl 1h] [--owner DAG_ID/RUN_ID] [--image NAME] [--env K=V] [--memory SIZE] [--cpus N] [--pids N] [--disk SIZE] [--allow-egress-to NAME] [--allow-egress-to-cidr CIDR]", stderr)
 	fs.StringVar(&image, "image", "", "the image the sandbox runs on (sandbox-sidecar image ls; default: the daemon's [images] default)")
 	cf.register(fs, 10*time.Minute)
 	fs.DurationVar(&ttl, "ttl", time.Hour, "how long the sandbox lives (capped by the daemon's --max-lifetime)")
 	fs.StringVar(&owner, "owner", "", "Airflow run that owns the sandbox (\"<dag_id>/<run_id>\")")
 	fs.Var(env, "env", "environment variable for every command (repeatable)")
+	fs.Var(&listFlag{l: &egressTo}, "allow-egress-to", "a host name the sandbox may reach (name, *.name, name:port; repeatable, comma-separable): its network is the daemon's egress path ([egress] enabled)")
+	fs.Var(&listFlag{l: &egressCIDRs}, "allow-egress-to-cidr", "an IPv4 or IPv6 CIDR the sandbox may reach (repeatable, comma-separable), as --allow-egress-to")
 	res.register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -326,7 +329,7 @@ func runCreate(args []string, stdout, stderr io.Writer) error {
 	}
 	defer cancel()
 	defer cl.Close()
-	created, err := cl.Create(ctx, api.CreateRequest{Spec: &api.Spec{Env: env, Owner: owner}, TTLS: ttl.Seconds(), Resources: res.arg(), Image: image})
+	created, err := cl.Create(ctx, api.CreateRequest{Spec: &api.Spec{Env: env, Owner: owner, AllowEgressTo: egressTo, AllowEgressToCIDRs: egressCIDRs}, TTLS: ttl.Seconds(), Resources: res.arg(), Image: image})
 	if err != nil {
 		return err
 	}
