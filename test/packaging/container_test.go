@@ -52,7 +52,8 @@ type container struct {
 
 // boot starts systemd-nspawn -b on root in the background and waits until
 // systemd inside says the system is up. Cleanup powers it off, or kills it.
-func boot(t *testing.T, root, share string) *container {
+// nspawnArgs are more options for systemd-nspawn.
+func boot(t *testing.T, root, share string, nspawnArgs ...string) *container {
 	t.Helper()
 	c := &container{t: t, name: fmt.Sprintf("sidecar-pkgtest-%d", os.Getpid()), root: root, share: share,
 		exited: make(chan struct{}), log: filepath.Join(t.TempDir(), "nspawn.log")}
@@ -72,9 +73,10 @@ func boot(t *testing.T, root, share string) *container {
 	// nspawn, and the end of nspawn's namespace kills every process in it,
 	// the booted container included. (Killing nspawn alone would leave the
 	// container's systemd running.)
-	c.nspawn = exec.Command("unshare", "--pid", "--fork", "--mount-proc", "--kill-child=SIGKILL", "--",
+	args := append([]string{"--pid", "--fork", "--mount-proc", "--kill-child=SIGKILL", "--",
 		"systemd-nspawn", "--quiet", "--boot", "--register=no", "--keep-unit",
-		"--directory="+root, "--machine="+c.name, "--bind="+share+":/share", "--console=read-only")
+		"--directory=" + root, "--machine=" + c.name, "--bind=" + share + ":/share", "--console=read-only"}, nspawnArgs...)
+	c.nspawn = exec.Command("unshare", args...)
 	c.nspawn.Stdout, c.nspawn.Stderr = logf, logf
 	// A unified cgroup hierarchy inside, as on a Debian 12 host, even when
 	// this host mounts a hybrid one (cgroup v2 at /sys/fs/cgroup/unified).

@@ -163,7 +163,7 @@ func documentedScore(t *testing.T, what, text string, re *regexp.Regexp) string 
 	t.Helper()
 	m := re.FindStringSubmatch(text)
 	if m == nil {
-		t.Fatalf("%s does not state the gVisor drop-in's systemd-analyze security score (%s)", what, re)
+		t.Fatalf("%s does not state the drop-in's systemd-analyze security score (%s)", what, re)
 	}
 	return m[1]
 }
