@@ -4,7 +4,8 @@
 // drives it from the host with nsenter: install, socket activation, who may
 // connect, READY and STATUS, per-sandbox limits under Delegate=yes, the
 // watchdog killing a frozen daemon and recovery after it, a daemon started by hand, restart, upgrade, remove and
-// purge.
+// purge. Its other tests boot the package with the shipped gVisor and
+// egress drop-ins (gvisor_test.go, egress_test.go).
 //
 // It needs root, systemd-nspawn, debootstrap, dpkg-deb and lintian, and
 // takes minutes, so it runs only when SANDBOX_SIDECAR_PACKAGING_TEST=1, as
