@@ -391,6 +391,12 @@ func TestCLI(t *testing.T) {
 	out, _, code = d.cli(t, "rm", id)
 	assert.Equal(t, 0, code)
 	assert.Equal(t, id+"\n", out)
+	// The spec's allow-lists from the command line reach the daemon, which
+	// (no [egress] here) refuses them by name.
+	_, errOut, code := d.cli(t, "create", "--allow-egress-to", "pypi.org", "--allow-egress-to-cidr", "10.1.0.0/16")
+	assert.NotEqual(t, 0, code)
+	assert.Contains(t, errOut, "spec_unenforceable")
+	assert.Contains(t, errOut, "egress filtering is not enabled")
 
 	for _, sub := range []string{"serve", "health", "ls", "exec", "rm", "version", "create", "gc"} {
 		_, errOut, code := d.cli(t, sub, "--help")
