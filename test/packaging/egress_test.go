@@ -155,6 +155,14 @@ elif mode == "dnstcp":
 // the host's network).
 func TestEgressDropInOnSystemd(t *testing.T) {
 	requireEnvironment(t)
+	// nspawn gives the container this host's node (none: no TUN devices).
+	if _, err := os.Stat("/dev/net/tun"); err != nil {
+		msg := fmt.Sprintf("egress needs /dev/net/tun on the host (modprobe tun): %v", err)
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
 	began := time.Now()
 	step := stepper(t)
 
@@ -369,6 +377,11 @@ func checkEgressAllowlist(t *testing.T, c *container, port string) string {
 	if code, out := inSandbox("connect 100.127.0.2 " + port); code != 5 || strings.TrimSpace(out) != "ConnectionRefusedError" {
 		t.Errorf("a direct connect to an address not handed out: exit %d, %q; want refused", code, out)
 	}
+	// The metadata address: refused before any dial (and the container
+	// has no route there anyway: only lo).
+	if code, out := inSandbox("connect 169.254.169.254 80"); code != 5 || strings.TrimSpace(out) != "ConnectionRefusedError" {
+		t.Errorf("a connect to the metadata address: exit %d, %q; want refused", code, out)
+	}
 	return id
 }
 
@@ -452,6 +465,9 @@ func checkEgressAudit(t *testing.T, c *container, sandbox, port string) {
 		}, 1},
 		{"the refused connection", func(l egressAuditLine) bool {
 			return l.Proto == "tcp" && !l.Allowed && l.Addr == "127.0.0.2" && fmt.Sprint(l.Port) == port && l.Reason != ""
+		}, 1},
+		{"the refused metadata connection", func(l egressAuditLine) bool {
+			return l.Proto == "tcp" && !l.Allowed && l.Addr == "169.254.169.254" && l.Port == 80 && strings.Contains(l.Reason, "never reachable")
 		}, 1},
 	}
 	var lines []egressAuditLine
