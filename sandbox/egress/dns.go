@@ -104,7 +104,7 @@ func (s *Session) serveDNSTCP(r *tcp.ForwarderRequest) {
 	defer s.untrack(c)
 	s.wg.Add(1)
 	defer s.wg.Done()
-	buf := make([]byte, 2+maxTCPReply)
+	buf := make([]byte, maxDNSQuery)
 	for range maxDNSPerConn {
 		idle := time.Duration(dnsTCPIdle.Load())
 		c.SetReadDeadline(time.Now().Add(idle))
@@ -132,10 +132,8 @@ func (s *Session) serveDNSTCP(r *tcp.ForwarderRequest) {
 			abort(c, ep)
 			return
 		}
-		binary.BigEndian.PutUint16(buf[:2], uint16(len(resp)))
-		copy(buf[2:], resp)
 		c.SetWriteDeadline(time.Now().Add(idle))
-		if _, err := c.Write(buf[:2+len(resp)]); err != nil {
+		if _, err := c.Write(append(binary.BigEndian.AppendUint16(make([]byte, 0, 2+len(resp)), uint16(len(resp))), resp...)); err != nil {
 			return
 		}
 	}
