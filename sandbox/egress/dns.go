@@ -82,18 +82,20 @@ func (s *Session) serveDNSTCP(r *tcp.ForwarderRequest) {
 	refuse := func(reason string) {
 		s.audit(Event{Proto: "dns", Addr: addrOf(id.LocalAddress), Port: id.LocalPort, Reason: "DNS over TCP: " + reason})
 	}
+	// Each refusal is audited before the guest learns of it (the reset),
+	// so the trail never lags what the guest saw.
 	if n := s.conns.Add(1); n > int64(s.e.cfg.MaxConns) {
 		s.conns.Add(-1)
-		r.Complete(true)
 		refuse(fmt.Sprintf("more than %d connections at once", s.e.cfg.MaxConns))
+		r.Complete(true)
 		return
 	}
 	defer s.conns.Add(-1)
 	var wq waiter.Queue
 	ep, terr := r.CreateEndpoint(&wq)
 	if terr != nil {
-		r.Complete(true)
 		refuse("netstack: " + terr.String())
+		r.Complete(true)
 		return
 	}
 	r.Complete(false)

@@ -277,26 +277,28 @@ func (s *Session) handleTCP(r *tcp.ForwarderRequest) {
 	dst := fromGuest(guestDst)
 	ev := Event{Proto: "tcp", Addr: dst, Port: port}
 	d := s.decide(guestDst, port)
+	// A refusal is audited before the guest sees its reset, so the trail
+	// never lags what the guest saw.
 	if !d.allowed {
-		r.Complete(true)
 		ev.Reason = d.reason
 		s.audit(ev)
+		r.Complete(true)
 		return
 	}
 	if n := s.conns.Add(1); n > int64(s.e.cfg.MaxConns) {
 		s.conns.Add(-1)
-		r.Complete(true)
 		ev.Reason = fmt.Sprintf("more than %d connections at once", s.e.cfg.MaxConns)
 		s.audit(ev)
+		r.Complete(true)
 		return
 	}
 	defer s.conns.Add(-1)
 	var wq waiter.Queue
 	ep, terr := r.CreateEndpoint(&wq)
 	if terr != nil {
-		r.Complete(true)
 		ev.Reason = "netstack: " + terr.String()
 		s.audit(ev)
+		r.Complete(true)
 		return
 	}
 	r.Complete(false)
