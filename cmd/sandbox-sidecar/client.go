@@ -75,6 +75,19 @@ func (c *clientFlags) dial() (*ipc.Client, context.Context, context.CancelFunc, 
 	return cl, ctx, cancel, nil
 }
 
+// withDaemon dials the daemon, runs fn on the connection within the
+// command's --timeout, and hangs up. A daemon it cannot reach (or may not
+// trust) is exit code 2 with the dial's error, the same for every command.
+func (c *clientFlags) withDaemon(fn func(ctx context.Context, cl *ipc.Client) error) error {
+	cl, ctx, cancel, err := c.dial()
+	if err != nil {
+		return &exitError{code: 2, err: err}
+	}
+	defer cancel()
+	defer cl.Close()
+	return fn(ctx, cl)
+}
+
 func runHealth(args []string, stdout, stderr io.Writer) error {
 	var cf clientFlags
 	var asJSON bool
@@ -87,15 +100,9 @@ func runHealth(args []string, stdout, stderr io.Writer) error {
 	// A map, not api.HealthResult: --json prints whatever the daemon
 	// reports, fields this CLI does not know included.
 	var rep map[string]any
-	err := func() error {
-		cl, ctx, cancel, err := cf.dial()
-		if err != nil {
-			return err
-		}
-		defer cancel()
-		defer cl.Close()
+	err := cf.withDaemon(func(ctx context.Context, cl *ipc.Client) error {
 		return cl.Call(ctx, ipc.OpHealth, nil, &rep)
-	}()
+	})
 	if err != nil {
 		if asJSON {
 			writeJSON(stdout, map[string]any{"status": "unreachable", "error": err.Error(), "socket": cf.socket})
@@ -124,10 +131,11 @@ func runHealth(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-func writeJSON(w io.Writer, v any) {
+// writeJSON prints v as indented JSON, what every --json prints.
+func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	enc.Encode(jsonable(v))
+	return enc.Encode(jsonable(v))
 }
 
 // jsonable turns msgpack's decoded values into what encoding/json takes
@@ -201,67 +209,61 @@ func runList(args []string, stdout, stderr io.Writer) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	cl, ctx, cancel, err := cf.dial()
-	if err != nil {
-		return &exitError{code: 2, err: err}
-	}
-	defer cancel()
-	defer cl.Close()
-	res, err := cl.List(ctx, owner)
-	if err != nil {
-		return err
-	}
-	if asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		out := make([]listedSandbox, 0, len(res.Sandboxes))
+	return cf.withDaemon(func(ctx context.Context, cl *ipc.Client) error {
+		res, err := cl.List(ctx, owner)
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			out := make([]listedSandbox, 0, len(res.Sandboxes))
+			for _, s := range res.Sandboxes {
+				out = append(out, listed(s))
+			}
+			return writeJSON(stdout, out)
+		}
+		if len(res.Sandboxes) == 0 {
+			fmt.Fprintln(stdout, "no sandboxes")
+			return nil
+		}
+		groups := map[string][]api.SandboxInfo{}
+		var owners []string
 		for _, s := range res.Sandboxes {
-			out = append(out, listed(s))
-		}
-		return enc.Encode(out)
-	}
-	if len(res.Sandboxes) == 0 {
-		fmt.Fprintln(stdout, "no sandboxes")
-		return nil
-	}
-	groups := map[string][]api.SandboxInfo{}
-	var owners []string
-	for _, s := range res.Sandboxes {
-		if _, ok := groups[s.Owner]; !ok {
-			owners = append(owners, s.Owner)
-		}
-		groups[s.Owner] = append(groups[s.Owner], s)
-	}
-	sort.Strings(owners)
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	for i, o := range owners {
-		if i > 0 {
-			fmt.Fprintln(tw)
-		}
-		title := o
-		if title == "" {
-			title = "(no run: connection-bound or ad hoc)"
-		}
-		fmt.Fprintf(tw, "RUN %s\n", title)
-		fmt.Fprintln(tw, "  SANDBOX\tUID\tSTATE\tIMAGE\tHOLDER\tTASK\tAGE\tREMAINING")
-		for _, s := range groups[o] {
-			task := s.Labels["task_id"]
-			if task == "" {
-				task = "-"
+			if _, ok := groups[s.Owner]; !ok {
+				owners = append(owners, s.Owner)
 			}
-			holder := s.Holder
-			if holder == "" {
-				holder = "-"
-			}
-			age := time.Since(time.UnixMilli(int64(s.CreatedAt * 1000))).Round(time.Second)
-			remaining := (time.Duration(s.RemainingS) * time.Second).Round(time.Second).String()
-			if s.ConnBound {
-				remaining += " (conn)"
-			}
-			fmt.Fprintf(tw, "  %s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Sandbox, s.UID, s.State, cmp.Or(s.Image, "-"), holder, task, age, remaining)
+			groups[s.Owner] = append(groups[s.Owner], s)
 		}
-	}
-	return tw.Flush()
+		sort.Strings(owners)
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		for i, o := range owners {
+			if i > 0 {
+				fmt.Fprintln(tw)
+			}
+			title := o
+			if title == "" {
+				title = "(no run: connection-bound or ad hoc)"
+			}
+			fmt.Fprintf(tw, "RUN %s\n", title)
+			fmt.Fprintln(tw, "  SANDBOX\tUID\tSTATE\tIMAGE\tHOLDER\tTASK\tAGE\tREMAINING")
+			for _, s := range groups[o] {
+				task := s.Labels["task_id"]
+				if task == "" {
+					task = "-"
+				}
+				holder := s.Holder
+				if holder == "" {
+					holder = "-"
+				}
+				age := time.Since(time.UnixMilli(int64(s.CreatedAt * 1000))).Round(time.Second)
+				remaining := (time.Duration(s.RemainingS) * time.Second).Round(time.Second).String()
+				if s.ConnBound {
+					remaining += " (conn)"
+				}
+				fmt.Fprintf(tw, "  %s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Sandbox, s.UID, s.State, cmp.Or(s.Image, "-"), holder, task, age, remaining)
+			}
+		}
+		return tw.Flush()
+	})
 }
 
 // envFlag collects KEY=VALUE pairs.
@@ -323,18 +325,14 @@ func runCreate(args []string, stdout, stderr io.Writer) error {
 	if ttl <= 0 {
 		return &exitError{code: 2, err: errors.New("--ttl must be positive")}
 	}
-	cl, ctx, cancel, err := cf.dial()
-	if err != nil {
-		return &exitError{code: 2, err: err}
-	}
-	defer cancel()
-	defer cl.Close()
-	created, err := cl.Create(ctx, api.CreateRequest{Spec: &api.Spec{Env: env, Owner: owner, AllowEgressTo: egressTo, AllowEgressToCIDRs: egressCIDRs}, TTLS: ttl.Seconds(), Resources: res.arg(), Image: image})
-	if err != nil {
-		return err
-	}
-	fmt.Fprintln(stdout, created.Sandbox)
-	return nil
+	return cf.withDaemon(func(ctx context.Context, cl *ipc.Client) error {
+		created, err := cl.Create(ctx, api.CreateRequest{Spec: &api.Spec{Env: env, Owner: owner, AllowEgressTo: egressTo, AllowEgressToCIDRs: egressCIDRs}, TTLS: ttl.Seconds(), Resources: res.arg(), Image: image})
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(stdout, created.Sandbox)
+		return nil
+	})
 }
 
 func runExec(args []string, stdout, stderr io.Writer) error {
@@ -373,75 +371,71 @@ func runExec(args []string, stdout, stderr io.Writer) error {
 	if cf.timeout == 0 {
 		cf.timeout = cmdTimeout + 2*time.Minute
 	}
-	cl, ctx, cancel, err := cf.dial()
-	if err != nil {
-		return &exitError{code: 2, err: err}
-	}
-	defer cancel()
-	defer cl.Close()
-	if sandbox == "" {
-		res, err := cl.Create(ctx, api.CreateRequest{Resources: resources.arg(), Image: image})
-		if err != nil {
-			return err
-		}
-		sandbox = res.Sandbox
-		defer cl.Destroy(context.WithoutCancel(ctx), sandbox)
-	}
-	req := api.RunCommandRequest{Sandbox: sandbox, TimeoutS: cmdTimeout.Seconds(), MaxOutputBytes: &maxOut, Env: env, Cwd: cwd}
-	if shell != "" {
-		req.Command = shell
-	} else {
-		req.Argv = argv
-	}
-	if stdin {
-		data, err := io.ReadAll(io.LimitReader(os.Stdin, 8<<20))
-		if err != nil {
-			return err
-		}
-		req.Stdin = data
-	}
-	var res api.RunCommandResult
-	if stream {
-		req.Stream = true
-		live := func(event string, data []byte) {
-			switch event {
-			case "stdout":
-				stdout.Write(data)
-			case "stderr":
-				stderr.Write(data)
+	return cf.withDaemon(func(ctx context.Context, cl *ipc.Client) error {
+		if sandbox == "" {
+			res, err := cl.Create(ctx, api.CreateRequest{Resources: resources.arg(), Image: image})
+			if err != nil {
+				return err
 			}
+			sandbox = res.Sandbox
+			defer cl.Destroy(context.WithoutCancel(ctx), sandbox)
 		}
-		if err := cl.CallStream(ctx, ipc.OpRunCommand, req, &res, live); err != nil {
-			return err
+		req := api.RunCommandRequest{Sandbox: sandbox, TimeoutS: cmdTimeout.Seconds(), MaxOutputBytes: &maxOut, Env: env, Cwd: cwd}
+		if shell != "" {
+			req.Command = shell
+		} else {
+			req.Argv = argv
 		}
-		if n := derefInt(res.StdoutStreamDropped) + derefInt(res.StderrStreamDropped); n > 0 {
-			fmt.Fprintf(stderr, "sandbox-sidecar exec: %d bytes of output were not shown: they came faster than this terminal read them\n", n)
+		if stdin {
+			data, err := io.ReadAll(io.LimitReader(os.Stdin, 8<<20))
+			if err != nil {
+				return err
+			}
+			req.Stdin = data
 		}
-		// Everything else was shown as it came; the kept tails would repeat it.
-		res.StdoutTruncated, res.StderrTruncated = false, false
-	} else {
-		var err error
-		if res, err = cl.RunCommand(ctx, req); err != nil {
-			return err
+		var res api.RunCommandResult
+		if stream {
+			req.Stream = true
+			live := func(event string, data []byte) {
+				switch event {
+				case "stdout":
+					stdout.Write(data)
+				case "stderr":
+					stderr.Write(data)
+				}
+			}
+			if err := cl.CallStream(ctx, ipc.OpRunCommand, req, &res, live); err != nil {
+				return err
+			}
+			if n := derefInt(res.StdoutStreamDropped) + derefInt(res.StderrStreamDropped); n > 0 {
+				fmt.Fprintf(stderr, "sandbox-sidecar exec: %d bytes of output were not shown: they came faster than this terminal read them\n", n)
+			}
+			// Everything else was shown as it came; the kept tails would repeat it.
+			res.StdoutTruncated, res.StderrTruncated = false, false
+		} else {
+			var err error
+			if res, err = cl.RunCommand(ctx, req); err != nil {
+				return err
+			}
+			stdout.Write(res.Stdout)
+			stderr.Write(res.Stderr)
 		}
-		stdout.Write(res.Stdout)
-		stderr.Write(res.Stderr)
-	}
-	switch {
-	case res.SandboxTerminated:
-		return &exitError{code: 125, err: errors.New("the sandbox was terminated; create a new one")}
-	case res.TimedOut:
-		return &exitError{code: 124, err: fmt.Errorf("timed out after %.3gs", res.AppliedTimeoutS)}
-	case res.OOMKilled:
-		return &exitError{code: res.ExitCode, err: errors.New("killed: the sandbox reached its memory limit (oom_killed)")}
-	}
-	if res.StdoutTruncated || res.StderrTruncated {
-		fmt.Fprintf(stderr, "sandbox-sidecar exec: output truncated to the last %d bytes per stream\n", maxOut)
-	}
-	if res.ExitCode != 0 {
-		return &exitError{code: res.ExitCode}
-	}
-	return nil
+		switch {
+		case res.SandboxTerminated:
+			return &exitError{code: 125, err: errors.New("the sandbox was terminated; create a new one")}
+		case res.TimedOut:
+			return &exitError{code: 124, err: fmt.Errorf("timed out after %.3gs", res.AppliedTimeoutS)}
+		case res.OOMKilled:
+			return &exitError{code: res.ExitCode, err: errors.New("killed: the sandbox reached its memory limit (oom_killed)")}
+		}
+		if res.StdoutTruncated || res.StderrTruncated {
+			fmt.Fprintf(stderr, "sandbox-sidecar exec: output truncated to the last %d bytes per stream\n", maxOut)
+		}
+		if res.ExitCode != 0 {
+			return &exitError{code: res.ExitCode}
+		}
+		return nil
+	})
 }
 
 func runWrite(args []string, stdout, stderr io.Writer) error {
@@ -456,15 +450,11 @@ func runWrite(args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() != 2 {
 		return &exitError{code: 2, err: errors.New("want SANDBOX PATH")}
 	}
-	cl, ctx, cancel, err := cf.dial()
-	if err != nil {
-		return &exitError{code: 2, err: err}
-	}
-	defer cancel()
-	defer cl.Close()
-	// In pieces: standard input of any size, a piece in memory at a time.
-	_, err = cl.ImportFile(ctx, fs.Arg(0), fs.Arg(1), os.Stdin, uint32(mode), 0)
-	return err
+	return cf.withDaemon(func(ctx context.Context, cl *ipc.Client) error {
+		// In pieces: standard input of any size, a piece in memory at a time.
+		_, err := cl.ImportFile(ctx, fs.Arg(0), fs.Arg(1), os.Stdin, uint32(mode), 0)
+		return err
+	})
 }
 
 func runRead(args []string, stdout, stderr io.Writer) error {
@@ -479,15 +469,11 @@ func runRead(args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() != 2 {
 		return &exitError{code: 2, err: errors.New("want SANDBOX PATH")}
 	}
-	cl, ctx, cancel, err := cf.dial()
-	if err != nil {
-		return &exitError{code: 2, err: err}
-	}
-	defer cancel()
-	defer cl.Close()
-	// In pieces, so a file larger than a frame can be read too.
-	_, err = cl.ExportFile(ctx, fs.Arg(0), fs.Arg(1), stdout, maxBytes.Bytes(), 0)
-	return err
+	return cf.withDaemon(func(ctx context.Context, cl *ipc.Client) error {
+		// In pieces, so a file larger than a frame can be read too.
+		_, err := cl.ExportFile(ctx, fs.Arg(0), fs.Arg(1), stdout, maxBytes.Bytes(), 0)
+		return err
+	})
 }
 
 func runRemove(args []string, stdout, stderr io.Writer) error {
@@ -502,28 +488,24 @@ func runRemove(args []string, stdout, stderr io.Writer) error {
 	if (fs.NArg() == 0) == (run == "") {
 		return &exitError{code: 2, err: errors.New("name sandboxes, or one run with --run")}
 	}
-	cl, ctx, cancel, err := cf.dial()
-	if err != nil {
-		return &exitError{code: 2, err: err}
-	}
-	defer cancel()
-	defer cl.Close()
-	if run != "" {
-		res, err := cl.DestroyRun(ctx, run)
-		for _, id := range res.Destroyed {
+	return cf.withDaemon(func(ctx context.Context, cl *ipc.Client) error {
+		if run != "" {
+			res, err := cl.DestroyRun(ctx, run)
+			for _, id := range res.Destroyed {
+				fmt.Fprintln(stdout, id)
+			}
+			return err
+		}
+		var errs []error
+		for _, id := range fs.Args() {
+			if err := cl.Destroy(ctx, id); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", id, err))
+				continue
+			}
 			fmt.Fprintln(stdout, id)
 		}
-		return err
-	}
-	var errs []error
-	for _, id := range fs.Args() {
-		if err := cl.Destroy(ctx, id); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", id, err))
-			continue
-		}
-		fmt.Fprintln(stdout, id)
-	}
-	return errors.Join(errs...)
+		return errors.Join(errs...)
+	})
 }
 
 func derefInt(p *int64) int64 {

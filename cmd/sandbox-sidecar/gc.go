@@ -35,6 +35,8 @@ func runGC(args []string, stdout, stderr io.Writer) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	// Not withDaemon: a daemon that is not there is this command's cue to
+	// recover offline, not an error.
 	cl, ctx, cancel, err := cf.dial()
 	if err == nil {
 		defer cancel()

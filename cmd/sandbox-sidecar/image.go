@@ -9,7 +9,6 @@ package main
 import (
 	"archive/tar"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -26,6 +25,8 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
 )
 
 type imageCommand struct {
@@ -183,20 +184,16 @@ func tarDir(dir string, w io.Writer) error {
 }
 
 func importStream(cf *clientFlags, r io.Reader, imgName, from string, stdout io.Writer) error {
-	cl, ctx, cancel, err := cf.dial()
-	if err != nil {
-		return &exitError{code: 2, err: err}
-	}
-	defer cancel()
-	defer cl.Close()
-	start := time.Now()
-	res, err := cl.ImportImage(ctx, r, imgName)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "imported %s from %s: %s, %s unpacked in %d files (%s sent, %s)\n", res.Image.Name, from, res.Image.Digest,
-		humanBytes(res.Image.SizeBytes), res.Image.Files, humanBytes(res.ReceivedBytes), time.Since(start).Round(time.Millisecond))
-	return nil
+	return cf.withDaemon(func(ctx context.Context, cl *ipc.Client) error {
+		start := time.Now()
+		res, err := cl.ImportImage(ctx, r, imgName)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "imported %s from %s: %s, %s unpacked in %d files (%s sent, %s)\n", res.Image.Name, from, res.Image.Digest,
+			humanBytes(res.Image.SizeBytes), res.Image.Files, humanBytes(res.ReceivedBytes), time.Since(start).Round(time.Millisecond))
+		return nil
+	})
 }
 
 func runImagePull(args []string, stdout, stderr io.Writer) error {
@@ -248,42 +245,36 @@ func runImageList(args []string, stdout, stderr io.Writer) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	cl, ctx, cancel, err := cf.dial()
-	if err != nil {
-		return &exitError{code: 2, err: err}
-	}
-	defer cancel()
-	defer cl.Close()
-	res, err := cl.ImageList(ctx)
-	if err != nil {
-		return err
-	}
-	if asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(res.Images)
-	}
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tDIGEST\tSIZE\tFILES\tSANDBOXES\tPOOL\tIMPORTED")
-	for _, im := range res.Images {
-		n := im.Name
-		if im.Default {
-			n += " (default)"
+	return cf.withDaemon(func(ctx context.Context, cl *ipc.Client) error {
+		res, err := cl.ImageList(ctx)
+		if err != nil {
+			return err
 		}
-		digest, size, files, imported := "-", "-", "-", "-"
-		if !im.Builtin {
-			digest = im.Digest
-			if len(digest) > 19 {
-				digest = digest[:19]
-			}
-			size, files = humanBytes(im.SizeBytes), fmt.Sprint(im.Files)
-			if im.ImportedAt > 0 {
-				imported = time.UnixMilli(int64(im.ImportedAt * 1000)).UTC().Format(time.RFC3339)
-			}
+		if asJSON {
+			return writeJSON(stdout, res.Images)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", n, digest, size, files, im.Sandboxes, im.PoolSize, imported)
-	}
-	return tw.Flush()
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "NAME\tDIGEST\tSIZE\tFILES\tSANDBOXES\tPOOL\tIMPORTED")
+		for _, im := range res.Images {
+			n := im.Name
+			if im.Default {
+				n += " (default)"
+			}
+			digest, size, files, imported := "-", "-", "-", "-"
+			if !im.Builtin {
+				digest = im.Digest
+				if len(digest) > 19 {
+					digest = digest[:19]
+				}
+				size, files = humanBytes(im.SizeBytes), fmt.Sprint(im.Files)
+				if im.ImportedAt > 0 {
+					imported = time.UnixMilli(int64(im.ImportedAt * 1000)).UTC().Format(time.RFC3339)
+				}
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", n, digest, size, files, im.Sandboxes, im.PoolSize, imported)
+		}
+		return tw.Flush()
+	})
 }
 
 func runImageInspect(args []string, stdout, stderr io.Writer) error {
@@ -294,19 +285,13 @@ func runImageInspect(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	cl, ctx, cancel, err := cf.dial()
-	if err != nil {
-		return &exitError{code: 2, err: err}
-	}
-	defer cancel()
-	defer cl.Close()
-	res, err := cl.ImageInspect(ctx, n)
-	if err != nil {
-		return err
-	}
-	enc := json.NewEncoder(stdout)
-	enc.SetIndent("", "  ")
-	return enc.Encode(res.Image)
+	return cf.withDaemon(func(ctx context.Context, cl *ipc.Client) error {
+		res, err := cl.ImageInspect(ctx, n)
+		if err != nil {
+			return err
+		}
+		return writeJSON(stdout, res.Image)
+	})
 }
 
 func runImageRemove(args []string, stdout, stderr io.Writer) error {
@@ -317,17 +302,13 @@ func runImageRemove(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	cl, ctx, cancel, err := cf.dial()
-	if err != nil {
-		return &exitError{code: 2, err: err}
-	}
-	defer cancel()
-	defer cl.Close()
-	if _, err := cl.ImageRemove(ctx, n); err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "removed %s\n", n)
-	return nil
+	return cf.withDaemon(func(ctx context.Context, cl *ipc.Client) error {
+		if _, err := cl.ImageRemove(ctx, n); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "removed %s\n", n)
+		return nil
+	})
 }
 
 // humanBytes is n in binary units, for people.
