@@ -179,6 +179,20 @@ type Warmer interface {
 	Warm(ctx context.Context, id string) error
 }
 
+// ImagePruner is implemented by backends that derive state of their own
+// from an image, made once per image for all its sandboxes (the gvisor
+// backend's mount-point root of each image). PruneImages removes that
+// state of every image whose digest is not in keep, except what one of the
+// backend's own sandboxes (on disk, or being created) still uses, and
+// returns how many images' state it removed. It is idempotent, and state
+// it removed is made again by the next sandbox that needs it. The
+// lifecycle calls it after an image rm and at start (for what a crash
+// between a store's removal and this call left), with the digests of every
+// image still in the store and of every sandbox it knows.
+type ImagePruner interface {
+	PruneImages(keep []string) (removed int, err error)
+}
+
 // StaticInitReporter is implemented by backends that run an init of the
 // daemon's inside every sandbox (bwrap, gVisor). StaticInit reports whether
 // that init is statically linked (no ELF interpreter): only then does it run

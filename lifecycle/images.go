@@ -123,7 +123,46 @@ func (m *Manager) RemoveImage(name string, remove func() error) error {
 		delete(m.removingImages, name)
 		m.mu.Unlock()
 	}()
-	return remove()
+	err := remove()
+	// Even after a failed remove: the store may have gone part way, and
+	// the backend keeps whatever the store still lists.
+	m.pruneImageState()
+	return err
+}
+
+// pruneImageState lets a backend that derives state of its own from
+// images (backend.ImagePruner: gvisor's per-image roots) remove that of
+// the images no longer in the store: after an image rm, and at Start for
+// what a crash between the store's removal and this left. It keeps the
+// store's images and those of every sandbox the manager knows, in any
+// state (one being destroyed may still have its image in use); the
+// backend keeps, besides, what its own sandboxes use. Best effort: a
+// failure is logged, and the next image rm or start tries again.
+func (m *Manager) pruneImageState() {
+	p, ok := m.be.(backend.ImagePruner)
+	if !ok {
+		return
+	}
+	var keep []string
+	if m.cfg.Images != nil {
+		for _, im := range m.cfg.Images.List() {
+			keep = append(keep, im.Digest)
+		}
+	}
+	m.mu.Lock()
+	for _, r := range m.boxes {
+		if r.ImageDigest != "" {
+			keep = append(keep, r.ImageDigest)
+		}
+	}
+	m.mu.Unlock()
+	n, err := p.PruneImages(keep)
+	if n > 0 {
+		m.log.Info("removed the backend's state of images no longer in the store", "images", n)
+	}
+	if err != nil {
+		m.log.Warn("the backend could not remove its state of images no longer in the store; the next image rm or start retries", "error", err)
+	}
 }
 
 // checkImageTaken is reserve's check that rec's image is not being

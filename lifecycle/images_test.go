@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -227,4 +228,66 @@ func TestRemoveAfterThePoolIsGone(t *testing.T) {
 	t.Cleanup(func() { _ = m2.Close(context.Background()) })
 	require.Eventually(t, func() bool { return m2.Stats().Pooled == 0 && len(m2.List(admin, "")) == 0 }, 10*time.Second, 10*time.Millisecond)
 	require.NoError(t, m2.RemoveImage("numpy", func() error { return imgs.remove("numpy") }))
+}
+
+// pruneRecorder is the host backend with backend.ImagePruner: it records
+// what the manager asks it to keep (the gvisor backend's own pruning is
+// tested there, on runsc).
+type pruneRecorder struct {
+	backend.Backend
+	calls chan []string
+}
+
+func (p *pruneRecorder) PruneImages(keep []string) (int, error) {
+	keep = slices.Clone(keep)
+	slices.Sort(keep)
+	p.calls <- slices.Compact(keep)
+	return 0, nil
+}
+
+// next is the keep set of the next PruneImages call, which must come.
+func (p *pruneRecorder) next(t *testing.T) []string {
+	t.Helper()
+	select {
+	case keep := <-p.calls:
+		return keep
+	case <-time.After(10 * time.Second):
+		t.Fatal("the manager never asked the backend to prune its images' state")
+		return nil
+	}
+}
+
+// An image rm, and every start, has a backend that derives state from
+// images remove what it holds of images no longer in the store, keeping
+// the store's images and those every known sandbox runs on.
+func TestImageRemovePrunesTheBackendsImageState(t *testing.T) {
+	imgs := newTestImages("numpy", "busybox", "alpine")
+	rec := &pruneRecorder{calls: make(chan []string, 8)}
+	e := newEnv(t, withHost(nil), withJournal(), withWrapper(func(b backend.Backend) backend.Backend { rec.Backend = b; return rec }),
+		withConfig(func(c *Config) { c.Images = imgs; c.ReapInterval = time.Hour }))
+	s := e.create(alice, CreateRequest{Image: "alpine"})
+	// The store lost alpine behind the manager's back: its sandbox still
+	// runs on it, so it is kept all the same.
+	require.NoError(t, imgs.remove("alpine"))
+
+	require.NoError(t, e.m.RemoveImage("numpy", func() error { return imgs.remove("numpy") }))
+	assert.Equal(t, []string{"sha256:alpine", "sha256:busybox"}, rec.next(t), "numpy goes; the store's busybox and the sandbox's alpine stay")
+
+	// A refused rm (in use) asks nothing; a failed one still prunes,
+	// keeping what the store lists.
+	err := e.m.RemoveImage("alpine", func() error { t.Fatal("removed an image in use"); return nil })
+	require.ErrorIs(t, err, backend.ErrImageInUse)
+	require.ErrorIs(t, e.m.RemoveImage("busybox", func() error { return errInjected }), errInjected)
+	assert.Equal(t, []string{"sha256:alpine", "sha256:busybox"}, rec.next(t))
+	select {
+	case keep := <-rec.calls:
+		t.Fatalf("an extra prune: %v", keep)
+	default:
+	}
+
+	// Start prunes too: what a crash between the store's removal and the
+	// backend's left.
+	require.NoError(t, e.m.Destroy(context.Background(), alice, s.ID))
+	e.m.Start()
+	assert.Equal(t, []string{"sha256:busybox"}, rec.next(t), "no sandbox runs on alpine any more")
 }

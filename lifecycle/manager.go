@@ -347,6 +347,13 @@ func (m *Manager) Start() {
 		defer m.reaperWG.Done()
 		m.retryQuarantined()
 	}()
+	// What the backend derived from images a crash left removed from the
+	// store but not from the backend.
+	m.reaperWG.Add(1)
+	go func() {
+		defer m.reaperWG.Done()
+		m.pruneImageState()
+	}()
 	// Pool members recovery kept beyond what is configured now (a smaller
 	// pool, or none, for their image) go.
 	m.reaperWG.Add(1)

@@ -149,9 +149,12 @@ type Backend struct {
 	version string // runsc --version, first line
 	exe     string // the sandboxes' init (InitPath or the daemon's executable), bound into every sandbox
 	static  bool   // exe is statically linked (initproc.Static)
-	// imageMu orders the making of the images' mount-point roots.
-	imageMu sync.Mutex
-	log     hclog.Logger
+	// imageMu orders the making and removing of the images' mount-point
+	// roots; imageHolds counts, by root, the creates using one (guarded
+	// by imageMu).
+	imageMu    sync.Mutex
+	imageHolds map[string]int
+	log        hclog.Logger
 
 	reg *registry.Registry[*sandbox]
 
@@ -220,7 +223,7 @@ func New(cfg Config) (*Backend, error) {
 	if !static {
 		cfg.Logger.Info("the sandboxes' init is dynamically linked: it needs the host's loader and C library, so it runs only in sandboxes whose root is the host's; build the daemon with CGO_ENABLED=0 -buildmode=exe for one that runs anywhere", "init", exe)
 	}
-	b := &Backend{cfg: cfg, runsc: bin, exe: exe, static: static, log: cfg.Logger}
+	b := &Backend{cfg: cfg, runsc: bin, exe: exe, static: static, log: cfg.Logger, imageHolds: map[string]int{}}
 	b.reg = registry.New(registry.Hooks[*sandbox]{
 		Load: b.load,
 		Usable: func(sb *sandbox) error {
@@ -560,9 +563,11 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 		return backend.Info{}, err
 	}
 	if img != nil {
-		if _, err := b.imageRootfs(img); err != nil {
+		release, err := b.holdImageRootfs(img)
+		if err != nil {
 			return backend.Info{}, err
 		}
+		defer release()
 	}
 	if err := backend.ValidateEnv(spec.Env, "the sandbox's"); err != nil {
 		return backend.Info{}, err

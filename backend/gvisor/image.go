@@ -17,7 +17,10 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/moby/sys/mountinfo"
+
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/registry"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/statedir"
 )
 
@@ -53,16 +56,35 @@ func (b *Backend) checkImage(im backend.Image) (*imageSpec, error) {
 	return &imageSpec{Name: im.Name, Digest: im.Digest, Root: im.Root, Env: slices.Clone(im.Env), Shell: backend.HasShell(im.Root)}, nil
 }
 
+// imageRootfsPrefix begins the name, in Dir, of an image's mount-point
+// root: .rootfs-<the first 32 hex digits of its digest>.
+const imageRootfsPrefix = rootfsName + "-"
+
+// imageRootfsName is the name in Dir of the mount-point root of the image
+// of digest; false for a digest that cannot name one.
+func imageRootfsName(digest string) (string, bool) {
+	hex := strings.TrimPrefix(digest, "sha256:")
+	if len(hex) < 16 || strings.ContainsAny(hex, "/.") {
+		return "", false
+	}
+	return imageRootfsPrefix + hex[:min(len(hex), 32)], true
+}
+
 // imageRootfs returns the mount-point directory of image img, making it
 // when this daemon has not yet.
 func (b *Backend) imageRootfs(img *imageSpec) (string, error) {
-	hex := strings.TrimPrefix(img.Digest, "sha256:")
-	if len(hex) < 16 || strings.ContainsAny(hex, "/.") {
-		return "", fmt.Errorf("%w: image %s has a bad digest %q", backend.ErrUnavailable, backend.ShortName(img.Name), img.Digest)
-	}
-	dir := filepath.Join(b.cfg.Dir, ".rootfs-"+hex[:32])
 	b.imageMu.Lock()
 	defer b.imageMu.Unlock()
+	return b.imageRootfsLocked(img)
+}
+
+// imageRootfsLocked is imageRootfs with b.imageMu held.
+func (b *Backend) imageRootfsLocked(img *imageSpec) (string, error) {
+	name, ok := imageRootfsName(img.Digest)
+	if !ok {
+		return "", fmt.Errorf("%w: image %s has a bad digest %q", backend.ErrUnavailable, backend.ShortName(img.Name), img.Digest)
+	}
+	dir := filepath.Join(b.cfg.Dir, name)
 	if _, err := os.Stat(dir); err == nil {
 		return dir, nil
 	}
@@ -70,6 +92,119 @@ func (b *Backend) imageRootfs(img *imageSpec) (string, error) {
 		return "", fmt.Errorf("%w: cannot prepare the root of image %s: %v", backend.ErrUnavailable, backend.ShortName(img.Name), err)
 	}
 	return dir, nil
+}
+
+// holdImageRootfs is imageRootfs for a create: until release, PruneImages
+// keeps the root, which the create's sandbox has no settings on disk yet
+// to claim.
+func (b *Backend) holdImageRootfs(img *imageSpec) (release func(), err error) {
+	b.imageMu.Lock()
+	defer b.imageMu.Unlock()
+	dir, err := b.imageRootfsLocked(img)
+	if err != nil {
+		return nil, err
+	}
+	name := filepath.Base(dir)
+	b.imageHolds[name]++
+	return func() {
+		b.imageMu.Lock()
+		defer b.imageMu.Unlock()
+		if b.imageHolds[name]--; b.imageHolds[name] <= 0 {
+			delete(b.imageHolds, name)
+		}
+	}, nil
+}
+
+var _ backend.ImagePruner = (*Backend)(nil)
+
+// PruneImages removes the mount-point roots of the images whose digests
+// are not in keep, but never one that a sandbox in Dir runs on (its
+// settings name the image) or a create is making, nor one with anything
+// mounted below it; and what an interrupted making of one left
+// (.rootfs-<hex>.new). A root it removed is made again by the next sandbox
+// of its image, should the image come back.
+func (b *Backend) PruneImages(keep []string) (int, error) {
+	b.imageMu.Lock()
+	defer b.imageMu.Unlock()
+	wanted := map[string]bool{}
+	for _, d := range keep {
+		if name, ok := imageRootfsName(d); ok {
+			wanted[name] = true
+		}
+	}
+	used, err := b.imagesInUse()
+	if err != nil {
+		return 0, fmt.Errorf("gvisor backend: images' roots kept: %w", err)
+	}
+	ents, err := os.ReadDir(b.cfg.Dir)
+	if err != nil {
+		return 0, fmt.Errorf("gvisor backend: images' roots kept: %w", err)
+	}
+	removed := 0
+	var errs []error
+	for _, e := range ents {
+		name := e.Name()
+		if !strings.HasPrefix(name, imageRootfsPrefix) {
+			continue
+		}
+		_, partial := strings.CutSuffix(name, ".new")
+		if !partial && (wanted[name] || used[name] || b.imageHolds[name] > 0) {
+			continue
+		}
+		dir := filepath.Join(b.cfg.Dir, name)
+		// Only mount points and stubs live here; a mount on one (no
+		// runsc of ours makes any in the daemon's namespace) would make
+		// RemoveAll delete what it shows.
+		if mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir)); err != nil || len(mounts) > 0 {
+			errs = append(errs, fmt.Errorf("%s kept: something is mounted below it (%d mounts, %v)", dir, len(mounts), err))
+			continue
+		}
+		if err := statedir.RemoveAll(dir); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if !partial {
+			removed++
+			b.log.Info("removed the root of an image no longer in the store", "dir", name)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return removed, fmt.Errorf("gvisor backend: %w", err)
+	}
+	return removed, nil
+}
+
+// imagesInUse are the names of the mount-point roots that sandboxes in
+// Dir run on, as their settings say; a sandbox without readable settings
+// runs on nothing (a create in progress holds its root instead). An error
+// reading the state directory or a settings file is returned: nothing is
+// known to be unused then. b.imageMu is held.
+func (b *Backend) imagesInUse() (map[string]bool, error) {
+	ids, err := statedir.SandboxIDs(b.cfg.Dir)
+	if err != nil {
+		return nil, err
+	}
+	used := map[string]bool{}
+	for _, id := range ids {
+		var spec struct {
+			Image *struct {
+				Digest string `json:"digest"`
+			} `json:"image"`
+		}
+		err := statedir.ReadSettings(b.sandboxDir(id), registry.SpecName, id, registry.MaxSpecBytes, &spec)
+		if errors.Is(err, backend.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if spec.Image != nil {
+			if name, ok := imageRootfsName(spec.Image.Digest); ok {
+				used[name] = true
+			}
+		}
+	}
+	return used, nil
 }
 
 // makeImageRootfs makes dir: a mount point for each entry imageMounts

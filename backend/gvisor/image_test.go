@@ -110,3 +110,121 @@ func TestGVisorImage(t *testing.T) {
 		t.Fatalf("argv without a shell: %+v %v", res, err)
 	}
 }
+
+// The mount-point roots of images go when the lifecycle says their image
+// left the store (PruneImages), never while a sandbox of this backend runs
+// on one (loaded, or only on disk after a restart) or a create is making
+// it, and never with anything mounted below; a new sandbox of a pruned
+// image makes it again.
+func TestGVisorPruneImages(t *testing.T) {
+	b := newTestBackend(t, func(c *Config) { c.InitPath = inittest.Init(t, "exe") })
+	digestA, digestB := "sha256:"+strings.Repeat("ab", 32), "sha256:"+strings.Repeat("cd", 32)
+	imgA := backend.Image{Name: "a", Digest: digestA, Root: busyboxRoot(t, true), Env: []string{"PATH=/bin"}}
+	imgB := backend.Image{Name: "b", Digest: digestB, Root: busyboxRoot(t, true), Env: []string{"PATH=/bin"}}
+	rootOf := func(digest string) string {
+		name, ok := imageRootfsName(digest)
+		if !ok {
+			t.Fatalf("no root name for %s", digest)
+		}
+		return filepath.Join(b.cfg.Dir, name)
+	}
+	exists := func(p string) bool { _, err := os.Lstat(p); return err == nil }
+	prune := func(b *Backend, keep ...string) int {
+		t.Helper()
+		n, err := b.PruneImages(keep)
+		if err != nil {
+			t.Fatalf("PruneImages(%v): %v", keep, err)
+		}
+		return n
+	}
+	for id, img := range map[string]backend.Image{"sb-a": imgA, "sb-b": imgB} {
+		if _, err := b.Create(context.Background(), id, backend.Spec{Image: img}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// What a daemon left: the root of an image removed since, and a root
+	// whose making it did not finish.
+	stale := rootOf("sha256:" + strings.Repeat("ef", 32))
+	for _, d := range []string{stale, rootOf("sha256:"+strings.Repeat("12", 32)) + ".new"} {
+		if err := os.MkdirAll(filepath.Join(d, "bin"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// A is out of the store, but sb-a runs on it; B is kept by the store.
+	if n := prune(b, digestB); n != 1 {
+		t.Fatalf("removed %d roots, want 1 (the stale one)", n)
+	}
+	if !exists(rootOf(digestA)) || !exists(rootOf(digestB)) || exists(stale) || exists(rootOf("sha256:"+strings.Repeat("12", 32))+".new") {
+		t.Fatal("pruning kept the wrong roots")
+	}
+	if !exists(filepath.Join(b.cfg.Dir, rootfsName)) {
+		t.Fatal("pruning removed the host image's root")
+	}
+	for _, id := range []string{"sb-a", "sb-b"} {
+		if res, err := b.Exec(context.Background(), id, backend.ExecRequest{Argv: []string{"/bin/busybox", "true"}, Timeout: time.Minute}); err != nil || res.ExitCode != 0 {
+			t.Fatalf("%s after a prune: %+v %v", id, res, err)
+		}
+	}
+
+	// The next daemon, before it has loaded any sandbox: their settings
+	// on disk keep their roots.
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b2, err := New(b.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := prune(b2); n != 0 || !exists(rootOf(digestA)) || !exists(rootOf(digestB)) {
+		t.Fatalf("a restarted backend pruned %d roots of its sandboxes' images", n)
+	}
+
+	// Destroyed, sb-a no longer holds A.
+	if err := b2.Destroy(context.Background(), "sb-a"); err != nil {
+		t.Fatal(err)
+	}
+	if n := prune(b2, digestB); n != 1 || exists(rootOf(digestA)) || !exists(rootOf(digestB)) {
+		t.Fatalf("after sb-a's destroy: removed %d, A there %v", n, exists(rootOf(digestA)))
+	}
+	if res, err := b2.Exec(context.Background(), "sb-b", backend.ExecRequest{Argv: []string{"/bin/busybox", "true"}, Timeout: time.Minute}); err != nil || res.ExitCode != 0 {
+		t.Fatalf("sb-b after A's prune: %+v %v", res, err)
+	}
+
+	// A create holds its root until its sandbox's settings are on disk.
+	release, err := b2.holdImageRootfs(&imageSpec{Name: "a", Digest: digestA, Root: imgA.Root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := prune(b2, digestB); n != 0 || !exists(rootOf(digestA)) {
+		t.Fatal("pruned a root a create holds")
+	}
+	release()
+
+	// A mount below a root keeps it (RemoveAll would delete what it shows).
+	if err := syscall.Mount("tmpfs", filepath.Join(rootOf(digestA), "bin"), "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(filepath.Join(rootOf(digestA), "bin"), syscall.MNT_DETACH) })
+	if n, err := b2.PruneImages([]string{digestB}); n != 0 || err == nil || !strings.Contains(err.Error(), "mounted below it") || !exists(rootOf(digestA)) {
+		t.Fatalf("a root with a mount below it: removed %d, %v", n, err)
+	}
+	if err := syscall.Unmount(filepath.Join(rootOf(digestA), "bin"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if n := prune(b2, digestB); n != 1 || exists(rootOf(digestA)) {
+		t.Fatal("the unmounted root was not pruned")
+	}
+
+	// A's image back in the store: a new sandbox on it makes its root again.
+	if _, err := b2.Create(context.Background(), "sb-a2", backend.Spec{Image: imgA}); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := b2.Exec(context.Background(), "sb-a2", backend.ExecRequest{Argv: []string{"/bin/busybox", "true"}, Timeout: time.Minute}); err != nil || res.ExitCode != 0 || !exists(rootOf(digestA)) {
+		t.Fatalf("a sandbox of a pruned image: %+v %v", res, err)
+	}
+	for _, id := range []string{"sb-b", "sb-a2"} {
+		_ = b2.Destroy(context.Background(), id)
+	}
+	_ = b2.Close()
+}

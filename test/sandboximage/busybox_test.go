@@ -1,6 +1,7 @@
 package sandboximage
 
 import (
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -64,4 +65,52 @@ func TestBusyboxImage(t *testing.T) {
 	_, errOut, code = d.cli(t, "image", "inspect", "nosh")
 	assert.NotEqual(t, 0, code)
 	assert.Contains(t, errOut, "image_not_found")
+}
+
+// gvisorImageRoots are the per-image mount-point roots the gvisor backend
+// keeps in its state directory (.rootfs-<digest>).
+func gvisorImageRoots(t *testing.T, stateDir string) []string {
+	t.Helper()
+	roots, err := filepath.Glob(filepath.Join(stateDir, "gvisor", ".rootfs-*"))
+	require.NoError(t, err)
+	return roots
+}
+
+// On gVisor an image's mount-point root is made for its first sandbox and
+// goes with the image: image rm removes it, and so does the next start
+// for one a daemon left (stopped between the store's removal and the
+// backend's).
+func TestGVisorImageRootGoesWithTheImage(t *testing.T) {
+	runsc := runscPath(t)
+	d := startDaemon(t, "", "--backend", "gvisor", "--gvisor-runsc-path", runsc)
+	archive := filepath.Join(t.TempDir(), "busybox.tar")
+	ref, err := name.ParseReference("sandbox-sidecar.test/busybox:1")
+	require.NoError(t, err)
+	require.NoError(t, tarball.WriteToFile(archive, ref, busyboxImage(t, true)))
+	d.mustCLI(t, "image", "import", archive, "--name", "busybox")
+
+	c := d.client(t)
+	ctx := ctxT(t, 5*time.Minute)
+	sb, err := c.Create(ctx, api.CreateRequest{Image: "busybox"})
+	require.NoError(t, err)
+	res := run(t, c, sb.Sandbox, "/bin/busybox", "true")
+	require.Equal(t, 0, res.ExitCode, "stderr: %s", res.Stderr)
+	roots := gvisorImageRoots(t, d.stateDir)
+	require.Len(t, roots, 1, "the image's root, made for its first sandbox")
+
+	_, errOut, code := d.cli(t, "image", "rm", "busybox")
+	require.NotEqual(t, 0, code)
+	assert.Contains(t, errOut, "image_in_use")
+	assert.Equal(t, roots, gvisorImageRoots(t, d.stateDir), "a refused rm keeps the root")
+	require.NoError(t, c.Destroy(ctx, sb.Sandbox))
+	d.mustCLI(t, "image", "rm", "busybox")
+	assert.Empty(t, gvisorImageRoots(t, d.stateDir), "image rm removed the image's root")
+
+	// What a daemon stopped between the two removals leaves: a root of an
+	// image the store no longer has. The next start removes it.
+	d.stop()
+	require.NoError(t, os.MkdirAll(filepath.Join(roots[0], "bin"), 0o755))
+	d.start()
+	require.Eventually(t, func() bool { return len(gvisorImageRoots(t, d.stateDir)) == 0 }, time.Minute, 50*time.Millisecond,
+		"the start removed the left root: %v", gvisorImageRoots(t, d.stateDir))
 }
