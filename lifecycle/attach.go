@@ -252,7 +252,7 @@ func (m *Manager) setOwner(r *record, owner string) error {
 	}
 	n := 0
 	for _, o := range m.boxes {
-		if o.UID == r.UID && o.Owner == owner && !o.Pooled { // owners are scoped inside a uid
+		if o.UID == r.UID && o.Owner == owner && o.countsForItsUID() { // owners are scoped inside a uid
 			n++
 		}
 	}

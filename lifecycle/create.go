@@ -195,6 +195,15 @@ func (m *Manager) Create(ctx context.Context, c Caller, req CreateRequest) (Sand
 	return snap, nil
 }
 
+// countsForItsUID reports whether r counts against its uid's and its
+// owner's quotas. A pool member (nobody's yet) does not, nor does a
+// sandbox being destroyed: its user can no longer use it, and a destroy of
+// it has returned (or returns at once), so the user's next create must not
+// be refused for it. Both still count against the host's max_sandboxes
+// until the backend has removed them: they hold its cgroups, disks and
+// uids.
+func (r *record) countsForItsUID() bool { return !r.Pooled && r.State != StateDestroying }
+
 // reserve checks quotas and inserts rec, atomically.
 func (m *Manager) reserve(rec *record) error {
 	m.mu.Lock()
@@ -205,12 +214,12 @@ func (m *Manager) reserve(rec *record) error {
 	if err := m.checkImageTaken(rec); err != nil {
 		return err
 	}
-	var perUID, perOwner int
+	var perUID, perOwner, destroying int
 	for _, r := range m.boxes {
-		if r.Pooled {
-			continue // the pool's sandboxes count against the host only
+		if r.State == StateDestroying {
+			destroying++
 		}
-		if r.UID != rec.UID {
+		if !r.countsForItsUID() || r.UID != rec.UID {
 			continue
 		}
 		perUID++
@@ -222,7 +231,7 @@ func (m *Manager) reserve(rec *record) error {
 	}
 	switch {
 	case len(m.boxes) >= m.cfg.MaxPerHost:
-		return &QuotaError{Scope: "host", Limit: m.cfg.MaxPerHost}
+		return &QuotaError{Scope: "host", Limit: m.cfg.MaxPerHost, Destroying: destroying}
 	case rec.Pooled:
 	case perUID >= m.cfg.MaxPerUID:
 		return &QuotaError{Scope: "uid", Limit: m.cfg.MaxPerUID}

@@ -20,6 +20,10 @@ type QuotaError struct {
 	// "commands_per_uid" or "commands_per_sandbox".
 	Scope string
 	Limit int
+	// Destroying is how many of the sandboxes a host refusal counted are
+	// being destroyed: they hold the host's resources until they are gone,
+	// but no uid's or owner's quota.
+	Destroying int
 }
 
 func (e *QuotaError) Error() string {
@@ -32,6 +36,10 @@ func (e *QuotaError) Error() string {
 		return fmt.Sprintf("quota exceeded: a command is already running in this sandbox; commands in one sandbox run one at a time (at most %d)", e.Limit)
 	case "owner":
 		return fmt.Sprintf("quota exceeded: at most %d sandboxes per owner (run) of one uid", e.Limit)
+	case "host":
+		if e.Destroying > 0 {
+			return fmt.Sprintf("quota exceeded: at most %d sandboxes per host, and %d of them are still being destroyed (they hold the host's resources until they are gone); retry in a moment", e.Limit, e.Destroying)
+		}
 	}
 	return fmt.Sprintf("quota exceeded: at most %d sandboxes per %s", e.Limit, e.Scope)
 }

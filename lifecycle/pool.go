@@ -55,7 +55,7 @@ func (m *Manager) claimPooled(c Caller, req CreateRequest) (sb Sandbox, ok bool,
 		switch {
 		case r.State == StatePooled && r.Image == req.Image:
 			pooled = append(pooled, r)
-		case r.Pooled:
+		case !r.countsForItsUID():
 		default:
 			if r.UID != c.UID {
 				continue

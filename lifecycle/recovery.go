@@ -200,7 +200,8 @@ func (m *Manager) Recover(ctx context.Context, dryRun bool) (RecoveryReport, err
 
 	// Every victim is in memory and claimed before anything serves: no
 	// client can use one (lookup wants ready), destroy one (it is claimed)
-	// or reuse its id, and each counts against the quotas until it is gone.
+	// or reuse its id, and each counts against the host's quota until it
+	// is gone (its uid's and owner's no longer: countsForItsUID).
 	for _, r := range victims {
 		m.mu.Lock()
 		m.boxes[r.ID] = r

@@ -810,8 +810,12 @@ func (s *Service) toWire(err error) *ipc.Error {
 	}
 	var quota *lifecycle.QuotaError
 	if errors.As(err, &quota) {
-		return ipc.Errorf(ipc.CodeQuotaExceeded, "%v; destroy sandboxes you no longer need, or ask the operator to raise the limit", err).
+		we := ipc.Errorf(ipc.CodeQuotaExceeded, "%v; destroy sandboxes you no longer need, or ask the operator to raise the limit", err).
 			With("limit", quota.Limit).With("scope", quota.Scope)
+		if quota.Scope == "host" {
+			we = we.With("destroying", quota.Destroying)
+		}
+		return we
 	}
 	var mismatch *lifecycle.OwnerMismatchError
 	if errors.As(err, &mismatch) {
