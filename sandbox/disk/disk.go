@@ -201,6 +201,12 @@ func Mount(path, dir string) error {
 		return err
 	}
 	if len(held) > 0 {
+		held, err = awaitUnheld(img, held)
+		if err != nil {
+			return err
+		}
+	}
+	if len(held) > 0 {
 		return fmt.Errorf("%w: %s is attached to %s, by a mount outside this process's mount namespace; it is not mounted again until that is gone", ErrAttached, path, loopPaths(held))
 	}
 	loop, dev, err := attach(img)

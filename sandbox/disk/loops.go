@@ -187,6 +187,33 @@ func foreignHolders(ls []Loop) ([]holder, error) {
 	return out, nil
 }
 
+// unheldWait bounds how long Mount waits for the kernel to free a loop
+// device that no process mounts any more. A daemon killed with -9 takes its
+// sandboxes' inits with it, and the kernel tears their mount namespaces
+// down, and frees the disks' loop devices, a moment after the last of them
+// exits: a restart that adopts a sandbox at once can see its image still
+// attached with nobody holding it.
+var unheldWait = 2 * time.Second
+
+// awaitUnheld returns the loop devices of img still attached once no
+// process's mount namespace mounts any of them and the kernel has had
+// unheldWait to free them; with a live holder (a process that outlived a
+// dead daemon), at once.
+func awaitUnheld(img *os.File, ls []Loop) ([]Loop, error) {
+	deadline := time.Now().Add(unheldWait)
+	for len(ls) > 0 {
+		hs, err := foreignHolders(ls)
+		if err != nil || len(hs) > 0 || time.Now().After(deadline) {
+			return ls, err
+		}
+		time.Sleep(20 * time.Millisecond)
+		if ls, err = attachedFile(img); err != nil {
+			return ls, err
+		}
+	}
+	return ls, nil
+}
+
 // unescapeMountinfo undoes mountinfo's octal escapes (\040 for a space).
 func unescapeMountinfo(s string) string {
 	if !strings.Contains(s, `\`) {

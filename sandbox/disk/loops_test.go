@@ -116,3 +116,51 @@ func TestMkfsDiesWithItsParent(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// A loop device still attached to an image when nothing mounts it any more
+// is what a daemon killed with -9 leaves for a moment: the kernel frees it
+// once its sandboxes' mount namespaces are torn down. Mount waits
+// (boundedly) for that instead of refusing the image as held elsewhere;
+// one that stays attached is refused once the wait is over.
+func TestMountWaitsForALoopDeviceNobodyHolds(t *testing.T) {
+	requireHost(t)
+	if _, err := exec.LookPath("losetup"); err != nil {
+		t.Skip("needs losetup (util-linux)")
+	}
+	base := t.TempDir()
+	img, mnt := filepath.Join(base, "disk.img"), filepath.Join(base, "vol")
+	require.NoError(t, os.Mkdir(mnt, 0o700))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	require.NoError(t, Create(ctx, img, Options{Size: MinSize, UID: -1, GID: -1}))
+	attachBare := func() string {
+		out, err := exec.Command("losetup", "--find", "--show", img).Output()
+		require.NoError(t, err)
+		dev := strings.TrimSpace(string(out))
+		t.Cleanup(func() { _ = exec.Command("losetup", "-d", dev).Run() })
+		return dev
+	}
+	old := unheldWait
+	unheldWait = 3 * time.Second
+	defer func() { unheldWait = old }()
+
+	// Freed a moment after Mount first looks (here by hand; after kill -9,
+	// by the kernel): Mount waits, then mounts.
+	dev := attachBare()
+	freed := make(chan error, 1)
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		freed <- exec.Command("losetup", "-d", dev).Run()
+	}()
+	require.NoError(t, Mount(img, mnt), "an attachment nobody holds is waited out")
+	require.NoError(t, <-freed)
+	require.NoError(t, Unmount(mnt))
+
+	// Never freed: refused once the wait is over, with nothing mounted.
+	unheldWait = 200 * time.Millisecond
+	attachBare()
+	err := Mount(img, mnt)
+	require.True(t, errors.Is(err, ErrAttached), "an attachment that stays is refused: %v", err)
+	mounted, _ := Mounted(mnt)
+	assert.False(t, mounted)
+}
