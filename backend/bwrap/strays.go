@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -162,6 +163,13 @@ func startTime(pid int) (uint64, error) {
 // is never signalled. It returns how many it killed.
 func killMarked(procs []markedProcess) int {
 	n := 0
+	var killed []int
+	defer func() {
+		awaitExits(killed, strayExitWait)
+		for _, fd := range killed {
+			unix.Close(fd)
+		}
+	}()
 	for _, p := range procs {
 		if p.asUID != nil {
 			// Its start time is readable only as its uid; the signal
@@ -178,9 +186,39 @@ func killMarked(procs []markedProcess) int {
 		if st, err := startTime(p.pid); err == nil && st == p.startTime {
 			if unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0) == nil {
 				n++
+				killed = append(killed, fd)
+				continue
 			}
 		}
 		unix.Close(fd)
 	}
 	return n
+}
+
+// strayExitWait bounds how long killMarked waits for the processes it
+// killed to be gone: a stray holds its sandbox's mount namespace, and with
+// it the sandbox's disk, until it has exited, and the sandbox is adopted
+// right after.
+const strayExitWait = 2 * time.Second
+
+// awaitExits waits, up to limit in all, until every process of the pidfds
+// fds has exited (a pidfd polls readable then).
+func awaitExits(fds []int, limit time.Duration) {
+	deadline := time.Now().Add(limit)
+	for _, fd := range fds {
+		for {
+			left := time.Until(deadline)
+			if left <= 0 {
+				return
+			}
+			pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+			n, err := unix.Poll(pfd, int(left.Milliseconds())+1)
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil || n > 0 {
+				break
+			}
+		}
+	}
 }

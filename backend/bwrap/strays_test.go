@@ -1,14 +1,18 @@
 package bwrap
 
 import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-
-	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 )
 
 // marked is a sleeping process carrying the marker of a directory.
@@ -93,6 +97,18 @@ func TestStartTimeGuardsAgainstPidReuse(t *testing.T) {
 	}
 	if n := killMarked([]markedProcess{{pid: m.cmd.Process.Pid, startTime: st}}); n != 1 {
 		t.Fatal("the recorded process was not signalled")
+	}
+	// killMarked returns once it is gone (a zombie of this test, its mount
+	// namespace and the disk it held released), not merely signalled.
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", m.cmd.Process.Pid))
+	if errors.Is(err, os.ErrNotExist) {
+		return // reaped already
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:])); len(f) == 0 || f[0] != "Z" {
+		t.Errorf("killMarked returned while the process still ran: %s", stat)
 	}
 }
 
