@@ -25,13 +25,10 @@ func (b *Backend) egressPolicy(names, cidrs []string) (egress.Policy, error) {
 	return p, nil
 }
 
-// egressPath is one init's network: its namespace and the session serving
-// it. It lives as long as the init: a new init (after a restart) gets a
-// new one.
-type egressPath struct {
-	ns   *egress.Netns
-	sess *egress.Session
-}
+// egressPath is one init's network (an egress.Path): its namespace and the
+// session serving it. It lives as long as the init: a new init (after a
+// restart) gets a new one.
+type egressPath struct{ path *egress.Path }
 
 // startEgress makes the namespace sb's next init starts in.
 func (b *Backend) startEgress(sb *sandbox) (*egressPath, error) {
@@ -39,31 +36,25 @@ func (b *Backend) startEgress(sb *sandbox) (*egressPath, error) {
 	if err != nil {
 		return nil, err
 	}
-	ns, err := egress.NewNetns()
+	ep, err := b.cfg.Egress.NewPath(sb.id, "", p)
 	if err != nil {
-		return nil, fmt.Errorf("%w: cannot make the network namespace of sandbox %s (%v); egress needs CAP_SYS_ADMIN, CAP_NET_ADMIN and /dev/net/tun (the packaged unit's egress drop-in grants them)", backend.ErrUnavailable, sb.id, err)
+		return nil, fmt.Errorf("%w: sandbox %s: %v; egress needs CAP_SYS_ADMIN, CAP_NET_ADMIN and /dev/net/tun (the packaged unit's egress drop-in grants them)", backend.ErrUnavailable, sb.id, err)
 	}
-	sess, err := b.cfg.Egress.Serve(ns.TUN, sb.id, "", p)
-	if err != nil {
-		ns.NS.Close()
-		return nil, fmt.Errorf("%w: cannot serve the network of sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
-	}
-	return &egressPath{ns: ns, sess: sess}, nil
+	return &egressPath{path: ep}, nil
 }
 
 func (ep *egressPath) close(log interface{ Warn(string, ...any) }) {
 	if ep == nil {
 		return
 	}
-	if err := ep.sess.Close(); err != nil { // closes the TUN device too
+	if err := ep.path.Close(); err != nil { // closes the TUN device too
 		log.Warn("egress", "error", err.Error())
 	}
-	ep.ns.NS.Close()
 }
 
 func (ep *egressPath) netns() *os.File {
 	if ep == nil {
 		return nil
 	}
-	return ep.ns.NS
+	return ep.path.NS
 }

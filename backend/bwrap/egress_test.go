@@ -6,63 +6,24 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"net/netip"
-	"os"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/egress"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/egress/egresstest"
 )
 
-// egressBackend is a root backend with egress on: test names map to the
-// host's loopback, which the operator permits. Dials are recorded.
-func egressBackend(t *testing.T) (*Backend, *egressLog) {
+// egressBackend is a root backend with egress on (egresstest.New): test
+// names map to the host's loopback, which the operator permits. Dials and
+// audit events are recorded.
+func egressBackend(t *testing.T) (*Backend, *egresstest.Log) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		skipOrFail(t, "egress needs root (network namespaces, TUN)")
+	if why := egresstest.Missing(); why != "" {
+		skipOrFail(t, "%s", why)
 	}
-	if _, err := os.Stat("/dev/net/tun"); err != nil {
-		skipOrFail(t, "egress needs /dev/net/tun: %v", err)
-	}
-	el := &egressLog{}
-	e, err := egress.New(egress.Config{
-		Hosts: map[string][]netip.Addr{
-			"allowed.test": {netip.MustParseAddr("127.0.0.1")},
-			"other.test":   {netip.MustParseAddr("127.0.0.2")},
-		},
-		PrivateAllowed: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
-		Lookup: func(context.Context, string, string) ([]netip.Addr, error) {
-			return nil, fmt.Errorf("test: the host's resolver is never asked")
-		},
-		Dial: func(ctx context.Context, network, address string) (net.Conn, error) {
-			el.mu.Lock()
-			el.dials = append(el.dials, address)
-			el.mu.Unlock()
-			if ap, err := netip.ParseAddrPort(address); err != nil || !ap.Addr().IsLoopback() {
-				t.Errorf("asked to dial %s", address)
-				return nil, fmt.Errorf("test: loopback only")
-			}
-			return (&net.Dialer{}).DialContext(ctx, network, address)
-		},
-		Audit: func(ev egress.Event) {
-			el.mu.Lock()
-			el.events = append(el.events, ev)
-			el.mu.Unlock()
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, el := egresstest.New(t)
 	return newTestBackend(t, rangeUID, func(c *Config) { c.Egress = e }), el
-}
-
-type egressLog struct {
-	mu     sync.Mutex
-	dials  []string
-	events []egress.Event
 }
 
 func TestBwrapEgressAllowlist(t *testing.T) {
@@ -101,33 +62,17 @@ func TestBwrapEgressAllowlist(t *testing.T) {
 	}
 	// An allowed connection's event is written when its relay ends, a
 	// moment after the guest's program exits: wait for it, bounded.
-	count := func() (allowed, refused int) {
-		for _, ev := range el.events {
-			if ev.Proto == "tcp" && ev.Sandbox == id {
-				if ev.Allowed {
-					allowed++
-				} else {
-					refused++
-				}
-			}
-		}
-		return allowed, refused
+	tcp := func(allowed bool) func(egress.Event) bool {
+		return func(ev egress.Event) bool { return ev.Proto == "tcp" && ev.Sandbox == id && ev.Allowed == allowed }
 	}
-	el.mu.Lock()
-	defer el.mu.Unlock()
-	allowed, refused := count()
-	for deadline := time.Now().Add(10 * time.Second); (allowed < 2 || refused < 2) && time.Now().Before(deadline); allowed, refused = count() {
-		el.mu.Unlock()
-		time.Sleep(10 * time.Millisecond)
-		el.mu.Lock()
-	}
-	for _, d := range el.dials {
-		if d != "127.0.0.1:"+port {
+	allowed, refused := len(el.Await(tcp(true), 2)), len(el.Await(tcp(false), 2))
+	for _, d := range el.Dials() {
+		if d != "tcp 127.0.0.1:"+port {
 			t.Errorf("dialled %s", d)
 		}
 	}
 	if allowed != 2 || refused != 2 {
-		t.Errorf("audit: %d allowed, %d refused: %+v", allowed, refused, el.events)
+		t.Errorf("audit: %d allowed, %d refused: %+v", allowed, refused, el.Events(func(egress.Event) bool { return true }))
 	}
 }
 

@@ -42,6 +42,9 @@ var etcFiles = map[string]string{
 		"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
 	"group": "root:x:0:\nsandbox:x:1000:\nnogroup:x:65534:\n",
 	"hosts": "127.0.0.1\tlocalhost\n127.0.1.1\tsandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+	// Empty: a sandbox without a network has no resolver. An allowlist
+	// sandbox's own file (the daemon's resolver) is bound over it.
+	"resolv.conf": "",
 }
 
 // makeRootfs (re)makes the shared read-only root at dir: the host's
@@ -200,6 +203,7 @@ type ociLinux struct {
 
 type ociNamespace struct {
 	Type string `json:"type"`
+	Path string `json:"path,omitempty"`
 }
 
 // initCaps are init's capabilities inside the sandbox: enough to start
@@ -261,6 +265,13 @@ func (b *Backend) specWith(sb *sandbox, root string, mounts []ociMount) ociSpec 
 		ociMount{Destination: guestWorkspace, Type: "bind", Source: sb.workDir(), Options: []string{"rbind", "rw", "nosuid", "nodev"}},
 		ociMount{Destination: guestTmp, Type: "bind", Source: sb.tmpDir(), Options: []string{"rbind", "rw", "nosuid", "nodev"}},
 	)
+	// The network namespace: a new one of runsc's (--network=none: only
+	// lo), or the one the daemon made for an allowlist sandbox.
+	netns := ociNamespace{Type: "network"}
+	if sb.network == networkAllowlist {
+		netns.Path = netnsPath
+		mounts = append(mounts, ociMount{Destination: "/etc/resolv.conf", Type: "bind", Source: filepath.Join(sb.dir, resolvName), Options: []string{"bind", "ro", "nosuid", "nodev"}})
+	}
 	var rlimits []ociRlimit
 	for _, r := range []struct {
 		name  string
@@ -286,7 +297,7 @@ func (b *Backend) specWith(sb *sandbox, root string, mounts []ociMount) ociSpec 
 		Hostname: guestHostname,
 		Mounts:   mounts,
 		Linux: ociLinux{Namespaces: []ociNamespace{
-			{Type: "pid"}, {Type: "ipc"}, {Type: "uts"}, {Type: "mount"}, {Type: "network"},
+			{Type: "pid"}, {Type: "ipc"}, {Type: "uts"}, {Type: "mount"}, netns,
 		}},
 	}
 }
@@ -298,6 +309,11 @@ func (b *Backend) writeBundle(sb *sandbox) error {
 	}
 	p := filepath.Join(sb.bundleDir(), "config.json")
 	_ = os.Remove(p + ".tmp") // a crash's leftover would stop WriteJSON
+	if sb.network == networkAllowlist {
+		if err := writeResolvConf(sb); err != nil {
+			return err
+		}
+	}
 	spec, err := b.spec(sb)
 	if err != nil {
 		return err

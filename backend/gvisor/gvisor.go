@@ -50,6 +50,7 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/registry"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/statedir"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/egress"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 )
 
@@ -138,6 +139,10 @@ type Config struct {
 	// Nil: those limits are not enforced and a spec asking for one is
 	// refused.
 	Cgroups *cgroup.Manager
+	// Egress serves the network of sandboxes whose spec names
+	// allow_egress_to or allow_egress_to_cidrs (network "allowlist"; see
+	// egress.go). Nil: such specs are refused with ErrSpecUnenforceable.
+	Egress *egress.Egress
 	// Logger receives the backend's logs; nil discards them.
 	Logger hclog.Logger
 }
@@ -186,7 +191,7 @@ func New(cfg Config) (*Backend, error) {
 		if !strings.HasPrefix(f, "--") {
 			return nil, fmt.Errorf("gvisor backend: extra runsc flag %q must start with --", f)
 		}
-		for _, owned := range []string{"--root", "--platform", "--network"} {
+		for _, owned := range []string{"--root", "--platform", "--network", "--gso"} {
 			if f == owned || strings.HasPrefix(f, owned+"=") {
 				return nil, fmt.Errorf("gvisor backend: extra runsc flag %q sets something the backend decides itself (%s); drop it", f, owned)
 			}
@@ -479,6 +484,10 @@ type persistedSpec struct {
 	Resources backend.Resources `json:"resources,omitempty"`
 	// Image is the image the sandbox runs on; absent: the host image.
 	Image *imageSpec `json:"image,omitempty"`
+	// AllowEgressTo and AllowEgressToCIDRs are the allow-lists of a
+	// sandbox with network "allowlist".
+	AllowEgressTo      []string `json:"allow_egress_to,omitempty"`
+	AllowEgressToCIDRs []string `json:"allow_egress_to_cidrs,omitempty"`
 }
 
 // SpecVersion implements registry.Versioned.
@@ -509,7 +518,13 @@ func (b *Backend) load(id string) (*sandbox, error) {
 	if err := registry.LoadSpec(b.sandboxDir(id), id, specVersion, &spec); err != nil {
 		return nil, err
 	}
-	if spec.Network != networkNone {
+	switch spec.Network {
+	case networkNone:
+	case networkAllowlist:
+		if _, err := b.egressPolicy(spec.AllowEgressTo, spec.AllowEgressToCIDRs); err != nil {
+			return nil, fmt.Errorf("sandbox %q has egress allow-lists this daemon cannot serve now (%w); destroy it and create a new one", id, err)
+		}
+	default:
 		return nil, fmt.Errorf("%w: sandbox %q has unknown network %q in its settings; destroy it and create a new one", backend.ErrNotFound, id, spec.Network)
 	}
 	if err := backend.ValidateEnv(spec.Env, "the sandbox's"); err != nil {
@@ -543,8 +558,8 @@ func (b *Backend) forget(sb *sandbox) {
 }
 
 // Create makes Dir/<id> with an empty workspace and /tmp, records the spec
-// and boots the sandbox's gVisor sandbox with its init. It refuses any
-// network but none.
+// and boots the sandbox's gVisor sandbox with its init. Its network is none,
+// or with allow-lists the daemon's egress path (egress.go).
 func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ backend.Info, err error) {
 	if !backend.ValidID(id) {
 		return backend.Info{}, fmt.Errorf("%w: sandbox id %q is not a valid id (lowercase letters, digits and '-', at most 63)", backend.ErrInvalidArgument, id)
@@ -552,11 +567,9 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	if err := ctx.Err(); err != nil {
 		return backend.Info{}, fmt.Errorf("sandbox %s was not created: %w", id, err)
 	}
-	if len(spec.AllowEgressTo) > 0 || len(spec.AllowEgressToCIDRs) > 0 {
-		return backend.Info{}, fmt.Errorf("%w: the gvisor backend gives sandboxes no network (runsc --network=none), so it cannot allow egress to allow_egress_to or allow_egress_to_cidrs; drop them", backend.ErrSpecUnenforceable)
-	}
-	if spec.BlockNetwork != nil && !*spec.BlockNetwork {
-		return backend.Info{}, fmt.Errorf("%w: the gvisor backend gives sandboxes no network (runsc --network=none); keep block_network=true", backend.ErrSpecUnenforceable)
+	network, err := b.networkFor(spec)
+	if err != nil {
+		return backend.Info{}, err
 	}
 	img, err := b.checkImage(spec.Image)
 	if err != nil {
@@ -588,7 +601,10 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 		}
 		return backend.Info{}, fmt.Errorf("create sandbox %s: %w; check that the state directory is writable", id, err)
 	}
-	saved := persistedSpec{Version: specVersion, Network: networkNone, Env: maps.Clone(spec.Env), Resources: spec.Resources, Image: img}
+	saved := persistedSpec{Version: specVersion, Network: network, Env: maps.Clone(spec.Env), Resources: spec.Resources, Image: img}
+	if network == networkAllowlist {
+		saved.AllowEgressTo, saved.AllowEgressToCIDRs = slices.Clone(spec.AllowEgressTo), slices.Clone(spec.AllowEgressToCIDRs)
+	}
 	sb := newSandbox(id, dir, saved, lim)
 	defer func() {
 		if err != nil {
@@ -623,8 +639,8 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 		return backend.Info{}, err
 	}
 	sb.releaseInit()
-	log.Info("sandbox created", "network", networkNone, "env_vars", len(spec.Env), "image", spec.Image.DisplayName())
-	return backend.Info{Workdir: guestWorkspace, Network: networkNone}, nil
+	log.Info("sandbox created", "network", network, "env_vars", len(spec.Env), "image", spec.Image.DisplayName())
+	return backend.Info{Workdir: guestWorkspace, Network: network}, nil
 }
 
 // prepareDirs makes the guest's directories and the OCI bundle of sb.

@@ -37,7 +37,10 @@ type imageSpec struct {
 // from an image; etcOwn the /etc files that are the daemon's.
 var (
 	guestOwned = []string{"proc", "dev", "sys", "tmp", "workspace", "etc", strings.TrimPrefix(guestInit, "/")}
-	etcOwn     = []string{"passwd", "group", "hosts"}
+	etcOwn     = []string{"passwd", "group", "hosts", "resolv.conf"}
+	// imageEtcSkip are the image's /etc entries neither stubbed nor bound:
+	// those that never enter a guest, and resolv.conf (the daemon's).
+	imageEtcSkip = append(slices.Clone(backend.ImageEtcLeftOut), "resolv.conf")
 )
 
 // checkImage says whether this backend can run sandboxes on im, and returns
@@ -86,6 +89,12 @@ func (b *Backend) imageRootfsLocked(img *imageSpec) (string, error) {
 	}
 	dir := filepath.Join(b.cfg.Dir, name)
 	if _, err := os.Stat(dir); err == nil {
+		// One made by an older daemon may lack the daemon's resolv.conf
+		// (or hold the image's, a symlink perhaps): the mount point an
+		// allowlist sandbox binds its own over.
+		if err := ownResolvConf(dir); err != nil {
+			return "", fmt.Errorf("%w: cannot prepare the root of image %s: %v", backend.ErrUnavailable, backend.ShortName(img.Name), err)
+		}
 		return dir, nil
 	}
 	if err := makeImageRootfs(dir, img.Root); err != nil {
@@ -226,7 +235,7 @@ func makeImageRootfs(dir, root string) error {
 	if err := stubEntries(root, tmp, guestOwned); err != nil {
 		return err
 	}
-	if err := stubEntries(filepath.Join(root, "etc"), filepath.Join(tmp, "etc"), backend.ImageEtcLeftOut); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := stubEntries(filepath.Join(root, "etc"), filepath.Join(tmp, "etc"), imageEtcSkip); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
 	for _, name := range etcOwn {
@@ -242,6 +251,22 @@ func makeImageRootfs(dir, root string) error {
 		return err
 	}
 	return os.Rename(tmp, dir)
+}
+
+// ownResolvConf makes dir/etc/resolv.conf the daemon's empty regular file
+// if it is anything else.
+func ownResolvConf(dir string) error {
+	p := filepath.Join(dir, "etc", "resolv.conf")
+	if fi, err := os.Lstat(p); err == nil && fi.Mode().IsRegular() && fi.Mode().Perm() == 0o644 {
+		return nil
+	}
+	if err := os.RemoveAll(p); err != nil {
+		return err
+	}
+	if err := os.WriteFile(p, nil, 0o644); err != nil {
+		return err
+	}
+	return os.Chmod(p, 0o644)
 }
 
 // stubEntries makes in dst, for each entry of src but skip, an empty
@@ -303,7 +328,7 @@ func imageMounts(root string) ([]ociMount, error) {
 	if err := add(root, "/", guestOwned); err != nil {
 		return nil, err
 	}
-	if err := add(filepath.Join(root, "etc"), "/etc/", backend.ImageEtcLeftOut); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := add(filepath.Join(root, "etc"), "/etc/", imageEtcSkip); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
 	return out, nil

@@ -21,6 +21,7 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/registry"
 	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/egress"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 )
 
@@ -35,6 +36,10 @@ type sandbox struct {
 	limits  limits.Limits
 	cg      *cgroup.Cgroup // nil without cgroups; made at each boot
 	image   *imageSpec     // the image its root comes from; nil: the host's
+	// network is networkNone or networkAllowlist; egressTo and
+	// egressCIDRs are the allow-lists of the latter.
+	network               string
+	egressTo, egressCIDRs []string
 
 	ops registry.Ops
 
@@ -51,7 +56,8 @@ type sandbox struct {
 }
 
 func newSandbox(id, dir string, spec persistedSpec, lim limits.Limits) *sandbox {
-	sb := &sandbox{id: id, dir: dir, env: spec.Env, limits: lim, image: spec.Image, ops: registry.Ops{ID: id}, initSlot: make(chan struct{}, 1)}
+	sb := &sandbox{id: id, dir: dir, env: spec.Env, limits: lim, image: spec.Image, ops: registry.Ops{ID: id}, initSlot: make(chan struct{}, 1),
+		network: spec.Network, egressTo: spec.AllowEgressTo, egressCIDRs: spec.AllowEgressToCIDRs}
 	sb.initSlot <- struct{}{}
 	return sb
 }
@@ -80,6 +86,9 @@ type initConn struct {
 	toInit   *os.File
 	fromInit *os.File
 	log      *os.File // runsc's and init's stderr
+	// egress is the network of an allowlist sandbox's gVisor sandbox
+	// (nil for the others); it ends with the connection.
+	egress *egress.Path
 
 	wmu sync.Mutex
 
@@ -266,6 +275,7 @@ func (c *initConn) close() {
 	if c.log != nil {
 		_ = c.log.Close()
 	}
+	_ = c.egress.Close()
 }
 
 // acquireInit takes sb's init for one command, booting the sandbox if this
@@ -373,12 +383,23 @@ func (b *Backend) boot(ctx context.Context, sb *sandbox) (_ *initConn, err error
 		}
 	}()
 
+	if sb.network == networkAllowlist {
+		if c.egress, err = b.startEgress(sb); err != nil {
+			inR.Close()
+			outW.Close()
+			return nil, err
+		}
+	}
+
 	bctx, cancel := context.WithTimeout(ctx, bootTimeout)
 	defer cancel()
-	args := append(b.globalFlags(), "run", "--detach", "--bundle", sb.bundleDir(), sb.containerID())
+	args := append(runscNetwork(b.globalFlags(), sb), "run", "--detach", "--bundle", sb.bundleDir(), sb.containerID())
 	cmd := exec.CommandContext(bctx, b.runsc, args...)
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, logf
+	if c.egress != nil {
+		cmd.ExtraFiles = []*os.File{c.egress.NS} // netnsFD, which the spec names
+	}
 	cmd.WaitDelay = time.Second
 	start := time.Now()
 	release, runErr := b.placed(sb, cmd)

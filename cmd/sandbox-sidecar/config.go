@@ -497,8 +497,8 @@ func (c *Config) validate() error {
 		}
 	}
 	errs = append(errs, c.Egress.validate()...)
-	if c.Egress.Enabled && c.Server.Backend != "bwrap" {
-		bad("egress.enabled: only the bwrap backend has the egress path so far (server.backend is %q)", c.Server.Backend)
+	if c.Egress.Enabled && c.Server.Backend != "bwrap" && c.Server.Backend != "gvisor" {
+		bad("egress.enabled: only the bwrap and gvisor backends have the egress path (server.backend is %q; sbx maps the lists to its own host policy)", c.Server.Backend)
 	}
 	if _, err := sbx.ParseHostPolicy(c.Sbx.HostPolicy); err != nil {
 		bad("sbx.host_policy: %v", err)

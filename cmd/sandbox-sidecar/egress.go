@@ -11,7 +11,7 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/egress"
 )
 
-// EgressSection turns on the egress path of bwrap sandboxes whose spec
+// EgressSection turns on the egress path of bwrap and gvisor sandboxes whose spec
 // names allow_egress_to or allow_egress_to_cidrs (docs/operations.md,
 // Egress). Off: such specs are refused with spec_unenforceable.
 type EgressSection struct {

@@ -505,11 +505,15 @@ func newBackend(cfg Config, log hclog.Logger, enf *enforcement) (backend.Backend
 			HostPolicy: policy, Marker: cfg.Sbx.Marker, KVMDevice: cfg.Sbx.KVMDevice, Logger: log.Named("sbx"),
 		})
 	case "gvisor":
+		eg, err := newEgress(cfg.Egress, log)
+		if err != nil {
+			return nil, err
+		}
 		return gvisor.New(gvisor.Config{
 			Dir: filepath.Join(cfg.Server.StateDir, "gvisor"), RunscPath: cfg.Gvisor.RunscPath,
 			Platform: cfg.Gvisor.Platform, ExtraFlags: cfg.Gvisor.ExtraFlags, KillGrace: cfg.Gvisor.KillGrace.D(),
 			Limits: cfg.Limits.sandboxLimits(), Cgroups: enf.cgroups, Logger: log.Named("gvisor"),
-			InitPath: sandboxInit(log),
+			InitPath: sandboxInit(log), Egress: eg,
 		})
 	}
 	return nil, errors.New("unknown backend; this build has: bwrap, gvisor, sbx")

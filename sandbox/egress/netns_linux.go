@@ -217,14 +217,22 @@ func addrMsg(index int32, a netip.Addr) []byte {
 	return append(b, attr(unix.IFA_ADDRESS, a.AsSlice())...)
 }
 
+// defaultRoute is the family's default route out of the TUN device, through
+// the resolver's address as its gateway (on-link: the device has no subnet
+// and resolves no neighbours). The kernel needs no gateway, but gVisor's
+// runsc, which copies a namespace's routes into its own netstack
+// (--network=sandbox), refuses a default route without one.
 func defaultRoute(index int32, family uint8) []byte {
-	m := unix.RtMsg{Family: family, Table: unix.RT_TABLE_MAIN, Protocol: unix.RTPROT_BOOT, Scope: unix.RT_SCOPE_LINK, Type: unix.RTN_UNICAST}
+	gw := ResolverAddr4
 	if family == unix.AF_INET6 {
-		m.Scope = unix.RT_SCOPE_UNIVERSE
+		gw = ResolverAddr6
 	}
+	m := unix.RtMsg{Family: family, Table: unix.RT_TABLE_MAIN, Protocol: unix.RTPROT_BOOT, Scope: unix.RT_SCOPE_UNIVERSE,
+		Type: unix.RTN_UNICAST, Flags: unix.RTNH_F_ONLINK}
 	oif := make([]byte, 4)
 	binary.NativeEndian.PutUint32(oif, uint32(index))
-	return append(append([]byte(nil), structBytes(&m)...), attr(unix.RTA_OIF, oif)...)
+	b := append(append([]byte(nil), structBytes(&m)...), attr(unix.RTA_OIF, oif)...)
+	return append(b, attr(unix.RTA_GATEWAY, gw.AsSlice())...)
 }
 
 func nlRequest(fd int, typ uint16, seq uint32, body []byte) error {

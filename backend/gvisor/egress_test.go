@@ -1,0 +1,352 @@
+package gvisor
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc/inittest"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/egress"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/egress/egresstest"
+)
+
+// The egress tests reach only servers on the host's loopback
+// (egresstest.StartServers), through names the test's egress resolver maps
+// to 127.0.0.1 and the loopback range it permits.
+
+// egressBackend is a gvisor backend with egress on (egresstest.New): test
+// names map to the host's loopback, which the operator permits; dials and
+// audit events are recorded.
+func egressBackend(t *testing.T, tweak ...func(*Config)) (*Backend, *egresstest.Log) {
+	t.Helper()
+	testRunsc(t)
+	if why := egresstest.Missing(); why != "" {
+		skipOrFail(t, "%s", why)
+	}
+	e, el := egresstest.New(t)
+	return newTestBackend(t, append([]func(*Config){func(c *Config) { c.Egress = e }}, tweak...)...), el
+}
+
+// guest runs argv (or, with one element, a shell command) in sandbox id
+// and returns its result; a failed or terminated run fails t.
+func guest(t *testing.T, b *Backend, id string, argv ...string) backend.ExecResult {
+	t.Helper()
+	req := backend.ExecRequest{Argv: argv, Timeout: time.Minute}
+	if len(argv) == 1 {
+		req = backend.ExecRequest{Command: argv[0], Timeout: time.Minute}
+	}
+	res, err := b.Exec(context.Background(), id, req)
+	if err != nil || res.SandboxTerminated {
+		t.Fatalf("%q: %+v, %v", argv, res, err)
+	}
+	return res
+}
+
+// pyFetch fetches a URL with urllib (certificates unchecked: the test
+// server's is for example.com), proxy variables unset.
+const pyFetch = `
+import os, ssl, sys, urllib.request
+assert not [k for k in os.environ if "proxy" in k.lower()], os.environ
+ctx = ssl.create_default_context(); ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE
+print(urllib.request.urlopen(sys.argv[1], timeout=20, context=ctx).read().decode(), end="")
+`
+
+// pyRaw resolves a name, connects a plain TCP socket, sends a line and
+// prints the answer; GAIERROR and exit 4 when the name does not resolve.
+const pyRaw = `
+import socket, sys
+try:
+    addr = socket.getaddrinfo(sys.argv[1], int(sys.argv[2]), socket.AF_INET, socket.SOCK_STREAM)[0][4]
+except socket.gaierror as e:
+    print("GAIERROR", e.errno); sys.exit(4)
+s = socket.create_connection(addr, timeout=20)
+s.sendall(b"ping raw\n")
+data = b""
+while True:
+    b = s.recv(4096)
+    if not b: break
+    data += b
+print(data.decode(), end="")
+`
+
+// pyUDP sends one datagram to a name's address.
+const pyUDP = `
+import socket, sys
+a = socket.getaddrinfo(sys.argv[1], int(sys.argv[2]), socket.AF_INET, socket.SOCK_DGRAM)[0][4]
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.sendto(b"datagram", a); print("sent", a[0])
+`
+
+// TestGVisorEgressAllowlist: a gVisor sandbox limited to one name reaches
+// it over HTTP and HTTPS (SNI), with curl, Python's urllib and a raw
+// socket; another name is NXDOMAIN and its address refused; the metadata
+// address is refused; UDP to a port that is not DNS is dropped; the guest
+// cannot change its routes; every connection has its audit line; the
+// daemon dialled nothing but the allowed server.
+func TestGVisorEgressAllowlist(t *testing.T) {
+	b, el := egressBackend(t)
+	srv := egresstest.StartServers(t)
+	ctx := context.Background()
+	const id = "egress-allow"
+	info, err := b.Create(ctx, id, backend.Spec{AllowEgressTo: []string{egresstest.Allowed}})
+	if err != nil || info.Network != "allowlist" {
+		t.Fatalf("Create: %+v %v", info, err)
+	}
+	if got := string(guest(t, b, id, "cat", "/etc/resolv.conf").Stdout); got != egress.ResolvConf() {
+		t.Fatalf("the guest's resolv.conf is %q, want the egress resolver's", got)
+	}
+	httpURL := "http://" + egresstest.Allowed + ":" + srv.HTTPPort + "/"
+	httpsURL := "https://" + egresstest.Allowed + ":" + srv.TLSPort + "/"
+	for _, c := range []struct {
+		argv []string
+		want string
+	}{
+		{[]string{"curl", "-sS", "--max-time", "20", httpURL}, "hello allowed.test:" + srv.HTTPPort},
+		{[]string{"curl", "-ksS", "--max-time", "20", httpsURL}, "secure allowed.test:" + srv.TLSPort + " allowed.test"},
+		{[]string{"python3", "-c", pyFetch, httpURL}, "hello allowed.test:" + srv.HTTPPort},
+		{[]string{"python3", "-c", pyFetch, httpsURL}, "secure allowed.test:" + srv.TLSPort + " allowed.test"},
+		{[]string{"python3", "-c", pyRaw, egresstest.Allowed, srv.RawPort}, "echo ping raw\n"},
+	} {
+		if res := guest(t, b, id, c.argv...); res.ExitCode != 0 || string(res.Stdout) != c.want {
+			t.Errorf("%v: exit %d, %q (stderr %q), want %q", c.argv[:2], res.ExitCode, res.Stdout, res.Stderr, c.want)
+		}
+	}
+	allowedConns := el.Await(func(ev egress.Event) bool { return ev.Proto == "tcp" && ev.Allowed }, 5)
+
+	// Not on the list: NXDOMAIN (getent's exit 2), and its address,
+	// dialled directly, refused.
+	if res := guest(t, b, id, "getent", "ahosts", egresstest.Other); res.ExitCode != 2 {
+		t.Errorf("getent ahosts other.test: exit %d %q, want 2 (not found)", res.ExitCode, res.Stdout)
+	}
+	if res := guest(t, b, id, "python3", "-c", pyRaw, egresstest.Other, srv.RawPort); res.ExitCode != 4 || !strings.Contains(string(res.Stdout), "GAIERROR") {
+		t.Errorf("other.test resolved: exit %d %q %q", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	if res := guest(t, b, id, "curl", "-sS", "--max-time", "20", "http://"+egresstest.OtherGuestAddr+":"+srv.HTTPPort+"/"); res.ExitCode == 0 {
+		t.Errorf("a direct connect to other.test's address got through: %q", res.Stdout)
+	}
+	// The metadata address: refused before any dial.
+	if res := guest(t, b, id, "curl", "-sS", "--max-time", "10", "http://169.254.169.254/latest/meta-data/"); res.ExitCode == 0 {
+		t.Errorf("the metadata address answered: %q", res.Stdout)
+	}
+	// UDP to the allowed name's address, but not DNS: dropped.
+	if res := guest(t, b, id, "python3", "-c", pyUDP, egresstest.Allowed, srv.UDPPort); res.ExitCode != 0 || !strings.Contains(string(res.Stdout), "sent "+egresstest.AllowedGuestAddr) {
+		t.Errorf("send a datagram: exit %d %q %q", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	// The guest's routes are the sentry's, and it may not change them.
+	if res := guest(t, b, id, "ip route del default 2>&1 || echo refused"); !strings.Contains(string(res.Stdout), "refused") {
+		t.Errorf("the guest changed its routes: %q", res.Stdout)
+	}
+
+	refusedConns := el.Await(func(ev egress.Event) bool { return ev.Proto == "tcp" && !ev.Allowed }, 2)
+	udp := el.Await(func(ev egress.Event) bool { return ev.Proto == "udp" }, 1)
+	if len(allowedConns) != 5 {
+		t.Errorf("audit: %d allowed connections, want 5: %+v", len(allowedConns), allowedConns)
+	}
+	for _, ev := range allowedConns {
+		if ev.Sandbox != id || ev.Name != egresstest.Allowed || ev.Addr.String() != "127.0.0.1" || ev.BytesIn == 0 || ev.BytesOut == 0 {
+			t.Errorf("audit of an allowed connection: %+v", ev)
+		}
+	}
+	if len(refusedConns) != 2 || refusedConns[0].Addr.String() != "127.0.0.2" || refusedConns[1].Addr.String() != "169.254.169.254" ||
+		!strings.Contains(refusedConns[1].Reason, "never reachable") {
+		t.Errorf("audit of the refused connections: %+v", refusedConns)
+	}
+	if len(udp) != 1 || udp[0].Allowed || udp[0].Port != port(t, srv.UDPPort) {
+		t.Errorf("audit of the datagram: %+v", udp)
+	}
+	if n := srv.UDPReceived(); n != 0 {
+		t.Errorf("%d datagrams reached the UDP server", n)
+	}
+	if nx := el.Events(func(ev egress.Event) bool { return ev.Proto == "dns" && ev.Name == egresstest.Other && !ev.Allowed }); len(nx) == 0 {
+		t.Error("the NXDOMAIN for other.test is not audited")
+	}
+	for _, d := range el.Dials() {
+		if !slices.Contains([]string{"tcp 127.0.0.1:" + srv.HTTPPort, "tcp 127.0.0.1:" + srv.TLSPort, "tcp 127.0.0.1:" + srv.RawPort}, d) {
+			t.Errorf("the daemon dialled %s", d)
+		}
+	}
+}
+
+func port(t *testing.T, s string) uint16 {
+	t.Helper()
+	p, err := strconv.ParseUint(s, 10, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return uint16(p)
+}
+
+// TestGVisorEgressCIDRAndDestroy: a CIDR entry opens its addresses (TCP,
+// and UDP both ways) and nothing else; Destroy ends the sandbox's session.
+func TestGVisorEgressCIDRAndDestroy(t *testing.T) {
+	b, _ := egressBackend(t)
+	srv := egresstest.StartServers(t)
+	ctx := context.Background()
+	const id = "egress-cidr"
+	if info, err := b.Create(ctx, id, backend.Spec{AllowEgressToCIDRs: []string{"127.0.0.1/32"}}); err != nil || info.Network != "allowlist" {
+		t.Fatalf("Create: %+v %v", info, err)
+	}
+	if res := guest(t, b, id, "curl", "-sS", "--max-time", "20", "http://"+egresstest.AllowedGuestAddr+":"+srv.HTTPPort+"/"); string(res.Stdout) != "hello "+egresstest.AllowedGuestAddr+":"+srv.HTTPPort {
+		t.Fatalf("in the CIDR: exit %d %q %q", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	if res := guest(t, b, id, "curl", "-sS", "--max-time", "20", "http://"+egresstest.OtherGuestAddr+":"+srv.HTTPPort+"/"); res.ExitCode == 0 {
+		t.Fatalf("outside the CIDR: %q", res.Stdout)
+	}
+	// No names on the list: none resolves.
+	if res := guest(t, b, id, "getent", "ahosts", egresstest.Allowed); res.ExitCode != 2 {
+		t.Fatalf("allowed.test resolved without names on the list: exit %d %q", res.ExitCode, res.Stdout)
+	}
+	if n := b.cfg.Egress.Sessions(); n != 1 {
+		t.Fatalf("%d egress sessions for one sandbox", n)
+	}
+	if err := b.Destroy(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.cfg.Egress.Sessions(); n != 0 {
+		t.Fatalf("%d egress sessions after Destroy", n)
+	}
+}
+
+// TestGVisorNoListsNoNetwork: on a daemon with egress on, a sandbox
+// without lists still has no network at all (runsc --network=none: lo
+// alone) and no session.
+func TestGVisorNoListsNoNetwork(t *testing.T) {
+	b, el := egressBackend(t)
+	srv := egresstest.StartServers(t)
+	ctx := context.Background()
+	const id = "no-lists"
+	if info, err := b.Create(ctx, id, backend.Spec{}); err != nil || info.Network != "none" {
+		t.Fatalf("Create: %+v %v", info, err)
+	}
+	if got := string(guest(t, b, id, `tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '`).Stdout); got != "lo\n" {
+		t.Fatalf("a sandbox without lists sees interfaces %q", got)
+	}
+	if res := guest(t, b, id, "curl", "-sS", "--max-time", "5", "http://"+egresstest.AllowedGuestAddr+":"+srv.HTTPPort+"/"); res.ExitCode == 0 {
+		t.Fatalf("reached %q", res.Stdout)
+	}
+	if got := string(guest(t, b, id, "cat", "/etc/resolv.conf").Stdout); got != "" {
+		t.Fatalf("a sandbox without a network has a resolver: %q", got)
+	}
+	if n := b.cfg.Egress.Sessions(); n != 0 {
+		t.Fatalf("%d egress sessions for a sandbox without lists", n)
+	}
+	if d := el.Dials(); len(d) != 0 {
+		t.Fatalf("dialled %v", d)
+	}
+}
+
+// TestGVisorEgressNotConfigured: without egress on the daemon, lists are
+// refused (spec_unenforceable, saying how to turn it on), and so is
+// block_network=false, which the gvisor backend never grants.
+func TestGVisorEgressNotConfigured(t *testing.T) {
+	b := newTestBackend(t)
+	ctx := context.Background()
+	_, err := b.Create(ctx, "lists", backend.Spec{AllowEgressTo: []string{"pypi.org"}})
+	if !errors.Is(err, backend.ErrSpecUnenforceable) || !strings.Contains(err.Error(), "egress filtering is not enabled") {
+		t.Fatalf("lists without egress: %v", err)
+	}
+	no := false
+	if _, err := b.Create(ctx, "host-net", backend.Spec{BlockNetwork: &no}); !errors.Is(err, backend.ErrSpecUnenforceable) {
+		t.Fatalf("block_network=false: %v", err)
+	}
+	if ids, _ := b.List(ctx); len(ids) != 0 {
+		t.Fatalf("refused creates left %v", ids)
+	}
+	// A bad list is invalid_argument on a daemon with egress on.
+	eb, _ := egressBackend(t)
+	if _, err := eb.Create(ctx, "bad", backend.Spec{AllowEgressToCIDRs: []string{"not-a-cidr"}}); !errors.Is(err, backend.ErrInvalidArgument) {
+		t.Fatalf("a bad CIDR: %v", err)
+	}
+}
+
+// TestGVisorEgressRestart simulates kill -9 of the daemon (the init's
+// pipes and the egress path close without a destroy): the restarted
+// daemon re-adopts the sandbox and its next command boots a gVisor sandbox
+// in a new namespace, served by a new session under the same lists. A
+// daemon started without egress refuses to adopt it.
+func TestGVisorEgressRestart(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "gvisor")
+	first, _ := egressBackend(t, func(c *Config) { c.Dir = dir })
+	srv := egresstest.StartServers(t)
+	ctx := context.Background()
+	const id = "egress-survivor"
+	if _, err := first.Create(ctx, id, backend.Spec{AllowEgressTo: []string{egresstest.Allowed}}); err != nil {
+		t.Fatal(err)
+	}
+	url := "http://" + egresstest.Allowed + ":" + srv.HTTPPort + "/"
+	want := "hello " + egresstest.Allowed + ":" + srv.HTTPPort
+	if got := string(guest(t, first, id, "curl", "-sS", "--max-time", "20", url).Stdout); got != want {
+		t.Fatalf("before the restart: %q", got)
+	}
+	sb, err := first.lookup(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb.initMu.Lock()
+	sb.init.close()
+	sb.init = nil
+	sb.initMu.Unlock()
+	if n := first.cfg.Egress.Sessions(); n != 0 {
+		t.Fatalf("%d sessions of the dead daemon", n)
+	}
+
+	// Without egress the sandbox cannot be served: not adopted, and said so.
+	plain := newTestBackend(t, func(c *Config) { c.Dir = dir })
+	if err := plain.Adopt(ctx, id); err == nil || !strings.Contains(err.Error(), "cannot serve now") {
+		t.Fatalf("Adopt without egress: %v", err)
+	}
+
+	second, el := egressBackend(t, func(c *Config) { c.Dir = dir })
+	if err := second.Adopt(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	res := guest(t, second, id, "curl -sS --max-time 20 "+url+"; curl -sS --max-time 20 http://"+egresstest.OtherGuestAddr+":"+srv.HTTPPort+"/ || echo refused")
+	if got := string(res.Stdout); got != want+"refused\n" {
+		t.Fatalf("after the restart: %q %q", got, res.Stderr)
+	}
+	if n := second.cfg.Egress.Sessions(); n != 1 {
+		t.Fatalf("%d sessions after the restart", n)
+	}
+	if evs := el.Await(func(ev egress.Event) bool { return ev.Proto == "tcp" && ev.Sandbox == id }, 2); len(evs) != 2 {
+		t.Fatalf("the new session's audit: %+v", evs)
+	}
+}
+
+// TestGVisorEgressImage: a sandbox on an image whose /etc/resolv.conf is
+// its own (a symlink here, as systemd-resolved images have) sees the
+// daemon's resolver instead, and reaches the allowed name with the
+// image's own programs (busybox).
+func TestGVisorEgressImage(t *testing.T) {
+	b, _ := egressBackend(t, func(c *Config) { c.InitPath = inittest.Init(t, "exe") })
+	srv := egresstest.StartServers(t)
+	root := busyboxRoot(t, true)
+	if err := os.Symlink("../run/systemd/resolve/stub-resolv.conf", filepath.Join(root, "etc/resolv.conf")); err != nil {
+		t.Fatal(err)
+	}
+	img := backend.Image{Name: "busybox", Digest: "sha256:" + strings.Repeat("ef", 32), Root: root, Env: []string{"PATH=/bin"}}
+	ctx := context.Background()
+	const id = "egress-image"
+	if _, err := b.Create(ctx, id, backend.Spec{Image: img, AllowEgressTo: []string{egresstest.Allowed}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := string(guest(t, b, id, "/bin/busybox", "cat", "/etc/resolv.conf").Stdout); got != egress.ResolvConf() {
+		t.Fatalf("the image sandbox's resolv.conf: %q", got)
+	}
+	res := guest(t, b, id, "/bin/busybox", "wget", "-q", "-O", "-", "http://"+egresstest.Allowed+":"+srv.HTTPPort+"/")
+	if got := string(res.Stdout); got != "hello "+egresstest.Allowed+":"+srv.HTTPPort {
+		t.Fatalf("busybox wget: exit %d %q %q", res.ExitCode, got, res.Stderr)
+	}
+	// A sandbox of the same image without lists: the daemon's empty file.
+	if _, err := b.Create(ctx, "image-none", backend.Spec{Image: img}); err != nil {
+		t.Fatal(err)
+	}
+	if got := string(guest(t, b, "image-none", "/bin/busybox", "cat", "/etc/resolv.conf").Stdout); got != "" {
+		t.Fatalf("the image sandbox without lists has a resolver: %q", got)
+	}
+}

@@ -1,0 +1,186 @@
+// Package egresstest is what the backends' egress tests share: an
+// egress.Egress whose resolver maps the test names to the host's loopback
+// (which it permits as a private destination) and never asks the host's
+// resolver, that dials nothing but loopback, and that records every dial
+// and audit event; and loopback servers for the sandboxes to reach. No
+// traffic leaves the machine.
+package egresstest
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/egress"
+)
+
+// The test names and the addresses a sandbox is handed for them (the
+// egress path's stand-ins for 127.0.0.1 and 127.0.0.2).
+const (
+	Allowed          = "allowed.test" // 127.0.0.1
+	Other            = "other.test"   // 127.0.0.2
+	AllowedGuestAddr = "100.127.0.1"
+	OtherGuestAddr   = "100.127.0.2"
+)
+
+// AwaitTimeout bounds Log.Await.
+const AwaitTimeout = 10 * time.Second
+
+// Missing says what this host lacks to make a sandbox's namespace and TUN
+// device ("": nothing).
+func Missing() string {
+	if os.Geteuid() != 0 {
+		return "egress needs root (network namespaces, TUN)"
+	}
+	if _, err := os.Stat("/dev/net/tun"); err != nil {
+		return fmt.Sprintf("egress needs /dev/net/tun: %v", err)
+	}
+	return ""
+}
+
+// Log records what an Egress made by New did.
+type Log struct {
+	mu     sync.Mutex
+	dials  []string
+	events []egress.Event
+}
+
+// New is the tests' Egress; any dial but loopback fails t.
+func New(t testing.TB) (*egress.Egress, *Log) {
+	t.Helper()
+	l := &Log{}
+	e, err := egress.New(egress.Config{
+		Hosts: map[string][]netip.Addr{
+			Allowed: {netip.MustParseAddr("127.0.0.1")},
+			Other:   {netip.MustParseAddr("127.0.0.2")},
+		},
+		PrivateAllowed: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
+		Lookup: func(context.Context, string, string) ([]netip.Addr, error) {
+			return nil, errors.New("test: the host's resolver is never asked")
+		},
+		Dial: func(ctx context.Context, network, address string) (net.Conn, error) {
+			l.mu.Lock()
+			l.dials = append(l.dials, network+" "+address)
+			l.mu.Unlock()
+			if ap, err := netip.ParseAddrPort(address); err != nil || !ap.Addr().IsLoopback() {
+				t.Errorf("the daemon was asked to dial %s %s, which is not loopback", network, address)
+				return nil, errors.New("test: loopback only")
+			}
+			return (&net.Dialer{}).DialContext(ctx, network, address)
+		},
+		Audit: func(ev egress.Event) {
+			l.mu.Lock()
+			l.events = append(l.events, ev)
+			l.mu.Unlock()
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, l
+}
+
+// Dials are the dials so far ("tcp 127.0.0.1:PORT").
+func (l *Log) Dials() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.dials...)
+}
+
+// Events are the audit events so far that pred accepts.
+func (l *Log) Events(pred func(egress.Event) bool) []egress.Event {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []egress.Event
+	for _, ev := range l.events {
+		if pred(ev) {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// Await is Events once at least n match, or after AwaitTimeout: a
+// connection's event is written when its relay ends, which can be a moment
+// after the guest's program has exited.
+func (l *Log) Await(pred func(egress.Event) bool, n int) []egress.Event {
+	deadline := time.Now().Add(AwaitTimeout)
+	for {
+		evs := l.Events(pred)
+		if len(evs) >= n || time.Now().After(deadline) {
+			return evs
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Servers listen on 127.0.0.1 until the test ends: HTTP answers "hello
+// HOST", HTTPS "secure HOST SNI", Raw echoes its first line as "echo
+// LINE", and UDP counts the datagrams it gets.
+type Servers struct {
+	HTTPPort, TLSPort, RawPort, UDPPort string
+	udp                                 atomic.Int64
+}
+
+// StartServers starts the servers.
+func StartServers(t testing.TB) *Servers {
+	t.Helper()
+	s := &Servers{}
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, "hello %s", r.Host) }))
+	t.Cleanup(hs.Close)
+	_, s.HTTPPort, _ = net.SplitHostPort(hs.Listener.Addr().String())
+	ts := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "secure %s %s", r.Host, r.TLS.ServerName)
+	}))
+	t.Cleanup(ts.Close)
+	_, s.TLSPort, _ = net.SplitHostPort(ts.Listener.Addr().String())
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { raw.Close() })
+	_, s.RawPort, _ = net.SplitHostPort(raw.Addr().String())
+	go func() {
+		for {
+			c, err := raw.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+				line, _ := bufio.NewReader(c).ReadString('\n')
+				fmt.Fprintf(c, "echo %s", line)
+			}()
+		}
+	}()
+	u, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { u.Close() })
+	_, s.UDPPort, _ = net.SplitHostPort(u.LocalAddr().String())
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			if _, _, err := u.ReadFrom(buf); err != nil {
+				return
+			}
+			s.udp.Add(1)
+		}
+	}()
+	return s
+}
+
+// UDPReceived is how many datagrams the UDP server got.
+func (s *Servers) UDPReceived() int64 { return s.udp.Load() }

@@ -1,0 +1,94 @@
+package e2e
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/egress/egresstest"
+)
+
+// TestGVisorEgressThroughTheDaemon: a daemon on the gvisor backend with
+// [egress] on gives a create naming one host network "allowlist"; inside
+// gVisor its programs reach that host (a server on the host's loopback,
+// which the test's config maps the name to and permits) and nothing else,
+// with an audit line per connection naming the owner; a sandbox without
+// lists has no network. After kill -9 of the daemon nothing of its runsc
+// sandboxes is left, and the re-adopted sandbox's next command runs in a
+// new namespace under the same lists.
+func TestGVisorEgressThroughTheDaemon(t *testing.T) {
+	runsc := testRunsc(t)
+	if why := egresstest.Missing(); why != "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("CI=true: %s", why)
+		}
+		t.Skip(why)
+	}
+	srv := egresstest.StartServers(t)
+	base := baseDir(t)
+	conf := filepath.Join(base, "config.toml")
+	require.NoError(t, os.WriteFile(conf, []byte(`[egress]
+enabled = true
+private_allowed = ["127.0.0.0/8"]
+[egress.hosts]
+"allowed.test" = ["127.0.0.1"]
+"other.test" = ["127.0.0.2"]
+`), 0o644))
+	d := startDaemon(t, base, "--config", conf, "--backend", "gvisor", "--gvisor-runsc-path", runsc)
+	c := d.client(t)
+	res := call(t, c, ipc.OpCreate, map[string]any{"spec": map[string]any{"owner": "dag/gvisor-egress", "allow_egress_to": []string{"allowed.test"}}, "ttl_s": 600})
+	assert.Equal(t, "allowlist", res["network"])
+	id := res["sandbox"].(string)
+	url := "http://allowed.test:" + srv.HTTPPort + "/"
+	want := "hello allowed.test:" + srv.HTTPPort
+	out := run(t, c, id, "uname -r; curl -sS --max-time 20 "+url)
+	assert.Equal(t, "4.4.0\n"+want, string(out.Stdout), "gVisor's kernel, and the allowed host: %s", out.Stderr)
+	out = run(t, c, id, "curl -sS --max-time 20 http://other.test:"+srv.HTTPPort+"/")
+	assert.NotEqual(t, 0, out.ExitCode, "other.test is not on the list: %s", out.Stdout)
+	out = run(t, c, id, "curl -sS --max-time 10 http://169.254.169.254/")
+	assert.NotEqual(t, 0, out.ExitCode, "the metadata address: %s", out.Stdout)
+
+	none := create(t, c, nil)
+	out = run(t, c, none, `tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '`)
+	assert.Equal(t, "lo\n", string(out.Stdout), "a sandbox without lists")
+
+	var allowed, refused int
+	for _, l := range strings.Split(d.Logs(), "\n") {
+		if !strings.Contains(l, `"op":"egress"`) || !strings.Contains(l, `"sandbox":"`+id+`"`) || !strings.Contains(l, `"proto":"tcp"`) {
+			continue
+		}
+		assert.Contains(t, l, `"owner":"dag/gvisor-egress"`)
+		if strings.Contains(l, `"allowed":true`) {
+			allowed++
+			assert.Contains(t, l, `"name":"allowed.test"`)
+		} else {
+			refused++
+		}
+	}
+	assert.Equal(t, 1, allowed, "allowed connections in the audit trail")
+	assert.Equal(t, 1, refused, "refused connections in the audit trail (the metadata address)")
+
+	// kill -9: the init's pipes, the TUN device and the namespace go with
+	// the daemon; the restarted one removes what runsc still lists.
+	c.Close()
+	d.kill9()
+	d.restart()
+	assert.ElementsMatch(t, []string{id, none}, listed(t, d))
+	dirs, inRunsc, procs := gvisorState(t, runsc, d.stateDir)
+	assert.ElementsMatch(t, []string{id, none}, dirs)
+	assert.Empty(t, inRunsc, "runsc still lists sandboxes of the dead daemon")
+	assert.Zero(t, procs, "runsc processes of the dead daemon survive")
+	c = d.client(t)
+	out = run(t, c, id, "curl -sS --max-time 20 "+url+"; curl -sS --max-time 20 http://other.test:"+srv.HTTPPort+"/ || echo refused")
+	assert.Equal(t, want+"refused\n", string(out.Stdout), "the re-adopted sandbox: %s", out.Stderr)
+	out = run(t, c, none, `tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '`)
+	assert.Equal(t, "lo\n", string(out.Stdout), "the re-adopted sandbox without lists")
+	if t.Failed() {
+		t.Logf("daemon log:\n%s", d.Logs())
+	}
+}
