@@ -53,7 +53,7 @@ private_allowed = ["127.0.0.0/8"]
 	out = run(t, c, id, "curl -sS --max-time 10 http://169.254.169.254/")
 	assert.NotEqual(t, 0, out.ExitCode, "the metadata address: %s", out.Stdout)
 
-	none := create(t, c, nil)
+	none := create(t, c, map[string]any{"ttl_s": 600})
 	out = run(t, c, none, `tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '`)
 	assert.Equal(t, "lo\n", string(out.Stdout), "a sandbox without lists")
 
