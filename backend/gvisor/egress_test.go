@@ -3,7 +3,12 @@ package gvisor
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -12,9 +17,11 @@ import (
 	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc/inittest"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/egress"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/egress/egresstest"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 )
 
 // The egress tests reach only servers on the host's loopback
@@ -348,5 +355,72 @@ func TestGVisorEgressImage(t *testing.T) {
 	}
 	if got := string(guest(t, b, "image-none", "/bin/busybox", "cat", "/etc/resolv.conf").Stdout); got != "" {
 		t.Fatalf("the image sandbox without lists has a resolver: %q", got)
+	}
+}
+
+// TestGVisorEgressMeasure logs, interleaved in one run, one allowed
+// connection's download rate (1 GiB over HTTP, curl to /dev/null, a CIDR
+// entry so nothing is peeked) from a gVisor sandbox, from a bwrap sandbox
+// on the same Egress, and over the host's loopback directly. It asserts
+// nothing (performance is never asserted) and runs only with
+// SANDBOX_SIDECAR_GVISOR_MEASURE=1.
+func TestGVisorEgressMeasure(t *testing.T) {
+	if os.Getenv("SANDBOX_SIDECAR_GVISOR_MEASURE") != "1" {
+		t.Skip("set SANDBOX_SIDECAR_GVISOR_MEASURE=1 to measure")
+	}
+	const size = 1 << 30
+	zeros := make([]byte, 256<<10)
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", strconv.Itoa(size))
+		for sent := 0; sent < size; sent += len(zeros) {
+			if _, err := w.Write(zeros); err != nil {
+				return
+			}
+		}
+	}))
+	defer hs.Close()
+	_, hport, _ := net.SplitHostPort(hs.Listener.Addr().String())
+	init := inittest.Init(t, "exe") // both backends' sandboxes run the small static init
+	// SANDBOX_SIDECAR_GVISOR_FLAGS: extra runsc flags to try.
+	gb, _ := egressBackend(t, func(c *Config) {
+		c.InitPath, c.ExtraFlags = init, strings.Fields(os.Getenv("SANDBOX_SIDECAR_GVISOR_FLAGS"))
+	})
+	bb, err := bwrap.New(bwrap.Config{Dir: filepath.Join(t.TempDir(), "bwrap"), SandboxUID: -1, SandboxGID: -1, Egress: gb.cfg.Egress,
+		Limits: limits.Limits{OpenFiles: 1024, FileSizeBytes: 1 << 30}, InitPath: init})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bb.Close()
+	ctx := context.Background()
+	spec := backend.Spec{AllowEgressToCIDRs: []string{"127.0.0.1/32"}}
+	if _, err := gb.Create(ctx, "measure-gvisor", spec); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bb.Create(ctx, "measure-bwrap", spec); err != nil {
+		t.Fatal(err)
+	}
+	defer bb.Destroy(ctx, "measure-bwrap")
+	curl := func(host string) string {
+		return "curl -sS -o /dev/null -w '%{speed_download}' http://" + host + ":" + hport + "/"
+	}
+	mib := func(out []byte, err error) float64 {
+		v, perr := strconv.ParseFloat(strings.TrimSpace(string(out)), 64)
+		if err != nil || perr != nil {
+			t.Fatalf("curl: %q %v %v", out, err, perr)
+		}
+		return v / (1 << 20)
+	}
+	in := func(b backend.Backend, id string) float64 {
+		res, err := b.Exec(ctx, id, backend.ExecRequest{Command: curl(egresstest.AllowedGuestAddr), Timeout: 5 * time.Minute})
+		if err == nil && res.ExitCode != 0 {
+			err = fmt.Errorf("exit %d: %s", res.ExitCode, res.Stderr)
+		}
+		return mib(res.Stdout, err)
+	}
+	for round := 1; round <= 3; round++ {
+		g := in(gb, "measure-gvisor")
+		w := in(bb, "measure-bwrap")
+		l := mib(exec.Command("sh", "-c", curl("127.0.0.1")).Output())
+		t.Logf("round %d: gvisor %.0f MiB/s, bwrap %.0f MiB/s, loopback directly %.0f MiB/s (gvisor/bwrap %.2f)", round, g, w, l, g/w)
 	}
 }
