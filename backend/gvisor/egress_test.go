@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -322,6 +323,35 @@ func TestGVisorEgressRestart(t *testing.T) {
 	}
 	if evs := el.Await(func(ev egress.Event) bool { return ev.Proto == "tcp" && ev.Sandbox == id }, 2); len(evs) != 2 {
 		t.Fatalf("the new session's audit: %+v", evs)
+	}
+}
+
+// TestGVisorEgressEndsWithTheSandbox: when an allow-listed sandbox's
+// runsc processes are killed, its egress session (and the namespace and
+// TUN device the daemon held for it) ends then, not at its next command.
+func TestGVisorEgressEndsWithTheSandbox(t *testing.T) {
+	b, _ := egressBackend(t)
+	ctx := context.Background()
+	const id = "egress-killed"
+	if _, err := b.Create(ctx, id, backend.Spec{AllowEgressToCIDRs: []string{"127.0.0.1/32"}}); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.cfg.Egress.Sessions(); n != 1 {
+		t.Fatalf("%d sessions for one sandbox", n)
+	}
+	for _, pid := range sandboxPIDs(t, b, id) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for b.cfg.Egress.Sessions() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the dead sandbox's egress session was still served 20s after its runsc processes were killed")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	res, err := b.Exec(ctx, id, backend.ExecRequest{Command: "true", Timeout: time.Minute})
+	if err != nil || !res.SandboxTerminated {
+		t.Fatalf("the next command: %+v %v, want sandbox_terminated", res, err)
 	}
 }
 

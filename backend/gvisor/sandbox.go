@@ -203,6 +203,9 @@ func (c *initConn) readLoop() {
 	}
 	c.deadErr = err
 	close(c.dead)
+	// The sandbox's processes are gone (init's stream ends only when it
+	// does): its network goes now, not at the next command or destroy.
+	_ = c.egress.Close()
 }
 
 func (c *initConn) alive() bool {

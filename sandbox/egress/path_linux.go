@@ -34,7 +34,8 @@ func (e *Egress) NewPath(sandbox, owner string, p Policy) (*Path, error) {
 }
 
 // Close ends the session (which closes the TUN device) and drops the
-// namespace. A nil Path closes nothing.
+// namespace. A nil Path closes nothing; a second Close returns an error
+// and changes nothing.
 func (p *Path) Close() error {
 	if p == nil {
 		return nil
