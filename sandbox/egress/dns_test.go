@@ -349,7 +349,8 @@ func TestDNSOverTCPBounds(t *testing.T) {
 	} else if !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Errorf("a fifth connection past max_conns: %v, want refused", err)
 	}
-	if evs := h.eventsFor(func(ev Event) bool { return ev.Reason == "DNS over TCP: more than 4 connections at once" }); len(evs) != 1 {
+	// The refusal is audited just after the reset the client sees: wait for it, bounded.
+	if evs := h.awaitEvents(func(ev Event) bool { return ev.Reason == "DNS over TCP: more than 4 connections at once" }, 1); len(evs) != 1 {
 		t.Errorf("audit of the refused fifth connection: %+v", evs)
 	}
 	for _, c := range held {
