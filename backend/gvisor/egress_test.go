@@ -93,7 +93,8 @@ s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.sendto(b"datagram", a); 
 
 // TestGVisorEgressAllowlist: a gVisor sandbox limited to one name reaches
 // it over HTTP and HTTPS (SNI), with curl, Python's urllib and a raw
-// socket; another name is NXDOMAIN and its address refused; the metadata
+// socket; another name is NXDOMAIN, its address refused, and asked for by
+// SNI on the allowed name's address refused too; the metadata
 // address is refused; UDP to a port that is not DNS is dropped; the guest
 // cannot change its routes; every connection has its audit line; the
 // daemon dialled nothing but the allowed server.
@@ -138,6 +139,12 @@ func TestGVisorEgressAllowlist(t *testing.T) {
 	if res := guest(t, b, id, "curl", "-sS", "--max-time", "20", "http://"+egresstest.OtherGuestAddr+":"+srv.HTTPPort+"/"); res.ExitCode == 0 {
 		t.Errorf("a direct connect to other.test's address got through: %q", res.Stdout)
 	}
+	// allowed.test's address, asked (by SNI) for another name: refused,
+	// so one allowed name on a shared address does not open the others.
+	if res := guest(t, b, id, "curl", "-ksS", "--max-time", "20", "--resolve", egresstest.Other+":"+srv.TLSPort+":"+egresstest.AllowedGuestAddr,
+		"https://"+egresstest.Other+":"+srv.TLSPort+"/"); res.ExitCode == 0 {
+		t.Errorf("SNI other.test on allowed.test's address got through: %q", res.Stdout)
+	}
 	// The metadata address: refused before any dial.
 	if res := guest(t, b, id, "curl", "-sS", "--max-time", "10", "http://169.254.169.254/latest/meta-data/"); res.ExitCode == 0 {
 		t.Errorf("the metadata address answered: %q", res.Stdout)
@@ -151,7 +158,7 @@ func TestGVisorEgressAllowlist(t *testing.T) {
 		t.Errorf("the guest changed its routes: %q", res.Stdout)
 	}
 
-	refusedConns := el.Await(func(ev egress.Event) bool { return ev.Proto == "tcp" && !ev.Allowed }, 2)
+	refusedConns := el.Await(func(ev egress.Event) bool { return ev.Proto == "tcp" && !ev.Allowed }, 3)
 	udp := el.Await(func(ev egress.Event) bool { return ev.Proto == "udp" }, 1)
 	if len(allowedConns) != 5 {
 		t.Errorf("audit: %d allowed connections, want 5: %+v", len(allowedConns), allowedConns)
@@ -161,8 +168,9 @@ func TestGVisorEgressAllowlist(t *testing.T) {
 			t.Errorf("audit of an allowed connection: %+v", ev)
 		}
 	}
-	if len(refusedConns) != 2 || refusedConns[0].Addr.String() != "127.0.0.2" || refusedConns[1].Addr.String() != "169.254.169.254" ||
-		!strings.Contains(refusedConns[1].Reason, "never reachable") {
+	if len(refusedConns) != 3 || refusedConns[0].Addr.String() != "127.0.0.2" ||
+		refusedConns[1].Name != egresstest.Other || refusedConns[1].Addr.String() != "127.0.0.1" ||
+		refusedConns[2].Addr.String() != "169.254.169.254" || !strings.Contains(refusedConns[2].Reason, "never reachable") {
 		t.Errorf("audit of the refused connections: %+v", refusedConns)
 	}
 	if len(udp) != 1 || udp[0].Allowed || udp[0].Port != port(t, srv.UDPPort) {
