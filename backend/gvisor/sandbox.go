@@ -401,7 +401,7 @@ func (b *Backend) boot(ctx context.Context, sb *sandbox) (_ *initConn, err error
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, logf
 	if c.egress != nil {
-		cmd.ExtraFiles = []*os.File{c.egress.NS} // netnsFD, which the spec names
+		cmd.ExtraFiles = []*os.File{c.egress.NS} // descriptor 3: netnsPath in the spec (placed adds its gate after it)
 	}
 	cmd.WaitDelay = time.Second
 	start := time.Now()
