@@ -462,3 +462,71 @@ func TestGVisorEgressMeasure(t *testing.T) {
 		t.Logf("round %d: gvisor %.0f MiB/s, bwrap %.0f MiB/s, loopback directly %.0f MiB/s (gvisor/bwrap %.2f)", round, g, w, l, g/w)
 	}
 }
+
+// TestAllowlistBundleAndFlags: only an allowlist sandbox's boot gets
+// --network=sandbox (and --gso=false), its OCI spec's network namespace is
+// the descriptor the daemon hands runsc, and its /etc/resolv.conf is bound
+// from its own file; a sandbox without lists gets a new, empty namespace
+// of runsc's and the root's empty resolv.conf. Needs no runsc.
+func TestAllowlistBundleAndFlags(t *testing.T) {
+	dir := t.TempDir()
+	b := &Backend{cfg: Config{Dir: dir, Platform: PlatformSystrap}, exe: "/init"}
+	flags := b.globalFlags()
+	for _, network := range []string{networkNone, networkAllowlist} {
+		sb := newSandbox("sb-"+network, filepath.Join(dir, network), persistedSpec{Network: network}, limits.Limits{})
+		spec := b.specWith(sb, "/root", nil)
+		var ns ociNamespace
+		for _, n := range spec.Linux.Namespaces {
+			if n.Type == "network" {
+				ns = n
+			}
+		}
+		var resolv []ociMount
+		for _, m := range spec.Mounts {
+			if m.Destination == "/etc/resolv.conf" {
+				resolv = append(resolv, m)
+			}
+		}
+		got := runscNetwork(flags, sb)
+		switch network {
+		case networkNone:
+			if ns.Path != "" || len(resolv) != 0 || !slices.Equal(got, flags) {
+				t.Errorf("none: namespace %+v, resolv.conf mounts %+v, flags %v", ns, resolv, got)
+			}
+		case networkAllowlist:
+			if ns.Path != netnsPath || len(resolv) != 1 || resolv[0].Source != filepath.Join(sb.dir, resolvName) ||
+				!slices.Contains(resolv[0].Options, "ro") {
+				t.Errorf("allowlist: namespace %+v, resolv.conf mounts %+v", ns, resolv)
+			}
+			if slices.Contains(got, "--network=none") || !slices.Contains(got, "--network=sandbox") || !slices.Contains(got, "--gso=false") ||
+				len(got) != len(flags)+1 {
+				t.Errorf("allowlist flags %v (from %v)", got, flags)
+			}
+		}
+	}
+	if !slices.Contains(flags, "--network=none") {
+		t.Fatalf("every other runsc command keeps --network=none: %v", flags)
+	}
+}
+
+// TestOwnResolvConfFixesAnOldImageRoot: an image's mount-point root made
+// by an older daemon holds the image's resolv.conf stub (here a symlink,
+// as systemd-resolved images have); the daemon makes it its own empty
+// file, the mount point an allowlist sandbox binds over.
+func TestOwnResolvConfFixesAnOldImageRoot(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, "etc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, "etc", "resolv.conf")
+	if err := os.Symlink("../run/systemd/resolve/stub-resolv.conf", p); err != nil {
+		t.Fatal(err)
+	}
+	if err := ownResolvConf(dir); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Lstat(p)
+	if err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm() != 0o644 || fi.Size() != 0 {
+		t.Fatalf("resolv.conf after ownResolvConf: %v %v", fi, err)
+	}
+}
