@@ -171,7 +171,9 @@ type ProblemReporter interface {
 // they would otherwise start at the first command (bwrap's init, in its
 // namespaces and cgroup). Warm starts it now, so that the sandbox's first
 // command costs what any later one does; the lifecycle calls it for every
-// warm pool member it makes, before the member can be claimed. It is
+// warm pool member it makes, before the member can be claimed, and for
+// every member recovery re-adopted (whose part died with the previous
+// daemon), on the pool filler once the daemon serves. It is
 // idempotent, bounded by ctx, and an error means the sandbox cannot serve
 // (the caller destroys it). A sandbox whose warm part later dies is
 // terminated as it would be after any command.

@@ -219,6 +219,12 @@ type record struct {
 	adoptTries     int           // failed adopts of a quarantined sandbox
 	adoptRetryAt   time.Time     // when its next adopt is tried
 	quarantinedAt  time.Time
+	// warm: a pool member whose backend.Warmer part runs (always, for a
+	// backend without one). A member this daemon made is warm before it is
+	// pooled; one recovery re-adopted is not until the pool filler warms
+	// it (its init died with the previous daemon). warming: the filler is
+	// at it.
+	warm, warming bool
 
 	jmu     sync.Mutex
 	deleted bool // the journal record is gone; never write it again

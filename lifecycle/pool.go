@@ -77,8 +77,14 @@ func (m *Manager) claimPooled(c Caller, req CreateRequest) (sb Sandbox, ok bool,
 		m.mu.Unlock()
 		return Sandbox{}, true, &QuotaError{Scope: "owner", Limit: m.cfg.MaxPerOwner}
 	}
-	// The oldest first, so members do not age out unused.
-	sort.Slice(pooled, func(i, j int) bool { return pooled[i].CreatedAt.Before(pooled[j].CreatedAt) })
+	// A warm member first (one recovery re-adopted may not be yet), then
+	// the oldest, so members do not age out unused.
+	sort.Slice(pooled, func(i, j int) bool {
+		if pooled[i].warm != pooled[j].warm {
+			return pooled[i].warm
+		}
+		return pooled[i].CreatedAt.Before(pooled[j].CreatedAt)
+	})
 	r := pooled[0]
 	now := m.cfg.Now()
 	r.UID = c.UID
@@ -154,6 +160,7 @@ func (m *Manager) fillPool() {
 // image that is not imported (yet) is skipped: an operator may import it
 // while the daemon runs.
 func (m *Manager) topUpPool() error {
+	m.warmAdopted()
 	sizes := m.poolSizes()
 	names := slices.Sorted(maps.Keys(sizes))
 	for _, name := range names {
@@ -219,6 +226,7 @@ func (m *Manager) createPooled(img backend.Image) error {
 	}
 	m.mu.Lock()
 	rec.Workdir, rec.Network, rec.HostUID, rec.State = info.Workdir, info.Network, info.HostUID, StatePooled
+	rec.warm = true
 	m.mu.Unlock()
 	if err := m.persist(rec); err != nil {
 		m.claimAndDestroy(rec, "journal write failed", log)
@@ -226,6 +234,74 @@ func (m *Manager) createPooled(img backend.Image) error {
 	}
 	log.Debug("warm pool member ready")
 	return nil
+}
+
+// warmAdopted warms the pool members that are not (those recovery
+// re-adopted: their inits died with the previous daemon), one at a time
+// on the pool filler, before it makes new ones: off the serving path, and
+// bounded by CreateTimeout each (the backend bounds its own start more
+// tightly). Recovery decides and adopts first; a member still being
+// adopted in the background is waited for. A member that cannot be warmed
+// cannot serve: it is destroyed (the filler replaces it), unless a create
+// claimed it meanwhile, whose first command then learns what is wrong as
+// it would after any command. Without a backend.Warmer every member is
+// warm.
+func (m *Manager) warmAdopted() {
+	w, ok := m.be.(backend.Warmer)
+	m.mu.Lock()
+	var cold []*record
+	for _, r := range m.boxes {
+		if r.State != StatePooled || r.warm || r.warming || r.claimed {
+			continue
+		}
+		if !ok {
+			r.warm = true
+			continue
+		}
+		r.warming = true
+		cold = append(cold, r)
+	}
+	m.mu.Unlock()
+	// The oldest first: claims take those first.
+	sort.Slice(cold, func(i, j int) bool { return cold[i].CreatedAt.Before(cold[j].CreatedAt) })
+	for i, r := range cold {
+		m.mu.Lock()
+		stop := m.closing
+		if stop {
+			for _, left := range cold[i:] {
+				left.warming = false
+			}
+		}
+		m.mu.Unlock()
+		if stop {
+			return
+		}
+		m.awaitAdopted(r) // never Warm before the backend adopted it
+		m.mu.Lock()
+		pooled := r.State == StatePooled && !r.claimed
+		m.mu.Unlock()
+		var err error
+		if pooled {
+			ctx, cancel := context.WithTimeout(context.Background(), m.cfg.CreateTimeout)
+			err = w.Warm(ctx, r.ID)
+			cancel()
+		}
+		log := m.log.With("sandbox", r.ID, "pool", true, "image", r.Image)
+		m.mu.Lock()
+		r.warming = false
+		r.warm = pooled && err == nil
+		destroy := pooled && err != nil && r.State == StatePooled && m.claimForDestroy(r)
+		m.mu.Unlock()
+		switch {
+		case destroy:
+			log.Warn("a re-adopted warm pool member could not be warmed; destroying it", "error", err)
+			_ = m.destroyNow(r, "pool member could not be warmed", log)
+		case err != nil:
+			log.Warn("a re-adopted pool member could not be warmed before a create claimed it", "error", err)
+		case pooled:
+			log.Debug("re-adopted warm pool member warmed")
+		}
+	}
 }
 
 // trimPool destroys the ready pool members beyond their image's pool size,

@@ -3,7 +3,11 @@ package lifecycle
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -211,4 +215,164 @@ func TestPoolWarmsEveryMember(t *testing.T) {
 	}
 	s := e.create(alice, CreateRequest{})
 	assert.Contains(t, calls, s.ID, "the claimed sandbox was warmed")
+}
+
+// poolJournaled waits until every pool member of e is journaled as pooled
+// (the journal write follows the in-memory state by a moment) and returns
+// their ids.
+func poolJournaled(t *testing.T, e *testEnv) []string {
+	t.Helper()
+	var ids []string
+	for _, s := range e.m.List(admin, "") {
+		if s.State == StatePooled {
+			ids = append(ids, s.ID)
+		}
+	}
+	require.Eventually(t, func() bool {
+		j := e.journaled()
+		for _, id := range ids {
+			if j[id].State != StatePooled {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 10*time.Millisecond, "every pool member journaled as pooled")
+	return ids
+}
+
+// After a restart the pool members recovery re-adopted are warmed by the
+// pool filler (their inits died with the previous daemon), before it makes
+// new ones; one that cannot be warmed is destroyed and replaced, never
+// handed out cold.
+func TestPoolWarmsReadoptedMembers(t *testing.T) {
+	e := newPoolEnv(t, 3, nil, withJournal())
+	members := poolJournaled(t, e)
+	require.Len(t, members, 3)
+	closeCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, e.m.Close(closeCtx), "pool members outlive a daemon with a journal")
+
+	var wb *warmingBackend
+	e2 := e.restart(func(c *Config) {
+		wb = &warmingBackend{Backend: c.Backend, fail: 1}
+		c.Backend = wb
+		c.PoolSize = 3
+		c.ReapInterval = 50 * time.Millisecond
+	})
+	rep, err := e2.m.Recover(context.Background(), false)
+	require.NoError(t, err)
+	require.Equal(t, 3, rep.Adopted)
+	assert.Empty(t, wb.calls(), "recovery itself warms nothing: the pool filler does, after it")
+	e2.m.Start()
+	// The first warm fails: that member goes, and a new (warmed) one
+	// takes its place.
+	require.Eventually(t, func() bool {
+		calls := wb.calls()
+		return len(calls) >= 4 && e2.m.Stats().Pooled == 3
+	}, 20*time.Second, 10*time.Millisecond, "three re-adopted members warmed (one failing), one replacement made and warmed")
+	calls := wb.calls()
+	failed := calls[0]
+	assert.ElementsMatch(t, members, calls[:3], "every re-adopted member is warmed before a new one is made")
+	assert.NotContains(t, e2.listed(), failed, "a member that could not be warmed is destroyed")
+	for _, s := range e2.m.List(admin, "") {
+		assert.Contains(t, calls, s.ID, "pool member %s was warmed", s.ID)
+		assert.NotEqual(t, failed, s.ID)
+	}
+	// Nothing is warmed twice.
+	seen := map[string]int{}
+	for _, id := range wb.calls() {
+		seen[id]++
+	}
+	for id, n := range seen {
+		assert.Equal(t, 1, n, "warmed %d times: %s", n, id)
+	}
+}
+
+// A claim takes a warm member before a cold one (recovery re-adopted it,
+// the filler has not warmed it yet), even an older one.
+func TestPoolClaimPrefersWarmMembers(t *testing.T) {
+	e := newEnv(t, withConfig(func(c *Config) { c.PoolSize = 2 }))
+	older := e.create(admin, CreateRequest{TTL: time.Hour})
+	newer := e.create(admin, CreateRequest{TTL: time.Hour})
+	e.m.mu.Lock()
+	for _, s := range []Sandbox{older, newer} {
+		r := e.m.boxes[s.ID]
+		r.State, r.Pooled, r.UID, r.Owner = StatePooled, true, 0, ""
+	}
+	e.m.boxes[older.ID].CreatedAt = clockStart.Add(-time.Hour)
+	e.m.boxes[newer.ID].warm = true
+	e.m.mu.Unlock()
+	s := e.create(alice, CreateRequest{})
+	assert.Equal(t, newer.ID, s.ID, "the warm member, though the newer")
+	s = e.create(bob, CreateRequest{})
+	assert.Equal(t, older.ID, s.ID, "then the cold one")
+}
+
+// sandboxInit returns the host pid of bwrap sandbox id's init, 0 if it has
+// none: the process bwrap started with the init flag and the sandbox's
+// marker (SANDBOX_SIDECAR_SANDBOX, which ends in the sandbox's id; how
+// the backend finds its processes on the host).
+func sandboxInit(id string) int {
+	matches, _ := filepath.Glob("/proc/[0-9]*/environ")
+	for _, m := range matches {
+		b, err := os.ReadFile(m)
+		if err != nil {
+			continue
+		}
+		vars := strings.Split(string(b), "\x00")
+		isInit := slices.Contains(vars, "SANDBOX_SIDECAR_INIT=1")
+		ours := slices.ContainsFunc(vars, func(v string) bool {
+			return strings.HasPrefix(v, "SANDBOX_SIDECAR_SANDBOX=") && strings.HasSuffix(v, "-"+id)
+		})
+		if isInit && ours {
+			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(m)))
+			return pid
+		}
+	}
+	return 0
+}
+
+// A daemon restarted with a warm pool on bwrap: the members it re-adopted
+// get their inits back before a create claims them (the previous daemon's
+// died with it), so the first command of a claimed member runs in an init
+// that was already running, as a member made by this daemon does.
+func TestBwrapPoolMembersReadoptedAreWarm(t *testing.T) {
+	e := newPoolEnv(t, 2, nil, withBwrap(), withJournal())
+	members := poolJournaled(t, e)
+	require.Len(t, members, 2)
+	for _, id := range members {
+		require.NotZero(t, sandboxInit(id), "a member this daemon made is warm")
+	}
+	// The daemon stops: its manager keeps the pool (journaled), its
+	// backend's inits die with it.
+	closeCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, e.m.Close(closeCtx))
+	require.NoError(t, e.bw.Close())
+	for _, id := range members {
+		require.Eventually(t, func() bool { return sandboxInit(id) == 0 }, 10*time.Second, 10*time.Millisecond, "the old init of %s is gone", id)
+	}
+
+	e2 := e.restart(func(c *Config) {
+		c.PoolSize = 2
+		c.ReapInterval = 50 * time.Millisecond
+		c.RecoverWithin = time.Millisecond // adopt in the background too
+	})
+	rep, err := e2.m.Recover(context.Background(), false)
+	require.NoError(t, err)
+	require.Equal(t, 2, rep.Adopted+rep.Pending)
+	e2.m.Start()
+	for _, id := range members {
+		require.Eventually(t, func() bool { return sandboxInit(id) != 0 }, 20*time.Second, 10*time.Millisecond,
+			"re-adopted pool member %s has its init before any command", id)
+	}
+	assert.Equal(t, 2, e2.m.Stats().Pooled, "the re-adopted members are the pool: none made anew")
+
+	s := e2.create(alice, CreateRequest{})
+	require.Contains(t, members, s.ID, "served from the re-adopted pool")
+	before := sandboxInit(s.ID)
+	require.NotZero(t, before, "the claimed member's init runs before its first command")
+	res := e2.exec(alice, s.ID, "cat /proc/1/comm")
+	assert.Equal(t, "sandbox-init\n", string(res.Stdout))
+	assert.Equal(t, before, sandboxInit(s.ID), "the first command ran in the init already running")
 }
