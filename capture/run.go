@@ -32,6 +32,7 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -400,19 +401,59 @@ func openPipes(withStdin bool) (_ *pipes, err error) {
 		}
 	}()
 	if withStdin {
-		if p.childIn, p.stdinW, err = os.Pipe(); err != nil {
+		if p.stdinW, p.childIn, err = pipe(false); err != nil {
 			return nil, err
 		}
-	} else if p.childIn, err = os.Open(os.DevNull); err != nil {
+	} else if p.childIn, err = openDevNull(); err != nil {
 		return nil, err
 	}
-	if p.stdoutR, p.childOut, err = os.Pipe(); err != nil {
+	if p.stdoutR, p.childOut, err = pipe(true); err != nil {
 		return nil, err
 	}
-	if p.stderrR, p.childErr, err = os.Pipe(); err != nil {
+	if p.stderrR, p.childErr, err = pipe(true); err != nil {
 		return nil, err
 	}
 	return p, nil
+}
+
+// pipe returns a close-on-exec pipe whose parent end (the read end when
+// parentReads, else the write end) is non-blocking, in the runtime's
+// poller, and whose child end stays blocking, as a process expects of its
+// standard streams, and out of the poller: os.Pipe would put both ends in
+// it, and the child end's registration and removal cost every command
+// four epoll_ctl calls for an end the daemon never reads or writes.
+func pipe(parentReads bool) (parent, child *os.File, err error) {
+	var fds [2]int
+	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC); err != nil {
+		return nil, nil, os.NewSyscallError("pipe2", err)
+	}
+	pfd, cfd := fds[0], fds[1]
+	if !parentReads {
+		pfd, cfd = cfd, pfd
+	}
+	if err := unix.SetNonblock(pfd, true); err != nil {
+		unix.Close(pfd)
+		unix.Close(cfd)
+		return nil, nil, os.NewSyscallError("fcntl", err)
+	}
+	// NewFile puts a non-blocking descriptor in the poller and leaves a
+	// blocking one out of it.
+	return os.NewFile(uintptr(pfd), "|0"), os.NewFile(uintptr(cfd), "|1"), nil
+}
+
+// openDevNull opens /dev/null for reading, close-on-exec, blocking and out
+// of the poller (os.Open would try to add it, and fail).
+func openDevNull() (*os.File, error) {
+	for {
+		fd, err := unix.Open(os.DevNull, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case err != nil:
+			return nil, &os.PathError{Op: "open", Path: os.DevNull, Err: err}
+		}
+		return os.NewFile(uintptr(fd), os.DevNull), nil
+	}
 }
 
 func closeAll(files ...*os.File) {
@@ -443,13 +484,18 @@ func (p *pipes) closeAll() {
 
 // startDrains copies both output pipes into their buffers concurrently; the
 // returned channel is closed when both have stopped.
+// The drain that stops last closes it: no third goroutine waits for them.
 func (p *pipes) startDrains(stdout, stderr *Buffer, out OutputFunc) <-chan struct{} {
 	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); drain(p.stdoutR, stdout, out, Stdout) }()
-	go func() { defer wg.Done(); drain(p.stderrR, stderr, out, Stderr) }()
-	go func() { wg.Wait(); close(done) }()
+	var left atomic.Int32
+	left.Store(2)
+	stop := func() {
+		if left.Add(-1) == 0 {
+			close(done)
+		}
+	}
+	go func() { defer stop(); drain(p.stdoutR, stdout, out, Stdout) }()
+	go func() { defer stop(); drain(p.stderrR, stderr, out, Stderr) }()
 	return done
 }
 

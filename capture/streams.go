@@ -43,9 +43,8 @@ func NewStreams(stdin []byte, maxOutputBytes int) (*Streams, error) {
 }
 
 // ChildFiles returns the process's ends: its stdin, stdout and stderr. They
-// are close-on-exec and stay open until Start or Close. Hand them on by
-// their Fd, which also puts them in blocking mode, as a process expects of
-// its standard streams (os/exec does the same).
+// are close-on-exec, blocking (as a process expects of its standard
+// streams) and stay open until Start or Close. Hand them on by their Fd.
 func (s *Streams) ChildFiles() [3]*os.File {
 	return [3]*os.File{s.p.childIn, s.p.childOut, s.p.childErr}
 }

@@ -499,7 +499,9 @@ func (b *Backend) execInit(ctx, opCtx context.Context, sb *sandbox, ip *initProc
 		}
 		return backend.ExecResult{AppliedTimeout: applied}, fmt.Errorf("command in sandbox %s was not run because the request ended: %w", sb.id, opCtx.Err())
 	}
-	oomBefore := sb.oomKills()
+	oom := sb.openOOMCounter()
+	defer oom.close()
+	oomBefore := oom.read()
 	start := time.Now()
 	outer := start.Add(applied + b.cfg.KillGrace + b.cfg.ExecGrace)
 	child := streams.ChildFiles()
@@ -539,8 +541,8 @@ func (b *Backend) execInit(ctx, opCtx context.Context, sb *sandbox, ip *initProc
 	if (destroyed || o.terminated) && !o.exited {
 		res.ExitCode = backend.ExitKilled
 	}
-	b.classify(sb, &res, backend.Facts{ExitCode: o.exitCode, Elapsed: o.duration, Applied: applied,
-		OuterFired: o.outerFired, GuestTimedOut: o.timedOut, Ended: o.exited, Terminated: destroyed || o.terminated}, oomBefore)
+	b.classify(&res, backend.Facts{ExitCode: o.exitCode, Elapsed: o.duration, Applied: applied,
+		OuterFired: o.outerFired, GuestTimedOut: o.timedOut, Ended: o.exited, Terminated: destroyed || o.terminated}, oom, oomBefore)
 	switch {
 	case res.SandboxTerminated:
 		log.Info("command ended with its sandbox", "destroyed", destroyed, "duration", o.duration, "oom_kills", res.OOMKills)

@@ -148,22 +148,49 @@ func (p *placement) close() {
 	}
 }
 
-// oomKills reads sb's cgroup OOM-kill counter (0 without one).
-func (sb *sandbox) oomKills() uint64 {
-	if sb.cg == nil {
-		return 0
+// oomCounter is sb's cgroup OOM-kill counter, open for one command: read
+// before it and after it. Without a cgroup it counts nothing.
+type oomCounter struct {
+	cg *cgroup.Cgroup // nil: no cgroup
+	f  *cgroup.OOMCounter
+}
+
+// openOOMCounter opens sb's counter for a command; one that cannot be
+// opened now is read by path at each read instead (and counts 0 when that
+// fails too, as before).
+func (sb *sandbox) openOOMCounter() *oomCounter {
+	o := &oomCounter{cg: sb.cg}
+	if o.cg != nil {
+		o.f, _ = o.cg.OpenOOMCounter()
 	}
-	n, _ := sb.cg.OOMKills()
+	return o
+}
+
+func (o *oomCounter) read() uint64 {
+	var n uint64
+	switch {
+	case o.cg == nil:
+	case o.f != nil:
+		n, _ = o.f.Read()
+	default:
+		n, _ = o.cg.OOMKills()
+	}
 	return n
 }
 
+func (o *oomCounter) close() {
+	if o.f != nil {
+		_ = o.f.Close()
+	}
+}
+
 // classify sets res's verdict from f, adding what sb's OOM-kill counter
-// says now against oomBefore (read just before the command) when the
+// says now (oom) against oomBefore (read just before the command) when the
 // sandbox has a cgroup. Every command's end goes through it.
-func (b *Backend) classify(sb *sandbox, res *backend.ExecResult, f backend.Facts, oomBefore uint64) {
+func (b *Backend) classify(res *backend.ExecResult, f backend.Facts, oom *oomCounter, oomBefore uint64) {
 	f.KillAfter = backend.GuestTimeout(b.cfg.KillGrace)
-	if sb.cg != nil {
-		f.OOMCounted, f.OOMBefore, f.OOMAfter = true, oomBefore, sb.oomKills()
+	if oom.cg != nil {
+		f.OOMCounted, f.OOMBefore, f.OOMAfter = true, oomBefore, oom.read()
 	}
 	backend.Classify(f).Apply(res)
 }

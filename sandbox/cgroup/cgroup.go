@@ -24,7 +24,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"math"
 	"os"
@@ -880,16 +879,58 @@ func (c *Cgroup) Stats() (Stats, error) {
 // before and after a command to tell whether the kernel killed something of
 // it for memory.
 func (c *Cgroup) OOMKills() (uint64, error) {
-	p := filepath.Join(c.dir, "memory.events")
-	if c.version == V1 {
-		p = filepath.Join(c.dirs["memory"], "memory.oom_control")
-	}
-	b, err := readBounded(p)
+	o, err := c.OpenOOMCounter()
 	if err != nil {
 		return 0, err
 	}
-	return parseKeyed(b)["oom_kill"], nil
+	defer o.Close()
+	return o.Read()
 }
+
+// oomCounterPath is the control file that counts the group's OOM kills.
+func (c *Cgroup) oomCounterPath() string {
+	if c.version == V1 {
+		return filepath.Join(c.dirs["memory"], "memory.oom_control")
+	}
+	return filepath.Join(c.dir, "memory.events")
+}
+
+// OOMCounter is the group's OOM-kill counter file held open, so that a
+// command's counts before and after cost a read each: opening a control
+// file (a path walk and kernfs's open and release) costs several times
+// what reading it does. A read starts again at the file's beginning, where
+// the kernel makes the file's contents anew. Close it when done; it is not
+// for concurrent use.
+type OOMCounter struct {
+	fd   int
+	path string
+	buf  []byte
+}
+
+// OpenOOMCounter opens the group's OOM-kill counter.
+func (c *Cgroup) OpenOOMCounter() (*OOMCounter, error) {
+	p := c.oomCounterPath()
+	fd, err := openControl(p)
+	if err != nil {
+		return nil, err
+	}
+	return &OOMCounter{fd: fd, path: p}, nil
+}
+
+// Read returns the count of OOM kills in the group so far (Stats' OOMKills).
+func (o *OOMCounter) Read() (uint64, error) {
+	if o.buf == nil {
+		o.buf = make([]byte, 512)
+	}
+	n, err := preadAll(o.fd, o.path, &o.buf)
+	if err != nil {
+		return 0, err
+	}
+	return parseKeyed(o.buf[:n])["oom_kill"], nil
+}
+
+// Close closes the counter.
+func (o *OOMCounter) Close() error { return unix.Close(o.fd) }
 
 // Kill SIGKILLs every process in the group and waits (at most killWait,
 // or until ctx ends) for the group to be empty. v2 uses cgroup.kill, which
@@ -1000,13 +1041,58 @@ func (c *Cgroup) Destroy(ctx context.Context) error {
 
 // File helpers. Control files are small; reads are bounded anyway.
 
+// readBounded reads control file p, at most maxControlFile bytes of it.
+// It reads with plain system calls rather than through an os.File: a
+// control file is read around every command (the OOM counter), and an
+// os.File of one is registered with the runtime's poller (kernfs files
+// are pollable) and taken out again at its close, which cost more than
+// the read.
 func readBounded(p string) ([]byte, error) {
-	f, err := os.Open(p)
+	fd, err := openControl(p)
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	return io.ReadAll(io.LimitReader(f, maxControlFile))
+	defer unix.Close(fd)
+	buf := make([]byte, 512)
+	n, err := preadAll(fd, p, &buf)
+	return buf[:n], err
+}
+
+// openControl opens control file p for reading, close-on-exec.
+func openControl(p string) (int, error) {
+	for {
+		fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case err != nil:
+			return -1, &fs.PathError{Op: "open", Path: p, Err: err}
+		}
+		return fd, nil
+	}
+}
+
+// preadAll reads fd (control file p) from its beginning to its end, at
+// most maxControlFile bytes, into *buf, growing it as needed, and returns
+// how many bytes it read.
+func preadAll(fd int, p string, buf *[]byte) (int, error) {
+	n := 0
+	for n < maxControlFile {
+		if n == len(*buf) {
+			*buf = append(*buf, make([]byte, len(*buf))...)
+		}
+		got, err := unix.Pread(fd, (*buf)[n:min(len(*buf), maxControlFile)], int64(n))
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case err != nil:
+			return n, &fs.PathError{Op: "read", Path: p, Err: err}
+		case got == 0:
+			return n, nil
+		}
+		n += got
+	}
+	return n, nil
 }
 
 func readInt(p string) (int64, error) {

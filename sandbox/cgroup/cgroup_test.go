@@ -277,6 +277,13 @@ func TestRealMemoryLimitKillsAndIsCounted(t *testing.T) {
 	}
 	before, err := cg.OOMKills()
 	require.NoError(t, err)
+	// The counter held open, as around a command, reads the file anew.
+	held, err := cg.OpenOOMCounter()
+	require.NoError(t, err)
+	defer held.Close()
+	heldBefore, err := held.Read()
+	require.NoError(t, err)
+	require.Equal(t, before, heldBefore)
 
 	// Touch 256 MiB, four times the limit: the kernel must kill it.
 	g := startGated(t, `exec /usr/bin/python3 -c 'b = bytearray(256 << 20); print("survived")'`)
@@ -294,6 +301,9 @@ func TestRealMemoryLimitKillsAndIsCounted(t *testing.T) {
 	require.NoError(t, err)
 	require.Greater(t, st.OOMKills, before, "the OOM kill must be counted: %+v", st)
 	require.LessOrEqual(t, st.MemoryPeakBytes, int64(limit))
+	heldAfter, err := held.Read()
+	require.NoError(t, err)
+	require.Equal(t, st.OOMKills, heldAfter, "the counter held open since before the kill counts it")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
