@@ -188,3 +188,43 @@ func TestCloseBoundedByContext(t *testing.T) {
 	<-done
 	assert.Empty(t, e.listed())
 }
+
+// A create of an expiring sandbox returns once its "ready" record is
+// durable; a connection-bound one (which recovery destroys whatever its
+// record says) is journaled as creating only, until a change of it
+// journals it whole; recovery destroys such a record, and says why.
+func TestCreateJournalsConnectionBoundAsCreatingOnly(t *testing.T) {
+	e := newEnv(t, withJournal())
+	ctx := context.Background()
+	owned := e.create(alice, CreateRequest{Owner: "dag/run"})
+	assert.Equal(t, StateReady, e.journaled()[owned.ID].State, "durable when Create returned")
+
+	cb := e.create(alice, CreateRequest{})
+	assert.Equal(t, StateCreating, e.journaled()[cb.ID].State, "a connection-bound sandbox's ready is not journaled")
+	e.exec(alice, cb.ID, "true")
+	assert.Equal(t, StateCreating, e.journaled()[cb.ID].State)
+	tagged := e.create(alice, CreateRequest{})
+	_, err := e.m.WriteTags(ctx, alice, tagged.ID, map[string]string{"team": "data"})
+	require.NoError(t, err)
+	assert.Equal(t, StateReady, e.journaled()[tagged.ID].State, "a change of it journals it whole")
+	attached := e.create(bob, CreateRequest{})
+	_, err = e.m.WriteTags(ctx, bob, attached.ID, map[string]string{TagOwner: "dag/run"})
+	require.NoError(t, err)
+	if j := e.journaled()[attached.ID]; assert.Equal(t, StateReady, j.State) {
+		assert.False(t, j.ConnBound, "owned now: it outlives the daemon")
+	}
+
+	// The daemon dies; recovery destroys the connection-bound ones.
+	e2 := e.restart(nil)
+	rep, err := e2.m.Recover(ctx, false)
+	require.NoError(t, err)
+	assert.Equal(t, 2, rep.Adopted, "the two owned ones")
+	assert.Equal(t, 2, rep.Destroyed, "the two connection-bound ones")
+	for _, a := range rep.Actions {
+		if a.Sandbox == cb.ID {
+			assert.Equal(t, "destroy", a.Do)
+			assert.Contains(t, a.Reason, "connection-bound")
+		}
+	}
+	assert.ElementsMatch(t, []string{owned.ID, attached.ID}, e2.listed())
+}

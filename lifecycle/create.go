@@ -170,11 +170,19 @@ func (m *Manager) Create(ctx context.Context, c Caller, req CreateRequest) (Sand
 	rec.State = StateReady
 	closing := m.closing
 	m.mu.Unlock()
-	if err := m.persist(rec); err != nil {
-		log.Error("journal write failed; destroying the new sandbox", "error", err)
-		m.obs.CreateFailed(CreateFailJournal)
-		m.claimAndDestroy(rec, "journal write failed", log)
-		return Sandbox{}, fmt.Errorf("%w: %v; check the state directory's disk", ErrJournal, err)
+	// A connection-bound sandbox dies with the daemon whatever its record
+	// says (recovery destroys its "creating" record as it would a
+	// connection-bound "ready" one), so its "ready" is not journaled: the
+	// create answers without the commit (two fdatasyncs) in its way, and
+	// no commit of it competes with the sandbox's first command. A later
+	// change of it (an attach, tags) journals it whole.
+	if !rec.ConnBound {
+		if err := m.persist(rec); err != nil {
+			log.Error("journal write failed; destroying the new sandbox", "error", err)
+			m.obs.CreateFailed(CreateFailJournal)
+			m.claimAndDestroy(rec, "journal write failed", log)
+			return Sandbox{}, fmt.Errorf("%w: %v; check the state directory's disk", ErrJournal, err)
+		}
 	}
 	if closing || ctx.Err() != nil {
 		// Shutdown began, or the client left, while we were creating:

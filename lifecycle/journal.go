@@ -19,7 +19,9 @@ import (
 //	sandboxes/<sandbox id> -> JSON of journalRecord
 //
 // A record is written before the backend is asked to create the sandbox
-// (state "creating"), rewritten when it is ready and on every change of
+// (state "creating"), rewritten when it is ready (but for a
+// connection-bound sandbox, which recovery destroys whatever its record
+// says) and on every change of
 // owner, holder, tags or expiry, marked "destroying" before the backend is
 // asked to destroy it, and deleted only after the backend confirmed it
 // destroyed. So after any crash the journal names every sandbox that might

@@ -59,6 +59,10 @@ func recoveryDecision(jr journalRecord, alive bool, now time.Time) (adopt bool, 
 		return true, "warm-pool member, still valid and the backend has it"
 	case jr.State == StatePooled:
 		return false, "warm-pool member expired or gone from the backend"
+	case jr.State == StateCreating && jr.ConnBound:
+		// Its "ready" is never journaled (Create): half-made or not, its
+		// connection ended with the daemon.
+		return false, "connection-bound (journaled as creating: made, or half-made when the daemon stopped during create): its connection ended with the daemon"
 	case jr.State == StateCreating:
 		return false, "half-made: the daemon stopped during create"
 	case jr.State == StateDestroying:
