@@ -155,14 +155,7 @@ elif mode == "dnstcp":
 // the host's network).
 func TestEgressDropInOnSystemd(t *testing.T) {
 	requireEnvironment(t)
-	// nspawn gives the container this host's node (none: no TUN devices).
-	if _, err := os.Stat("/dev/net/tun"); err != nil {
-		msg := fmt.Sprintf("egress needs /dev/net/tun on the host (modprobe tun): %v", err)
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
+	requireTUN(t)
 	began := time.Now()
 	step := stepper(t)
 
