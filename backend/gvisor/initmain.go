@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"sync"
 	"syscall"
 	"time"
@@ -60,6 +61,9 @@ type initState struct {
 	// after its request); run then kills it as soon as it exists.
 	killAsked bool
 	files     fileOps
+	// chld gets a SIGCHLD whenever a child of init ends (buffered: one
+	// pending is enough, waitChildren polls with WNOHANG).
+	chld chan os.Signal
 }
 
 func runInit() int {
@@ -70,11 +74,18 @@ func runInit() int {
 	if err := unix.Chdir("/"); err != nil {
 		return initFail("chdir /: %v", err)
 	}
-	st := &initState{out: bufio.NewWriterSize(os.Stdout, maxChunk+frameHeaderSize), files: fileOps{sock: -1}}
+	// The daemon's pipes through the runtime's poller, and children
+	// awaited through SIGCHLD: no goroutine of init sits in a blocking
+	// system call while it waits, so the Go runtime's monitor thread goes
+	// to sleep instead of polling every 20 µs, each poll a system call the
+	// sentry serves (docs/benchmarks.md, gVisor: what a command costs).
+	stdin, stdout := pollable(0, os.Stdin), pollable(1, os.Stdout)
+	st := &initState{out: bufio.NewWriterSize(stdout, maxChunk+frameHeaderSize), files: fileOps{sock: -1}, chld: make(chan os.Signal, 1)}
+	signal.Notify(st.chld, unix.SIGCHLD)
 	if err := st.send(kindReady, u32s(initProtocol)); err != nil {
 		return initFail("cannot tell the daemon it is ready: %v", err)
 	}
-	in := bufio.NewReader(os.Stdin)
+	in := bufio.NewReader(stdin)
 	for {
 		kind, payload, err := readFrame(in, 1<<kindRun|1<<kindKill|1<<kindLstat|1<<kindFileOp)
 		if err != nil {
@@ -190,43 +201,48 @@ func (st *initState) run(req runRequest) {
 		fail("cannot change directory to %s: %v", req.cwd, err)
 		return
 	}
-	var pipes [3][2]*os.File // [stream][read, write]
-	for i := range pipes {
-		r, w, err := os.Pipe()
-		if err != nil {
-			for _, p := range pipes[:i] {
-				p[0].Close()
-				p[1].Close()
-			}
-			fail("cannot create pipes: %v", err)
-			return
-		}
-		pipes[i] = [2]*os.File{r, w}
-	}
 	prog, err := initproc.LookPath(req.argv[0], req.env)
 	if err != nil {
 		// As a shell reports it: 127 for a command that is not there,
 		// 126 for one that cannot be run.
-		for _, p := range pipes {
-			p[0].Close()
-			p[1].Close()
-		}
 		code := uint32(initproc.NotRunnableStatus(err))
 		idle()
 		_ = st.send(kindStderr, fmt.Appendf(nil, "sandbox: %s: %v\n", truncate(req.argv[0], 256), err))
 		_ = st.send(kindExited, u32s(endExited, code, timedNo))
 		return
 	}
+	// The command's ends are plain descriptors (close-on-exec: the child
+	// gets them as 0-2 only); init's are non-blocking, in the poller.
+	var child [3]int
+	var stdin, out [3]*os.File // stdin[0], out[1], out[2] are init's
+	for i := range child {
+		p, c, err := childPipe(i != 0)
+		if err != nil {
+			for j := range i {
+				_ = unix.Close(child[j])
+			}
+			stdin[0].Close()
+			out[1].Close()
+			fail("cannot create pipes: %v", err)
+			return
+		}
+		child[i] = c
+		if i == 0 {
+			stdin[0] = p
+		} else {
+			out[i] = p
+		}
+	}
 	pid, err := syscall.ForkExec(prog, req.argv, &syscall.ProcAttr{
 		Dir:   req.cwd,
 		Env:   req.env,
-		Files: []uintptr{pipes[0][0].Fd(), pipes[1][1].Fd(), pipes[2][1].Fd()},
+		Files: []uintptr{uintptr(child[0]), uintptr(child[1]), uintptr(child[2])},
 		Sys: &syscall.SysProcAttr{Setsid: true,
 			Credential: &syscall.Credential{Uid: guestUID, Gid: guestGID, Groups: []uint32{}}},
 	})
-	pipes[0][0].Close()
-	pipes[1][1].Close()
-	pipes[2][1].Close()
+	for _, c := range child {
+		_ = unix.Close(c)
+	}
 	if err == nil {
 		st.mu.Lock()
 		killed := st.killAsked
@@ -236,9 +252,9 @@ func (st *initState) run(req runRequest) {
 		}
 	}
 	if err != nil {
-		pipes[0][1].Close()
-		pipes[1][0].Close()
-		pipes[2][0].Close()
+		stdin[0].Close()
+		out[1].Close()
+		out[2].Close()
 		// The child changes directory after it became the guest uid, so
 		// a directory the guest may not enter fails here as it should;
 		// so does a program it may not run.
@@ -271,19 +287,23 @@ func (st *initState) run(req runRequest) {
 	})
 	_ = st.send(kindStarted, []byte{byte(pid), byte(pid >> 8), byte(pid >> 16), byte(pid >> 24)})
 
-	go func() {
-		_, _ = pipes[0][1].Write(req.stdin)
-		pipes[0][1].Close()
-	}()
+	if len(req.stdin) == 0 {
+		stdin[0].Close()
+	} else {
+		go func() {
+			_, _ = stdin[0].Write(req.stdin)
+			stdin[0].Close()
+		}()
+	}
 	var drained sync.WaitGroup
 	for i, kind := range []byte{kindStdout, kindStderr} {
 		drained.Add(1)
 		go func() {
 			defer drained.Done()
-			defer pipes[i+1][0].Close()
+			defer out[i+1].Close()
 			buf := make([]byte, maxChunk)
 			for {
-				n, err := pipes[i+1][0].Read(buf)
+				n, err := out[i+1].Read(buf)
 				if n > 0 {
 					_ = st.send(kind, buf[:n])
 				}
@@ -296,20 +316,13 @@ func (st *initState) run(req runRequest) {
 
 	// Reap everything until the command itself exits.
 	var status unix.WaitStatus
-	for {
-		var ws unix.WaitStatus
-		got, err := unix.Wait4(-1, &ws, 0, nil)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil {
-			break // ECHILD: cannot happen while the command lives
-		}
+	st.waitChildren(func(got int, ws unix.WaitStatus) bool {
 		if got == pid {
 			status = ws
-			break
+			return true
 		}
-	}
+		return false
+	})
 	timedMu.Lock()
 	reaped = true
 	timedMu.Unlock()
@@ -320,12 +333,7 @@ func (st *initState) run(req runRequest) {
 	// another opener meanwhile, or this would wait for it.
 	st.files.mu.Lock()
 	killAllButInit()
-	for {
-		_, err := unix.Wait4(-1, nil, 0, nil)
-		if err != nil && !errors.Is(err, unix.EINTR) {
-			break
-		}
-	}
+	st.waitChildren(func(int, unix.WaitStatus) bool { return false })
 	st.dropOpener()
 	st.files.mu.Unlock()
 	done := make(chan struct{})
@@ -340,6 +348,65 @@ func (st *initState) run(req runRequest) {
 	}
 	idle()
 	_ = st.send(kindExited, u32s(how, value, timed))
+}
+
+// waitChildren reaps init's children, calling done with each, until done
+// says so or none is left (ECHILD). It waits for a child to end through
+// SIGCHLD, not in a blocking wait4.
+func (st *initState) waitChildren(done func(pid int, ws unix.WaitStatus) bool) {
+	for {
+		var ws unix.WaitStatus
+		got, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+		switch {
+		case errors.Is(err, unix.EINTR):
+		case err != nil: // ECHILD: no child left
+			return
+		case got > 0:
+			if done(got, ws) {
+				return
+			}
+		default: // children, none ended yet
+			<-st.chld
+		}
+	}
+}
+
+// childPipe makes a pipe for a command's stdin (parentReads false) or
+// output: the command's end a close-on-exec descriptor, init's end a
+// non-blocking file in the runtime's poller.
+func childPipe(parentReads bool) (*os.File, int, error) {
+	var fds [2]int
+	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+		return nil, -1, err
+	}
+	parent, child := fds[1], fds[0]
+	if parentReads {
+		parent, child = fds[0], fds[1]
+	}
+	// The command gets a blocking descriptor, as from any shell.
+	if err := unix.SetNonblock(child, false); err != nil {
+		_ = unix.Close(fds[0])
+		_ = unix.Close(fds[1])
+		return nil, -1, err
+	}
+	return os.NewFile(uintptr(parent), "pipe"), child, nil
+}
+
+// pollable returns descriptor fd (the daemon's pipes are init's 0 and 1)
+// as a non-blocking file in the runtime's poller, or as it is when epoll
+// refuses it: a non-blocking file the poller does not hold would fail its
+// reads with EAGAIN.
+func pollable(fd int, def *os.File) *os.File {
+	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return def
+	}
+	err = unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT, Fd: int32(fd)})
+	_ = unix.Close(ep)
+	if err != nil || unix.SetNonblock(fd, true) != nil {
+		return def
+	}
+	return os.NewFile(uintptr(fd), def.Name())
 }
 
 func truncate(s string, n int) string {
