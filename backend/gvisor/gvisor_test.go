@@ -327,15 +327,23 @@ func TestGVisorStartErrors(t *testing.T) {
 }
 
 // TestGVisorMeasure logs, interleaved in one run, what a command costs
-// through the sandbox's init and through a bare `runsc exec` of the same
-// command in the same sandbox, and what a create costs. It asserts nothing
-// (performance is never asserted) and runs only with
+// through the sandbox's init, through a bare `runsc exec` of the same
+// command in the same sandbox and run by sh in a loop inside it (the
+// floor), and what a create costs; with
+// SANDBOX_SIDECAR_GVISOR_MEASURE_FLAGS ("--directfs=false|--platform=ptrace")
+// the same for each variant of runsc's flags too, in a sandbox of its own.
+// It asserts nothing (performance is never asserted) and runs only with
 // SANDBOX_SIDECAR_GVISOR_MEASURE=1.
 func TestGVisorMeasure(t *testing.T) {
 	if os.Getenv("SANDBOX_SIDECAR_GVISOR_MEASURE") != "1" {
 		t.Skip("set SANDBOX_SIDECAR_GVISOR_MEASURE=1 to measure")
 	}
-	b := newTestBackend(t)
+	// Variants of runsc's flags to measure beside the backend's own, in
+	// sandboxes of their own, interleaved: "--directfs=false|--platform=ptrace".
+	variants := []string{""}
+	if v := os.Getenv("SANDBOX_SIDECAR_GVISOR_MEASURE_FLAGS"); v != "" {
+		variants = append(variants, strings.Split(v, "|")...)
+	}
 	ctx := context.Background()
 	const rounds = 15
 	median := func(d []time.Duration) time.Duration {
@@ -343,51 +351,77 @@ func TestGVisorMeasure(t *testing.T) {
 		slices.Sort(s)
 		return s[len(s)/2]
 	}
+	const id = "measure-0"
+	backends := make([]*Backend, len(variants))
+	for i, v := range variants {
+		backends[i] = newTestBackend(t, func(c *Config) {
+			for _, f := range strings.Fields(v) {
+				if p, ok := strings.CutPrefix(f, "--platform="); ok {
+					c.Platform = p
+				} else {
+					c.ExtraFlags = append(c.ExtraFlags, f)
+				}
+			}
+		})
+	}
 	var creates []time.Duration
 	for i := range 5 {
 		start := time.Now()
 		id := fmt.Sprintf("measure-%d", i)
-		if _, err := b.Create(ctx, id, backend.Spec{}); err != nil {
+		if _, err := backends[0].Create(ctx, id, backend.Spec{}); err != nil {
 			t.Fatal(err)
 		}
 		creates = append(creates, time.Since(start))
 		if i > 0 {
-			_ = b.Destroy(ctx, id)
+			_ = backends[0].Destroy(ctx, id)
 		}
 	}
 	t.Logf("create (boot included): median %v", median(creates))
-	const id = "measure-0"
+	for _, b := range backends[1:] {
+		if _, err := b.Create(ctx, id, backend.Spec{}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, argv := range [][]string{{"/bin/true"}, {"python3", "-c", "pass"}} {
-		var viaInit, viaExec, inLoop []time.Duration
+		viaInit := make([][]time.Duration, len(variants))
+		viaExec := make([][]time.Duration, len(variants))
+		inLoop := make([][]time.Duration, len(variants))
 		// The floor: the same command run by sh inside the sandbox, in a
 		// loop timed inside (a vfork and exec each, no init, no daemon).
 		const loopN = 10
 		loop := fmt.Sprintf("i=0; s=$(date +%%s%%N); while [ $i -lt %d ]; do %s; i=$((i+1)); done; e=$(date +%%s%%N); echo $(( (e-s)/%d ))",
 			loopN, strings.Join(argv, " "), loopN)
 		for range rounds {
-			res, err := b.Exec(ctx, id, backend.ExecRequest{Command: loop, Timeout: time.Minute})
-			if err != nil || res.ExitCode != 0 {
-				t.Fatalf("loop of %v: %+v %v", argv, res, err)
+			for i, b := range backends {
+				res, err := b.Exec(ctx, id, backend.ExecRequest{Command: loop, Timeout: time.Minute})
+				if err != nil || res.ExitCode != 0 {
+					t.Fatalf("loop of %v: %+v %v", argv, res, err)
+				}
+				ns, err := strconv.ParseInt(strings.TrimSpace(string(res.Stdout)), 10, 64)
+				if err != nil {
+					t.Fatalf("loop of %v printed %q", argv, res.Stdout)
+				}
+				inLoop[i] = append(inLoop[i], time.Duration(ns))
+				start := time.Now()
+				if res, err := b.Exec(ctx, id, backend.ExecRequest{Argv: argv, Timeout: time.Minute}); err != nil || res.ExitCode != 0 {
+					t.Fatalf("%v: %+v %v", argv, res, err)
+				}
+				viaInit[i] = append(viaInit[i], time.Since(start))
+				start = time.Now()
+				args := append([]string{"exec", "--user", "1000:1000", "--cwd", guestWorkspace, "--env", "PATH=" + guestPath, id}, argv...)
+				if out, err := b.cli(ctx, time.Minute, args...); err != nil {
+					t.Fatalf("runsc exec %v: %v %s", argv, err, out)
+				}
+				viaExec[i] = append(viaExec[i], time.Since(start))
 			}
-			ns, err := strconv.ParseInt(strings.TrimSpace(string(res.Stdout)), 10, 64)
-			if err != nil {
-				t.Fatalf("loop of %v printed %q", argv, res.Stdout)
-			}
-			inLoop = append(inLoop, time.Duration(ns))
-			start := time.Now()
-			if res, err := b.Exec(ctx, id, backend.ExecRequest{Argv: argv, Timeout: time.Minute}); err != nil || res.ExitCode != 0 {
-				t.Fatalf("%v: %+v %v", argv, res, err)
-			}
-			viaInit = append(viaInit, time.Since(start))
-			start = time.Now()
-			args := append([]string{"exec", "--user", "1000:1000", "--cwd", guestWorkspace, "--env", "PATH=" + guestPath, id}, argv...)
-			if out, err := b.cli(ctx, time.Minute, args...); err != nil {
-				t.Fatalf("runsc exec %v: %v %s", argv, err, out)
-			}
-			viaExec = append(viaExec, time.Since(start))
 		}
-		t.Logf("%v: through init median %v, bare runsc exec median %v (ratio %.2f); run by sh in a loop inside, each %v",
-			argv, median(viaInit), median(viaExec), float64(median(viaInit))/float64(median(viaExec)), median(inLoop))
+		for i, v := range variants {
+			if v == "" {
+				v = "the backend's flags"
+			}
+			t.Logf("%v [%s]: through init median %v, bare runsc exec median %v (ratio %.2f); run by sh in a loop inside, each %v",
+				argv, v, median(viaInit[i]), median(viaExec[i]), float64(median(viaInit[i]))/float64(median(viaExec[i])), median(inLoop[i]))
+		}
 	}
 }
 
