@@ -210,6 +210,31 @@ func TestGVisorFilesVisibleAtOnceBothWays(t *testing.T) {
 	}
 }
 
+// TestGVisorCommandStdioBlocking: init keeps its own ends of a command's
+// pipes non-blocking (in the Go runtime's poller), but the command gets
+// blocking descriptors, as from any shell: a program that reads its stdin
+// or writes its stdout without handling EAGAIN must work. Also what each
+// command inherits from init's own descriptors: nothing beyond 0-2.
+func TestGVisorCommandStdioBlocking(t *testing.T) {
+	b := newTestBackend(t)
+	ctx := context.Background()
+	if _, err := b.Create(ctx, "stdio", backend.Spec{}); err != nil {
+		t.Fatal(err)
+	}
+	const probe = `import fcntl, os
+print(*[fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_NONBLOCK for fd in (0, 1, 2)], sorted(int(f) for f in os.listdir("/proc/self/fd")))`
+	for _, stdin := range [][]byte{nil, []byte("some input\n")} {
+		res, err := b.Exec(ctx, "stdio", backend.ExecRequest{Argv: []string{"python3", "-c", probe}, Stdin: stdin, Timeout: 30 * time.Second})
+		if err != nil || res.ExitCode != 0 {
+			t.Fatalf("%+v %v", res, err)
+		}
+		// 3 is the directory listdir reads /proc/self/fd with.
+		if got := strings.TrimSpace(string(res.Stdout)); got != "0 0 0 [0, 1, 2, 3]" {
+			t.Errorf("stdin %q: the command's O_NONBLOCK of 0, 1, 2 and its descriptors: %q, want \"0 0 0 [0, 1, 2, 3]\"", stdin, got)
+		}
+	}
+}
+
 // TestGVisorRestartReadopts simulates a daemon killed with -9: the first
 // backend's pipes to init close without a destroy (init then ends its
 // sandbox), a new backend on the same directory removes every runsc
