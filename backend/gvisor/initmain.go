@@ -78,7 +78,7 @@ func runInit() int {
 	// awaited through SIGCHLD: no goroutine of init sits in a blocking
 	// system call while it waits, so the Go runtime's monitor thread goes
 	// to sleep instead of polling every 20 µs, each poll a system call the
-	// sentry serves (docs/benchmarks.md, gVisor: what a command costs).
+	// sentry serves (docs/benchmarks.md, "gVisor: where a command's time goes").
 	stdin, stdout := pollable(0, os.Stdin), pollable(1, os.Stdout)
 	st := &initState{out: bufio.NewWriterSize(stdout, maxChunk+frameHeaderSize), files: fileOps{sock: -1}, chld: make(chan os.Signal, 1)}
 	signal.Notify(st.chld, unix.SIGCHLD)
