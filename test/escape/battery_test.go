@@ -783,7 +783,10 @@ print(n)'`, 120)
 		st, _ := h.cg.Stats()
 		took := time.Since(start)
 		hits := st.PIDsLimitHits - before.PIDsLimitHits
-		reason := "reason=" + r.Reason
+		reason := fmt.Sprintf("reason=%s exit=%d", r.Reason, r.ExitCode)
+		if !r.TimedOut {
+			reason += " " + r.out()
+		}
 		// Contained by the sandbox's own limit when the harness's, around
 		// the whole daemon, was never reached.
 		b.record(g, "fork bomb", "contained by the sandbox's pids limit; reported; the daemon unaffected",
