@@ -620,3 +620,47 @@ func TestBwrapWarmStartsInitBeforeTheFirstCommand(t *testing.T) {
 		}
 	})
 }
+
+// An init reserves its threads (initproc.ReserveThreads) only where a fork
+// bomb can take every pid it could need: when the sandbox's own cgroup caps
+// them (pids.max). Without one it starts none before its first command;
+// measured with the small static init, as the package installs it.
+func TestBwrapInitReservesThreadsOnlyUnderAPidsLimit(t *testing.T) {
+	static := inittest.Init(t, "exe")
+	threads := func(t *testing.T, b *Backend) int {
+		t.Helper()
+		id := create(t, b, backend.Spec{})
+		runOK(t, b, id, "true")
+		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", initPID(t, b, id)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(status), "\n") {
+			if v, ok := strings.CutPrefix(line, "Threads:"); ok {
+				n, err := strconv.Atoi(strings.TrimSpace(v))
+				if err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+		}
+		t.Fatalf("no Threads line in init's status: %q", status)
+		return 0
+	}
+	t.Run("pids limit", func(t *testing.T) {
+		m := testCgroups(t)
+		b := newTestBackend(t, rangeUID, withCgroups(m, limits.Limits{PIDs: 64}), func(c *Config) { c.InitPath = static })
+		// The reserve's threads, and the one the runtime then runs on.
+		if n := threads(t, b); n < initThreads+1 {
+			t.Errorf("the init of a sandbox whose cgroup caps pids has %d threads, want at least %d", n, initThreads+1)
+		}
+	})
+	t.Run("no pids limit", func(t *testing.T) {
+		b := newTestBackend(t, rangeUID, func(c *Config) { c.InitPath = static })
+		// The runtime's own (6 measured: the main thread, sysmon, the
+		// signal receiver's and those it runs or spins on).
+		if n := threads(t, b); n > initThreads {
+			t.Errorf("the init of a sandbox without a pids limit has %d threads: it reserved them", n)
+		}
+	})
+}

@@ -20,8 +20,23 @@ import (
 const initEnv = "SANDBOX_SIDECAR_INIT"
 
 // initThreads is how many OS threads init starts before any command, so
-// that its runtime finds an idle one whenever it needs one later.
+// that its runtime finds an idle one whenever it needs one later, when the
+// sandbox's processes and threads are capped (reservedThreads).
 const initThreads = 8
+
+// reservedThreads is how many threads sb's init reserves: initThreads when
+// its own cgroup caps its processes and threads (pids.max), which a fork
+// bomb fills; none when nothing of the sandbox's own does. Then no pid
+// runs out before the host's (or an enclosing unit's TasksMax, shared with
+// the daemon and every other sandbox), which a reserve of this init's
+// would not make safe, and every pid of the namespace still dies with the
+// command (init's kill at its budget, or the kernel's with init).
+func (sb *sandbox) reservedThreads() int {
+	if sb.cg != nil && sb.limits.PIDs > 0 {
+		return initThreads
+	}
+	return 0
+}
 
 // initReapInterval is how often init reaps leftovers while any remain.
 const initReapInterval = 1000 // milliseconds
@@ -104,8 +119,9 @@ func runInit() int {
 	debug.SetGCPercent(25)
 	// Threads first: a command may take every pid of the sandbox's group
 	// (a fork bomb), and a Go runtime that cannot start a thread when it
-	// needs one dies ("failed to create new OS thread").
-	initproc.ReserveThreads(initThreads)
+	// needs one dies ("failed to create new OS thread"). The daemon says
+	// how many (none without a pids limit: reservedThreads).
+	initproc.ReserveThreads(decodeInitThreads(os.Getenv(initThreadsEnv)))
 
 	if err := checkControlSocket(initControlFD); err != nil {
 		return initFail("fd %d is not the control socket: %v", initControlFD, err)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -195,7 +196,8 @@ func (b *Backend) startInit(ctx context.Context, sb *sandbox, deadline time.Time
 	}()
 
 	env := []string{"--setenv", markerEnv, marker(sb.dir), "--setenv", initEnv, "1", "--setenv", "GOMAXPROCS", "1",
-		"--setenv", initRlimitsEnv, encodeRlimits(b.cfg.Limits.Rlimits())}
+		"--setenv", initRlimitsEnv, encodeRlimits(b.cfg.Limits.Rlimits()),
+		"--setenv", initThreadsEnv, strconv.Itoa(sb.reservedThreads())}
 	const firstDataFD = initExeFD + 1
 	files, err := dataFiles(b.bwrapOptions(sb, env, "/", firstDataFD))
 	if err != nil {

@@ -271,6 +271,24 @@ func decodeRunRequest(buf []byte) (runRequest, error) {
 // "resource=value" pairs (RLIMIT_* numbers) separated by commas.
 const initRlimitsEnv = "SANDBOX_SIDECAR_RLIMITS"
 
+// initThreadsEnv carries how many threads init reserves before its first
+// command (initproc.ReserveThreads; see reservedThreads): a decimal count.
+const initThreadsEnv = "SANDBOX_SIDECAR_INIT_THREADS"
+
+// maxInitThreads bounds what init accepts in initThreadsEnv.
+const maxInitThreads = 64
+
+// decodeInitThreads is the count init reserves for initThreadsEnv's value
+// s: a decimal within maxInitThreads, else initThreads (the safe side:
+// a value init cannot read never costs it its reserve).
+func decodeInitThreads(s string) int {
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 || n > maxInitThreads {
+		return initThreads
+	}
+	return n
+}
+
 // maxInitRlimits bounds what init accepts in initRlimitsEnv.
 const maxInitRlimits = 16
 

@@ -178,3 +178,11 @@ func TestRlimitsEncoding(t *testing.T) {
 		}
 	}
 }
+
+func TestDecodeInitThreads(t *testing.T) {
+	for in, want := range map[string]int{"0": 0, "8": 8, "64": 64, "": initThreads, "65": initThreads, "-1": initThreads, "x": initThreads, "1e3": initThreads} {
+		if got := decodeInitThreads(in); got != want {
+			t.Errorf("decodeInitThreads(%q) = %d, want %d", in, got, want)
+		}
+	}
+}
