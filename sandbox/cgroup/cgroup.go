@@ -33,6 +33,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/moby/sys/mountinfo"
@@ -196,10 +197,10 @@ type layout struct {
 // moves no process, except the daemon's own into opts.SupervisorLeaf when
 // that is given for a delegated v2 subtree.
 func New(opts Options) (*Manager, error) {
-	if !validName.MatchString(opts.Base) {
+	if !validName().MatchString(opts.Base) {
 		return nil, fmt.Errorf("cgroup base %q must be a plain name (letters, digits, '.', '_', '-')", opts.Base)
 	}
-	if opts.SupervisorLeaf != "" && (!validName.MatchString(opts.SupervisorLeaf) || opts.SupervisorLeaf == opts.Base) {
+	if opts.SupervisorLeaf != "" && (!validName().MatchString(opts.SupervisorLeaf) || opts.SupervisorLeaf == opts.Base) {
 		return nil, fmt.Errorf("cgroup leaf %q must be a plain name other than the base's", opts.SupervisorLeaf)
 	}
 	if opts.BaseMemoryBytes < 0 || (opts.BaseMemoryBytes > 0 && opts.BaseMemoryBytes < 4<<20) {
@@ -335,7 +336,7 @@ func (m *Manager) BaseMemory() (BaseMemory, error) {
 		// sandbox groups' counts.
 		entries, _ := os.ReadDir(dir)
 		for _, e := range entries {
-			if e.IsDir() && validName.MatchString(e.Name()) {
+			if e.IsDir() && validName().MatchString(e.Name()) {
 				b.OOMKills += readKeyed(filepath.Join(dir, e.Name(), events))[oomKey]
 			}
 		}
@@ -600,8 +601,12 @@ func (m *Manager) enable(dir, controllers string) error {
 }
 
 // validName is what a sandbox or base name may look like: it becomes a
-// directory name.
-var validName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+// directory name. Compiled on first use, not at start: its bounded
+// repetition makes it 0.2 ms of every process that links this package,
+// a sandbox's init among them (docs/benchmarks.md).
+var validName = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+})
 
 // Cgroup is one sandbox's group.
 type Cgroup struct {
@@ -623,7 +628,7 @@ func (c *Cgroup) Dirs() []string {
 }
 
 func (m *Manager) cgroupFor(name string) (*Cgroup, error) {
-	if !validName.MatchString(name) {
+	if !validName().MatchString(name) {
 		return nil, fmt.Errorf("cgroup name %q must be a plain name (letters, digits, '.', '_', '-')", name)
 	}
 	c := &Cgroup{name: name, version: m.version}
@@ -730,7 +735,7 @@ func (m *Manager) List() ([]string, error) {
 			return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 		}
 		for _, e := range entries {
-			if e.IsDir() && validName.MatchString(e.Name()) {
+			if e.IsDir() && validName().MatchString(e.Name()) {
 				seen[e.Name()] = true
 			}
 		}
