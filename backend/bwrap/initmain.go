@@ -75,9 +75,9 @@ func InitMain() {
 //   - Starve it: a command may fork or allocate until the kernel refuses;
 //     init then fails to start the next command and says so, or the OOM
 //     killer picks it and the sandbox is reported terminated. Init starts
-//     its threads before any command (initproc.ReserveThreads), so a
-//     command holding every pid of the group cannot leave its runtime
-//     without one. Everything a
+//     its threads before any command (initproc.ReserveThreads) when the
+//     sandbox's cgroup caps its pids, so a command holding every pid of
+//     the group cannot leave its runtime without one (reservedThreads). Everything a
 //     command started is killed when it ends, so no guest process lives
 //     between commands.
 //
