@@ -77,9 +77,9 @@ func InitMain() {
 //     killer picks it and the sandbox is reported terminated. Init starts
 //     its threads before any command (initproc.ReserveThreads) when the
 //     sandbox's cgroup caps its pids, so a command holding every pid of
-//     the group cannot leave its runtime without one (reservedThreads). Everything a
-//     command started is killed when it ends, so no guest process lives
-//     between commands.
+//     the group cannot leave its runtime without one (reservedThreads).
+//     Everything a command started is killed when it ends, so no guest
+//     process lives between commands.
 //
 // Init still re-checks every message and descriptor it receives, bounds
 // what it reads, and keeps every command's budget itself: a timerfd fires
