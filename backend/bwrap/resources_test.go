@@ -126,7 +126,7 @@ func TestCgroupContainsAForkBomb(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		_, err := b.Exec(ctx, id, backend.ExecRequest{Command: `b() { b | b & }; b; exec sleep 60`, Timeout: 60 * time.Second})
+		_, err := b.Exec(ctx, id, backend.ExecRequest{Command: `b() { b | b & }; b & exec sleep 60`, Timeout: 60 * time.Second})
 		done <- err
 	}()
 	var st cgroup.Stats

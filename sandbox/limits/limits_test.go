@@ -169,8 +169,10 @@ func TestBubblewrapSandboxMemoryBalloonIsOOMKilled(t *testing.T) {
 func TestBubblewrapSandboxForkBombIsContained(t *testing.T) {
 	l := Limits{MemoryBytes: 256 << 20, PIDs: 32, CPUs: 1}
 	cg := sandboxGroup(t, l)
-	// exec: a forked sleep fails once pids.max is full, and dash exits.
-	r := runInSandbox(t, cg, l, 3*time.Second, `b() { b | b & }; b; exec sleep 10`)
+	// One fork before the bomb exists ("b &"), then exec: dash forks each
+	// element of "b | b" itself, so after "b;" its second fork could fail
+	// once pids.max is full, and dash would exit at once.
+	r := runInSandbox(t, cg, l, 3*time.Second, `b() { b | b & }; b & exec sleep 10`)
 	require.Equal(t, exitKilled, r.exitCode, "timeout -s KILL ends it: %s", r.output)
 	require.Greater(t, r.stats.PIDsLimitHits, uint64(0), "the bomb must have hit pids.max: %+v", r.stats)
 	// The kernel tears the PID namespace down after bwrap's exit is

@@ -777,9 +777,11 @@ print(n)'`, 120)
 	fresh(func(id string) {
 		before, _ := h.cg.Stats()
 		start := time.Now()
-		// exec, not a fork: once the bomb fills pids.max the shell could
-		// not fork a sleep and would exit at once instead of timing out.
-		r := h.run(id, "b() { b | b & }; b; exec sleep 8", 5)
+		// The shell forks once, before the bomb exists ("b &"), then
+		// execs: dash forks each element of "b | b" itself, so with "b;"
+		// the bomb's first child could fill pids.max before the shell's
+		// second fork, and the shell exited 2 ("Cannot fork") at once.
+		r := h.run(id, "b() { b | b & }; b & exec sleep 8", 5)
 		st, _ := h.cg.Stats()
 		took := time.Since(start)
 		hits := st.PIDsLimitHits - before.PIDsLimitHits
