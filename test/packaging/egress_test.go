@@ -160,16 +160,7 @@ func TestEgressDropInOnSystemd(t *testing.T) {
 	step := stepper(t)
 
 	step("build the package")
-	share := filepath.Join(t.TempDir(), "share")
-	if err := os.Mkdir(share, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for name, body := range map[string]string{"server.py": egressServer, "client.py": egressClient} {
-		if err := os.WriteFile(filepath.Join(share, name), []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	deb := "/share/" + filepath.Base(buildDeb(t, changelogVersion(t), share))
+	share, deb := egressShare(t)
 
 	step("container image")
 	root := unpack(t, image(t))
@@ -182,18 +173,9 @@ func TestEgressDropInOnSystemd(t *testing.T) {
 	step("install, configure egress")
 	c.shTimeout(aptTimeout, "apt-get install -y --no-install-recommends "+deb)
 	c.sh(fmt.Sprintf("useradd -m -G %s %s", daemonUser, worker))
-	c.sh(`sed -i -e '/^\[egress\]$/,/^\[/ { s|^# enabled = false$|enabled = true|; s|^# private_allowed = \[\]$|private_allowed = ["127.0.0.0/8"]| }' ` +
-		`-e '/^\[egress.hosts\]$/a "allowed.test" = ["127.0.0.1"]\n"other.test" = ["127.0.0.2"]' ` +
-		`-e "s|^# audit_file = ''$|audit_file = '` + egressAuditFile + `'|" ` + configPath + ` && ` +
-		`grep -qx 'enabled = true' ` + configPath + ` && grep -qxF 'private_allowed = ["127.0.0.0/8"]' ` + configPath + ` && ` +
-		`grep -qxF '"allowed.test" = ["127.0.0.1"]' ` + configPath + ` && grep -qxF "audit_file = '` + egressAuditFile + `'" ` + configPath)
-	expectEqual(t, "config check", c.sh("sandbox-sidecar config check"), configPath+": OK")
+	configureEgress(t, c)
 
 	step("the unit as packaged refuses egress")
-	// TUN devices: udev makes /dev/net/tun 0666 on a Debian host; nspawn
-	// copies the host's node, here 0600 (root only), and no udev runs
-	// in the container.
-	c.sh("chmod 0666 /dev/net/tun")
 	checkEgressRefusedByDefault(t, c)
 	packaged := exposure(t, c)
 
@@ -209,9 +191,7 @@ func TestEgressDropInOnSystemd(t *testing.T) {
 	checkEgressDaemon(t, c)
 
 	step("a loopback server in the container")
-	c.sh(`setsid -f python3 /share/server.py /run/egress-server.port >/run/egress-server.log 2>&1 < /dev/null`)
-	c.waitFor(egressServerTimeout, "the loopback server", "test -s /run/egress-server.port")
-	port := strings.TrimSpace(c.sh("cat /run/egress-server.port"))
+	port := startEgressServer(c)
 	expectEqual(t, "the loopback server, straight", c.sh("python3 /share/client.py get 127.0.0.1 "+port), "127.0.0.1 hello 127.0.0.1:"+port)
 
 	step("a sandbox with an allow-list")
@@ -229,6 +209,45 @@ func TestEgressDropInOnSystemd(t *testing.T) {
 
 	step("done")
 	t.Logf("the egress packaging test took %s", time.Since(began).Round(time.Second))
+}
+
+// egressShare makes the directory shared with the container: the loopback
+// server, its client and the release build; it returns the directory and
+// the package's path inside the container.
+func egressShare(t *testing.T) (share, deb string) {
+	share = filepath.Join(t.TempDir(), "share")
+	if err := os.Mkdir(share, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, body := range map[string]string{"server.py": egressServer, "client.py": egressClient} {
+		if err := os.WriteFile(filepath.Join(share, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return share, "/share/" + filepath.Base(buildDeb(t, changelogVersion(t), share))
+}
+
+// configureEgress turns egress on in the installed config.toml, the test
+// names mapped to the container's loopback and loopback permitted, with an
+// audit file, and makes /dev/net/tun usable: udev makes it 0666 on a
+// Debian host; nspawn copies the host's node, here 0600 (root only), and
+// no udev runs in the container.
+func configureEgress(t *testing.T, c *container) {
+	c.sh(`sed -i -e '/^\[egress\]$/,/^\[/ { s|^# enabled = false$|enabled = true|; s|^# private_allowed = \[\]$|private_allowed = ["127.0.0.0/8"]| }' ` +
+		`-e '/^\[egress.hosts\]$/a "allowed.test" = ["127.0.0.1"]\n"other.test" = ["127.0.0.2"]' ` +
+		`-e "s|^# audit_file = ''$|audit_file = '` + egressAuditFile + `'|" ` + configPath + ` && ` +
+		`grep -qx 'enabled = true' ` + configPath + ` && grep -qxF 'private_allowed = ["127.0.0.0/8"]' ` + configPath + ` && ` +
+		`grep -qxF '"allowed.test" = ["127.0.0.1"]' ` + configPath + ` && grep -qxF "audit_file = '` + egressAuditFile + `'" ` + configPath)
+	expectEqual(t, "config check", c.sh("sandbox-sidecar config check"), configPath+": OK")
+	c.sh("chmod 0666 /dev/net/tun")
+}
+
+// startEgressServer starts the loopback server in the container and
+// returns its port.
+func startEgressServer(c *container) string {
+	c.sh(`setsid -f python3 /share/server.py /run/egress-server.port >/run/egress-server.log 2>&1 < /dev/null`)
+	c.waitFor(egressServerTimeout, "the loopback server", "test -s /run/egress-server.port")
+	return strings.TrimSpace(c.sh("cat /run/egress-server.port"))
 }
 
 // checkEgressRefusedByDefault starts the daemon with egress on under the
@@ -262,29 +281,13 @@ func exposure(t *testing.T, c *container) string {
 // the drop-in with what docs/security.md and the drop-in itself say, and
 // the unit as shipped (packaged) with maxExposure.
 func checkEgressExposure(t *testing.T, c *container, packaged string) {
-	score := exposure(t, c)
 	if packaged != fmt.Sprintf("%.1f", maxExposure) {
 		t.Errorf("systemd-analyze security of the unit as packaged: %s, want %.1f", packaged, maxExposure)
 	}
+	score := checkDocumentedExposure(t, c, "the egress drop-in", "egress.conf",
+		regexp.MustCompile("with `examples/egress.conf` as a drop-in \\| \\*\\*([0-9]+\\.[0-9]) "),
+		regexp.MustCompile(`systemd-analyze security rates the unit with this drop-in ([0-9]+\.[0-9])`))
 	t.Logf("systemd-analyze security --offline=yes: %s as packaged, %s with the egress drop-in", packaged, score)
-	doc, err := os.ReadFile(filepath.Join(repoRoot(t), "docs", "security.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	dropIn, err := os.ReadFile(filepath.Join(repoRoot(t), "packaging", "systemd", "examples", "egress.conf"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for what, want := range map[string]string{
-		"docs/security.md": documentedScore(t, "docs/security.md", string(doc),
-			regexp.MustCompile("with `examples/egress.conf` as a drop-in \\| \\*\\*([0-9]+\\.[0-9]) ")),
-		"egress.conf": documentedScore(t, "egress.conf", string(dropIn),
-			regexp.MustCompile(`systemd-analyze security rates the unit with this drop-in ([0-9]+\.[0-9])`)),
-	} {
-		if score != want {
-			t.Errorf("systemd-analyze security rates the unit with the egress drop-in %s; %s says %s", score, what, want)
-		}
-	}
 }
 
 // checkEgressDaemon asserts what the drop-in leaves the running daemon: its

@@ -33,16 +33,7 @@ func TestGVisorEgressDropInsOnSystemd(t *testing.T) {
 	step := stepper(t)
 
 	step("build the package")
-	share := filepath.Join(t.TempDir(), "share")
-	if err := os.Mkdir(share, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for name, body := range map[string]string{"server.py": egressServer, "client.py": egressClient} {
-		if err := os.WriteFile(filepath.Join(share, name), []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	deb := "/share/" + filepath.Base(buildDeb(t, changelogVersion(t), share))
+	share, deb := egressShare(t)
 
 	step("container image, runsc installed in it")
 	root := unpack(t, image(t))
@@ -56,11 +47,7 @@ func TestGVisorEgressDropInsOnSystemd(t *testing.T) {
 	c.sh(fmt.Sprintf("useradd -m -G %s %s", daemonUser, worker))
 	c.sh(`sed -i -e "s|^# backend = 'bwrap'$|backend = \"gvisor\"|" -e "s|^# runsc_path = ''$|runsc_path = \"` + runscInContainer + `\"|" ` + configPath +
 		` && grep -qx 'backend = "gvisor"' ` + configPath)
-	c.sh(`sed -i -e '/^\[egress\]$/,/^\[/ { s|^# enabled = false$|enabled = true|; s|^# private_allowed = \[\]$|private_allowed = ["127.0.0.0/8"]| }' ` +
-		`-e '/^\[egress.hosts\]$/a "allowed.test" = ["127.0.0.1"]\n"other.test" = ["127.0.0.2"]' ` +
-		`-e "s|^# audit_file = ''$|audit_file = '` + egressAuditFile + `'|" ` + configPath + ` && grep -qx 'enabled = true' ` + configPath)
-	expectEqual(t, "config check", c.sh("sandbox-sidecar config check"), configPath+": OK")
-	c.sh("chmod 0666 /dev/net/tun") // as udev makes it on a Debian host (TestEgressDropInOnSystemd)
+	configureEgress(t, c)
 
 	step("without gvisor-egress.conf the daemon refuses to start")
 	dir := filepath.Dir(egressDropIn)
@@ -87,9 +74,7 @@ func TestGVisorEgressDropInsOnSystemd(t *testing.T) {
 	expectEqual(t, "the daemon's bounding set with the three drop-ins", bnd, fmt.Sprintf("%016x", mask))
 
 	step("a loopback server in the container")
-	c.sh(`setsid -f python3 /share/server.py /run/egress-server.port >/run/egress-server.log 2>&1 < /dev/null`)
-	c.waitFor(egressServerTimeout, "the loopback server", "test -s /run/egress-server.port")
-	port := strings.TrimSpace(c.sh("cat /run/egress-server.port"))
+	port := startEgressServer(c)
 
 	step("an allow-listed gVisor sandbox")
 	sbx := checkEgressAllowlist(t, c, port)
@@ -129,24 +114,8 @@ func requireTUN(t *testing.T) {
 // checkGVisorEgressExposure compares systemd-analyze security of the unit
 // with the three drop-ins with docs/security.md and gvisor-egress.conf.
 func checkGVisorEgressExposure(t *testing.T, c *container) {
-	score := exposure(t, c)
+	score := checkDocumentedExposure(t, c, "the three drop-ins", "gvisor-egress.conf",
+		regexp.MustCompile("gVisor: with `egress.conf`, `gvisor-backend.conf` and `gvisor-egress.conf` \\| \\*\\*([0-9]+\\.[0-9]) "),
+		regexp.MustCompile(`rates the unit with all three\n# drop-ins ([0-9]+\.[0-9])`))
 	t.Logf("systemd-analyze security --offline=yes with the three drop-ins: %s", score)
-	doc, err := os.ReadFile(filepath.Join(repoRoot(t), "docs", "security.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	dropIn, err := os.ReadFile(filepath.Join(repoRoot(t), "packaging", "systemd", "examples", "gvisor-egress.conf"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for what, want := range map[string]string{
-		"docs/security.md": documentedScore(t, "docs/security.md", string(doc),
-			regexp.MustCompile("gVisor: with `egress.conf`, `gvisor-backend.conf` and `gvisor-egress.conf` \\| \\*\\*([0-9]+\\.[0-9]) ")),
-		"gvisor-egress.conf": documentedScore(t, "gvisor-egress.conf", string(dropIn),
-			regexp.MustCompile(`rates the unit with all three\n# drop-ins ([0-9]+\.[0-9])`)),
-	} {
-		if score != want {
-			t.Errorf("systemd-analyze security rates the unit with the three drop-ins %s; %s says %s", score, what, want)
-		}
-	}
 }
