@@ -474,6 +474,13 @@ func (c *Config) validate() error {
 	}
 	if c.Server.StateDir == "" {
 		bad("server.state_dir must not be empty")
+	} else if sockDir := filepath.Dir(filepath.Clean(c.Server.Socket)); c.Server.Socket != "" && within(c.Server.StateDir, sockDir) {
+		// The daemon makes the socket's directory its own (mode
+		// socket_mode's directory bits, 0750): a state directory in it
+		// would become unreachable to the sandboxes' uids, and every
+		// sandbox's init would die at its first command.
+		bad("server.state_dir %s is inside the socket's directory %s, which the daemon makes private to itself and the socket group; give the socket a directory of its own (e.g. %s)",
+			c.Server.StateDir, sockDir, filepath.Join(sockDir, "run", filepath.Base(c.Server.Socket)))
 	}
 	if c.Server.NodeName != "" && !validNodeName(c.Server.NodeName) {
 		bad("server.node_name %q: at most %d letters, digits, '.', '-' and '_'", c.Server.NodeName, maxNodeName)
@@ -734,4 +741,16 @@ func runConfig(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "%s: OK\n", *path)
 	return nil
+}
+
+// within says whether path is dir or below it (lexically, both made
+// absolute).
+func within(path, dir string) bool {
+	p, err1 := filepath.Abs(path)
+	d, err2 := filepath.Abs(dir)
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	rel, err := filepath.Rel(d, p)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator))
 }

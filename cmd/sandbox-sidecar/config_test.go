@@ -90,11 +90,27 @@ func TestConfigValuesAndErrors(t *testing.T) {
 		"negative host memory":          func(c *Config) { c.Limits.HostMemory = -1 },
 		"per-uid commands over host":    func(c *Config) { c.Lifecycle.MaxCommandsPerUID = c.Lifecycle.MaxCommands + 1 },
 		"negative per-uid commands":     func(c *Config) { c.Lifecycle.MaxCommandsPerUID = -1 },
+		"state in the socket's dir":     func(c *Config) { c.Server.Socket, c.Server.StateDir = "/tmp/x/s.sock", "/tmp/x/state" },
+		"state is the socket's dir":     func(c *Config) { c.Server.Socket, c.Server.StateDir = "/tmp/x/s.sock", "/tmp/x/" },
 	} {
 		cfg := defaultConfig()
 		mutate(&cfg)
 		assert.Error(t, cfg.validate(), name)
 	}
+}
+
+// The socket's directory and the state directory side by side are fine;
+// a state directory inside the socket's is refused, naming a way out.
+func TestConfigStateDirBesideTheSocket(t *testing.T) {
+	cfg := defaultConfig()
+	cfg.Server.Socket, cfg.Server.StateDir = "/tmp/x/run/s.sock", "/tmp/x/state"
+	require.NoError(t, cfg.validate())
+	cfg.Server.StateDir = "/tmp/x/runner" // a sibling sharing a prefix
+	require.NoError(t, cfg.validate())
+	cfg.Server.Socket, cfg.Server.StateDir = "/tmp/x/s.sock", "/tmp/x/state"
+	err := cfg.validate()
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "give the socket a directory of its own (e.g. /tmp/x/run/s.sock)")
 }
 
 func TestConfigMissingFiles(t *testing.T) {
