@@ -228,6 +228,15 @@ func (b *Backend) startInit(ctx context.Context, sb *sandbox, deadline time.Time
 	// control socket hangs up.
 	ctrlInit.Close()
 	if err := place.started(); err != nil {
+		if errors.Is(err, syscall.ESRCH) {
+			// bwrap was gone before it could be placed: it failed at
+			// once, and its stderr says why.
+			b.reapInit(ip)
+			if detail := ip.stderrTail(); detail != "" {
+				return nil, fmt.Errorf("%w: bubblewrap could not start sandbox %s: %s; check that bubblewrap works for uid %s and that uid can reach the state directory and execute the init",
+					backend.ErrUnavailable, sb.id, detail, b.runsAs())
+			}
+		}
 		return nil, fmt.Errorf("%w: cannot place the init of sandbox %s in its cgroup (%v); it was not let run", backend.ErrUnavailable, sb.id, err)
 	}
 

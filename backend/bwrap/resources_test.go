@@ -443,3 +443,26 @@ func TestDamagedDiskIsReportedNotNotFound(t *testing.T) {
 	assert.NoError(t, err, "the image is kept")
 	require.NoError(t, b.Destroy(ctx, unmounted), "and destroy still works")
 }
+
+// TestInitThatFailsAtOnceSaysWhy: when bubblewrap fails at once (here:
+// the sandbox's uid cannot reach the state directory any more), the error
+// is bubblewrap's own, whichever step sees it gone first: the wait for
+// init's "ready", or (on cgroup v1, when bwrap is quicker to fail than the
+// daemon to place its init) the placement, whose "no such process" says
+// nothing.
+func TestInitThatFailsAtOnceSaysWhy(t *testing.T) {
+	m := testCgroups(t)
+	b := newTestBackend(t, rangeUID, withCgroups(m, limits.Limits{MemoryBytes: 128 << 20, PIDs: 64}))
+	id := create(t, b, backend.Spec{})
+	if err := os.Chmod(b.cfg.Dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = os.Chmod(b.cfg.Dir, 0o755) }()
+	_, err := b.Exec(t.Context(), id, backend.ExecRequest{Command: "true", Timeout: 10 * time.Second})
+	if err == nil {
+		t.Fatal("a sandbox whose uid cannot reach its directory ran a command")
+	}
+	if !errors.Is(err, backend.ErrUnavailable) || !strings.Contains(err.Error(), "bubblewrap could not start") || strings.Contains(err.Error(), "no such process") {
+		t.Errorf("error %v: want bubblewrap's own reason, not the cgroup placement's", err)
+	}
+}
