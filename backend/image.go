@@ -2,6 +2,7 @@ package backend
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path"
 	"strings"
@@ -68,6 +69,24 @@ func (im Image) EnvMap() map[string]string {
 		m[k] = v
 	}
 	return m
+}
+
+// EnvOver is base with im's config Env over it, except HOME (a sandbox's
+// home stays its workspace): a command's environment before the sandbox's
+// and the request's. base itself is returned, not copied, when im sets
+// nothing.
+func (im Image) EnvOver(base map[string]string) map[string]string {
+	over := im.EnvMap()
+	if len(over) == 0 {
+		return base
+	}
+	env := maps.Clone(base)
+	for k, v := range over {
+		if k != "HOME" {
+			env[k] = v
+		}
+	}
+	return env
 }
 
 // ImageEtcLeftOut are the entries of an image's /etc that never enter its

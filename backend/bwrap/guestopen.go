@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path"
-	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -34,26 +32,6 @@ var (
 	errNoGuest = errors.New("the sandbox is terminated")
 )
 
-// guestPathOf is where p leads as the guest names it: a relative path
-// starts at /workspace. It is not cleaned: '..' after a symlink is the
-// guest kernel's business, as in a shell. Only what cannot be a path is
-// refused here.
-func guestPathOf(p string) (string, error) {
-	switch {
-	case p == "":
-		return "", fmt.Errorf("%w: the path is empty; give an absolute path in the sandbox, or one relative to %s", backend.ErrBadPath, guestWorkspace)
-	case strings.IndexByte(p, 0) >= 0:
-		return "", fmt.Errorf("%w: the path contains a NUL byte", backend.ErrBadPath)
-	}
-	if !path.IsAbs(p) {
-		p = guestWorkspace + "/" + p
-	}
-	if len(p) > backend.MaxGuestPathLen {
-		return "", fmt.Errorf("%w: the path is %d bytes long, more than the %d allowed", backend.ErrBadPath, len(p), backend.MaxGuestPathLen)
-	}
-	return p, nil
-}
-
 // inGuest runs fn on p opened inside sandbox id as its guest sees it (for
 // what: openRead or openList), the file operation tracked until fn
 // returns. fn gets a descriptor, never a name: the daemon reads what the
@@ -62,7 +40,7 @@ func (b *Backend) inGuest(ctx context.Context, id, p string, what uint32, fn fun
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	guest, err := guestPathOf(p)
+	guest, err := hostfs.GuestPath(p)
 	if err != nil {
 		return err
 	}

@@ -5,7 +5,6 @@ package bwrap
 
 import (
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -127,16 +126,10 @@ func prefixDest(opts []string, dir string) []string {
 // request's: baseEnv, with an image's config Env over it (its PATH and
 // such; HOME stays the workspace).
 func (sb *sandbox) baseEnv() map[string]string {
-	if sb.image == nil || len(sb.image.Env) == 0 {
+	if sb.image == nil {
 		return baseEnv
 	}
-	env := maps.Clone(baseEnv)
-	for k, v := range (backend.Image{Env: sb.image.Env}).EnvMap() {
-		if k != "HOME" {
-			env[k] = v
-		}
-	}
-	return env
+	return backend.Image{Env: sb.image.Env}.EnvOver(baseEnv)
 }
 
 // readImageRoot sets sb.imageOpts from its image's root.

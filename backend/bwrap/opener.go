@@ -115,22 +115,7 @@ func serveOpen(reply int) {
 	if err != nil {
 		errno = unix.EINVAL
 	} else {
-		flags := unix.O_RDONLY | unix.O_NONBLOCK | unix.O_NOCTTY | unix.O_CLOEXEC
-		if req.what == openList {
-			flags |= unix.O_DIRECTORY
-		}
-		for {
-			fd, err = unix.Open(req.path, flags, 0)
-			if !errors.Is(err, unix.EINTR) {
-				break
-			}
-		}
-		if err != nil {
-			errno = unix.EIO
-			if e, ok := errors.AsType[unix.Errno](err); ok && e != 0 {
-				errno = e
-			}
-		}
+		fd, errno = initproc.OpenForGuest(req.path, req.what == openList)
 	}
 	var rights []byte
 	if fd >= 0 {

@@ -5,8 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"path"
-	"strings"
 	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
@@ -124,24 +122,6 @@ func (b *Backend) initForFiles(ctx context.Context, sb *sandbox) (*initConn, err
 	return sb.init, nil
 }
 
-// guestPathOf is where p leads as the guest names it (relative paths start
-// at /workspace), not cleaned: '..' after a symlink is the guest kernel's.
-func guestPathOf(p string) (string, error) {
-	switch {
-	case p == "":
-		return "", fmt.Errorf("%w: the path is empty; give an absolute path in the sandbox, or one relative to %s", backend.ErrBadPath, guestWorkspace)
-	case strings.IndexByte(p, 0) >= 0:
-		return "", fmt.Errorf("%w: the path contains a NUL byte", backend.ErrBadPath)
-	}
-	if !path.IsAbs(p) {
-		p = guestWorkspace + "/" + p
-	}
-	if len(p) > backend.MaxGuestPathLen {
-		return "", fmt.Errorf("%w: the path is %d bytes long, more than the %d allowed", backend.ErrBadPath, len(p), backend.MaxGuestPathLen)
-	}
-	return p, nil
-}
-
 // inGuest runs one file op on p of sandbox id as its guest sees it,
 // bringing at most limit bytes. errNoGuest means the sandbox is
 // terminated: the caller may read its workspace and /tmp on the host.
@@ -149,7 +129,7 @@ func (b *Backend) inGuest(ctx context.Context, id, p string, req fileRequest, li
 	if err := ctx.Err(); err != nil {
 		return nil, fileDone{}, err
 	}
-	guest, err := guestPathOf(p)
+	guest, err := hostfs.GuestPath(p)
 	if err != nil {
 		return nil, fileDone{}, err
 	}

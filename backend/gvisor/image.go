@@ -10,7 +10,6 @@ package gvisor
 import (
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -337,14 +336,8 @@ func imageMounts(root string) ([]ociMount, error) {
 // baseEnvOf is sb's commands' environment before the sandbox's and the
 // request's: an image's config Env over baseEnv (HOME stays the workspace).
 func (sb *sandbox) baseEnvOf() map[string]string {
-	if sb.image == nil || len(sb.image.Env) == 0 {
+	if sb.image == nil {
 		return baseEnv
 	}
-	env := maps.Clone(baseEnv)
-	for k, v := range (backend.Image{Env: sb.image.Env}).EnvMap() {
-		if k != "HOME" {
-			env[k] = v
-		}
-	}
-	return env
+	return backend.Image{Env: sb.image.Env}.EnvOver(baseEnv)
 }

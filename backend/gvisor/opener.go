@@ -13,6 +13,7 @@ import (
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/hostfs"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc"
 )
 
 // Files as the sandbox sees them (gVisor).
@@ -85,23 +86,7 @@ func runOpener() int {
 		if n > 4 && n <= 4+backend.MaxGuestPathLen {
 			what, p := binary.LittleEndian.Uint32(buf), string(buf[4:n])
 			if (what == openRead || what == openList) && p[0] == '/' && strings.IndexByte(p, 0) < 0 {
-				flags := unix.O_RDONLY | unix.O_NONBLOCK | unix.O_NOCTTY | unix.O_CLOEXEC
-				if what == openList {
-					flags |= unix.O_DIRECTORY
-				}
-				for {
-					fd, err = unix.Open(p, flags, 0)
-					if !errors.Is(err, unix.EINTR) {
-						break
-					}
-				}
-				errno = 0
-				if err != nil {
-					errno = unix.EIO
-					if e, ok := errors.AsType[unix.Errno](err); ok && e != 0 {
-						errno = e
-					}
-				}
+				fd, errno = initproc.OpenForGuest(p, what == openList)
 			}
 		}
 		var rights []byte

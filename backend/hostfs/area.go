@@ -28,6 +28,26 @@ type Area struct {
 	Rel  string // path relative to it, "." for the directory itself
 }
 
+// GuestPath is where p leads as the guest names it, for a backend that
+// opens it inside the sandbox as its guest: a relative path starts at
+// /workspace. It is not cleaned: '..' after a symlink is the guest
+// kernel's business, as in a shell. Only what cannot be a path is refused.
+func GuestPath(p string) (string, error) {
+	switch {
+	case p == "":
+		return "", fmt.Errorf("%w: the path is empty; give an absolute path in the sandbox, or one relative to %s", backend.ErrBadPath, GuestWorkspace)
+	case strings.IndexByte(p, 0) >= 0:
+		return "", fmt.Errorf("%w: the path contains a NUL byte", backend.ErrBadPath)
+	}
+	if !path.IsAbs(p) {
+		p = GuestWorkspace + "/" + p
+	}
+	if len(p) > backend.MaxGuestPathLen {
+		return "", fmt.Errorf("%w: the path is %d bytes long, more than the %d allowed", backend.ErrBadPath, len(p), backend.MaxGuestPathLen)
+	}
+	return p, nil
+}
+
 // ResolveGuestPath maps a path as the guest sees it onto the sandbox's
 // /workspace or /tmp, the only places a write may go (a backend that opens
 // reads inside the sandbox, as its guest, takes any path for those). Relative paths start at /workspace. Anything else is

@@ -196,3 +196,29 @@ func ReserveThreads(n int) {
 	release.Done()
 	done.Wait()
 }
+
+// OpenForGuest opens path for an opener serving the daemon's file
+// operations inside a sandbox, with the opener's (the guest's) identity:
+// read-only, non-blocking (a FIFO does not wait for a writer), never as a
+// controlling terminal, close-on-exec, and a directory when dir is set. It
+// returns the descriptor, or -1 and the errno of the attempt (EIO for an
+// error that carries none).
+func OpenForGuest(path string, dir bool) (int, unix.Errno) {
+	flags := unix.O_RDONLY | unix.O_NONBLOCK | unix.O_NOCTTY | unix.O_CLOEXEC
+	if dir {
+		flags |= unix.O_DIRECTORY
+	}
+	for {
+		fd, err := unix.Open(path, flags, 0)
+		switch {
+		case err == nil:
+			return fd, 0
+		case errors.Is(err, unix.EINTR):
+			continue
+		}
+		if e, ok := errors.AsType[unix.Errno](err); ok && e != 0 {
+			return -1, e
+		}
+		return -1, unix.EIO
+	}
+}
