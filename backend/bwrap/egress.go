@@ -5,6 +5,7 @@ import (
 	"os"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/resources"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/egress"
 )
 
@@ -15,14 +16,7 @@ const networkAllowlist = "allowlist"
 
 // egressPolicy checks a spec's allow-lists for this daemon.
 func (b *Backend) egressPolicy(names, cidrs []string) (egress.Policy, error) {
-	if b.cfg.Egress == nil {
-		return egress.Policy{}, fmt.Errorf("%w: egress filtering is not enabled on this daemon, so it cannot limit a sandbox to allow_egress_to or allow_egress_to_cidrs; drop them (the sandbox then has no network), or an operator can enable it ([egress] enabled = true in the config, and the packaged unit's egress drop-in; see docs/operations.md)", backend.ErrSpecUnenforceable)
-	}
-	p, err := egress.ParsePolicy(names, cidrs)
-	if err != nil {
-		return p, fmt.Errorf("%w: %v", backend.ErrInvalidArgument, err)
-	}
-	return p, nil
+	return resources.EgressPolicy(b.cfg.Egress, names, cidrs, "the packaged unit's egress drop-in")
 }
 
 // egressPath is one init's network (an egress.Path): its namespace and the

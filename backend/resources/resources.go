@@ -18,6 +18,7 @@ import (
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/egress"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 )
 
@@ -172,3 +173,18 @@ func SweepCgroups(m *cgroup.Manager, log hclog.Logger, keep func(name string) bo
 
 // sweepWorkers bounds the cgroups SweepCgroups removes at once.
 const sweepWorkers = 4
+
+// EgressPolicy checks a spec's allow-lists for a daemon whose egress path
+// is e (nil: not enabled): ErrSpecUnenforceable without one, naming the
+// unit drop-ins that enable it (dropIns), ErrInvalidArgument for a bad
+// list.
+func EgressPolicy(e *egress.Egress, names, cidrs []string, dropIns string) (egress.Policy, error) {
+	if e == nil {
+		return egress.Policy{}, fmt.Errorf("%w: egress filtering is not enabled on this daemon, so it cannot limit a sandbox to allow_egress_to or allow_egress_to_cidrs; drop them (the sandbox then has no network), or an operator can enable it ([egress] enabled = true in the config, and %s; see docs/operations.md)", backend.ErrSpecUnenforceable, dropIns)
+	}
+	p, err := egress.ParsePolicy(names, cidrs)
+	if err != nil {
+		return p, fmt.Errorf("%w: %v", backend.ErrInvalidArgument, err)
+	}
+	return p, nil
+}
