@@ -2,11 +2,8 @@ package packaging
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -41,50 +38,11 @@ var includePackages = []string{
 // there is none. Concurrent runs wait for each other on a lock.
 func image(t *testing.T) string {
 	t.Helper()
-	dir := debroot.CacheDir()
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatalf("creating the image cache %s: %v", dir, err)
-	}
-	tarball := filepath.Join(dir, fmt.Sprintf("rootfs-%s-%s.tar", suite, debroot.Key(imageFormat, suite, variant, includePackages)))
-	lock, err := os.OpenFile(tarball+".lock", os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Close()
-	if err := debroot.FlockTimeout(lock, debootstrapTimeout); err != nil {
-		t.Fatalf("waiting for another run building %s: %v", tarball, err)
-	}
-	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
-
-	if _, err := os.Stat(tarball); err == nil {
-		t.Logf("image: cached %s", tarball)
-		return tarball
-	}
-	mirror := debroot.Mirror(suite)
-	start := time.Now()
-	t.Logf("image: debootstrap %s (%s, +%s) from %s: no cached %s", suite, variant, strings.Join(includePackages, ","), mirror, tarball)
-	build := t.TempDir()
-	root := filepath.Join(build, "root")
-	ctx, cancel := context.WithTimeout(context.Background(), debootstrapTimeout)
-	defer cancel()
-	out, err := debroot.RunHost(ctx, "debootstrap", "--variant="+variant, "--include="+strings.Join(includePackages, ","), suite, root, mirror)
-	if err != nil {
-		t.Fatalf("debootstrap failed (%v); last output:\n%s", err, debroot.Tail(out, 40))
-	}
-	// An empty machine-id: systemd makes one at each boot of a copy.
-	if err := os.WriteFile(filepath.Join(root, "etc/machine-id"), nil, 0o444); err != nil {
-		t.Fatal(err)
-	}
-	tmp := tarball + ".tmp"
-	if out, err := debroot.RunHost(ctx, "tar", "--numeric-owner", "--xattrs", "-C", root, "-cf", tmp, "."); err != nil {
-		os.Remove(tmp)
-		t.Fatalf("archiving the image: %v\n%s", err, debroot.Tail(out, 20))
-	}
-	if err := os.Rename(tmp, tarball); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("image: built in %s", time.Since(start).Round(time.Second))
-	return tarball
+	return debroot.Root{Prefix: "rootfs", Format: imageFormat, Suite: suite, Variant: variant, Packages: includePackages,
+		Timeout: debootstrapTimeout, TarArgs: []string{"--xattrs"},
+		// An empty machine-id: systemd makes one at each boot of a copy.
+		Tidy: func(root string) error { return os.WriteFile(filepath.Join(root, "etc/machine-id"), nil, 0o444) },
+	}.Tarball(t)
 }
 
 // unpack extracts the image into a fresh directory.

@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+	"testing"
 	"time"
 )
 
@@ -155,4 +156,68 @@ func Tail(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// Root is a debootstrapped root filesystem to build once and cache as a
+// tarball: CacheDir()/<Prefix>-<Suite>-<Key(Format, Suite, Variant,
+// Packages)>.tar.
+type Root struct {
+	Prefix, Format, Suite, Variant string
+	Packages                       []string
+	// Timeout bounds the wait for another run's build and this build.
+	Timeout time.Duration
+	// Tidy changes the root after debootstrap, before it is archived.
+	Tidy func(root string) error
+	// TarArgs are extra arguments for tar (e.g. --xattrs).
+	TarArgs []string
+}
+
+// Tarball returns r's cached tarball, debootstrapping it when there is
+// none; concurrent runs wait for each other on a lock beside it.
+func (r Root) Tarball(t *testing.T) string {
+	t.Helper()
+	dir := CacheDir()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatalf("creating the cache %s: %v", dir, err)
+	}
+	tarball := filepath.Join(dir, fmt.Sprintf("%s-%s-%s.tar", r.Prefix, r.Suite, Key(r.Format, r.Suite, r.Variant, r.Packages)))
+	lock, err := os.OpenFile(tarball+".lock", os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	if err := FlockTimeout(lock, r.Timeout); err != nil {
+		t.Fatalf("waiting for another run building %s: %v", tarball, err)
+	}
+	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
+	if _, err := os.Stat(tarball); err == nil {
+		t.Logf("%s: cached %s", r.Prefix, tarball)
+		return tarball
+	}
+	mirror := Mirror(r.Suite)
+	start := time.Now()
+	t.Logf("%s: debootstrap %s (%s, +%s) from %s: no cached %s", r.Prefix, r.Suite, r.Variant, strings.Join(r.Packages, ","), mirror, tarball)
+	root := filepath.Join(t.TempDir(), "root")
+	ctx, cancel := context.WithTimeout(context.Background(), r.Timeout)
+	defer cancel()
+	out, err := RunHost(ctx, "debootstrap", "--variant="+r.Variant, "--include="+strings.Join(r.Packages, ","), r.Suite, root, mirror)
+	if err != nil {
+		t.Fatalf("debootstrap failed (%v); last output:\n%s", err, Tail(out, 40))
+	}
+	if r.Tidy != nil {
+		if err := r.Tidy(root); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tmp := tarball + ".tmp"
+	args := append(append([]string{"--numeric-owner"}, r.TarArgs...), "-C", root, "-cf", tmp, ".")
+	if out, err := RunHost(ctx, "tar", args...); err != nil {
+		os.Remove(tmp)
+		t.Fatalf("archiving the root: %v\n%s", err, Tail(out, 20))
+	}
+	if err := os.Rename(tmp, tarball); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s: built in %s", r.Prefix, time.Since(start).Round(time.Second))
+	return tarball
 }
