@@ -5,7 +5,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"fmt"
@@ -115,29 +114,12 @@ func (d *daemon) kill9() {
 // restart starts the daemon again on the same state directory.
 func (d *daemon) restart() { d.start() }
 
-func (d *daemon) client(t *testing.T) *ipc.Client {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := ipc.Dial(ctx, d.socket)
-	require.NoError(t, err)
-	t.Cleanup(func() { c.Close() })
-	return c
-}
+func (d *daemon) client(t *testing.T) *ipc.Client { return testdaemon.Dial(t, d.socket) }
 
 // cli runs the daemonBin as a client of this daemon.
 func (d *daemon) cli(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
-	cmd := exec.Command(daemonBin, args...)
-	cmd.Env = append(os.Environ(), "SANDBOX_SIDECAR_SOCKET="+d.socket)
-	var o, e bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &o, &e
-	err := cmd.Run()
-	code = cmd.ProcessState.ExitCode()
-	if err != nil && code < 0 {
-		t.Fatalf("running %v: %v", args, err)
-	}
-	return o.String(), e.String(), code
+	return testdaemon.CLI(t, daemonBin, d.socket, args...)
 }
 
 func call(t *testing.T, c *ipc.Client, op string, args map[string]any) map[string]any {

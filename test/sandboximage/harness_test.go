@@ -16,7 +16,6 @@
 package sandboximage
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"os/exec"
@@ -112,31 +111,12 @@ func (d *daemon) kill9() {
 	<-d.proc.Done()
 }
 
-func (d *daemon) client(t *testing.T) *ipc.Client {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := ipc.Dial(ctx, d.socket)
-	require.NoError(t, err)
-	t.Cleanup(func() { c.Close() })
-	return c
-}
+func (d *daemon) client(t *testing.T) *ipc.Client { return testdaemon.Dial(t, d.socket) }
 
 // cli runs the daemon's binary as a client of d.
 func (d *daemon) cli(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
-	cmd := exec.Command(daemonBin, args...)
-	cmd.Env = append(os.Environ(), "SANDBOX_SIDECAR_SOCKET="+d.socket)
-	var o, e bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &o, &e
-	err := cmd.Run()
-	code = 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return o.String(), e.String(), code
+	return testdaemon.CLI(t, daemonBin, d.socket, args...)
 }
 
 // mustCLI is cli that fails t unless it exits 0.

@@ -6,6 +6,7 @@ package testdaemon
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -15,6 +16,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
 )
 
 // BinEnv names a daemon built elsewhere (a release binary, another
@@ -176,4 +179,34 @@ func (p *Process) Running() bool {
 	default:
 		return true
 	}
+}
+
+// Dial connects to the daemon on socket within 10 s; the connection closes
+// when the test ends.
+func Dial(t testing.TB, socket string) *ipc.Client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := ipc.Dial(ctx, socket)
+	if err != nil {
+		t.Fatalf("connecting to the daemon on %s: %v", socket, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// CLI runs bin (the daemon's binary) with args as a client of the daemon
+// on socket, and returns what it printed and its exit code.
+func CLI(t testing.TB, bin, socket string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), "SANDBOX_SIDECAR_SOCKET="+socket)
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	code = cmd.ProcessState.ExitCode()
+	if err != nil && code < 0 {
+		t.Fatalf("running %v: %v", args, err)
+	}
+	return o.String(), e.String(), code
 }
