@@ -84,8 +84,7 @@ func (s *Session) serveDNSTCP(r *tcp.ForwarderRequest) {
 	}
 	// Each refusal is audited before the guest learns of it (the reset),
 	// so the trail never lags what the guest saw.
-	if n := s.conns.Add(1); n > int64(s.e.cfg.MaxConns) {
-		s.conns.Add(-1)
+	if !s.takeConn() {
 		refuse(fmt.Sprintf("more than %d connections at once", s.e.cfg.MaxConns))
 		r.Complete(true)
 		return

@@ -186,6 +186,17 @@ func (s *Session) untrack(c io.Closer) {
 	c.Close()
 }
 
+// takeConn counts one more connection of the sandbox, or says it would be
+// one over max_conns (and counts nothing); its holder gives it back with
+// s.conns.Add(-1).
+func (s *Session) takeConn() bool {
+	if s.conns.Add(1) > int64(s.e.cfg.MaxConns) {
+		s.conns.Add(-1)
+		return false
+	}
+	return true
+}
+
 func (s *Session) audit(ev Event) {
 	ev.Sandbox, ev.Owner = s.sandbox, s.owner
 	s.e.cfg.Audit(ev)
@@ -285,8 +296,7 @@ func (s *Session) handleTCP(r *tcp.ForwarderRequest) {
 		r.Complete(true)
 		return
 	}
-	if n := s.conns.Add(1); n > int64(s.e.cfg.MaxConns) {
-		s.conns.Add(-1)
+	if !s.takeConn() {
 		ev.Reason = fmt.Sprintf("more than %d connections at once", s.e.cfg.MaxConns)
 		s.audit(ev)
 		r.Complete(true)
@@ -430,8 +440,7 @@ func (s *Session) handleUDP(r *udp.ForwarderRequest) {
 		s.audit(ev)
 		return // dropped, no ICMP
 	}
-	if n := s.conns.Add(1); n > int64(s.e.cfg.MaxConns) {
-		s.conns.Add(-1)
+	if !s.takeConn() {
 		ev.Reason = fmt.Sprintf("more than %d connections at once", s.e.cfg.MaxConns)
 		s.audit(ev)
 		return
