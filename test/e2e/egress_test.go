@@ -59,23 +59,7 @@ private_allowed = ["127.0.0.0/8"]
 	assert.Equal(t, "lo\n", string(out.Stdout))
 
 	logs := d.Logs()
-	var allowed, refused int
-	for _, l := range strings.Split(logs, "\n") {
-		if !strings.Contains(l, `"op":"egress"`) || !strings.Contains(l, `"sandbox":"`+id+`"`) {
-			continue
-		}
-		assert.Contains(t, l, `"owner":"dag/egress"`)
-		if strings.Contains(l, `"proto":"tcp"`) {
-			if strings.Contains(l, `"allowed":true`) {
-				allowed++
-				assert.Contains(t, l, `"name":"allowed.test"`)
-			} else {
-				refused++
-			}
-		}
-	}
-	assert.Equal(t, 1, allowed, "allowed connections in the audit trail")
-	assert.Equal(t, 1, refused, "refused connections in the audit trail (the metadata address)")
+	checkEgressAudit(t, logs, id, "dag/egress")
 	assert.Contains(t, logs, `"name":"other.test"`, "the NXDOMAIN is audited")
 
 	// A restart ends the init and its namespace; the adopted sandbox's next
@@ -95,4 +79,30 @@ func TestEgressOffRefusesLists(t *testing.T) {
 	e := callErr(t, c, ipc.OpCreate, map[string]any{"spec": map[string]any{"allow_egress_to": []string{"pypi.org"}}})
 	assert.Equal(t, ipc.CodeSpecUnenforceable, e.Code)
 	assert.Contains(t, e.Message, "egress filtering is not enabled")
+}
+
+// checkEgressAudit checks the daemon's audit lines for sandbox id's
+// egress: every one names its owner, and of its TCP connections exactly
+// one was allowed (to allowed.test) and one refused (the metadata
+// address).
+func checkEgressAudit(t *testing.T, logs, id, owner string) {
+	t.Helper()
+	var allowed, refused int
+	for _, l := range strings.Split(logs, "\n") {
+		if !strings.Contains(l, `"op":"egress"`) || !strings.Contains(l, `"sandbox":"`+id+`"`) {
+			continue
+		}
+		assert.Contains(t, l, `"owner":"`+owner+`"`)
+		if !strings.Contains(l, `"proto":"tcp"`) {
+			continue
+		}
+		if strings.Contains(l, `"allowed":true`) {
+			allowed++
+			assert.Contains(t, l, `"name":"allowed.test"`)
+		} else {
+			refused++
+		}
+	}
+	assert.Equal(t, 1, allowed, "allowed connections in the audit trail")
+	assert.Equal(t, 1, refused, "refused connections in the audit trail (the metadata address)")
 }

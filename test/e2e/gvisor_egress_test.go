@@ -3,7 +3,6 @@ package e2e
 import (
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -57,21 +56,7 @@ private_allowed = ["127.0.0.0/8"]
 	out = run(t, c, none, `tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '`)
 	assert.Equal(t, "lo\n", string(out.Stdout), "a sandbox without lists")
 
-	var allowed, refused int
-	for _, l := range strings.Split(d.Logs(), "\n") {
-		if !strings.Contains(l, `"op":"egress"`) || !strings.Contains(l, `"sandbox":"`+id+`"`) || !strings.Contains(l, `"proto":"tcp"`) {
-			continue
-		}
-		assert.Contains(t, l, `"owner":"dag/gvisor-egress"`)
-		if strings.Contains(l, `"allowed":true`) {
-			allowed++
-			assert.Contains(t, l, `"name":"allowed.test"`)
-		} else {
-			refused++
-		}
-	}
-	assert.Equal(t, 1, allowed, "allowed connections in the audit trail")
-	assert.Equal(t, 1, refused, "refused connections in the audit trail (the metadata address)")
+	checkEgressAudit(t, d.Logs(), id, "dag/gvisor-egress")
 
 	// kill -9: the init's pipes, the TUN device and the namespace go with
 	// the daemon; the restarted one removes what runsc still lists.
