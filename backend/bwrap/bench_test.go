@@ -59,26 +59,7 @@ func BenchmarkExecInterleaved(b *testing.B) {
 					}
 				}
 				viaInit() // the first command starts init: not what is measured
-				runs := []struct {
-					name string
-					f    func()
-					d    []time.Duration
-				}{{"host", host, nil}, {"init", viaInit, nil}}
-				i := 0
-				for b.Loop() {
-					// Rotate the order so that no way always follows another.
-					for k := range runs {
-						r := &runs[(i+k)%len(runs)]
-						start := time.Now()
-						r.f()
-						r.d = append(r.d, time.Since(start))
-					}
-					i++
-				}
-				for _, r := range runs {
-					b.ReportMetric(ms(percentile(r.d, 50)), r.name+"-p50-ms")
-					b.ReportMetric(ms(percentile(r.d, 99)), r.name+"-p99-ms")
-				}
+				runs := interleaved(b, []benchWay{{name: "host", f: host}, {name: "init", f: viaInit}})
 				h, in := runs[0].d, runs[1].d
 				b.ReportMetric(float64(percentile(in, 50))/float64(percentile(h, 50)), "ratio-p50")
 				b.ReportMetric(float64(percentile(in, 99))/float64(percentile(h, 99)), "ratio-p99")
@@ -169,25 +150,36 @@ func BenchmarkReadFileInterleaved(b *testing.B) {
 		}
 	}
 	guest() // starts init and its opener: not what is measured
-	runs := []struct {
-		name string
-		f    func()
-		d    []time.Duration
-	}{{"host", host, nil}, {"guest", guest, nil}}
+	interleaved(b, []benchWay{{name: "host", f: host}, {name: "guest", f: guest}})
+}
+
+// benchWay is one way of doing what a benchmark compares, and how long
+// each run of it took.
+type benchWay struct {
+	name string
+	f    func()
+	d    []time.Duration
+}
+
+// interleaved runs every way once per iteration, rotating the order so
+// that no way always follows another, reports each one's p50 and p99, and
+// returns the ways with their durations.
+func interleaved(b *testing.B, ways []benchWay) []benchWay {
 	i := 0
 	for b.Loop() {
-		for k := range runs {
-			r := &runs[(i+k)%len(runs)]
+		for k := range ways {
+			w := &ways[(i+k)%len(ways)]
 			start := time.Now()
-			r.f()
-			r.d = append(r.d, time.Since(start))
+			w.f()
+			w.d = append(w.d, time.Since(start))
 		}
 		i++
 	}
-	for _, r := range runs {
-		b.ReportMetric(ms(percentile(r.d, 50)), r.name+"-p50-ms")
-		b.ReportMetric(ms(percentile(r.d, 99)), r.name+"-p99-ms")
+	for _, w := range ways {
+		b.ReportMetric(ms(percentile(w.d, 50)), w.name+"-p50-ms")
+		b.ReportMetric(ms(percentile(w.d, 99)), w.name+"-p99-ms")
 	}
+	return ways
 }
 
 // BenchmarkInitStart starts and stops a sandbox's init (what a cold
