@@ -71,6 +71,17 @@ func (im Image) EnvMap() map[string]string {
 	return m
 }
 
+// ImageSpec is the image a sandbox runs on as a backend's spec.json keeps
+// it: what a restarted daemon needs to build the same root again.
+type ImageSpec struct {
+	Name   string   `json:"name"`
+	Digest string   `json:"digest"`
+	Root   string   `json:"root"`
+	Env    []string `json:"env,omitempty"`
+	// Shell says the image has /bin/sh, so a command string can run.
+	Shell bool `json:"shell"`
+}
+
 // EnvOver is base with im's config Env over it, except HOME (a sandbox's
 // home stays its workspace): a command's environment before the sandbox's
 // and the request's. base itself is returned, not copied, when im sets

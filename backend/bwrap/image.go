@@ -13,16 +13,8 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 )
 
-// imageSpec is the image a sandbox runs on, as spec.json keeps it: what a
-// restarted daemon needs to build the same root again.
-type imageSpec struct {
-	Name   string   `json:"name"`
-	Digest string   `json:"digest"`
-	Root   string   `json:"root"`
-	Env    []string `json:"env,omitempty"`
-	// Shell says the image has /bin/sh, so a command string can run.
-	Shell bool `json:"shell"`
-}
+// imageSpec is the image a sandbox runs on, as spec.json keeps it.
+type imageSpec = backend.ImageSpec
 
 // guestOwned are the top-level directories of the guest's root that never
 // come from an image: bwrap makes them (/proc, /dev), the sandbox's own

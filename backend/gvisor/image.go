@@ -24,13 +24,7 @@ import (
 )
 
 // imageSpec is the image a sandbox runs on, as spec.json keeps it.
-type imageSpec struct {
-	Name   string   `json:"name"`
-	Digest string   `json:"digest"`
-	Root   string   `json:"root"`
-	Env    []string `json:"env,omitempty"`
-	Shell  bool     `json:"shell"`
-}
+type imageSpec = backend.ImageSpec
 
 // guestOwned are the top-level names of the guest's root that never come
 // from an image; etcOwn the /etc files that are the daemon's.
