@@ -22,6 +22,7 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc/inittest"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/egress"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/egress/egresstest"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/egress/egresstest/loopsrv"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 )
 
@@ -66,24 +67,6 @@ ctx = ssl.create_default_context(); ctx.check_hostname = False; ctx.verify_mode 
 print(urllib.request.urlopen(sys.argv[1], timeout=20, context=ctx).read().decode(), end="")
 `
 
-// pyRaw resolves a name, connects a plain TCP socket, sends a line and
-// prints the answer; GAIERROR and exit 4 when the name does not resolve.
-const pyRaw = `
-import socket, sys
-try:
-    addr = socket.getaddrinfo(sys.argv[1], int(sys.argv[2]), socket.AF_INET, socket.SOCK_STREAM)[0][4]
-except socket.gaierror as e:
-    print("GAIERROR", e.errno); sys.exit(4)
-s = socket.create_connection(addr, timeout=20)
-s.sendall(b"ping raw\n")
-data = b""
-while True:
-    b = s.recv(4096)
-    if not b: break
-    data += b
-print(data.decode(), end="")
-`
-
 // pyUDP sends one datagram to a name's address.
 const pyUDP = `
 import socket, sys
@@ -120,7 +103,7 @@ func TestGVisorEgressAllowlist(t *testing.T) {
 		{[]string{"curl", "-ksS", "--max-time", "20", httpsURL}, "secure allowed.test:" + srv.TLSPort + " allowed.test"},
 		{[]string{"python3", "-c", pyFetch, httpURL}, "hello allowed.test:" + srv.HTTPPort},
 		{[]string{"python3", "-c", pyFetch, httpsURL}, "secure allowed.test:" + srv.TLSPort + " allowed.test"},
-		{[]string{"python3", "-c", pyRaw, egresstest.Allowed, srv.RawPort}, "echo ping raw\n"},
+		{[]string{"python3", "-c", loopsrv.PyRaw, egresstest.Allowed, srv.RawPort}, "echo ping raw\n"},
 	} {
 		if res := guest(t, b, id, c.argv...); res.ExitCode != 0 || string(res.Stdout) != c.want {
 			t.Errorf("%v: exit %d, %q (stderr %q), want %q", c.argv[:2], res.ExitCode, res.Stdout, res.Stderr, c.want)
@@ -133,7 +116,7 @@ func TestGVisorEgressAllowlist(t *testing.T) {
 	if res := guest(t, b, id, "getent", "ahosts", egresstest.Other); res.ExitCode != 2 {
 		t.Errorf("getent ahosts other.test: exit %d %q, want 2 (not found)", res.ExitCode, res.Stdout)
 	}
-	if res := guest(t, b, id, "python3", "-c", pyRaw, egresstest.Other, srv.RawPort); res.ExitCode != 4 || !strings.Contains(string(res.Stdout), "GAIERROR") {
+	if res := guest(t, b, id, "python3", "-c", loopsrv.PyRaw, egresstest.Other, srv.RawPort); res.ExitCode != 4 || !strings.Contains(string(res.Stdout), "GAIERROR") {
 		t.Errorf("other.test resolved: exit %d %q %q", res.ExitCode, res.Stdout, res.Stderr)
 	}
 	if res := guest(t, b, id, "curl", "-sS", "--max-time", "20", "http://"+egresstest.OtherGuestAddr+":"+srv.HTTPPort+"/"); res.ExitCode == 0 {

@@ -1,13 +1,11 @@
 package egress
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -20,6 +18,8 @@ import (
 	"time"
 
 	"golang.org/x/net/dns/dnsmessage"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/egress/egresstest/loopsrv"
 )
 
 // needRoot skips without root, /dev/net/tun or bwrap; under CI=true it
@@ -174,38 +174,9 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 		t.Fatal(err)
 	}
 	// Servers on the host's loopback.
-	hs := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "hello %s", r.Host)
-	}))
-	hs.Start()
-	t.Cleanup(hs.Close)
-	_, h.port, _ = net.SplitHostPort(hs.Listener.Addr().String())
+	srv := loopsrv.Start(t)
+	h.port, h.tlsPort, h.rawPort = srv.HTTPPort, srv.TLSPort, srv.RawPort
 	h.httpURL = "http://allowed.test:" + h.port + "/"
-	ts := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "secure %s %s", r.Host, r.TLS.ServerName)
-	}))
-	ts.StartTLS()
-	t.Cleanup(ts.Close)
-	_, h.tlsPort, _ = net.SplitHostPort(ts.Listener.Addr().String())
-	raw, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { raw.Close() })
-	_, h.rawPort, _ = net.SplitHostPort(raw.Addr().String())
-	go func() {
-		for {
-			c, err := raw.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				line, _ := bufio.NewReader(c).ReadString('\n')
-				fmt.Fprintf(c, "echo %s", line)
-			}()
-		}
-	}()
 	return h
 }
 
@@ -239,22 +210,6 @@ except Exception as e:
     print("ERROR", type(e).__name__, e); sys.exit(3)
 `
 
-const pyRaw = `
-import socket, sys
-try:
-    addr = socket.getaddrinfo(sys.argv[1], int(sys.argv[2]), socket.AF_INET, socket.SOCK_STREAM)[0][4]
-except socket.gaierror as e:
-    print("GAIERROR", e.errno); sys.exit(4)
-s = socket.create_connection(addr, timeout=20)
-s.sendall(b"ping raw\n")
-data = b""
-while True:
-    b = s.recv(4096)
-    if not b: break
-    data += b
-print(data.decode(), end="")
-`
-
 func TestAllowedNameHTTPHTTPSAndRaw(t *testing.T) {
 	h := newHarness(t, harnessOpts{names: []string{"allowed.test"}})
 	out, err := h.run("curl", "-sS", "--max-time", "20", h.httpURL)
@@ -271,7 +226,7 @@ func TestAllowedNameHTTPHTTPSAndRaw(t *testing.T) {
 			t.Fatalf("python urllib %s: %v %q", u, err, out)
 		}
 	}
-	out, err = h.run("/usr/bin/python3", "-c", pyRaw, "allowed.test", h.rawPort)
+	out, err = h.run("/usr/bin/python3", "-c", loopsrv.PyRaw, "allowed.test", h.rawPort)
 	if err != nil || out != "echo ping raw\n" {
 		t.Fatalf("raw socket: %v %q", err, out)
 	}
@@ -373,7 +328,7 @@ func TestNameNotOnTheList(t *testing.T) {
 	if m := h.dnsQuery("allowed.test", dnsmessage.TypeAAAA); m.RCode != dnsmessage.RCodeSuccess || len(m.Answers) != 0 {
 		t.Fatalf("allowed.test AAAA (it has none): %v %v", m.RCode, m.Answers)
 	}
-	out, err := h.run("/usr/bin/python3", "-c", pyRaw, "other.test", h.rawPort)
+	out, err := h.run("/usr/bin/python3", "-c", loopsrv.PyRaw, "other.test", h.rawPort)
 	if err == nil || !strings.Contains(out, "GAIERROR") {
 		t.Fatalf("other.test resolved: %v %q", err, out)
 	}

@@ -7,21 +7,18 @@
 package egresstest
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
-	"net/http/httptest"
 	"net/netip"
 	"os"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/egress"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/egress/egresstest/loopsrv"
 )
 
 // The test names and the addresses a sandbox is handed for them (the
@@ -124,63 +121,8 @@ func (l *Log) Await(pred func(egress.Event) bool, n int) []egress.Event {
 	}
 }
 
-// Servers listen on 127.0.0.1 until the test ends: HTTP answers "hello
-// HOST", HTTPS "secure HOST SNI", Raw echoes its first line as "echo
-// LINE", and UDP counts the datagrams it gets.
-type Servers struct {
-	HTTPPort, TLSPort, RawPort, UDPPort string
-	udp                                 atomic.Int64
-}
+// Servers are loopsrv's loopback servers for the sandboxes to reach.
+type Servers = loopsrv.Servers
 
-// StartServers starts the servers.
-func StartServers(t testing.TB) *Servers {
-	t.Helper()
-	s := &Servers{}
-	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, "hello %s", r.Host) }))
-	t.Cleanup(hs.Close)
-	_, s.HTTPPort, _ = net.SplitHostPort(hs.Listener.Addr().String())
-	ts := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "secure %s %s", r.Host, r.TLS.ServerName)
-	}))
-	t.Cleanup(ts.Close)
-	_, s.TLSPort, _ = net.SplitHostPort(ts.Listener.Addr().String())
-	raw, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { raw.Close() })
-	_, s.RawPort, _ = net.SplitHostPort(raw.Addr().String())
-	go func() {
-		for {
-			c, err := raw.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				_ = c.SetDeadline(time.Now().Add(30 * time.Second))
-				line, _ := bufio.NewReader(c).ReadString('\n')
-				fmt.Fprintf(c, "echo %s", line)
-			}()
-		}
-	}()
-	u, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { u.Close() })
-	_, s.UDPPort, _ = net.SplitHostPort(u.LocalAddr().String())
-	go func() {
-		buf := make([]byte, 2048)
-		for {
-			if _, _, err := u.ReadFrom(buf); err != nil {
-				return
-			}
-			s.udp.Add(1)
-		}
-	}()
-	return s
-}
-
-// UDPReceived is how many datagrams the UDP server got.
-func (s *Servers) UDPReceived() int64 { return s.udp.Load() }
+// StartServers starts them (loopsrv.Start).
+func StartServers(t testing.TB) *Servers { return loopsrv.Start(t) }
