@@ -104,9 +104,31 @@ func (a *egressAudit) event(fallback hclog.Logger) func(egress.Event) {
 		}
 		if ev.Proto != "dns" {
 			kv = append(kv, "bytes_out", ev.BytesOut, "bytes_in", ev.BytesIn, "duration_ms", ev.Duration.Milliseconds())
+		} else {
+			kv = append(kv, dnsAuditFields(ev)...)
 		}
 		log.Info("audit", kv...)
 	}
+}
+
+// dnsAuditFields are a DNS audit line's own fields (docs/operations.md,
+// Egress): the transport, and for a query the resolver answered its type,
+// the reply's code, the addresses handed out and those withheld (lists,
+// empty rather than absent).
+func dnsAuditFields(ev egress.Event) []any {
+	kv := []any{"transport", ev.Transport}
+	if ev.RCode == "" && ev.QType == "" {
+		return kv // a DNS-over-TCP connection refused or closed: no query to describe
+	}
+	answers := make([]string, 0, len(ev.Answers))
+	for _, a := range ev.Answers {
+		answers = append(answers, a.String())
+	}
+	withheld := make([]string, 0, len(ev.Withheld))
+	for _, w := range ev.Withheld {
+		withheld = append(withheld, w.String())
+	}
+	return append(kv, "qtype", ev.QType, "rcode", ev.RCode, "answers", answers, "withheld", withheld)
 }
 
 // newEgress is the daemon's egress path, or nil when it is off. On, the

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -45,9 +47,18 @@ var dnsTCPIdle atomic.Int64
 
 func init() { dnsTCPIdle.Store(int64(10 * time.Second)) }
 
-// serveDNS answers the sandbox's queries on c until the session closes.
-func (s *Session) serveDNS(c *gonet.UDPConn) {
+// dnsFrom is how a query reached the resolver: over which transport, to
+// which of its addresses (always port 53).
+type dnsFrom struct {
+	transport string // "udp" or "tcp"
+	resolver  netip.Addr
+}
+
+// serveDNS answers the sandbox's queries on c, the resolver's UDP socket
+// on address at, until the session closes.
+func (s *Session) serveDNS(c *gonet.UDPConn, at netip.Addr) {
 	defer s.wg.Done()
+	via := dnsFrom{transport: "udp", resolver: at}
 	buf := make([]byte, maxDNSQuery)
 	for {
 		n, from, err := c.ReadFrom(buf)
@@ -64,7 +75,7 @@ func (s *Session) serveDNS(c *gonet.UDPConn) {
 		go func() {
 			defer s.wg.Done()
 			defer func() { <-s.dnsSem }()
-			if resp := s.answer(q, false); resp != nil {
+			if resp := s.answer(q, via); resp != nil {
 				c.WriteTo(resp, from)
 			}
 		}()
@@ -79,8 +90,9 @@ func (s *Session) serveDNS(c *gonet.UDPConn) {
 // maxDNSQuery or a message that is not a query.
 func (s *Session) serveDNSTCP(r *tcp.ForwarderRequest) {
 	id := r.ID()
+	from := dnsFrom{transport: "tcp", resolver: addrOf(id.LocalAddress)}
 	refuse := func(reason string) {
-		s.audit(Event{Proto: "dns", Addr: addrOf(id.LocalAddress), Port: id.LocalPort, Reason: "DNS over TCP: " + reason})
+		s.audit(Event{Proto: "dns", Transport: from.transport, Addr: from.resolver, Port: dnsPort, Reason: "DNS over TCP: " + reason})
 	}
 	// Each refusal is audited before the guest learns of it (the reset),
 	// so the trail never lags what the guest saw.
@@ -126,7 +138,7 @@ func (s *Session) serveDNSTCP(r *tcp.ForwarderRequest) {
 		case <-s.closing:
 			return
 		}
-		resp := s.answer(buf[:n], true)
+		resp := s.answer(buf[:n], from)
 		<-s.dnsSem
 		if resp == nil {
 			refuse("not a query: closed")
@@ -140,31 +152,44 @@ func (s *Session) serveDNSTCP(r *tcp.ForwarderRequest) {
 	}
 }
 
-// answer builds the reply to one query that came over TCP or UDP (nil:
-// not a query worth one).
-func (s *Session) answer(query []byte, overTCP bool) []byte {
+// answer builds the reply to one query that came as from says (nil: not a
+// query worth one), and audits it: one line per query answered, saying
+// what was asked, over which transport, and what the sandbox was told.
+func (s *Session) answer(query []byte, from dnsFrom) []byte {
 	var p dnsmessage.Parser
 	h, err := p.Start(query)
 	if err != nil || h.Response {
 		return nil
 	}
+	ev := Event{Proto: "dns", Transport: from.transport, Addr: from.resolver, Port: dnsPort}
 	q, err := p.Question()
 	if err != nil {
+		ev.RCode, ev.Reason = rcodeName(dnsmessage.RCodeFormatError), "no question that parses"
+		s.audit(ev)
 		return reply(h, nil, dnsmessage.RCodeFormatError, nil, false, maxUDPReply)
 	}
-	edns, limit := replyLimit(&p, overTCP)
-	respond := func(h dnsmessage.Header, q *dnsmessage.Question, rcode dnsmessage.RCode, addrs []netip.Addr) []byte {
-		return reply(h, q, rcode, addrs, edns, limit)
-	}
+	edns, limit := replyLimit(&p, from.transport == "tcp")
 	name := normName(q.Name.String())
-	ev := Event{Proto: "dns", Name: name}
+	ev.Name, ev.QType = name, typeName(q.Type)
+	// respond builds the reply and audits it, before the sandbox can see
+	// it: the trail never lags what the guest was told.
+	respond := func(rcode dnsmessage.RCode, reason string, addrs []netip.Addr) []byte {
+		out := reply(h, &q, rcode, addrs, edns, limit)
+		ev.RCode, ev.Reason, ev.Answers, ev.Allowed = rcodeName(rcode), reason, addrs, len(addrs) > 0
+		switch {
+		case out == nil:
+			ev.RCode, ev.Reason = "", reason+"; no reply could be built, none sent"
+		case out[2]&0x02 != 0: // TC
+			ev.Reason = reason + fmt.Sprintf("; truncated (TC: longer than %d bytes), the client asks again over TCP", limit)
+		}
+		s.audit(ev)
+		return out
+	}
 	if h.OpCode != 0 || q.Class != dnsmessage.ClassINET {
-		return respond(h, &q, dnsmessage.RCodeNotImplemented, nil)
+		return respond(dnsmessage.RCodeNotImplemented, fmt.Sprintf("opcode %d, class %s: only standard queries of class IN are answered", h.OpCode, strings.TrimPrefix(q.Class.String(), "Class")), nil)
 	}
 	if !s.policy.AllowsName(name) {
-		ev.Reason = "name not allowed: NXDOMAIN"
-		s.audit(ev)
-		return respond(h, &q, dnsmessage.RCodeNameError, nil)
+		return respond(dnsmessage.RCodeNameError, "name not allowed: NXDOMAIN", nil)
 	}
 	var network string
 	switch q.Type {
@@ -173,23 +198,27 @@ func (s *Session) answer(query []byte, overTCP bool) []byte {
 	case dnsmessage.TypeAAAA:
 		network = "ip6"
 	default:
-		return respond(h, &q, dnsmessage.RCodeSuccess, nil) // allowed, but nothing to hand out
+		return respond(dnsmessage.RCodeSuccess, "an allowed name, but only A and AAAA queries are answered: no records", nil)
 	}
 	addrs, err := s.lookup(name, network)
 	if err != nil {
-		ev.Reason = "lookup: " + err.Error()
-		s.audit(ev)
-		return respond(h, &q, dnsmessage.RCodeServerFailure, nil)
+		return respond(dnsmessage.RCodeServerFailure, "lookup: "+err.Error(), nil)
 	}
 	var out []netip.Addr
+	withheld := 0
 	for _, a := range addrs {
-		if ok, why := s.e.permitted(a); !ok {
-			s.audit(Event{Proto: "dns", Name: name, Addr: a, Reason: "not handed out: " + why})
-			continue
+		why := ""
+		if ok, reason := s.e.permitted(a); !ok {
+			why = reason
 		}
 		g, ok := toGuest(a)
-		if !ok {
-			s.audit(Event{Proto: "dns", Name: name, Addr: a, Reason: "not handed out: no stand-in for this loopback address"})
+		if why == "" && !ok {
+			why = "no stand-in for this loopback address"
+		}
+		if why != "" {
+			if withheld++; len(ev.Withheld) < maxDNSAnswers {
+				ev.Withheld = append(ev.Withheld, Withheld{Addr: a, Reason: why})
+			}
 			continue
 		}
 		if len(out) < maxDNSAnswers {
@@ -197,15 +226,48 @@ func (s *Session) answer(query []byte, overTCP bool) []byte {
 			out = append(out, g)
 		}
 	}
-	ev.Allowed = len(out) > 0
-	ev.Reason = "answered"
-	if len(out) == 0 {
-		ev.Reason = "no address that may be handed out"
-	} else {
-		ev.Addr = out[0]
+	reason := "answered"
+	switch {
+	case len(addrs) == 0:
+		reason = "the name has no " + ev.QType + " address"
+	case len(out) == 0:
+		reason = "no address that may be handed out"
 	}
-	s.audit(ev)
-	return respond(h, &q, dnsmessage.RCodeSuccess, out)
+	if withheld > len(ev.Withheld) {
+		reason += fmt.Sprintf(" (%d addresses withheld, the first %d listed)", withheld, len(ev.Withheld))
+	}
+	return respond(dnsmessage.RCodeSuccess, reason, out)
+}
+
+// dnsPort is the resolver's port, over UDP and TCP.
+const dnsPort = 53
+
+// typeName is a query type as the DNS writes it: "A", "AAAA", or TYPEnnn
+// (RFC 3597) for one dnsmessage has no name for.
+func typeName(t dnsmessage.Type) string {
+	if n, ok := strings.CutPrefix(t.String(), "Type"); ok {
+		return n
+	}
+	return "TYPE" + strconv.Itoa(int(t))
+}
+
+// rcodeName is a reply code as the DNS writes it.
+func rcodeName(c dnsmessage.RCode) string {
+	switch c {
+	case dnsmessage.RCodeSuccess:
+		return "NOERROR"
+	case dnsmessage.RCodeFormatError:
+		return "FORMERR"
+	case dnsmessage.RCodeServerFailure:
+		return "SERVFAIL"
+	case dnsmessage.RCodeNameError:
+		return "NXDOMAIN"
+	case dnsmessage.RCodeNotImplemented:
+		return "NOTIMP"
+	case dnsmessage.RCodeRefused:
+		return "REFUSED"
+	}
+	return "RCODE" + strconv.Itoa(int(c))
 }
 
 func (s *Session) lookup(name, network string) ([]netip.Addr, error) {

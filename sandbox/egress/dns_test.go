@@ -439,3 +439,116 @@ func TestUDPTruncatedRetriedOverTCP(t *testing.T) {
 		t.Errorf("the daemon dialled %d times", h.dials.Load())
 	}
 }
+
+// dnsAudit is what TestDNSAuditLines compares of a DNS event.
+type dnsAudit struct {
+	Transport, Addr string
+	Port            uint16
+	Name, QType     string
+	RCode           string
+	Answers         string
+	Withheld        string
+	Allowed         bool
+	Reason          string // a prefix
+}
+
+func dnsAuditOf(ev Event) dnsAudit {
+	var ws []string
+	for _, w := range ev.Withheld {
+		ws = append(ws, w.String())
+	}
+	return dnsAudit{Transport: ev.Transport, Addr: ev.Addr.String(), Port: ev.Port, Name: ev.Name, QType: ev.QType, RCode: ev.RCode,
+		Answers: fmt.Sprint(ev.Answers), Withheld: strings.Join(ws, "; "), Allowed: ev.Allowed, Reason: ev.Reason}
+}
+
+// TestDNSAuditLines: each query the resolver answers is one audit event
+// saying how it came (UDP or TCP, to which resolver address, port 53),
+// what it asked (name, type) and what the sandbox was told (the reply's
+// code, the addresses handed out, those withheld and why); a DNS-over-TCP
+// connection the resolver closes says so with the same transport, address
+// and port. (Before, a DNS event carried the first address handed out as
+// its address and port 0, and nothing of the query's type, transport or
+// withheld addresses.)
+func TestDNSAuditLines(t *testing.T) {
+	hosts := bigHosts()
+	hosts["mixed.test"] = []netip.Addr{lo1, netip.MustParseAddr("169.254.169.254"), netip.MustParseAddr("10.0.0.5")}
+	h := newHarness(t, harnessOpts{names: []string{"allowed.test", "sixloopback.test", "mixed.test", bigName}, hosts: hosts})
+	r4, r6 := ResolverAddr4.String(), ResolverAddr6.String()
+	overTCP := func(q []byte) {
+		c, err := h.dialDNSTCP()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		writeTCPMessage(t, c, q)
+		if _, err := readTCPMessage(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	chaos := func() []byte {
+		b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: 9})
+		b.StartQuestions()
+		b.Question(dnsmessage.Question{Name: dnsmessage.MustNewName("version.bind."), Type: dnsmessage.TypeTXT, Class: dnsmessage.ClassCHAOS})
+		q, _ := b.Finish()
+		return q
+	}()
+	for _, c := range []struct {
+		what string
+		ask  func()
+		want dnsAudit
+	}{
+		{"an allowed name, UDP", func() { h.dnsQuery("allowed.test", dnsmessage.TypeA) },
+			dnsAudit{"udp", r4, 53, "allowed.test", "A", "NOERROR", "[100.127.0.1]", "", true, "answered"}},
+		{"an allowed name's AAAA, UDP to the IPv6 resolver", func() { h.dnsQueryTo(ResolverAddr6, "sixloopback.test", dnsmessage.TypeAAAA) },
+			dnsAudit{"udp", r6, 53, "sixloopback.test", "AAAA", "NOERROR", "[fd00:5b5b::7f00:1]", "", true, "answered"}},
+		{"the same name's A, which it has none of", func() { h.dnsQuery("sixloopback.test", dnsmessage.TypeA) },
+			dnsAudit{"udp", r4, 53, "sixloopback.test", "A", "NOERROR", "[]", "", false, "the name has no A address"}},
+		{"a name off the list, TCP", func() { overTCP(query(t, 3, "other.test", dnsmessage.TypeAAAA, 0)) },
+			dnsAudit{"tcp", r4, 53, "other.test", "AAAA", "NXDOMAIN", "[]", "", false, "name not allowed: NXDOMAIN"}},
+		{"an allowed name's TXT", func() { h.dnsQuery("allowed.test", dnsmessage.TypeTXT) },
+			dnsAudit{"udp", r4, 53, "allowed.test", "TXT", "NOERROR", "[]", "", false, "an allowed name, but only A and AAAA queries are answered"}},
+		{"a name with forbidden addresses among its own", func() { h.dnsQuery("mixed.test", dnsmessage.TypeA) },
+			dnsAudit{"udp", r4, 53, "mixed.test", "A", "NOERROR", "[100.127.0.1]",
+				"169.254.169.254 (a link-local address (the cloud metadata endpoint lives there) is never reachable); 10.0.0.5 (a private or reserved address, which the operator does not permit)",
+				true, "answered"}},
+		{"an answer too long for UDP", func() { h.udpExchange(query(t, 4, bigName, dnsmessage.TypeAAAA, 0)) },
+			dnsAudit{"udp", r4, 53, bigName, "AAAA", "NOERROR", fmt.Sprint(hosts[bigName]), "", true, "answered; truncated (TC: longer than 512 bytes), the client asks again over TCP"}},
+		{"class CHAOS", func() { h.udpExchange(chaos) },
+			dnsAudit{"udp", r4, 53, "version.bind", "TXT", "NOTIMP", "[]", "", false, "opcode 0, class CHAOS: only standard queries of class IN are answered"}},
+	} {
+		before := len(h.eventsFor(func(ev Event) bool { return ev.Proto == "dns" }))
+		c.ask()
+		evs := h.eventsFor(func(ev Event) bool { return ev.Proto == "dns" })[before:]
+		if len(evs) != 1 {
+			t.Errorf("%s: %d DNS events, want 1: %+v", c.what, len(evs), evs)
+			continue
+		}
+		got := dnsAuditOf(evs[0])
+		if !strings.HasPrefix(got.Reason, c.want.Reason) {
+			t.Errorf("%s: reason %q, want it to begin %q", c.what, got.Reason, c.want.Reason)
+		}
+		got.Reason = c.want.Reason
+		if got != c.want {
+			t.Errorf("%s: audited\n%+v, want\n%+v", c.what, got, c.want)
+		}
+	}
+
+	// A DNS-over-TCP connection closed for a bad length: the resolver's
+	// address and port, TCP, no query.
+	c, err := h.dialDNSTCP()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Write([]byte{0, 0})
+	expectClosed(t, "a zero-length message", c)
+	c.Close()
+	evs := h.awaitEvents(func(ev Event) bool {
+		return ev.Proto == "dns" && strings.HasPrefix(ev.Reason, "DNS over TCP: a message of 0 bytes")
+	}, 1)
+	if len(evs) != 1 {
+		t.Fatalf("the closed connection's audit: %+v", evs)
+	}
+	if got, want := dnsAuditOf(evs[0]), (dnsAudit{Transport: "tcp", Addr: r4, Port: 53, Answers: "[]", Reason: evs[0].Reason}); got != want {
+		t.Errorf("the closed connection's audit: %+v, want %+v", got, want)
+	}
+}

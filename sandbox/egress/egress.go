@@ -83,19 +83,44 @@ func ResolvConf() string {
 	return fmt.Sprintf("nameserver %s\noptions timeout:2 attempts:2\n", ResolverAddr4)
 }
 
-// Event is one audit line: a connection, a datagram flow or a DNS answer.
+// Event is one audit line: a connection, a datagram flow, or a DNS query
+// the resolver answered (or, over TCP, a DNS connection it refused or
+// closed).
+//
+// For a connection or flow ("tcp", "udp"), Addr and Port are the
+// destination the sandbox asked for (the real address behind a loopback
+// stand-in). For DNS ("dns") they are the resolver the query went to, as
+// the sandbox addressed it (ResolverAddr4 or ResolverAddr6) and port 53;
+// Transport says over which protocol, and the query's fields what was
+// asked and answered.
 type Event struct {
 	Sandbox, Owner string
 	Proto          string // "tcp", "udp" or "dns"
 	Name           string // the name asked for (DNS question, SNI, Host, or the name the address was handed out for)
 	Addr           netip.Addr
 	Port           uint16
-	Allowed        bool
+	Allowed        bool // a connection: relayed; DNS: at least one address handed out
 	Reason         string
 	BytesOut       int64 // sandbox to the world
 	BytesIn        int64 // the world to the sandbox
 	Duration       time.Duration
+
+	// DNS only.
+	Transport string       // "udp" or "tcp": how the query came to the resolver
+	QType     string       // the query's type: "A", "AAAA", "TXT", ... ("TYPE65" for one without a name); "" when no question parsed
+	RCode     string       // the reply's: "NOERROR", "NXDOMAIN", "SERVFAIL", "NOTIMP" or "FORMERR"; "" when no reply was sent
+	Answers   []netip.Addr // the addresses handed out, as the sandbox was given them (a loopback address as its stand-in)
+	Withheld  []Withheld   // addresses the name resolved to that were not handed out (at most maxDNSAnswers)
 }
+
+// Withheld is an address a name resolved to that the resolver did not hand
+// out, and why.
+type Withheld struct {
+	Addr   netip.Addr
+	Reason string
+}
+
+func (w Withheld) String() string { return w.Addr.String() + " (" + w.Reason + ")" }
 
 // Config is the operator's side of egress, shared by every sandbox.
 type Config struct {

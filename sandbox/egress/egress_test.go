@@ -269,10 +269,17 @@ func TestSNIAndHostMustMatch(t *testing.T) {
 // dnsQuery asks the egress resolver from inside the namespace.
 func (h *harness) dnsQuery(name string, typ dnsmessage.Type) dnsmessage.Message {
 	h.t.Helper()
+	return h.dnsQueryTo(ResolverAddr4, name, typ)
+}
+
+// dnsQueryTo asks the egress resolver at resolver (ResolverAddr4 or
+// ResolverAddr6) over UDP from inside the namespace.
+func (h *harness) dnsQueryTo(resolver netip.Addr, name string, typ dnsmessage.Type) dnsmessage.Message {
+	h.t.Helper()
 	var conn *net.UDPConn
 	if err := h.ns.Do(func() error {
 		var err error
-		conn, err = net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(ResolverAddr4, 53)))
+		conn, err = net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(resolver, 53)))
 		return err
 	}); err != nil {
 		h.t.Fatal(err)
@@ -381,9 +388,11 @@ func TestRebindingToForbiddenAddress(t *testing.T) {
 	if m := h.dnsQuery("rebind.test", dnsmessage.TypeA); m.RCode != dnsmessage.RCodeSuccess || len(m.Answers) != 0 {
 		t.Fatalf("second lookup handed out %v", answers(m))
 	}
-	dropped := h.eventsFor(func(ev Event) bool { return ev.Proto == "dns" && strings.HasPrefix(ev.Reason, "not handed out") })
-	if len(dropped) != 2 || !strings.Contains(dropped[0].Reason, "link-local") || !strings.Contains(dropped[1].Reason, "private") {
-		t.Fatalf("audit of dropped addresses: %+v", dropped)
+	// The second answer's audit line lists both addresses withheld, with why.
+	second := h.eventsFor(func(ev Event) bool { return ev.Proto == "dns" && ev.Name == "rebind.test" && len(ev.Withheld) > 0 })
+	if len(second) != 1 || len(second[0].Answers) != 0 || len(second[0].Withheld) != 2 ||
+		!strings.Contains(second[0].Withheld[0].Reason, "link-local") || !strings.Contains(second[0].Withheld[1].Reason, "private") {
+		t.Fatalf("audit of the withheld addresses: %+v", second)
 	}
 	// The metadata address was never handed out: connecting to it is
 	// refused before any dial.

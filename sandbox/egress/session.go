@@ -113,13 +113,13 @@ func newSession(e *Egress, tun *os.File, sandbox, owner string, p Policy) (_ *Se
 		if a.Is6() {
 			proto = ipv6.ProtocolNumber
 		}
-		c, err := gonet.DialUDP(s.stack, &tcpip.FullAddress{NIC: nicID, Addr: tcpip.AddrFromSlice(a.AsSlice()), Port: 53}, nil, proto)
+		c, err := gonet.DialUDP(s.stack, &tcpip.FullAddress{NIC: nicID, Addr: tcpip.AddrFromSlice(a.AsSlice()), Port: dnsPort}, nil, proto)
 		if err != nil {
 			return nil, fmt.Errorf("egress: resolver socket: %v", err)
 		}
 		s.track(c)
 		s.wg.Add(1)
-		go s.serveDNS(c)
+		go s.serveDNS(c, a)
 	}
 	return s, nil
 }
@@ -281,7 +281,7 @@ func (s *Session) decide(guestAddr netip.Addr, port uint16) decision {
 func (s *Session) handleTCP(r *tcp.ForwarderRequest) {
 	id := r.ID()
 	guestDst, port := addrOf(id.LocalAddress), id.LocalPort
-	if (guestDst == ResolverAddr4 || guestDst == ResolverAddr6) && port == 53 {
+	if (guestDst == ResolverAddr4 || guestDst == ResolverAddr6) && port == dnsPort {
 		s.serveDNSTCP(r)
 		return
 	}

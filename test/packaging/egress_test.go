@@ -422,6 +422,22 @@ type egressAuditLine struct {
 	Port     int    `json:"port"`
 	BytesOut int64  `json:"bytes_out"`
 	BytesIn  int64  `json:"bytes_in"`
+	// DNS lines only.
+	Transport string   `json:"transport"`
+	QType     string   `json:"qtype"`
+	RCode     string   `json:"rcode"`
+	Answers   []string `json:"answers"`
+	Withheld  []string `json:"withheld"`
+}
+
+// dnsAnswer matches the audit line of allowed.test's A query over
+// transport: to the resolver's port 53, answered with the loopback
+// stand-in.
+func dnsAnswer(transport string) func(egressAuditLine) bool {
+	return func(l egressAuditLine) bool {
+		return l.Proto == "dns" && l.Name == "allowed.test" && l.Allowed && l.Transport == transport && l.Addr == "100.100.0.1" && l.Port == 53 &&
+			l.QType == "A" && l.RCode == "NOERROR" && strings.Join(l.Answers, ",") == "100.127.0.1" && l.Withheld != nil && len(l.Withheld) == 0
+	}
 }
 
 func egressAudit(t *testing.T, c *container, sandbox string) []egressAuditLine {
@@ -442,7 +458,8 @@ func egressAudit(t *testing.T, c *container, sandbox string) []egressAuditLine {
 
 // checkEgressAudit finds in server.audit_file the lines of what the
 // allow-listed sandbox did: the DNS answers (allowed and NXDOMAIN, UDP and
-// TCP alike), the allowed connection with its bytes, the refused one.
+// TCP alike, each to the resolver's port 53 with its type, code and
+// answer), the allowed connection with its bytes, the refused one.
 func checkEgressAudit(t *testing.T, c *container, sandbox, port string) {
 	type want struct {
 		what  string
@@ -450,11 +467,11 @@ func checkEgressAudit(t *testing.T, c *container, sandbox, port string) {
 		n     int
 	}
 	wants := []want{
-		{"DNS answers for allowed.test", func(l egressAuditLine) bool {
-			return l.Proto == "dns" && l.Name == "allowed.test" && l.Allowed && l.Addr == "100.127.0.1"
-		}, 2}, // UDP (get) and TCP (dnstcp)
+		{"the DNS answer for allowed.test over UDP (get)", dnsAnswer("udp"), 1},
+		{"the DNS answer for allowed.test over TCP (dnstcp)", dnsAnswer("tcp"), 1},
 		{"NXDOMAIN for other.test", func(l egressAuditLine) bool {
-			return l.Proto == "dns" && l.Name == "other.test" && !l.Allowed && l.Reason == "name not allowed: NXDOMAIN"
+			return l.Proto == "dns" && l.Name == "other.test" && !l.Allowed && l.Reason == "name not allowed: NXDOMAIN" &&
+				l.RCode == "NXDOMAIN" && l.Addr == "100.100.0.1" && l.Port == 53 && len(l.Answers) == 0
 		}, 3}, // dnstcp, get, getent
 		{"the allowed connection", func(l egressAuditLine) bool {
 			return l.Proto == "tcp" && l.Allowed && l.Name == "allowed.test" && l.Addr == "127.0.0.1" && fmt.Sprint(l.Port) == port && l.BytesOut > 0 && l.BytesIn > 0
