@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -186,6 +187,7 @@ func TestEgressDropInOnSystemd(t *testing.T) {
 		t.Errorf("systemd-analyze verify with the egress drop-in is not silent:\n%s", verify)
 	}
 	checkEgressExposure(t, c, packaged)
+	checkEgressDeviceACL(t, c)
 	c.sh("systemctl start sandbox-sidecar.service")
 	expectContains(t, "journal", c.sh("journalctl -b -u sandbox-sidecar.service --no-pager -o cat"), "egress enabled")
 	checkEgressDaemon(t, c)
@@ -330,6 +332,34 @@ func checkEgressDaemon(t *testing.T, c *container) {
 	}
 }
 
+// closedPolicyDevices are the device nodes systemd's DevicePolicy=closed
+// grants by itself (read, write, mknod); a DeviceAllow= line naming one
+// of them adds nothing.
+var closedPolicyDevices = []string{"/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty", "/dev/ptmx"}
+
+// checkEgressDeviceACL: the unit with the egress drop-in has the closed
+// device policy and a device ACL without a redundant line: no device named
+// twice, none the closed policy grants anyway, and /dev/net/tun.
+func checkEgressDeviceACL(t *testing.T, c *container) {
+	expectEqual(t, "the unit's DevicePolicy with the egress drop-in", c.sh("systemctl show -P DevicePolicy sandbox-sidecar.service"), "closed")
+	acl := strings.TrimSpace(c.sh("systemctl show -P DeviceAllow sandbox-sidecar.service"))
+	seen := map[string]bool{}
+	for _, line := range strings.Split(acl, "\n") {
+		dev, _, _ := strings.Cut(strings.TrimSpace(line), " ")
+		if seen[dev] {
+			t.Errorf("the unit's DeviceAllow names %s twice: %q", dev, acl)
+		}
+		seen[dev] = true
+		if slices.Contains(closedPolicyDevices, dev) {
+			t.Errorf("the unit's DeviceAllow names %s, which DevicePolicy=closed grants already: %q", dev, acl)
+		}
+	}
+	if !slices.Contains(strings.Split(acl, "\n"), "/dev/net/tun rw") {
+		t.Errorf("the unit's DeviceAllow lacks /dev/net/tun rw: %q", acl)
+	}
+	t.Logf("the unit's DeviceAllow with the egress drop-in: %q", acl)
+}
+
 // checkEgressAllowlist creates a sandbox that may reach allowed.test and
 // returns its id.
 func checkEgressAllowlist(t *testing.T, c *container, port string) string {
@@ -342,6 +372,11 @@ func checkEgressAllowlist(t *testing.T, c *container, port string) string {
 		t.Errorf("ls --json after a create with --allow-egress-to: %v\n%s", err, out)
 	}
 	c.sh(as(worker, "sandbox-sidecar write "+id+" /workspace/client.py < /share/client.py"))
+	// The device nodes a program expects work under the unit's device
+	// ACL (the closed policy's own list).
+	expectEqual(t, "the pseudo devices in the allow-listed sandbox",
+		c.sh(as(worker, "sandbox-sidecar exec --sandbox "+id+" -- sh -c 'head -c 16 /dev/urandom | wc -c; head -c 16 /dev/zero | wc -c; echo x >/dev/null && echo null'")),
+		"16\n16\nnull")
 	inSandbox := func(args string) (int, string) {
 		code, out := c.exitCode(as(worker, "sandbox-sidecar exec --sandbox "+id+" -- python3 /workspace/client.py "+args))
 		t.Logf("in the allow-listed sandbox: client.py %s: exit %d, %q", args, code, strings.TrimSpace(out))

@@ -64,6 +64,7 @@ func TestGVisorEgressDropInsOnSystemd(t *testing.T) {
 		t.Errorf("systemd-analyze verify with the three drop-ins is not silent:\n%s", verify)
 	}
 	checkGVisorEgressExposure(t, c)
+	checkEgressDeviceACL(t, c)
 	c.sh("systemctl start sandbox-sidecar.socket sandbox-sidecar.service")
 	expectContains(t, "journal", c.sh("journalctl -b -u sandbox-sidecar.service --no-pager -o cat"), "egress enabled")
 	var mask uint64
