@@ -35,12 +35,87 @@ import (
 // audit events are recorded.
 func egressBackend(t *testing.T, tweak ...func(*Config)) (*Backend, *egresstest.Log) {
 	t.Helper()
+	return egressBackendOf(t, nil, tweak...)
+}
+
+// egressBackendOf is egressBackend with egress's Config changed by
+// egressTweak (nil: none) before it is made.
+func egressBackendOf(t *testing.T, egressTweak func(*egress.Config), tweak ...func(*Config)) (*Backend, *egresstest.Log) {
+	t.Helper()
 	testRunsc(t)
 	if why := egresstest.Missing(); why != "" {
 		skipOrFail(t, "%s", why)
 	}
-	e, el := egresstest.New(t)
+	var ets []func(*egress.Config)
+	if egressTweak != nil {
+		ets = append(ets, egressTweak)
+	}
+	e, el := egresstest.New(t, ets...)
 	return newTestBackend(t, append([]func(*Config){func(c *Config) { c.Egress = e }}, tweak...)...), el
+}
+
+// guestProgram is loopsrv's Guest for sandbox id: its stdout, and an
+// error (with stderr) unless it exited 0.
+func guestProgram(t *testing.T, b *Backend, id string) loopsrv.Guest {
+	return func(argv ...string) (string, error) {
+		res := guest(t, b, id, argv...)
+		if res.ExitCode != 0 {
+			return string(res.Stdout), fmt.Errorf("exit %d: %s", res.ExitCode, res.Stderr)
+		}
+		return string(res.Stdout), nil
+	}
+}
+
+// sessionConns is the connections the egress session of sandbox id's
+// gVisor sandbox counts now (-1: it has none).
+func sessionConns(t *testing.T, b *Backend, id string) int {
+	sb, err := b.lookup(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb.initMu.Lock()
+	defer sb.initMu.Unlock()
+	if sb.init == nil || sb.init.egress == nil {
+		return -1
+	}
+	return sb.init.egress.Sess.Conns()
+}
+
+// TestGVisorThousandConnectionsBounded: loopsrv.ThousandConnections from a
+// gVisor sandbox (its sentry's netstack in front of the daemon's), with
+// max_conns 64 and the guest's open files limit raised to hold them.
+func TestGVisorThousandConnectionsBounded(t *testing.T) {
+	const bound = 64
+	b, el := egressBackendOf(t, func(c *egress.Config) { c.MaxConns = bound }, func(c *Config) { c.Limits.OpenFiles = 4096 })
+	const id = "egress-storm"
+	if _, err := b.Create(context.Background(), id, backend.Spec{AllowEgressTo: []string{loopsrv.AllowedName}}); err != nil {
+		t.Fatal(err)
+	}
+	loopsrv.ThousandConnections(t, loopsrv.Storm{
+		Guest: guestProgram(t, b, id),
+		Bound: bound,
+		Conns: func() int { return sessionConns(t, b, id) },
+		BoundRefusals: func() int {
+			return len(el.Events(func(ev egress.Event) bool {
+				return ev.Sandbox == id && strings.Contains(ev.Reason, fmt.Sprintf("more than %d connections", bound))
+			}))
+		},
+	})
+}
+
+// TestGVisorRebindingToForbiddenAddress: loopsrv.Rebinding from a gVisor
+// sandbox.
+func TestGVisorRebindingToForbiddenAddress(t *testing.T) {
+	b, el := egressBackendOf(t, func(c *egress.Config) { c.Lookup = loopsrv.RebindLookup() })
+	const id = "egress-rebind"
+	if _, err := b.Create(context.Background(), id, backend.Spec{AllowEgressTo: []string{loopsrv.RebindName}}); err != nil {
+		t.Fatal(err)
+	}
+	loopsrv.Rebinding(t, loopsrv.Rebind{
+		Guest: guestProgram(t, b, id),
+		Dials: el.Dials,
+		Lines: func() []loopsrv.DNSLine { return el.DNSLines(loopsrv.RebindName) },
+	})
 }
 
 // guest runs argv (or, with one element, a shell command) in sandbox id

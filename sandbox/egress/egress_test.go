@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -371,37 +370,29 @@ func TestCIDREntry(t *testing.T) {
 	}
 }
 
+// TestRebindingToForbiddenAddress: loopsrv.Rebinding, in a namespace of
+// the test's own.
 func TestRebindingToForbiddenAddress(t *testing.T) {
-	var n atomic.Int64
-	h := newHarness(t, harnessOpts{names: []string{"rebind.test"}, lookup: func(_ context.Context, network, name string) ([]netip.Addr, error) {
-		if name != "rebind.test" || network != "ip4" {
-			return nil, nil
+	h := newHarness(t, harnessOpts{names: []string{loopsrv.RebindName}, lookup: loopsrv.RebindLookup()})
+	loopsrv.Rebinding(t, loopsrv.Rebind{
+		Guest: h.run,
+		Dials: func() []string { h.mu.Lock(); defer h.mu.Unlock(); return append([]string(nil), h.dialed...) },
+		Lines: func() []loopsrv.DNSLine {
+			return dnsLines(h.eventsFor(func(Event) bool { return true }), loopsrv.RebindName)
+		},
+	})
+}
+
+// dnsLines are the DNS answers for name among evs, as loopsrv's checks
+// read them.
+func dnsLines(evs []Event, name string) []loopsrv.DNSLine {
+	var out []loopsrv.DNSLine
+	for _, ev := range evs {
+		if ev.Proto == "dns" && ev.Name == name && ev.RCode != "" {
+			out = append(out, loopsrv.NewDNSLine(ev.Answers, ev.Withheld))
 		}
-		if n.Add(1) == 1 {
-			return []netip.Addr{lo1}, nil
-		}
-		return []netip.Addr{netip.MustParseAddr("169.254.169.254"), netip.MustParseAddr("10.0.0.5")}, nil
-	}})
-	if m := h.dnsQuery("rebind.test", dnsmessage.TypeA); fmt.Sprint(answers(m)) != "[100.127.0.1]" {
-		t.Fatalf("first lookup: %v", answers(m))
 	}
-	if m := h.dnsQuery("rebind.test", dnsmessage.TypeA); m.RCode != dnsmessage.RCodeSuccess || len(m.Answers) != 0 {
-		t.Fatalf("second lookup handed out %v", answers(m))
-	}
-	// The second answer's audit line lists both addresses withheld, with why.
-	second := h.eventsFor(func(ev Event) bool { return ev.Proto == "dns" && ev.Name == "rebind.test" && len(ev.Withheld) > 0 })
-	if len(second) != 1 || len(second[0].Answers) != 0 || len(second[0].Withheld) != 2 ||
-		!strings.Contains(second[0].Withheld[0].Reason, "link-local") || !strings.Contains(second[0].Withheld[1].Reason, "private") {
-		t.Fatalf("audit of the withheld addresses: %+v", second)
-	}
-	// The metadata address was never handed out: connecting to it is
-	// refused before any dial.
-	if out, err := h.run("curl", "-sS", "--max-time", "20", "http://169.254.169.254/"); err == nil {
-		t.Fatalf("metadata reached: %q", out)
-	}
-	if h.dials.Load() != 0 {
-		t.Fatalf("dialled: %v", h.dialed)
-	}
+	return out
 }
 
 func TestMetadataAddressNeverDialled(t *testing.T) {
@@ -491,100 +482,21 @@ func TestICMPRefused(t *testing.T) {
 	}
 }
 
+// TestThousandConnectionsBounded: loopsrv.ThousandConnections, in a
+// namespace of the test's own.
 func TestThousandConnectionsBounded(t *testing.T) {
-	h := newHarness(t, harnessOpts{names: []string{"allowed.test"}, maxConns: 64})
-	// Servers that hold each connection open until the end.
-	hold, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	release := make(chan struct{})
-	var accepted atomic.Int64
-	go func() {
-		for {
-			c, err := hold.Accept()
-			if err != nil {
-				return
-			}
-			accepted.Add(1)
-			go func() { <-release; c.Close() }()
-		}
-	}()
-	defer hold.Close()
-	_, port, _ := net.SplitHostPort(hold.Addr().String())
-	if m := h.dnsQuery("allowed.test", dnsmessage.TypeA); len(m.Answers) != 1 {
-		t.Fatal("no address")
-	}
-	goroutines := runtime.NumGoroutine()
-	// 1,000 connections from inside the namespace at once, all held open.
-	const py = `
-import resource, socket, sys, selectors, errno, time
-resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))
-socks, ok, refused, other = [], 0, 0, 0
-for i in range(1000):
-    s = socket.socket(); s.setblocking(False)
-    e = s.connect_ex(("100.127.0.1", int(sys.argv[1])))
-    socks.append(s)
-deadline = time.time() + 30
-pending = set(socks)
-while pending and time.time() < deadline:
-    time.sleep(0.2)
-    for s in list(pending):
-        e = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-        if e == 0:
-            try:
-                s.getpeername(); ok += 1; pending.discard(s)
-            except OSError:
-                pass
-        else:
-            if e == errno.ECONNREFUSED or e == errno.ECONNRESET: refused += 1
-            else: other += 1
-            pending.discard(s)
-print(ok, refused, other, len(pending))
-`
-	out, err := h.run("/usr/bin/python3", "-c", py, port)
-	if err != nil {
-		t.Fatalf("%v %q", err, out)
-	}
-	var ok, refused, other, pending int
-	if _, err := fmt.Sscan(out, &ok, &refused, &other, &pending); err != nil {
-		t.Fatalf("%q: %v", out, err)
-	}
-	t.Logf("1000 connections: %d established, %d refused, %d other errors, %d still pending", ok, refused, other, pending)
-	reasons := map[string]int{}
-	for _, ev := range h.eventsFor(func(ev Event) bool { return ev.Proto == "tcp" }) {
-		reasons[fmt.Sprint(ev.Allowed, " ", ev.Reason)]++
-	}
-	t.Logf("audit: %v; accepted upstream %d", reasons, accepted.Load())
-	if ok > 64 || ok == 0 || refused+ok != 1000 {
-		t.Fatalf("not bounded: %d established, %d refused", ok, refused)
-	}
-	if a := accepted.Load(); a > 64 {
-		t.Fatalf("%d connections reached the server, more than the bound 64", a)
-	}
-	if evs := h.eventsFor(func(ev Event) bool { return strings.Contains(ev.Reason, "more than 64 connections") }); len(evs) < 500 {
-		t.Fatalf("%d refusals for the bound in the audit", len(evs))
-	}
-	close(release)
-	// The daemon is unhurt: the connections drain, and a new one works.
-	deadline := time.Now().Add(30 * time.Second)
-	for h.sess.Conns() != 0 && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
-	if n := h.sess.Conns(); n != 0 {
-		t.Fatalf("%d connections still counted", n)
-	}
-	// Nothing of the 1,000 stays behind in the daemon (a goroutine per
-	// dialled connection once waited for the session's end).
-	for time.Now().Before(deadline) && runtime.NumGoroutine() > goroutines+16 {
-		time.Sleep(50 * time.Millisecond)
-	}
-	if n := runtime.NumGoroutine(); n > goroutines+16 {
-		t.Fatalf("%d goroutines after the storm, %d before", n, goroutines)
-	}
-	if out, err := h.run("curl", "-sS", "--max-time", "20", h.httpURL); err != nil || !strings.HasPrefix(out, "hello") {
-		t.Fatalf("after the storm: %v %q", err, out)
-	}
+	const bound = 64
+	h := newHarness(t, harnessOpts{names: []string{loopsrv.AllowedName}, maxConns: bound})
+	loopsrv.ThousandConnections(t, loopsrv.Storm{
+		Guest: h.run,
+		Bound: bound,
+		Conns: h.sess.Conns,
+		BoundRefusals: func() int {
+			return len(h.eventsFor(func(ev Event) bool {
+				return strings.Contains(ev.Reason, fmt.Sprintf("more than %d connections", bound))
+			}))
+		},
+	})
 }
 
 func TestIPv6AllowedNameAndCIDR(t *testing.T) {

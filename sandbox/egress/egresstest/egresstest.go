@@ -52,11 +52,13 @@ type Log struct {
 	events []egress.Event
 }
 
-// New is the tests' Egress; any dial but loopback fails t.
-func New(t testing.TB) (*egress.Egress, *Log) {
+// New is the tests' Egress; any dial but loopback fails t. Each tweak
+// changes its Config before it is made (a Lookup for names the hosts
+// table lacks, MaxConns); the dialler and the audit stay the Log's.
+func New(t testing.TB, tweak ...func(*egress.Config)) (*egress.Egress, *Log) {
 	t.Helper()
 	l := &Log{}
-	e, err := egress.New(egress.Config{
+	cfg := egress.Config{
 		Hosts: map[string][]netip.Addr{
 			Allowed: {netip.MustParseAddr("127.0.0.1")},
 			Other:   {netip.MustParseAddr("127.0.0.2")},
@@ -65,26 +67,35 @@ func New(t testing.TB) (*egress.Egress, *Log) {
 		Lookup: func(context.Context, string, string) ([]netip.Addr, error) {
 			return nil, errors.New("test: the host's resolver is never asked")
 		},
-		Dial: func(ctx context.Context, network, address string) (net.Conn, error) {
-			l.mu.Lock()
-			l.dials = append(l.dials, network+" "+address)
-			l.mu.Unlock()
-			if ap, err := netip.ParseAddrPort(address); err != nil || !ap.Addr().IsLoopback() {
-				t.Errorf("the daemon was asked to dial %s %s, which is not loopback", network, address)
-				return nil, errors.New("test: loopback only")
-			}
-			return (&net.Dialer{}).DialContext(ctx, network, address)
-		},
-		Audit: func(ev egress.Event) {
-			l.mu.Lock()
-			l.events = append(l.events, ev)
-			l.mu.Unlock()
-		},
-	})
+	}
+	for _, f := range tweak {
+		f(&cfg)
+	}
+	cfg.Dial = dial(t, l)
+	cfg.Audit = func(ev egress.Event) {
+		l.mu.Lock()
+		l.events = append(l.events, ev)
+		l.mu.Unlock()
+	}
+	e, err := egress.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return e, l
+}
+
+// dial records each dial in l and dials loopback only.
+func dial(t testing.TB, l *Log) func(ctx context.Context, network, address string) (net.Conn, error) {
+	return func(ctx context.Context, network, address string) (net.Conn, error) {
+		l.mu.Lock()
+		l.dials = append(l.dials, network+" "+address)
+		l.mu.Unlock()
+		if ap, err := netip.ParseAddrPort(address); err != nil || !ap.Addr().IsLoopback() {
+			t.Errorf("the daemon was asked to dial %s %s, which is not loopback", network, address)
+			return nil, errors.New("test: loopback only")
+		}
+		return (&net.Dialer{}).DialContext(ctx, network, address)
+	}
 }
 
 // Dials are the dials so far ("tcp 127.0.0.1:PORT").
@@ -119,6 +130,16 @@ func (l *Log) Await(pred func(egress.Event) bool, n int) []egress.Event {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// DNSLines are the audit events of the DNS answers for name so far, as
+// loopsrv's checks read them.
+func (l *Log) DNSLines(name string) []loopsrv.DNSLine {
+	var out []loopsrv.DNSLine
+	for _, ev := range l.Events(func(ev egress.Event) bool { return ev.Proto == "dns" && ev.Name == name && ev.RCode != "" }) {
+		out = append(out, loopsrv.NewDNSLine(ev.Answers, ev.Withheld))
+	}
+	return out
 }
 
 // Servers are loopsrv's loopback servers for the sandboxes to reach.

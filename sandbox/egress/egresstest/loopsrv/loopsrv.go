@@ -1,7 +1,9 @@
 // Package loopsrv is the loopback servers the egress tests' sandboxes
-// reach, and the guest programs that reach them. It imports nothing of
-// the egress path, so sandbox/egress's own tests use it as the backends'
-// tests do (through egresstest). Every server listens on 127.0.0.1 only.
+// reach, the guest programs that reach them, and the checks that are the
+// same on every egress path (ThousandConnections, Rebinding). It imports
+// nothing of the egress path, so sandbox/egress's own tests use it as the
+// backends' tests do (through egresstest). Every server listens on
+// 127.0.0.1 only.
 package loopsrv
 
 import (
