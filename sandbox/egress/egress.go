@@ -171,8 +171,11 @@ type Egress struct {
 // New checks cfg and fills in its defaults.
 func New(cfg Config) (*Egress, error) {
 	for _, p := range cfg.PrivateAllowed {
-		if c := classify(p.Addr(), nil); neverAllowed(c) || p.Bits() == 0 && !p.Addr().IsLoopback() {
-			return nil, fmt.Errorf("%w: private destination %s may not be permitted: it is a %s", ErrInvalid, p, c)
+		if p.Bits() == 0 {
+			return nil, fmt.Errorf("%w: private destination %s may not be permitted: it holds every address; list the private ranges sandboxes may reach (such as 10.20.0.0/16)", ErrInvalid, p)
+		}
+		if c := classify(p.Addr(), nil); neverAllowed(c) {
+			return nil, fmt.Errorf("%w: private destination %s may not be permitted: it is %s, never reachable", ErrInvalid, p, c)
 		}
 		for _, bad := range []netip.Prefix{netip.MustParsePrefix("169.254.0.0/16"), netip.MustParsePrefix("fe80::/10")} {
 			if p.Overlaps(bad) {
@@ -245,11 +248,11 @@ func (e *Egress) permitted(a netip.Addr) (bool, string) {
 	case c == classPublic:
 		return true, ""
 	case neverAllowed(c):
-		return false, "a " + c + " is never reachable"
+		return false, c + " is never reachable"
 	case inAny(e.cfg.PrivateAllowed, a):
 		return true, ""
 	}
-	return false, "a " + c + ", which the operator does not permit"
+	return false, c + ", which the operator does not permit"
 }
 
 // Serve serves a sandbox's TUN device (the daemon's end of it, which Serve

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -12,8 +13,11 @@ import (
 )
 
 // peekRest bounds the wait for the rest of a ClientHello or request head
-// once its first byte came.
-const peekRest = 5 * time.Second
+// once its first byte came; a variable for tests.
+var peekRest = 5 * time.Second
+
+// errPeekBound is a client's first maxPeek bytes naming nothing yet.
+var errPeekBound = fmt.Errorf("no name asked for in the first %d bytes (a TLS ClientHello or an HTTP request head longer than that)", maxPeek)
 
 // peekName reads the first bytes a client sends to find the name it asks
 // for: the SNI of a TLS ClientHello or the Host of an HTTP/1 request. A
@@ -27,9 +31,13 @@ func peekName(c net.Conn, wait time.Duration) (first []byte, name string, err er
 	read := func() error {
 		if len(buf) == cap(buf) {
 			if cap(buf) >= maxPeek {
-				return errors.New("first bytes too long to find the name asked for")
+				return errPeekBound
 			}
-			buf = append(buf[:cap(buf)], make([]byte, cap(buf))...)[:len(buf)]
+			// Grown by hand: append's growth rounds up to its size
+			// classes, and let the peek read 20 KiB, not maxPeek.
+			grown := make([]byte, len(buf), min(2*cap(buf), maxPeek))
+			copy(grown, buf)
+			buf = grown
 		}
 		n, err := c.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
@@ -48,10 +56,10 @@ func peekName(c net.Conn, wait time.Duration) (first []byte, name string, err er
 	case buf[0] == 0x16: // TLS handshake record
 		for len(buf) < 5 || len(buf) < 5+int(buf[3])<<8|int(buf[4]) {
 			if len(buf) >= 5 && 5+(int(buf[3])<<8|int(buf[4])) > maxPeek {
-				return nil, "", errors.New("TLS ClientHello too long")
+				return nil, "", fmt.Errorf("a TLS ClientHello of more than %d bytes", maxPeek)
 			}
 			if err := read(); err != nil {
-				return nil, "", errors.New("incomplete TLS ClientHello")
+				return nil, "", incomplete("TLS ClientHello", err)
 			}
 		}
 		sni := serverName(buf)
@@ -62,7 +70,7 @@ func peekName(c net.Conn, wait time.Duration) (first []byte, name string, err er
 	case looksHTTP(buf):
 		for !bytes.Contains(buf, []byte("\r\n\r\n")) {
 			if err := read(); err != nil {
-				return nil, "", errors.New("incomplete HTTP request head")
+				return nil, "", incomplete("HTTP request head", err)
 			}
 		}
 		host := httpHost(buf)
@@ -72,6 +80,21 @@ func peekName(c net.Conn, wait time.Duration) (first []byte, name string, err er
 		return buf, host, nil
 	}
 	return buf, "", nil
+}
+
+// incomplete is the error of a ClientHello or request head that stopped
+// before its end: err is why the read stopped (the bound, a timeout, the
+// client's close).
+func incomplete(what string, err error) error {
+	switch {
+	case isTimeout(err):
+		return fmt.Errorf("incomplete %s: the rest did not come within %v", what, peekRest)
+	case errors.Is(err, io.EOF):
+		return fmt.Errorf("incomplete %s: the client closed the connection", what)
+	case errors.Is(err, errPeekBound):
+		return err
+	}
+	return fmt.Errorf("incomplete %s: %v", what, err)
 }
 
 // isTimeout reports a read deadline passing (the netstack's conns have

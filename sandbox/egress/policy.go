@@ -74,7 +74,7 @@ func parseName(raw string) (namePattern, error) {
 		s, pat.wildcard = rest, true
 	}
 	if !validHostname(s) {
-		return pat, fmt.Errorf("%w: allow_egress_to entry %q is not a hostname (letters, digits, '-', '.', an optional leading *. and :port)", ErrInvalid, short(raw))
+		return pat, fmt.Errorf("%w: allow_egress_to entry %q is not a hostname (letters, digits, '-', '_', '.', an optional leading *. and :port)", ErrInvalid, short(raw))
 	}
 	if _, err := netip.ParseAddr(s); err == nil || (pat.wildcard && !strings.Contains(s, ".")) {
 		return pat, fmt.Errorf("%w: allow_egress_to entry %q is not a hostname; list addresses in allow_egress_to_cidrs", ErrInvalid, short(raw))
@@ -140,15 +140,17 @@ func (p Policy) AllowsCIDR(a netip.Addr) bool {
 func (p Policy) Empty() bool { return len(p.names) == 0 && len(p.cidrs) == 0 }
 
 // Address classes a destination can fall into; "" is a public address.
+// Each is a noun phrase with its article: the reasons of audit lines and
+// errors are made of them ("an unspecified address is never reachable").
 const (
 	classPublic      = ""
-	classUnspecified = "unspecified address"
-	classMulticast   = "multicast or broadcast address"
-	classLinkLocal   = "link-local address (the cloud metadata endpoint lives there)"
-	classNAT64       = "NAT64 address (could reach any IPv4 address)"
-	classLoopback    = "loopback address"
+	classUnspecified = "an unspecified address"
+	classMulticast   = "a multicast or broadcast address"
+	classLinkLocal   = "a link-local address (the cloud metadata endpoint lives there)"
+	classNAT64       = "a NAT64 address (could reach any IPv4 address)"
+	classLoopback    = "a loopback address"
 	classHost        = "one of the host's own addresses"
-	classPrivate     = "private or reserved address"
+	classPrivate     = "a private or reserved address"
 )
 
 var (

@@ -1,10 +1,14 @@
 package egress
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
+	"net"
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestParsePolicy(t *testing.T) {
@@ -76,9 +80,25 @@ func TestPermittedNeedsTheOperator(t *testing.T) {
 	if ok, _ := e.permitted(netip.MustParseAddr("10.0.0.1")); !ok {
 		t.Error("operator-permitted private address refused")
 	}
-	for _, bad := range []string{"169.254.0.0/16", "169.0.0.0/8", "fe80::/64", "0.0.0.0/0", "224.0.0.0/4"} {
-		if _, err := New(Config{PrivateAllowed: []netip.Prefix{netip.MustParsePrefix(bad)}}); err == nil || !strings.Contains(err.Error(), "may not be permitted") {
-			t.Errorf("operator permitted %s: %v", bad, err)
+	// Each refusal says why (a /0 of a public address once read "it is a ").
+	for bad, why := range map[string]string{
+		"169.254.0.0/16": "it is a link-local address", "169.0.0.0/8": "it overlaps link-local 169.254.0.0/16", "fe80::/64": "it is a link-local address",
+		"0.0.0.0/0": "it holds every address", "8.8.8.8/0": "it holds every address", "127.0.0.1/0": "it holds every address",
+		"224.0.0.0/4": "it is a multicast or broadcast address, never reachable", "0.0.0.0/8": "it is an unspecified address, never reachable",
+	} {
+		_, err := New(Config{PrivateAllowed: []netip.Prefix{netip.MustParsePrefix(bad)}})
+		if err == nil || !strings.Contains(err.Error(), "private destination "+bad+" may not be permitted: "+why) {
+			t.Errorf("operator permitted %s: %v; want it refused saying %q", bad, err, why)
+		}
+	}
+	// A refused destination's reason reads as a sentence.
+	for a, why := range map[string]string{
+		"0.0.0.0": "an unspecified address is never reachable", "198.51.99.1": "one of the host's own addresses, which the operator does not permit",
+		"127.0.0.1": "a loopback address, which the operator does not permit",
+	} {
+		own, _ := New(Config{OwnAddrs: func() []netip.Addr { return []netip.Addr{netip.MustParseAddr("198.51.99.1")} }})
+		if ok, got := own.permitted(netip.MustParseAddr(a)); ok || got != why {
+			t.Errorf("%s: permitted %v, %q; want refused, %q", a, ok, got, why)
 		}
 	}
 }
@@ -104,5 +124,44 @@ func TestPeekNames(t *testing.T) {
 	}
 	if serverName([]byte{0x16, 3, 1, 0, 5, 1, 0, 0, 1, 0}) != "" {
 		t.Error("garbage hello has a name")
+	}
+}
+
+// TestPeekErrors: a first flight that names nothing says why, with the
+// bound it passed (these are the reasons of refused connections' audit
+// lines).
+func TestPeekErrors(t *testing.T) {
+	old := peekRest
+	peekRest = 200 * time.Millisecond
+	defer func() { peekRest = old }()
+	long := make([]byte, 5)
+	long[0], long[3], long[4] = 0x16, 0x4f, 0xff // a TLS record of 20479 bytes
+	head := []byte("GET / HTTP/1.1\r\nHost: a.test\r\n")
+	for _, c := range []struct {
+		what  string
+		send  []byte
+		close bool
+		want  string
+	}{
+		{"a TLS record longer than the bound", long, false, fmt.Sprintf("a TLS ClientHello of more than %d bytes", maxPeek)},
+		{"a ClientHello cut short", []byte{0x16, 3, 1, 0, 200, 1}, true, "incomplete TLS ClientHello: the client closed the connection"},
+		{"an HTTP head cut short", head, true, "incomplete HTTP request head: the client closed the connection"},
+		{"an HTTP head longer than the bound", append(append([]byte{}, head...), bytes.Repeat([]byte("X-Pad: y\r\n"), maxPeek/10+1)...), false,
+			fmt.Sprintf("no name asked for in the first %d bytes", maxPeek)},
+		{"an HTTP head that stops", head, false, "incomplete HTTP request head: the rest did not come within"},
+	} {
+		client, server := net.Pipe()
+		go func() {
+			client.Write(c.send)
+			if c.close {
+				client.Close()
+			}
+		}()
+		_, _, err := peekName(server, time.Second)
+		if err == nil || !strings.HasPrefix(err.Error(), c.want) {
+			t.Errorf("%s: %v, want an error beginning %q", c.what, err, c.want)
+		}
+		client.Close()
+		server.Close()
 	}
 }
