@@ -37,9 +37,14 @@ dest="$cache/runsc-$RUNSC_VERSION"
 
 # A cached binary counts only if it runs, says the pinned version (one built
 # before the version was stamped says VERSION_MISSING) and was built with the
-# pinned toolchain.
+# pinned toolchain. Its output is read whole before it is matched: piped
+# into `grep -q`, which exits at the first match, runsc got SIGPIPE writing
+# its next line about every other time, pipefail failed the check, and a
+# good cached binary was rebuilt (and the build's own check failed as often).
 built_right() {
-  "$1" --version 2>/dev/null | grep -qF "runsc version $RUNSC_VERSION" &&
+  local says
+  says=$("$1" --version 2>/dev/null) || return 1
+  [[ $says == *"runsc version $RUNSC_VERSION"* ]] &&
     [ "$(go version "$1" 2>/dev/null | awk '{print $2}')" = "$RUNSC_GO" ]
 }
 if [ -x "$dest" ] && built_right "$dest"; then
