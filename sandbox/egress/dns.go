@@ -205,7 +205,7 @@ func (s *Session) answer(query []byte, from dnsFrom) []byte {
 		return respond(dnsmessage.RCodeServerFailure, "lookup: "+err.Error(), nil)
 	}
 	var out []netip.Addr
-	withheld := 0
+	withheld, over := 0, 0
 	for _, a := range addrs {
 		why := ""
 		if ok, reason := s.e.permitted(a); !ok {
@@ -221,10 +221,12 @@ func (s *Session) answer(query []byte, from dnsFrom) []byte {
 			}
 			continue
 		}
-		if len(out) < maxDNSAnswers {
-			s.handOut(a, name)
-			out = append(out, g)
+		if len(out) == maxDNSAnswers {
+			over++
+			continue
 		}
+		s.handOut(a, name)
+		out = append(out, g)
 	}
 	reason := "answered"
 	switch {
@@ -232,6 +234,9 @@ func (s *Session) answer(query []byte, from dnsFrom) []byte {
 		reason = "the name has no " + ev.QType + " address"
 	case len(out) == 0:
 		reason = "no address that may be handed out"
+	}
+	if over > 0 {
+		reason += fmt.Sprintf(" (%d more not handed out: at most %d addresses per answer)", over, maxDNSAnswers)
 	}
 	if withheld > len(ev.Withheld) {
 		reason += fmt.Sprintf(" (%d addresses withheld, the first %d listed)", withheld, len(ev.Withheld))

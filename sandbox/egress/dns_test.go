@@ -472,7 +472,15 @@ func dnsAuditOf(ev Event) dnsAudit {
 func TestDNSAuditLines(t *testing.T) {
 	hosts := bigHosts()
 	hosts["mixed.test"] = []netip.Addr{lo1, netip.MustParseAddr("169.254.169.254"), netip.MustParseAddr("10.0.0.5")}
-	h := newHarness(t, harnessOpts{names: []string{"allowed.test", "sixloopback.test", "mixed.test", bigName}, hosts: hosts})
+	var many, manyGuest []netip.Addr // one more than an answer holds
+	for i := range maxDNSAnswers + 1 {
+		many = append(many, netip.AddrFrom4([4]byte{127, 0, 0, byte(i + 1)}))
+		if i < maxDNSAnswers {
+			manyGuest = append(manyGuest, netip.AddrFrom4([4]byte{100, 127, 0, byte(i + 1)}))
+		}
+	}
+	hosts["many.test"] = many
+	h := newHarness(t, harnessOpts{names: []string{"allowed.test", "sixloopback.test", "mixed.test", "many.test", bigName}, hosts: hosts})
 	r4, r6 := ResolverAddr4.String(), ResolverAddr6.String()
 	overTCP := func(q []byte) {
 		c, err := h.dialDNSTCP()
@@ -511,6 +519,8 @@ func TestDNSAuditLines(t *testing.T) {
 			dnsAudit{"udp", r4, 53, "mixed.test", "A", "NOERROR", "[100.127.0.1]",
 				"169.254.169.254 (a link-local address (the cloud metadata endpoint lives there) is never reachable); 10.0.0.5 (a private or reserved address, which the operator does not permit)",
 				true, "answered"}},
+		{"more addresses than an answer holds", func() { h.dnsQuery("many.test", dnsmessage.TypeA) },
+			dnsAudit{"udp", r4, 53, "many.test", "A", "NOERROR", fmt.Sprint(manyGuest), "", true, "answered (1 more not handed out: at most 16 addresses per answer)"}},
 		{"an answer too long for UDP", func() { h.udpExchange(query(t, 4, bigName, dnsmessage.TypeAAAA, 0)) },
 			dnsAudit{"udp", r4, 53, bigName, "AAAA", "NOERROR", fmt.Sprint(hosts[bigName]), "", true, "answered; truncated (TC: longer than 512 bytes), the client asks again over TCP"}},
 		{"class CHAOS", func() { h.udpExchange(chaos) },
