@@ -131,15 +131,26 @@ func setupTUN() (*os.File, error) {
 	return tun, nil
 }
 
-func configure() error {
+// netlinkSocket opens a route netlink socket in the calling thread's
+// namespace.
+func netlinkSocket() (int, error) {
 	nl, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
+	if err != nil {
+		return -1, fmt.Errorf("open a netlink socket: %w", err)
+	}
+	if err := unix.Bind(nl, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		unix.Close(nl)
+		return -1, fmt.Errorf("bind a netlink socket: %w", err)
+	}
+	return nl, nil
+}
+
+func configure() error {
+	nl, err := netlinkSocket()
 	if err != nil {
 		return err
 	}
 	defer unix.Close(nl)
-	if err := unix.Bind(nl, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return err
-	}
 	lo, err := ifIndex("lo")
 	if err != nil {
 		return err
@@ -148,22 +159,41 @@ func configure() error {
 	if err != nil {
 		return err
 	}
+	return runSteps(nl, setupSteps(lo, tun))
+}
+
+// nlStep is one netlink request of a namespace's setup, with what it does
+// in an operator's words (its error says which step failed, on what).
+type nlStep struct {
+	what string
+	typ  uint16
+	body []byte
+}
+
+// setupSteps are the requests that bring lo (index lo) and the TUN device
+// (index tun) up, give the device the guest's addresses and route
+// everything through it.
+func setupSteps(lo, tun int32) []nlStep {
 	mtu := make([]byte, 4)
 	binary.NativeEndian.PutUint32(mtu, MTU)
-	steps := []struct {
-		typ  uint16
-		body []byte
-	}{
-		{unix.RTM_NEWLINK, linkUp(lo, nil)},
-		{unix.RTM_NEWLINK, linkUp(tun, attr(unix.IFLA_MTU, mtu))},
-		{unix.RTM_NEWADDR, addrMsg(tun, GuestAddr4)},
-		{unix.RTM_NEWADDR, addrMsg(tun, GuestAddr6)},
-		{unix.RTM_NEWROUTE, defaultRoute(tun, unix.AF_INET)},
-		{unix.RTM_NEWROUTE, defaultRoute(tun, unix.AF_INET6)},
+	dev := fmt.Sprintf("%s (interface index %d)", TUNName, tun)
+	return []nlStep{
+		{fmt.Sprintf("bring up lo (interface index %d)", lo), unix.RTM_NEWLINK, linkUp(lo, nil)},
+		{fmt.Sprintf("bring up %s with MTU %d", dev, MTU), unix.RTM_NEWLINK, linkUp(tun, attr(unix.IFLA_MTU, mtu))},
+		{fmt.Sprintf("add address %s/32 to %s", GuestAddr4, dev), unix.RTM_NEWADDR, addrMsg(tun, GuestAddr4)},
+		{fmt.Sprintf("add address %s/128 to %s", GuestAddr6, dev), unix.RTM_NEWADDR, addrMsg(tun, GuestAddr6)},
+		{fmt.Sprintf("add the IPv4 default route via %s on %s", ResolverAddr4, dev), unix.RTM_NEWROUTE, defaultRoute(tun, unix.AF_INET)},
+		{fmt.Sprintf("add the IPv6 default route via %s on %s", ResolverAddr6, dev), unix.RTM_NEWROUTE, defaultRoute(tun, unix.AF_INET6)},
 	}
+}
+
+// runSteps sends each step in order on the netlink socket nl and stops at
+// the first the kernel refuses, saying which (step i of n, what it does)
+// and why.
+func runSteps(nl int, steps []nlStep) error {
 	for i, st := range steps {
 		if err := nlRequest(nl, st.typ, uint32(i+1), st.body); err != nil {
-			return fmt.Errorf("netlink step %d: %w", i+1, err)
+			return fmt.Errorf("network setup step %d of %d, %s: %w", i+1, len(steps), st.what, err)
 		}
 	}
 	return nil
@@ -180,7 +210,7 @@ func ifIndex(name string) (int32, error) {
 		return 0, err
 	}
 	if err := unix.IoctlIfreq(s, unix.SIOCGIFINDEX, ifr); err != nil {
-		return 0, fmt.Errorf("interface %s: %w", name, err)
+		return 0, fmt.Errorf("look up interface %s: %w", name, err)
 	}
 	return int32(ifr.Uint32()), nil
 }
