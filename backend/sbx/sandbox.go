@@ -12,7 +12,6 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,6 +22,7 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/registry"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/statedir"
+	"github.com/sandbox-sidecar/sandbox-sidecar/internal/hostname"
 )
 
 // Layout of Dir/<id>.
@@ -223,21 +223,27 @@ func networkFor(p HostPolicy, spec backend.Spec) (string, []string, error) {
 	return networkUnknown, nil, nil
 }
 
-// egressHost is what allow_egress_to may hold: a hostname, optionally with a
-// leading "*." wildcard and a ":port". No commas (sbx splits on them), no
-// spaces, nothing that reads as a flag.
-var egressHost = regexp.MustCompile(`^(\*\.)?[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}))*(:[0-9]{1,5})?$`)
-
+// checkEgressHosts checks allow_egress_to by the same syntax the egress
+// netstack uses (internal/hostname: a hostname, an optional leading "*."
+// and ":port"; no commas, which sbx splits on, no spaces, nothing that
+// reads as a flag) and returns the entries in normal form (lower case, no
+// trailing dot), sorted, each once.
 func checkEgressHosts(hosts []string) ([]string, error) {
 	if len(hosts) > maxEgressHosts {
 		return nil, fmt.Errorf("%w: allow_egress_to lists %d hosts, more than the %d allowed; use wildcards such as *.example.com", backend.ErrInvalidArgument, len(hosts), maxEgressHosts)
 	}
 	var out []string
 	for _, h := range hosts {
-		if len(h) > 253+6 || !egressHost.MatchString(h) {
-			return nil, fmt.Errorf("%w: allow_egress_to entry %s is not a hostname (letters, digits, '-', '.', an optional leading *. and :port)", backend.ErrInvalidArgument, backend.ShortName(h))
+		p, err := hostname.Parse(h)
+		switch {
+		case errors.Is(err, hostname.ErrBadPort):
+			return nil, fmt.Errorf("%w: allow_egress_to entry %s has a bad port (1 to 65535)", backend.ErrInvalidArgument, backend.ShortName(h))
+		case errors.Is(err, hostname.ErrBareWild):
+			return nil, fmt.Errorf("%w: allow_egress_to entry %s: %v", backend.ErrInvalidArgument, backend.ShortName(h), err)
+		case err != nil:
+			return nil, fmt.Errorf("%w: allow_egress_to entry %s is not a hostname (%s)", backend.ErrInvalidArgument, backend.ShortName(h), hostname.Rule)
 		}
-		out = append(out, strings.ToLower(h))
+		out = append(out, p.String())
 	}
 	slices.Sort(out)
 	return slices.Compact(out), nil

@@ -143,12 +143,17 @@ func TestNetworkFor(t *testing.T) {
 }
 
 func TestCheckEgressHosts(t *testing.T) {
-	got, err := checkEgressHosts([]string{"PyPI.org", "*.npmjs.org", "api.example.com:443", "pypi.org", "localhost"})
-	want := []string{"*.npmjs.org", "api.example.com:443", "localhost", "pypi.org"}
+	// The egress netstack's syntax (internal/hostname): '_' in a label,
+	// a trailing dot and upper case are taken and normalised; a label that
+	// ends in '-', a port outside 1 to 65535 and a wildcard over a bare
+	// label are not (this copy's own regexp took the '-' and the ports and
+	// refused the '_').
+	got, err := checkEgressHosts([]string{"PyPI.org", "*.npmjs.org", "api.example.com:443", "pypi.org.", "localhost", "_dmarc.Example.com"})
+	want := []string{"*.npmjs.org", "_dmarc.example.com", "api.example.com:443", "localhost", "pypi.org"}
 	if err != nil || !slices.Equal(got, want) {
 		t.Errorf("checkEgressHosts = %v, %v; want %v", got, err, want)
 	}
-	for _, bad := range []string{"", "a,b", "-flag", "**", "a b", "a..b", "host:99999999", "http://x.org", "*", "a/b", strings.Repeat("a", 64) + ".org"} {
+	for _, bad := range []string{"", "a,b", "-flag", "**", "a b", "a..b", "host:99999999", "http://x.org", "*", "a/b", strings.Repeat("a", 64) + ".org", "a-.example.com", "a.com:0", "a.com:70000", "*.com"} {
 		if _, err := checkEgressHosts([]string{bad}); !errors.Is(err, backend.ErrInvalidArgument) {
 			t.Errorf("checkEgressHosts(%q) = %v, want ErrInvalidArgument", bad, err)
 		}

@@ -12,7 +12,8 @@
 // cloud metadata endpoint), the host's own and private addresses are never
 // dialled unless the operator permits them (Config.PrivateAllowed), and
 // link-local, multicast and NAT64 never. The package imports nothing of
-// the project.
+// the project but internal/hostname (the allow-list's hostname syntax,
+// which the sbx backend checks with too).
 package egress
 
 import (

@@ -4,8 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"strconv"
 	"strings"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/internal/hostname"
 )
 
 // MaxEntries bounds each of a policy's lists.
@@ -60,44 +61,19 @@ func ParsePolicy(names, cidrs []string) (Policy, error) {
 }
 
 func parseName(raw string) (namePattern, error) {
-	s := strings.ToLower(strings.TrimSpace(raw))
-	var pat namePattern
-	if h, port, ok := strings.Cut(s, ":"); ok {
-		n, err := strconv.ParseUint(port, 10, 16)
-		if err != nil || n == 0 {
-			return pat, fmt.Errorf("%w: allow_egress_to entry %q has a bad port", ErrInvalid, short(raw))
-		}
-		s, pat.port = h, uint16(n)
+	hp, err := hostname.Parse(raw)
+	switch {
+	case errors.Is(err, hostname.ErrBadPort):
+		return namePattern{}, fmt.Errorf("%w: allow_egress_to entry %q has a bad port (1 to 65535)", ErrInvalid, short(raw))
+	case errors.Is(err, hostname.ErrBareWild):
+		return namePattern{}, fmt.Errorf("%w: allow_egress_to entry %q: %v", ErrInvalid, short(raw), err)
+	case err != nil:
+		return namePattern{}, fmt.Errorf("%w: allow_egress_to entry %q is not a hostname (%s)", ErrInvalid, short(raw), hostname.Rule)
 	}
-	s = strings.TrimSuffix(s, ".")
-	if rest, ok := strings.CutPrefix(s, "*."); ok {
-		s, pat.wildcard = rest, true
+	if _, err := netip.ParseAddr(hp.Name); err == nil {
+		return namePattern{}, fmt.Errorf("%w: allow_egress_to entry %q is not a hostname; list addresses in allow_egress_to_cidrs", ErrInvalid, short(raw))
 	}
-	if !validHostname(s) {
-		return pat, fmt.Errorf("%w: allow_egress_to entry %q is not a hostname (letters, digits, '-', '_', '.', an optional leading *. and :port)", ErrInvalid, short(raw))
-	}
-	if _, err := netip.ParseAddr(s); err == nil || (pat.wildcard && !strings.Contains(s, ".")) {
-		return pat, fmt.Errorf("%w: allow_egress_to entry %q is not a hostname; list addresses in allow_egress_to_cidrs", ErrInvalid, short(raw))
-	}
-	pat.name = s
-	return pat, nil
-}
-
-func validHostname(s string) bool {
-	if s == "" || len(s) > 253 {
-		return false
-	}
-	for _, label := range strings.Split(s, ".") {
-		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
-			return false
-		}
-		for _, c := range label {
-			if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-				return false
-			}
-		}
-	}
-	return true
+	return namePattern{name: hp.Name, wildcard: hp.Wildcard, port: hp.Port}, nil
 }
 
 // normName lower-cases a name and drops its trailing dot.
