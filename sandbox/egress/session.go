@@ -29,8 +29,22 @@ const (
 	nicID = 1
 	// relayBuffer is each direction's copy buffer of one connection.
 	relayBuffer = 64 << 10
-	// maxHandedOut bounds the addresses remembered per sandbox.
+	// maxHandedOut bounds the addresses remembered per sandbox (handed out
+	// for an allowed name); past it the one first handed out longest ago
+	// is forgotten, and a later connection to it is refused until the name
+	// is resolved again.
 	maxHandedOut = 4096
+	// maxNamesPerAddr bounds the names remembered for one handed-out
+	// address (many names may share a CDN's address): the first ones are
+	// kept, a later name is not remembered (the address stays reachable
+	// under the names kept; TLS and HTTP still say which name they want,
+	// checked against the policy).
+	maxNamesPerAddr = 64
+	// maxForgotten bounds the forgotten addresses remembered as forgotten
+	// (the most recent evictions): a connection to one is refused saying
+	// it was forgotten, and to resolve the name again. Past that many
+	// evictions the refusal of an unknown address says it may have been.
+	maxForgotten = 1024
 	// maxDNSInFlight bounds a sandbox's concurrent DNS lookups.
 	maxDNSInFlight = 16
 	// maxPeek bounds the first bytes read to find SNI or Host.
@@ -56,6 +70,7 @@ type Session struct {
 	mu     sync.Mutex
 	handed map[netip.Addr]map[string]struct{} // address -> names it was handed out for
 	order  []netip.Addr                       // insertion order, for eviction
+	forgot forgotten                          // addresses evicted from handed
 	open   map[io.Closer]struct{}             // what Close must close
 }
 
@@ -202,7 +217,9 @@ func (s *Session) audit(ev Event) {
 	s.e.cfg.Audit(ev)
 }
 
-// handOut remembers that a was given to this sandbox for name.
+// handOut remembers that a was given to this sandbox for name (at most
+// maxHandedOut addresses, the oldest forgotten first; at most
+// maxNamesPerAddr names each).
 func (s *Session) handOut(a netip.Addr, name string) {
 	a = a.Unmap()
 	s.mu.Lock()
@@ -210,28 +227,68 @@ func (s *Session) handOut(a netip.Addr, name string) {
 	names, ok := s.handed[a]
 	if !ok {
 		if len(s.order) >= maxHandedOut {
+			s.forgot.add(s.order[0])
 			delete(s.handed, s.order[0])
 			s.order = s.order[1:]
 		}
 		names = map[string]struct{}{}
 		s.handed[a] = names
 		s.order = append(s.order, a)
+		s.forgot.remove(a)
 	}
-	if len(names) < 64 {
+	if len(names) < maxNamesPerAddr {
 		names[name] = struct{}{}
 	}
 }
 
-// handedNames returns the names a was handed out for ("" none).
-func (s *Session) handedNames(a netip.Addr) []string {
+// handedNames returns the names a was handed out for (none: nil), and,
+// when none, whether a was forgotten (evicted) and whether it may have
+// been (more evictions than maxForgotten remembers).
+func (s *Session) handedNames(a netip.Addr) (names []string, forgot, mayHave bool) {
+	a = a.Unmap()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []string
-	for n := range s.handed[a.Unmap()] {
-		out = append(out, n)
+	for n := range s.handed[a] {
+		names = append(names, n)
 	}
-	return out
+	if names == nil {
+		forgot, mayHave = s.forgot.has(a), s.forgot.total > maxForgotten
+	}
+	return names, forgot, mayHave
 }
+
+// forgotten remembers the last maxForgotten addresses evicted from a
+// session's handed-out table, and how many were evicted in all: a ring of
+// addresses, and a map from each to its eviction's number (so a slot
+// reused for a newer eviction, or an address handed out again, no longer
+// counts).
+type forgotten struct {
+	ring  []netip.Addr
+	at    map[netip.Addr]uint64
+	total uint64 // evictions so far
+}
+
+func (f *forgotten) add(a netip.Addr) {
+	if f.at == nil {
+		f.at = map[netip.Addr]uint64{}
+	}
+	n := f.total
+	f.total++
+	slot := int(n % maxForgotten)
+	if len(f.ring) < maxForgotten {
+		f.ring = append(f.ring, a)
+	} else {
+		if old := f.ring[slot]; f.at[old] == n-maxForgotten {
+			delete(f.at, old)
+		}
+		f.ring[slot] = a
+	}
+	f.at[a] = n
+}
+
+func (f *forgotten) remove(a netip.Addr) { delete(f.at, a) }
+
+func (f *forgotten) has(a netip.Addr) bool { _, ok := f.at[a]; return ok }
 
 func addrOf(a tcpip.Address) netip.Addr {
 	ip, _ := netip.AddrFromSlice(a.AsSlice())
@@ -262,7 +319,7 @@ func (s *Session) decide(guestAddr netip.Addr, port uint16) decision {
 	if s.policy.AllowsCIDR(a) {
 		return decision{allowed: true, byCIDR: true, reason: "allowed CIDR"}
 	}
-	names := s.handedNames(a)
+	names, forgot, mayHave := s.handedNames(a)
 	var fit []string
 	for _, n := range names {
 		if s.policy.allowsNamePort(n, port) {
@@ -272,6 +329,12 @@ func (s *Session) decide(guestAddr netip.Addr, port uint16) decision {
 	if len(fit) == 0 {
 		if len(names) > 0 {
 			return decision{reason: "port " + strconv.Itoa(int(port)) + " is not allowed for " + names[0]}
+		}
+		switch {
+		case forgot:
+			return decision{reason: fmt.Sprintf("not in an allowed CIDR, and forgotten since it was handed out for an allowed name (a sandbox remembers %d addresses, the one handed out first forgotten first): resolve the name again", maxHandedOut)}
+		case mayHave:
+			return decision{reason: fmt.Sprintf("not in an allowed CIDR, nor handed out for an allowed name as far as the daemon remembers (a sandbox remembers %d addresses and this one was handed out more): if it was handed out, resolve the name again", maxHandedOut)}
 		}
 		return decision{reason: "not in an allowed CIDR, nor handed out for an allowed name"}
 	}
