@@ -56,6 +56,17 @@ type Sources struct {
 	Recovery func() lifecycle.RecoveryReport
 	// JournalPath is the journal's file; its size is reported.
 	JournalPath string
+	// Egress counts what the egress path refused, dropped and did not
+	// audit since the daemon started (nil, or ok false: egress is off).
+	Egress func() (c EgressCounts, ok bool)
+}
+
+// EgressCounts are the egress path's counters (sandbox/egress Stats),
+// summed over every sandbox.
+type EgressCounts struct {
+	Refused         uint64 // connections and UDP flows refused
+	DNSDropped      uint64 // UDP DNS queries dropped unanswered, the sandbox's lookups in flight at the bound
+	AuditSuppressed uint64 // audit lines not written, past a sandbox's audit budget
 }
 
 // Metrics holds every metric of one daemon, in a registry of its own (no
@@ -222,13 +233,18 @@ var (
 	descRecovery  = prometheus.NewDesc(namespace+"_recovery_sandboxes", "What the last start-up recovery did, by result (adopted, destroyed, swept, failed).", []string{"result"}, nil)
 	descJournal   = prometheus.NewDesc(namespace+"_journal_bytes", "Size of the journal file.", nil, nil)
 	descBuild     = prometheus.NewDesc(namespace+"_build_info", "Always 1; the daemon's version and backend as labels.", []string{"version", "backend"}, nil)
+
+	descEgressRefused    = prometheus.NewDesc(namespace+"_egress_refusals_total", "Connections and UDP flows of sandboxes the egress path refused (TCP: reset; UDP: dropped), audit line written or not.", nil, nil)
+	descEgressDNSDropped = prometheus.NewDesc(namespace+"_egress_dns_dropped_total", "UDP DNS queries of sandboxes dropped unanswered: the sandbox had as many lookups in flight as it may (the client retries).", nil, nil)
+	descEgressSuppressed = prometheus.NewDesc(namespace+"_egress_audit_suppressed_total", "Egress audit lines not written: past the sandbox's audit budget (docs/operations.md, Egress); a summary line tells each run of them.", nil, nil)
 )
 
 // states are reported even when empty, so a query sees 0, not nothing.
 var states = []lifecycle.State{lifecycle.StateCreating, lifecycle.StateReady, lifecycle.StatePooled, lifecycle.StateDestroying}
 
 func (s *sampled) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descSandboxes, descPoolSize, descPoolTgt, descConns, descRecovery, descJournal, descBuild} {
+	for _, d := range []*prometheus.Desc{descSandboxes, descPoolSize, descPoolTgt, descConns, descRecovery, descJournal, descBuild,
+		descEgressRefused, descEgressDNSDropped, descEgressSuppressed} {
 		ch <- d
 	}
 }
@@ -264,6 +280,13 @@ func (s *sampled) Collect(ch chan<- prometheus.Metric) {
 	if src.JournalPath != "" {
 		if fi, err := os.Stat(src.JournalPath); err == nil {
 			ch <- prometheus.MustNewConstMetric(descJournal, prometheus.GaugeValue, float64(fi.Size()))
+		}
+	}
+	if src.Egress != nil {
+		if c, ok := src.Egress(); ok {
+			ch <- prometheus.MustNewConstMetric(descEgressRefused, prometheus.CounterValue, float64(c.Refused))
+			ch <- prometheus.MustNewConstMetric(descEgressDNSDropped, prometheus.CounterValue, float64(c.DNSDropped))
+			ch <- prometheus.MustNewConstMetric(descEgressSuppressed, prometheus.CounterValue, float64(c.AuditSuppressed))
 		}
 	}
 }

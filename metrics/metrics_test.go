@@ -56,6 +56,9 @@ func TestScrapeShowsWhatWasObserved(t *testing.T) {
 		},
 		Connections: func() int { return 7 },
 		Recovery:    func() lifecycle.RecoveryReport { return lifecycle.RecoveryReport{Adopted: 3, Swept: 1} },
+		Egress: func() (EgressCounts, bool) {
+			return EgressCounts{Refused: 936, DNSDropped: 4, AuditSuppressed: 700}, true
+		},
 	})
 	o := m.Observer()
 	o.Created(lifecycle.SourceCold, 30*time.Millisecond)
@@ -121,6 +124,9 @@ func TestScrapeShowsWhatWasObserved(t *testing.T) {
 		{"sandbox_sidecar_rpc_errors_total", []string{"op", "destroy", "code", "internal"}, 1},
 		{"sandbox_sidecar_rpc_requests_total", []string{"op", "unknown", "code", "ok"}, 2},
 		{"sandbox_sidecar_rpc_duration_seconds", []string{"op", "hello"}, 2},
+		{"sandbox_sidecar_egress_refusals_total", nil, 936},
+		{"sandbox_sidecar_egress_dns_dropped_total", nil, 4},
+		{"sandbox_sidecar_egress_audit_suppressed_total", nil, 700},
 	} {
 		got, ok := metricstest.Value(fams, c.fam, c.labels...)
 		if assert.True(t, ok, "%s%v is missing", c.fam, c.labels) {
@@ -134,6 +140,11 @@ func TestScrapeShowsWhatWasObserved(t *testing.T) {
 	// The Go runtime and the process are there too.
 	assert.Contains(t, fams, "go_goroutines")
 	assert.Contains(t, fams, "process_resident_memory_bytes")
+
+	// Egress off: no egress series at all.
+	m.Bind(Sources{Backend: "sbx", Egress: func() (EgressCounts, bool) { return EgressCounts{}, false }})
+	fams = metricstest.Scrape(t, addr)
+	assert.NotContains(t, fams, "sandbox_sidecar_egress_refusals_total")
 }
 
 func TestLabelsStayBounded(t *testing.T) {

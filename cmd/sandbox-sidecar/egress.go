@@ -8,6 +8,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/lifecycle"
+	"github.com/sandbox-sidecar/sandbox-sidecar/metrics"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/egress"
 )
 
@@ -102,10 +103,13 @@ func (a *egressAudit) event(fallback hclog.Logger) func(egress.Event) {
 		if ev.Addr.IsValid() {
 			kv = append(kv, "addr", ev.Addr.String(), "port", ev.Port)
 		}
-		if ev.Proto != "dns" {
-			kv = append(kv, "bytes_out", ev.BytesOut, "bytes_in", ev.BytesIn, "duration_ms", ev.Duration.Milliseconds())
-		} else {
+		switch ev.Proto {
+		case "dns":
 			kv = append(kv, dnsAuditFields(ev)...)
+		case "suppressed": // the summary of lines past the sandbox's audit budget
+			kv = append(kv, "suppressed", ev.Suppressed, "duration_ms", ev.Duration.Milliseconds())
+		default:
+			kv = append(kv, "bytes_out", ev.BytesOut, "bytes_in", ev.BytesIn, "duration_ms", ev.Duration.Milliseconds())
 		}
 		log.Info("audit", kv...)
 	}
@@ -152,6 +156,21 @@ func newEgress(s EgressSection, log hclog.Logger) (*egress.Egress, error) {
 		return nil, fmt.Errorf("egress.enabled: this daemon cannot make a sandbox's network namespace and TUN device (%v); it needs CAP_SYS_ADMIN, CAP_NET_ADMIN and /dev/net/tun, which the packaged unit grants only with its egress drop-in (docs/operations.md, Egress)", err)
 	}
 	ns.Close()
+	daemonEgress.Store(e)
 	log.Info("egress enabled", "private_allowed", s.PrivateAllowed, "hosts", len(s.Hosts), "max_conns", cfg.MaxConns)
 	return e, nil
+}
+
+// daemonEgress is the daemon's egress path once made (nil: off), for the
+// metrics, which are bound after the backend that holds it.
+var daemonEgress atomic.Pointer[egress.Egress]
+
+// egressCounts is metrics.Sources.Egress: the egress path's counters.
+func egressCounts() (metrics.EgressCounts, bool) {
+	e := daemonEgress.Load()
+	if e == nil {
+		return metrics.EgressCounts{}, false
+	}
+	st := e.Stats()
+	return metrics.EgressCounts{Refused: st.Refused, DNSDropped: st.DNSDropped, AuditSuppressed: st.AuditSuppressed}, true
 }

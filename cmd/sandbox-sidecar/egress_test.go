@@ -84,6 +84,18 @@ func TestEgressAuditLines(t *testing.T) {
 	if l := dns[1]; l["addr"] != "fd00:5b5b::1" || l["transport"] != "tcp" || l["rcode"] != "NXDOMAIN" || l["answers"] == nil || len(strs(l["answers"])) != 0 || len(strs(l["withheld"])) != 0 {
 		t.Errorf("an NXDOMAIN's line: %v", l)
 	}
+
+	// The summary of lines past a sandbox's audit budget: how many, over
+	// how long; no destination, no byte counts.
+	emit(egress.Event{Sandbox: "sb", Proto: "suppressed", Suppressed: 51, Duration: 50 * time.Millisecond,
+		Reason: "51 audit lines of this sandbox not written (50 of them refusals, all enforced): past its budget of 200 lines at once and 20 a second"})
+	sum := lines()[0]
+	if got, want := keys(sum), withKeys("suppressed", "duration_ms"); !slices.Equal(got, want) {
+		t.Errorf("a summary line has keys %v, want %v", got, want)
+	}
+	if sum["suppressed"] != 51.0 || sum["duration_ms"] != 50.0 || sum["allowed"] != false || sum["proto"] != "suppressed" {
+		t.Errorf("a summary line: %v", sum)
+	}
 }
 
 func strs(v any) []string {

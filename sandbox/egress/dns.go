@@ -69,7 +69,12 @@ func (s *Session) serveDNS(c *gonet.UDPConn, at netip.Addr) {
 		select {
 		case s.dnsSem <- struct{}{}:
 		default:
-			continue // too many lookups in flight: the client retries
+			// Too many lookups in flight: dropped, the client retries.
+			// Counted, and audited within the session's budget.
+			s.count.dnsDropped.Add(1)
+			s.e.count.dnsDropped.Add(1)
+			s.audit(droppedQuery(q, via))
+			continue
 		}
 		s.wg.Add(1)
 		go func() {
@@ -80,6 +85,20 @@ func (s *Session) serveDNS(c *gonet.UDPConn, at netip.Addr) {
 			}
 		}()
 	}
+}
+
+// droppedQuery is the audit line of a UDP query dropped unanswered for the
+// lookups in flight: its question when one parses, no reply code.
+func droppedQuery(q []byte, via dnsFrom) Event {
+	ev := Event{Proto: "dns", Transport: via.transport, Addr: via.resolver, Port: dnsPort,
+		Reason: fmt.Sprintf("dropped unanswered: %d lookups of this sandbox in flight already (the client retries)", maxDNSInFlight)}
+	var p dnsmessage.Parser
+	if _, err := p.Start(q); err == nil {
+		if qq, err := p.Question(); err == nil {
+			ev.Name, ev.QType = normName(qq.Name.String()), typeName(qq.Type)
+		}
+	}
+	return ev
 }
 
 // serveDNSTCP serves one DNS-over-TCP connection to the resolver (RFC

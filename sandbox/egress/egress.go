@@ -85,8 +85,9 @@ func ResolvConf() string {
 }
 
 // Event is one audit line: a connection, a datagram flow, or a DNS query
-// the resolver answered (or, over TCP, a DNS connection it refused or
-// closed).
+// the resolver answered or dropped (or, over TCP, a DNS connection it
+// refused or closed); or ("suppressed") the summary of lines past the
+// sandbox's audit budget (auditBurst, auditRate) that were not written.
 //
 // For a connection or flow ("tcp", "udp"), Addr and Port are the
 // destination the sandbox asked for (the real address behind a loopback
@@ -96,15 +97,16 @@ func ResolvConf() string {
 // asked and answered.
 type Event struct {
 	Sandbox, Owner string
-	Proto          string // "tcp", "udp" or "dns"
+	Proto          string // "tcp", "udp", "dns", or "suppressed" (a summary of lines not written)
 	Name           string // the name asked for (DNS question, SNI, Host, or the name the address was handed out for)
 	Addr           netip.Addr
 	Port           uint16
 	Allowed        bool // a connection: relayed; DNS: at least one address handed out
 	Reason         string
-	BytesOut       int64 // sandbox to the world
-	BytesIn        int64 // the world to the sandbox
-	Duration       time.Duration
+	BytesOut       int64         // sandbox to the world
+	BytesIn        int64         // the world to the sandbox
+	Duration       time.Duration // a summary: since the first line it counts
+	Suppressed     int64         // a summary: the lines not written (Reason says how many were refusals)
 
 	// DNS only.
 	Transport string       // "udp" or "tcp": how the query came to the resolver
@@ -152,7 +154,9 @@ type Config struct {
 	Lookup func(ctx context.Context, network, name string) ([]netip.Addr, error)
 	// Dial dials an allowed destination; default a net.Dialer.
 	Dial func(ctx context.Context, network, address string) (net.Conn, error)
-	// Audit receives every Event; it must not block for long.
+	// Audit receives the Events within each session's audit budget, and
+	// the summaries of those past it (a session's are handed over one at
+	// a time, in order); it must not block for long.
 	Audit func(Event)
 	// OwnAddrs lists the host's own addresses; default the addresses of
 	// the daemon's interfaces, read again at most every 10 seconds.
@@ -167,6 +171,11 @@ type Egress struct {
 	own      map[netip.Addr]bool
 	ownAt    time.Time
 	sessions map[*Session]struct{}
+	count    counters
+
+	// The clock of the sessions' audit budgets (tests set them).
+	now       func() time.Time
+	afterFunc func(time.Duration, func()) *time.Timer
 }
 
 // New checks cfg and fills in its defaults.
@@ -211,7 +220,7 @@ func New(cfg Config) (*Egress, error) {
 	if cfg.Audit == nil {
 		cfg.Audit = func(Event) {}
 	}
-	return &Egress{cfg: cfg, sessions: map[*Session]struct{}{}}, nil
+	return &Egress{cfg: cfg, sessions: map[*Session]struct{}{}, now: time.Now, afterFunc: time.AfterFunc}, nil
 }
 
 // isOwn reports whether a is one of the host's own addresses.

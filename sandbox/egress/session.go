@@ -67,6 +67,10 @@ type Session struct {
 	once    sync.Once
 	wg      sync.WaitGroup
 
+	count   counters
+	auditMu sync.Mutex // held while an audit line is judged and written
+	budget  auditBudget
+
 	mu     sync.Mutex
 	handed map[netip.Addr]map[string]struct{} // address -> names it was handed out for
 	order  []netip.Addr                       // insertion order, for eviction
@@ -82,7 +86,8 @@ func newSession(e *Egress, tun *os.File, sandbox, owner string, p Policy) (_ *Se
 	}
 	s := &Session{e: e, sandbox: sandbox, owner: owner, policy: p, tun: tun,
 		dnsSem: make(chan struct{}, maxDNSInFlight), closing: make(chan struct{}),
-		handed: map[netip.Addr]map[string]struct{}{}, open: map[io.Closer]struct{}{}}
+		handed: map[netip.Addr]map[string]struct{}{}, open: map[io.Closer]struct{}{},
+		budget: newAuditBudget(auditBurst, auditRate)}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.stack = stack.New(stack.Options{
 		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol, ipv6.NewProtocol},
@@ -173,6 +178,10 @@ func (s *Session) Close() error {
 			go func() { <-done; s.tun.Close() }()
 			err = fmt.Errorf("egress: the netstack of sandbox %s did not stop within %v; left to stop in the background", s.sandbox, closeWait)
 		}
+		// Lines suppressed and not yet told are told now (a goroutine
+		// left behind may still suppress more: its summary follows when
+		// the budget refills).
+		s.tellSuppressed()
 		s.e.forget(s)
 	})
 	return err
@@ -210,11 +219,6 @@ func (s *Session) takeConn() bool {
 		return false
 	}
 	return true
-}
-
-func (s *Session) audit(ev Event) {
-	ev.Sandbox, ev.Owner = s.sandbox, s.owner
-	s.e.cfg.Audit(ev)
 }
 
 // handOut remembers that a was given to this sandbox for name (at most

@@ -24,7 +24,8 @@ func bareSession(t *testing.T, cfg Config, names ...string) *Session {
 		t.Fatal(err)
 	}
 	return &Session{e: e, sandbox: "sb-test", owner: "owner-test", policy: p, closing: make(chan struct{}),
-		handed: map[netip.Addr]map[string]struct{}{}, open: map[io.Closer]struct{}{}}
+		handed: map[netip.Addr]map[string]struct{}{}, open: map[io.Closer]struct{}{},
+		budget: newAuditBudget(auditBurst, auditRate)}
 }
 
 // tenAddr is the i-th address of 10.0.0.0/8 (private_allowed in these tests).

@@ -32,7 +32,9 @@ type Storm struct {
 	// them now.
 	Conns func() int
 	// BoundRefusals is the number of audit events so far that refuse a
-	// connection for the bound ("more than Bound connections at once").
+	// connection for the bound ("more than Bound connections at once"),
+	// plus the session's lines its audit budget suppressed (counted, not
+	// written: in the storm, all of them such refusals).
 	BoundRefusals func() int
 }
 
