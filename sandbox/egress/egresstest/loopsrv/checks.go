@@ -127,7 +127,7 @@ func ThousandConnections(t *testing.T, s Storm) {
 	if _, err := fmt.Sscan(out, &ok, &refused, &other, &pending); err != nil {
 		t.Fatalf("the storm's output %q: %v", out, err)
 	}
-	t.Logf("%d connections: %d established, %d refused, %d other errors, %d still pending; %d accepted by the server, %d refusals for the bound audited",
+	t.Logf("%d connections: %d established, %d refused, %d other errors, %d still pending; %d accepted by the server, %d refusals for the bound audited (written, or counted past the audit budget)",
 		StormConns, ok, refused, other, pending, accepted.Load(), s.BoundRefusals())
 	if ok == 0 || ok > s.Bound || ok+refused != StormConns {
 		t.Errorf("not bounded: %d established, %d refused, %d other errors, %d pending; want 1 to %d established, the rest refused", ok, refused, other, pending, s.Bound)
