@@ -64,7 +64,7 @@ type Sources struct {
 // EgressCounts are the egress path's counters (sandbox/egress Stats),
 // summed over every sandbox.
 type EgressCounts struct {
-	Refused         uint64 // connections and UDP flows refused
+	Refused         uint64 // connections and UDP flows not relayed (refused, or their dial failed)
 	DNSDropped      uint64 // UDP DNS queries dropped unanswered, the sandbox's lookups in flight at the bound
 	AuditSuppressed uint64 // audit lines not written, past a sandbox's audit budget
 }
@@ -234,7 +234,7 @@ var (
 	descJournal   = prometheus.NewDesc(namespace+"_journal_bytes", "Size of the journal file.", nil, nil)
 	descBuild     = prometheus.NewDesc(namespace+"_build_info", "Always 1; the daemon's version and backend as labels.", []string{"version", "backend"}, nil)
 
-	descEgressRefused    = prometheus.NewDesc(namespace+"_egress_refusals_total", "Connections and UDP flows of sandboxes the egress path refused (TCP: reset; UDP: dropped), audit line written or not.", nil, nil)
+	descEgressRefused    = prometheus.NewDesc(namespace+"_egress_refusals_total", "Connections and UDP flows of sandboxes the egress path did not relay (refused by the policy or a bound, or their dial failed), audit line written or not.", nil, nil)
 	descEgressDNSDropped = prometheus.NewDesc(namespace+"_egress_dns_dropped_total", "UDP DNS queries of sandboxes dropped unanswered: the sandbox had as many lookups in flight as it may (the client retries).", nil, nil)
 	descEgressSuppressed = prometheus.NewDesc(namespace+"_egress_audit_suppressed_total", "Egress audit lines not written: past the sandbox's audit budget (docs/operations.md, Egress); a summary line tells each run of them.", nil, nil)
 )

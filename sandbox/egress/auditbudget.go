@@ -100,8 +100,9 @@ func (s *Session) summary(p suppression, now time.Time) Event {
 // Egress since it was made (Egress.Stats) refused, dropped and did not
 // write, whether its audit line was written or not.
 type Stats struct {
-	// Refused: connections and UDP flows refused (TCP: reset; UDP:
-	// dropped), DNS-over-TCP connections included.
+	// Refused: connections and UDP flows not relayed: refused by the
+	// policy or a bound (TCP: reset; UDP: dropped), or their dial failed;
+	// DNS-over-TCP connections refused or closed included.
 	Refused uint64
 	// DNSDropped: UDP DNS queries dropped unanswered, maxDNSInFlight
 	// lookups of the sandbox being in flight (the client retries).
