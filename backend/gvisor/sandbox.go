@@ -137,7 +137,7 @@ var errInitDied = errors.New("the sandbox's init died")
 // current command.
 func (c *initConn) readLoop() {
 	r := bufio.NewReaderSize(c.fromInit, maxChunk+frameHeaderSize)
-	const allowed = 1<<kindStarted | 1<<kindStdout | 1<<kindStderr | 1<<kindExited | 1<<kindFailed | 1<<kindLstated |
+	const allowed = 1<<kindStdout | 1<<kindStderr | 1<<kindExited | 1<<kindFailed | 1<<kindLstated |
 		1<<kindFileData | 1<<kindFileDone
 	var err error
 	for {

@@ -28,7 +28,7 @@ import (
 //	init → daemon:  ready (protocol)          once, when init is set up: the
 //	                                          protocol version it speaks (u32)
 //	daemon → init:  run (request)             one command: argv, env, cwd, stdin
-//	init → daemon:  started (pid) | failed (reason: the command did not start)
+//	init → daemon:  failed (reason: the command did not start)
 //	init → daemon:  stdout / stderr (bytes)   the command's output, in chunks
 //	init → daemon:  exited (how, value, timed) after every process the command
 //	                                          started is dead and its output sent
@@ -57,10 +57,12 @@ const (
 
 // Frame kinds.
 const (
-	kindReady   = 1
-	kindRun     = 2
-	kindKill    = 3
-	kindStarted = 4
+	kindReady = 1
+	kindRun   = 2
+	kindKill  = 3
+	// 4 was "started" (the command's pid), which the daemon never used:
+	// a frame less to write, and to wake the daemon for, per command
+	// (protocol 2).
 	kindStdout  = 5
 	kindStderr  = 6
 	kindExited  = 7
@@ -85,7 +87,7 @@ var errBadFrame = errors.New("malformed frame")
 // ready frame: the init is a binary of its own (sandbox-sidecar-init), so
 // a daemon started with an init of another version refuses it instead of
 // misreading its frames.
-const initProtocol = 1
+const initProtocol = 2
 
 // readyFrom checks a ready frame's payload: init's protocol version,
 // which must be this daemon's.
@@ -104,8 +106,6 @@ func maxPayload(kind byte) int {
 	case kindKill:
 		return 0
 	case kindReady:
-		return 4
-	case kindStarted:
 		return 4
 	case kindExited:
 		return 12
