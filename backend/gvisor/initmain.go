@@ -311,9 +311,16 @@ func (st *initState) run(req runRequest) {
 		}()
 	}
 
-	// Reap everything until the command itself exits.
+	outputClosed := make(chan struct{})
+	go func() { drained.Wait(); close(outputClosed) }()
+
+	// Reap everything until the command itself exits. When its output
+	// closes it has most likely exited: look then, not only at SIGCHLD,
+	// whose way to this goroutine (the signal, the runtime's signal
+	// goroutine, the channel) is three wake-ups of init's threads, each
+	// one a round trip through the sentry.
 	var status unix.WaitStatus
-	st.waitChildren(func(got int, ws unix.WaitStatus) bool {
+	st.waitChildren(outputClosed, func(got int, ws unix.WaitStatus) bool {
 		if got == pid {
 			status = ws
 			return true
@@ -330,13 +337,11 @@ func (st *initState) run(req runRequest) {
 	// another opener meanwhile, or this would wait for it.
 	st.files.mu.Lock()
 	killAllButInit()
-	st.waitChildren(func(int, unix.WaitStatus) bool { return false })
+	st.waitChildren(nil, func(int, unix.WaitStatus) bool { return false })
 	st.dropOpener()
 	st.files.mu.Unlock()
-	done := make(chan struct{})
-	go func() { drained.Wait(); close(done) }()
 	select {
-	case <-done:
+	case <-outputClosed:
 	case <-time.After(initDrainWait):
 	}
 	how, value := uint32(endExited), uint32(status.ExitStatus())
@@ -349,8 +354,8 @@ func (st *initState) run(req runRequest) {
 
 // waitChildren reaps init's children, calling done with each, until done
 // says so or none is left (ECHILD). It waits for a child to end through
-// SIGCHLD, not in a blocking wait4.
-func (st *initState) waitChildren(done func(pid int, ws unix.WaitStatus) bool) {
+// SIGCHLD, not in a blocking wait4, and looks once more when hint closes.
+func (st *initState) waitChildren(hint <-chan struct{}, done func(pid int, ws unix.WaitStatus) bool) {
 	for {
 		var ws unix.WaitStatus
 		got, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
@@ -363,7 +368,11 @@ func (st *initState) waitChildren(done func(pid int, ws unix.WaitStatus) bool) {
 				return
 			}
 		default: // children, none ended yet
-			<-st.chld
+			select {
+			case <-st.chld:
+			case <-hint:
+				hint = nil // once
+			}
 		}
 	}
 }
