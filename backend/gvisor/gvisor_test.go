@@ -235,6 +235,84 @@ print(*[fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_NONBLOCK for fd in (0, 1, 2)], sor
 	}
 }
 
+// TestGVisorCommandStart: init's spawn (initproc.Spawn) inside the
+// sentry gives a command the guest's identity with no supplementary
+// groups, a session of its own, every signal's disposition its default
+// and an empty mask (init itself handles every signal, and its child
+// does not reset them one by one), and reports a command that cannot
+// start as a shell does: 127 for a missing program, 126 for one that may
+// not or cannot be executed, with the errno on stderr.
+func TestGVisorCommandStart(t *testing.T) {
+	b := newTestBackend(t)
+	ctx := context.Background()
+	const id = "start"
+	if _, err := b.Create(ctx, id, backend.Spec{}); err != nil {
+		t.Fatal(err)
+	}
+	// gVisor's /proc/self/status has no Sig* lines: Python reports the
+	// mask, and the disposition of every signal it does not set itself
+	// (SIGINT, SIGPIPE, SIGXFSZ) as it found it at start.
+	const probe = `import signal
+print(sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])))
+print([n for n in range(1, signal.NSIG) if n not in (2, 9, 13, 19, 25) and signal.getsignal(n) not in (signal.SIG_DFL, None)])`
+	res, err := b.Exec(ctx, id, backend.ExecRequest{Argv: []string{"python3", "-c", probe}, Timeout: 30 * time.Second})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("%+v %v", res, err)
+	}
+	if got := string(res.Stdout); got != "[]\n[]\n" {
+		t.Errorf("the command's blocked signals, then those not at their default disposition:\n%s", got)
+	}
+	res, err = b.Exec(ctx, id, backend.ExecRequest{Argv: []string{"cat", "/proc/self/status", "/proc/self/stat"}, Timeout: 30 * time.Second})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("%+v %v", res, err)
+	}
+	status := string(res.Stdout)
+	field := func(name string) string {
+		for _, line := range strings.Split(status, "\n") {
+			if v, ok := strings.CutPrefix(line, name+":"); ok {
+				return strings.TrimSpace(v)
+			}
+		}
+		return "(missing)"
+	}
+	for name, want := range map[string]string{"Uid": "1000\t1000\t1000\t1000", "Gid": "1000\t1000\t1000\t1000"} {
+		if got := field(name); got != want {
+			t.Errorf("the command's %s: %q, want %q", name, got, want)
+		}
+	}
+	stat := status[strings.LastIndex(status, ")")+2:]
+	var state string
+	var ppid, pgrp, sid int
+	if _, err := fmt.Sscan(stat, &state, &ppid, &pgrp, &sid); err != nil {
+		t.Fatalf("stat %q: %v", stat, err)
+	}
+	if pid := field("Pid"); pid != strconv.Itoa(pgrp) || pid != strconv.Itoa(sid) || ppid != 1 {
+		t.Errorf("pid %s, parent %d, process group %d, session %d: want init's child in a session of its own", pid, ppid, pgrp, sid)
+	}
+
+	execOK(t, b, id, "printf '#!/bin/sh\\n' > plain; chmod 644 plain; printf '\\177ELF\\0\\0' > garbage; chmod 755 garbage")
+	for _, c := range []struct {
+		argv   []string
+		code   int
+		stderr string
+	}{
+		{[]string{"/no/such"}, 127, "no such file or directory"},
+		{[]string{"no-such-command"}, 127, "no such file or directory"},
+		{[]string{"./plain"}, 126, "permission denied"},
+		{[]string{"/workspace"}, 126, "permission denied"},
+		{[]string{"./garbage"}, 126, "exec format error"},
+	} {
+		res, err := b.Exec(ctx, id, backend.ExecRequest{Argv: c.argv, Timeout: 30 * time.Second})
+		if err != nil || res.ExitCode != c.code || !strings.Contains(string(res.Stderr), c.stderr) || res.TimedOut || res.SandboxTerminated {
+			t.Errorf("%v: exit %d, stderr %q (%v), want %d and %q", c.argv, res.ExitCode, res.Stderr, err, c.code, c.stderr)
+		}
+	}
+	// And the next command starts as ever.
+	if got := execOK(t, b, id, "echo after"); got != "after\n" {
+		t.Errorf("after the failures: %q", got)
+	}
+}
+
 // TestGVisorRestartReadopts simulates a daemon killed with -9: the first
 // backend's pipes to init close without a destroy (init then ends its
 // sandbox), a new backend on the same directory removes every runsc
