@@ -156,7 +156,8 @@ func Run(ctx context.Context, cmd *exec.Cmd, opts Options) (Result, error) {
 	}
 	defer s.Close()
 	s.SetOutput(opts.Output)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = s.p.childIn, s.p.childOut, s.p.childErr
+	files := s.ChildFiles()
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = files[0], files[1], files[2]
 	prepareSysProcAttr(cmd)
 	if err := CloseInheritedOnExec(); err != nil {
 		return Result{}, fmt.Errorf("capture: not starting %s: cannot keep the daemon's other file descriptors from leaking into it: %w", cmd.Path, err)
@@ -385,75 +386,113 @@ func (c *child) fillStatus(res *Result) {
 
 // pipes are the three streams between Run and the child. The parent's read
 // ends are non-blocking (in Go's poller), so closing them unblocks a reader.
+// Until register they are bare descriptors, out of the poller, so that
+// opening the streams costs the command's hand-over as few system calls as
+// it can: the poller's registration comes after it. The child ends stay
+// bare descriptors (the caller hands them on by number) unless ChildFiles
+// asks for files; an empty stdin is the process-wide /dev/null, never
+// closed.
 type pipes struct {
-	childIn, childOut, childErr *os.File
-	stdinW, stdoutR, stderrR    *os.File // parent ends; stdinW nil for empty stdin
+	childIn, childOut, childErr     int        // -1 once closed (childIn: never closed when sharedNull)
+	childFiles                      []*os.File // made by ChildFiles; they own the child ends then
+	sharedNull                      bool       // childIn is devNullFD's
+	rawStdinW, rawStdout, rawStderr int        // parent ends before register; -1 none
+	stdinW, stdoutR, stderrR        *os.File   // parent ends once registered; stdinW nil for empty stdin
 
 	closeChildOnce, closeParentOnce sync.Once
 	stdinClosed                     sync.Once
 }
 
 func openPipes(withStdin bool) (_ *pipes, err error) {
-	p := &pipes{}
+	p := &pipes{childIn: -1, childOut: -1, childErr: -1, rawStdinW: -1, rawStdout: -1, rawStderr: -1}
 	defer func() {
 		if err != nil {
 			p.closeAll()
 		}
 	}()
 	if withStdin {
-		if p.stdinW, p.childIn, err = pipe(false); err != nil {
+		if p.rawStdinW, p.childIn, err = pipe(false); err != nil {
 			return nil, err
 		}
-	} else if p.childIn, err = openDevNull(); err != nil {
+	} else if p.childIn, err = devNullFD(); err != nil {
+		return nil, err
+	} else {
+		p.sharedNull = true
+	}
+	if p.rawStdout, p.childOut, err = pipe(true); err != nil {
 		return nil, err
 	}
-	if p.stdoutR, p.childOut, err = pipe(true); err != nil {
-		return nil, err
-	}
-	if p.stderrR, p.childErr, err = pipe(true); err != nil {
+	if p.rawStderr, p.childErr, err = pipe(true); err != nil {
 		return nil, err
 	}
 	return p, nil
 }
 
-// pipe returns a close-on-exec pipe whose parent end (the read end when
-// parentReads, else the write end) is non-blocking, in the runtime's
-// poller, and whose child end stays blocking, as a process expects of its
-// standard streams, and out of the poller: os.Pipe would put both ends in
-// it, and the child end's registration and removal cost every command
-// four epoll_ctl calls for an end the daemon never reads or writes.
-func pipe(parentReads bool) (parent, child *os.File, err error) {
+// register puts the parent ends in the runtime's poller, as files. Called
+// once, from Start, after the child ends were handed on.
+func (p *pipes) register() {
+	wrap := func(fd *int, name string) *os.File {
+		if *fd < 0 {
+			return nil
+		}
+		// NewFile puts a non-blocking descriptor in the poller.
+		f := os.NewFile(uintptr(*fd), name)
+		*fd = -1
+		return f
+	}
+	p.stdinW = wrap(&p.rawStdinW, "|1")
+	p.stdoutR = wrap(&p.rawStdout, "|0")
+	p.stderrR = wrap(&p.rawStderr, "|0")
+}
+
+// pipe returns a close-on-exec pipe as two bare descriptors: the parent end
+// (the read end when parentReads, else the write end) non-blocking, the
+// child end blocking, as a process expects of its standard streams. Neither
+// is in the poller yet: os.Pipe would put both ends in it at once, and the
+// child end's registration and removal cost every command four epoll_ctl
+// calls for an end the daemon never reads or writes.
+func pipe(parentReads bool) (parent, child int, err error) {
 	var fds [2]int
 	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC); err != nil {
-		return nil, nil, os.NewSyscallError("pipe2", err)
+		return -1, -1, os.NewSyscallError("pipe2", err)
 	}
 	pfd, cfd := fds[0], fds[1]
 	if !parentReads {
 		pfd, cfd = cfd, pfd
 	}
-	if err := unix.SetNonblock(pfd, true); err != nil {
+	// A pipe's only status flag is the one set here (the access mode is
+	// ignored by F_SETFL): one call, not SetNonblock's read and write.
+	if _, err := unix.FcntlInt(uintptr(pfd), unix.F_SETFL, unix.O_NONBLOCK); err != nil {
 		unix.Close(pfd)
 		unix.Close(cfd)
-		return nil, nil, os.NewSyscallError("fcntl", err)
+		return -1, -1, os.NewSyscallError("fcntl", err)
 	}
-	// NewFile puts a non-blocking descriptor in the poller and leaves a
-	// blocking one out of it.
-	return os.NewFile(uintptr(pfd), "|0"), os.NewFile(uintptr(cfd), "|1"), nil
+	return pfd, cfd, nil
 }
 
-// openDevNull opens /dev/null for reading, close-on-exec, blocking and out
-// of the poller (os.Open would try to add it, and fail).
-func openDevNull() (*os.File, error) {
-	for {
+// devNull is /dev/null opened once for every command's empty stdin: read
+// only, close-on-exec, blocking, out of the poller, never closed.
+var devNull struct {
+	sync.Mutex
+	fd int // 0: not open yet (0 is never ours: it is the daemon's stdin)
+}
+
+// devNullFD returns devNull's descriptor, opening it on first use; a
+// failure is retried on the next call.
+func devNullFD() (int, error) {
+	devNull.Lock()
+	defer devNull.Unlock()
+	for devNull.fd <= 0 {
 		fd, err := unix.Open(os.DevNull, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		switch {
 		case errors.Is(err, unix.EINTR):
 			continue
 		case err != nil:
-			return nil, &os.PathError{Op: "open", Path: os.DevNull, Err: err}
+			return -1, &os.PathError{Op: "open", Path: os.DevNull, Err: err}
 		}
-		return os.NewFile(uintptr(fd), os.DevNull), nil
+		devNull.fd = fd
 	}
+	return devNull.fd, nil
 }
 
 func closeAll(files ...*os.File) {
@@ -464,17 +503,45 @@ func closeAll(files ...*os.File) {
 	}
 }
 
+func closeFDs(fds ...*int) {
+	for _, fd := range fds {
+		if *fd >= 0 {
+			_ = unix.Close(*fd)
+			*fd = -1
+		}
+	}
+}
+
 func (p *pipes) closeChildEnds() {
-	p.closeChildOnce.Do(func() { closeAll(p.childIn, p.childOut, p.childErr) })
+	p.closeChildOnce.Do(func() {
+		if p.childFiles != nil {
+			if p.sharedNull {
+				p.childFiles[0] = nil // devNull's: not ours to close
+			}
+			closeAll(p.childFiles...)
+			p.childIn, p.childOut, p.childErr = -1, -1, -1
+			return
+		}
+		if p.sharedNull {
+			p.childIn = -1
+		}
+		closeFDs(&p.childIn, &p.childOut, &p.childErr)
+	})
 }
 
 func (p *pipes) closeStdin() {
-	p.stdinClosed.Do(func() { closeAll(p.stdinW) })
+	p.stdinClosed.Do(func() {
+		closeAll(p.stdinW)
+		closeFDs(&p.rawStdinW)
+	})
 }
 
 func (p *pipes) closeParentEnds() {
 	p.closeStdin()
-	p.closeParentOnce.Do(func() { closeAll(p.stdoutR, p.stderrR) })
+	p.closeParentOnce.Do(func() {
+		closeAll(p.stdoutR, p.stderrR)
+		closeFDs(&p.rawStdout, &p.rawStderr)
+	})
 }
 
 func (p *pipes) closeAll() {

@@ -3,6 +3,8 @@ package capture
 import (
 	"os"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Streams are the three standard streams of one process that the caller
@@ -42,18 +44,39 @@ func NewStreams(stdin []byte, maxOutputBytes int) (*Streams, error) {
 	return &Streams{p: p, stdout: NewTail(maxOutputBytes), stderr: NewTail(maxOutputBytes), stdin: stdin}, nil
 }
 
-// ChildFiles returns the process's ends: its stdin, stdout and stderr. They
-// are close-on-exec, blocking (as a process expects of its standard
-// streams) and stay open until Start or Close. Hand them on by their Fd.
+// ChildFDs returns the process's ends: its stdin, stdout and stderr, as
+// descriptors to hand on (over a socket, to a fork). They are close-on-exec,
+// blocking (as a process expects of its standard streams) and stay open
+// until Start or Close; an empty stdin is a /dev/null shared by every
+// Streams, which Start and Close leave open.
+func (s *Streams) ChildFDs() [3]int {
+	return [3]int{s.p.childIn, s.p.childOut, s.p.childErr}
+}
+
+// ChildFiles is ChildFDs as files (for exec.Cmd), made on the first call.
+// Streams still own them: Start or Close closes them.
 func (s *Streams) ChildFiles() [3]*os.File {
-	return [3]*os.File{s.p.childIn, s.p.childOut, s.p.childErr}
+	p := s.p
+	if p.childFiles == nil {
+		if p.sharedNull {
+			// A file of the shared descriptor would close it when
+			// collected: the caller gets a copy of its own.
+			if fd, err := unix.FcntlInt(uintptr(p.childIn), unix.F_DUPFD_CLOEXEC, 0); err == nil {
+				p.childIn, p.sharedNull = fd, false
+			}
+		}
+		p.childFiles = []*os.File{os.NewFile(uintptr(p.childIn), "|0"), os.NewFile(uintptr(p.childOut), "|1"), os.NewFile(uintptr(p.childErr), "|1")}
+	}
+	return [3]*os.File{p.childFiles[0], p.childFiles[1], p.childFiles[2]}
 }
 
 // Start closes the caller's copies of the child ends (the process, or
-// whoever passed them on, holds its own by now), starts draining stdout and
-// stderr and starts feeding stdin. It must be called once, before Finish.
+// whoever passed them on, holds its own by now), puts the daemon's ends in
+// the runtime's poller, starts draining stdout and stderr and starts feeding
+// stdin. It must be called once, before Finish.
 func (s *Streams) Start() {
 	s.p.closeChildEnds()
+	s.p.register()
 	s.drained = s.p.startDrains(s.stdout, s.stderr, s.output)
 	s.p.feedStdin(s.stdin)
 }

@@ -2,10 +2,14 @@ package capture
 
 import (
 	"bytes"
+	"os"
 	"os/exec"
+	"runtime"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestStreamsOfAProcessStartedElsewhere hands the child ends to a process
@@ -106,4 +110,49 @@ func TestStreamsKeepQueuedOutputWhenTheGraceRunsOut(t *testing.T) {
 	if elapsed := time.Since(start); elapsed > 2*time.Second {
 		t.Errorf("Finish took %v", elapsed)
 	}
+}
+
+// An empty stdin is one /dev/null shared by every Streams: neither Close,
+// nor Start, nor a collected ChildFiles copy closes it.
+func TestStreamsShareOneDevNull(t *testing.T) {
+	a, err := NewStreams(nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	null := a.ChildFDs()[0]
+	a.Close()
+	b, err := NewStreams(nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := b.ChildFDs()[0]; got != null {
+		t.Fatalf("stdin %d, then %d: want the same /dev/null", null, got)
+	}
+	files := b.ChildFiles() // a copy of its own: collecting it closes only the copy
+	if int(files[0].Fd()) == null {
+		t.Fatal("ChildFiles handed out the shared /dev/null itself")
+	}
+	b.Start()
+	b.Finish(time.Millisecond)
+	files = [3]*os.File{}
+	runtime.GC()
+	runtime.GC()
+	var st, want unix.Stat_t
+	if err := unix.Fstat(null, &st); err != nil {
+		t.Fatalf("the shared /dev/null was closed: %v", err)
+	}
+	if err := unix.Stat(os.DevNull, &want); err != nil {
+		t.Fatal(err)
+	}
+	if st.Rdev != want.Rdev || st.Mode&unix.S_IFMT != unix.S_IFCHR {
+		t.Fatalf("descriptor %d is no longer /dev/null", null)
+	}
+	c, err := NewStreams([]byte("x"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.ChildFDs()[0] == null {
+		t.Error("a non-empty stdin got /dev/null")
+	}
+	c.Close()
 }
