@@ -277,7 +277,9 @@ func memFile(name, data string) (*os.File, error) {
 
 func closeFiles(files []*os.File) {
 	for _, f := range files {
-		_ = f.Close()
+		if f != nil {
+			_ = f.Close()
+		}
 	}
 }
 

@@ -154,7 +154,7 @@ func (ip *initProc) open(ctx context.Context, req openRequest, deadline time.Tim
 		theirs.Close()
 		return nil, 0, err
 	}
-	err = ip.sendKind(msgOpen, []int{int(theirs.Fd())}, deadline)
+	err = ip.sendKind(msgOpen, nil, []int{int(theirs.Fd())}, deadline)
 	theirs.Close()
 	if err != nil {
 		return nil, 0, err

@@ -512,11 +512,22 @@ func TestInitRefusesMalformedMessages(t *testing.T) {
 	defer devNull.Close()
 	null := int(devNull.Fd())
 
+	inline := runRequest{argv: []string{"/bin/true"}, env: []string{"A=b"}, cwd: "/", timeout: 5 * time.Second}.encode()
+	inlineMsg := func(said int, payload []byte) []byte {
+		return append(initMsg{kind: msgRun, a: uint32(said)}.encode(), payload...)
+	}
 	cases := []struct {
 		name   string
 		header []byte
 		fds    func(status int) []int
 	}{
+		{"inline request longer than it says", inlineMsg(len(inline)-1, inline), func(s int) []int { return []int{s, null, null, null} }},
+		{"inline request shorter than it says", inlineMsg(len(inline)+1, inline), func(s int) []int { return []int{s, null, null, null} }},
+		{"inline request with a request memfd too", inlineMsg(len(inline), inline), func(s int) []int { return []int{s, int(good.Fd()), null, null, null} }},
+		{"inline request with too few descriptors", inlineMsg(len(inline), inline), func(s int) []int { return []int{s, null, null} }},
+		{"inline garbage request", inlineMsg(13, []byte("not a request")), func(s int) []int { return []int{s, null, null, null} }},
+		{"payload after a memfd run header", append(initMsg{kind: msgRun}.encode(), inline...), func(s int) []int { return []int{s, int(good.Fd()), null, null, null} }},
+		{"inline request over the bound", inlineMsg(maxInlineRequest+1, make([]byte, maxInlineRequest+1)), func(s int) []int { return []int{s, null, null, null} }},
 		{"too few descriptors", initMsg{kind: msgRun}.encode(), func(s int) []int { return []int{s, int(good.Fd())} }},
 		{"too many descriptors", initMsg{kind: msgRun}.encode(), func(s int) []int { return []int{s, int(good.Fd()), null, null, null, null} }},
 		{"wrong magic", append([]byte("xxxx"), initMsg{kind: msgRun}.encode()[4:]...), func(s int) []int { return []int{s, int(good.Fd()), null, null, null} }},
@@ -555,6 +566,65 @@ func TestInitRefusesMalformedMessages(t *testing.T) {
 	sb.releaseInit(ip)
 	if out := runOK(t, b, id, "echo still-serving"); out != "still-serving\n" {
 		t.Errorf("after the malformed messages: %q", out)
+	}
+}
+
+// A request travels in the run message itself when it is small, and in a
+// memfd when it is not: init runs both. The inline one is sent by hand
+// here, so the test fails if init took only the memfd form.
+func TestInitRunsInlineAndMemfdRequests(t *testing.T) {
+	b := newTestBackend(t, rangeUID)
+	id := create(t, b, backend.Spec{})
+	runOK(t, b, id, "true")
+	sb, err := b.lookup(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip, err := b.acquireInit(context.Background(), sb, time.Now().Add(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	devNull, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer devNull.Close()
+	null := int(devNull.Fd())
+	status, statusInit, err := seqpacketPair("test-status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := runRequest{argv: []string{"/bin/sh", "-c", "exit 7"}, cwd: "/", timeout: 5 * time.Second}.encode()
+	err = ip.send(req, []int{int(statusInit.Fd()), null, null, null}, time.Now().Add(5*time.Second))
+	statusInit.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []initMsg
+	buf := make([]byte, 64)
+	for len(got) < 2 {
+		_ = status.SetReadDeadline(time.Now().Add(10 * time.Second))
+		n, err := status.Read(buf)
+		if err != nil {
+			t.Fatalf("after %v: %v; init did not run the inline request", got, err)
+		}
+		m, err := decodeInitMsg(buf[:n])
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, m)
+	}
+	status.Close()
+	if code, _, err := got[1].exitCode(); got[0].kind != msgStarted || err != nil || code != 7 {
+		t.Fatalf("init said %+v; want started, then exited 7", got)
+	}
+	sb.releaseInit(ip)
+
+	// Past the inline bound: the environment alone is larger.
+	big := strings.Repeat("x", maxInlineRequest)
+	res, err := b.Exec(context.Background(), id, backend.ExecRequest{Command: `printf %s "$BIG" | wc -c`, Env: map[string]string{"BIG": big}, Timeout: 10 * time.Second})
+	if err != nil || res.ExitCode != 0 || strings.TrimSpace(string(res.Stdout)) != strconv.Itoa(len(big)) {
+		t.Fatalf("a request of more than %d bytes: %+v, %v", maxInlineRequest, res, err)
 	}
 }
 

@@ -97,7 +97,8 @@ type initState struct {
 	cmd      *initCommand
 	children bool // some child may still be unreaped
 	opener   openerChild
-	ctrlHup  bool // the control socket hung up while a command ran
+	ctrlHup  bool   // the control socket hung up while a command ran
+	rbuf     []byte // receives control messages: a header and an inline request
 }
 
 // initCommand is the command init is running.
@@ -378,7 +379,10 @@ func killAllButInit() { _ = unix.Kill(-1, unix.SIGKILL) }
 // receive reads one message from the control socket and starts the command
 // it asks for. It reports true when the daemon has gone.
 func (st *initState) receive() bool {
-	buf := make([]byte, 2*initMsgSize)
+	if st.rbuf == nil {
+		st.rbuf = make([]byte, initMsgSize+maxInlineRequest)
+	}
+	buf := st.rbuf
 	oob := make([]byte, unix.CmsgSpace(4*(initRunFDs+3)))
 	n, oobn, flags, _, err := unix.Recvmsg(st.ctrl, buf, oob, unix.MSG_CMSG_CLOEXEC|unix.MSG_DONTWAIT)
 	switch {
@@ -400,19 +404,32 @@ func (st *initState) receive() bool {
 			}
 		}
 	}()
-	m, err := decodeInitMsg(buf[:n])
+	var m initMsg
+	var payload []byte
+	if n < initMsgSize {
+		err = fmt.Errorf("%w: %d bytes, want at least %d", errBadMessage, n, initMsgSize)
+	} else {
+		m, err = decodeInitMsg(buf[:initMsgSize])
+		payload = buf[initMsgSize:n]
+	}
+	wantFDs := initRunFDs
+	if m.a != 0 {
+		wantFDs = initInlineFDs
+	}
 	switch {
 	case err != nil:
-	case m.kind == msgOpen && len(fds) == 1 && flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) == 0:
+	case flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0:
+		err = fmt.Errorf("%w: truncated", errBadMessage)
+	case m.kind == msgOpen && len(fds) == 1 && len(payload) == 0:
 		taken[0] = true
 		st.forwardOpen(fds[0])
 		return false
 	case m.kind != msgRun:
 		err = fmt.Errorf("%w: kind %d on the control socket", errBadMessage, m.kind)
-	case flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0:
-		err = fmt.Errorf("%w: truncated", errBadMessage)
-	case len(fds) != initRunFDs:
-		err = fmt.Errorf("%w: %d descriptors, want %d", errBadMessage, len(fds), initRunFDs)
+	case int64(m.a) != int64(len(payload)):
+		err = fmt.Errorf("%w: a request of %d bytes said %d", errBadMessage, len(payload), m.a)
+	case len(fds) != wantFDs:
+		err = fmt.Errorf("%w: %d descriptors, want %d", errBadMessage, len(fds), wantFDs)
 	case st.cmd != nil:
 		err = fmt.Errorf("%w: a command while another runs", errBadMessage)
 	}
@@ -422,12 +439,20 @@ func (st *initState) receive() bool {
 		fmt.Fprintf(os.Stderr, "sandbox init: ignoring a message: %v\n", err)
 		return false
 	}
-	status, reqFD, stdio := fds[0], fds[1], fds[2:5]
+	status, stdio := fds[0], fds[len(fds)-3:]
 	if err := checkStatusSocket(status); err != nil {
 		fmt.Fprintf(os.Stderr, "sandbox init: ignoring a request: %v\n", err)
 		return false
 	}
-	req, size, err := readRequest(reqFD)
+	var req runRequest
+	var size int64
+	if m.a != 0 {
+		// The strings decoded are copies: rbuf is the next message's.
+		req, err = decodeRunRequest(payload)
+		size = int64(len(payload))
+	} else {
+		req, size, err = readRequest(fds[1])
+	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "sandbox init: ignoring a request: %v\n", err)
 		return false

@@ -62,9 +62,11 @@ var (
 )
 
 // initProc is a sandbox's running init, as the daemon holds it: the bwrap
-// process (whose child it is), the daemon's end of the control socket and
-// the memfd bwrap's and init's stderr go to. That is all an idle sandbox
-// costs the daemon: no goroutine, three descriptors and a few hundred bytes.
+// process (whose child it is), the daemon's end of the control socket, the
+// memfd bwrap's and init's stderr go to and, once it has run a command in a
+// sandbox with a cgroup, the cgroup's OOM-kill counter. That is all an idle
+// sandbox costs the daemon: no goroutine, three or four descriptors and a
+// few hundred bytes.
 type initProc struct {
 	cmd    *exec.Cmd
 	ctrl   *os.File // non-blocking, in the runtime's poller
@@ -77,6 +79,7 @@ type initProc struct {
 	exited   chan struct{} // closed once cmd.Wait has returned
 
 	egress *egressPath // network "allowlist": its namespace and netstack
+	oom    *oomCounter // the sandbox's OOM-kill counter, held for every command
 }
 
 // waited returns a channel closed once init's bwrap has been reaped,
@@ -184,7 +187,7 @@ func (b *Backend) startInit(ctx context.Context, sb *sandbox, deadline time.Time
 		ctrl.Close()
 		return nil, fmt.Errorf("%w: start the init of sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
 	}
-	ip := &initProc{ctrl: ctrl, stderr: stderr}
+	ip := &initProc{ctrl: ctrl, stderr: stderr, oom: &oomCounter{cg: sb.cg}}
 	// Closed after stopInit (defers run last-first): on v1 closing the
 	// gate unreleased lets bwrap go on, so it must be dead by then.
 	place := sb.placement()
@@ -313,16 +316,19 @@ func (ip *initProc) waitDead(limit time.Duration) bool {
 	return true
 }
 
-// send hands init one run message and its descriptors, waiting until
-// deadline at most for room on the socket.
-func (ip *initProc) send(fds []int, deadline time.Time) error {
-	return ip.sendKind(msgRun, fds, deadline)
+// send hands init one run message (with the request when inline is not
+// nil) and its descriptors, waiting until deadline at most for room on the
+// socket.
+func (ip *initProc) send(inline []byte, fds []int, deadline time.Time) error {
+	return ip.sendKind(msgRun, inline, fds, deadline)
 }
 
-// sendKind sends init one message of kind with fds. A command's run and
+// sendKind sends init one message of kind, its header's first value the
+// length of payload and payload after it, with fds. A command's run and
 // file operations' opens share the socket, so one send at a time sets the
 // write deadline.
-func (ip *initProc) sendKind(kind uint32, fds []int, deadline time.Time) error {
+func (ip *initProc) sendKind(kind uint32, payload []byte, fds []int, deadline time.Time) error {
+	msg := append(initMsg{kind: kind, a: uint32(len(payload))}.encode(), payload...)
 	ip.sendMu.Lock()
 	defer ip.sendMu.Unlock()
 	if err := ip.ctrl.SetWriteDeadline(deadline); err != nil {
@@ -334,7 +340,7 @@ func (ip *initProc) sendKind(kind uint32, fds []int, deadline time.Time) error {
 	}
 	var sendErr error
 	err = rc.Write(func(fd uintptr) bool {
-		sendErr = unix.Sendmsg(int(fd), initMsg{kind: kind}.encode(), unix.UnixRights(fds...), nil, unix.MSG_NOSIGNAL)
+		sendErr = unix.Sendmsg(int(fd), msg, unix.UnixRights(fds...), nil, unix.MSG_NOSIGNAL)
 		return !errors.Is(sendErr, unix.EAGAIN)
 	})
 	if err != nil {
@@ -377,6 +383,7 @@ func (b *Backend) stopInit(ip *initProc) {
 	}
 	_ = ip.ctrl.Close()
 	_ = ip.stderr.Close()
+	ip.oom.close()
 	ip.egress.close(b.log)
 }
 
@@ -487,40 +494,58 @@ func (b *Backend) execInit(ctx, opCtx context.Context, sb *sandbox, ip *initProc
 		return backend.ExecResult{}, fmt.Errorf("%w: cannot create pipes for a command in sandbox %s (is the daemon out of file descriptors?): %v", backend.ErrUnavailable, sb.id, err)
 	}
 	streams.SetOutput(backend.OutputFunc(req.Output))
-	reqFile, err := memFile("sandbox-request", string(run.encode()))
+	// Everything the hand-over needs is made first, with as few system
+	// calls as it takes; what the daemon needs only afterwards (its ends
+	// in the runtime's poller) is done once init has the command.
+	encoded := run.encode()
+	inline := encoded
+	var reqFile *os.File
+	if len(encoded) > maxInlineRequest {
+		inline = nil
+		if reqFile, err = memFile("sandbox-request", string(encoded)); err != nil {
+			streams.Close()
+			return backend.ExecResult{}, fmt.Errorf("%w: prepare a command for sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
+		}
+	}
+	// The status socket: both ends non-blocking (init only ever sends and
+	// receives on its end without waiting), out of the poller until sent.
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
 	if err != nil {
 		streams.Close()
-		return backend.ExecResult{}, fmt.Errorf("%w: prepare a command for sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
+		closeFiles([]*os.File{reqFile})
+		return backend.ExecResult{}, fmt.Errorf("%w: prepare a command for sandbox %s: socketpair: %v", backend.ErrUnavailable, sb.id, err)
 	}
-	status, statusInit, err := seqpacketPair("sandbox-status")
-	if err != nil {
-		streams.Close()
-		reqFile.Close()
-		return backend.ExecResult{}, fmt.Errorf("%w: prepare a command for sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
-	}
-	defer status.Close()
+	statusFD, statusInit := pair[0], pair[1]
 
 	if opCtx.Err() != nil {
 		// Cancelled (or destroyed) before init got it: nothing ran.
 		streams.Close()
-		reqFile.Close()
-		statusInit.Close()
+		closeFiles([]*os.File{reqFile})
+		unix.Close(statusFD)
+		unix.Close(statusInit)
 		if errors.Is(context.Cause(opCtx), errSandboxDestroyed) {
 			return backend.ExecResult{ExitCode: backend.ExitKilled, SandboxTerminated: true, AppliedTimeout: applied}, nil
 		}
 		return backend.ExecResult{AppliedTimeout: applied}, fmt.Errorf("command in sandbox %s was not run because the request ended: %w", sb.id, opCtx.Err())
 	}
-	oom := sb.openOOMCounter()
-	defer oom.close()
+	oom := ip.oom
 	oomBefore := oom.read()
 	start := time.Now()
 	outer := start.Add(applied + b.cfg.KillGrace + b.cfg.ExecGrace)
-	child := streams.ChildFiles()
-	sendErr := ip.send([]int{int(statusInit.Fd()), int(reqFile.Fd()), int(child[0].Fd()), int(child[1].Fd()), int(child[2].Fd())},
-		earliest(outer, start.Add(initAnswerTimeout)))
-	statusInit.Close()
-	reqFile.Close()
+	child := streams.ChildFDs()
+	fds := make([]int, 0, initRunFDs)
+	fds = append(fds, statusInit)
+	if reqFile != nil {
+		fds = append(fds, int(reqFile.Fd()))
+	}
+	fds = append(fds, child[0], child[1], child[2])
+	sendErr := ip.send(inline, fds, earliest(outer, start.Add(initAnswerTimeout)))
+	unix.Close(statusInit)
+	closeFiles([]*os.File{reqFile})
 	streams.Start()
+	// Non-blocking already: NewFile puts it in the poller.
+	status := os.NewFile(uintptr(statusFD), "sandbox-status")
+	defer status.Close()
 	b.failpoint(FailExecHandedOver)
 
 	var o initOutcome

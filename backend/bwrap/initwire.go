@@ -22,10 +22,13 @@ import (
 // socket: init inherits its end as fd initControlFD and is the only process
 // in the sandbox holding it. Every message is a fixed-size header
 // (initMsgSize bytes, little-endian: magic, protocol version, kind, three
-// values); the variable part of a request travels in a memfd.
+// values); the variable part of a request follows the header in the same
+// message when it is at most maxInlineRequest bytes (the header's first
+// value says how many), and travels in a memfd otherwise.
 //
 //	init → daemon, control:  ready                    once, when init is set up
-//	daemon → init, control:  run + SCM_RIGHTS [status socket, request memfd, stdin, stdout, stderr]
+//	daemon → init, control:  run (value: the request's length) + the request + SCM_RIGHTS [status socket, stdin, stdout, stderr], or
+//	                         run (value: 0) + SCM_RIGHTS [status socket, request memfd, stdin, stdout, stderr]
 //	init → daemon, status:   started (value: the command's pid in the sandbox)
 //	                         exited (values: how and with what status it ended, and
 //	                         what init did about its budget: timedNo, timedTerm, timedKill), or
@@ -51,12 +54,18 @@ import (
 const (
 	initMsgSize     = 24
 	initMagic       = 0x74696e69 // "init"
-	initProtocol    = 2          // 2: the request carries the budget, exited says what init did about it
+	initProtocol    = 3          // 3: a small request travels in the run message itself
 	initControlFD   = 3          // init's end of the control socket
 	initExeFD       = 4          // the daemon's executable, which bwrap runs as init
 	initRunFDs      = 5          // status, request, stdin, stdout, stderr
+	initInlineFDs   = 4          // status, stdin, stdout, stderr: the request is in the message
 	maxRequestBytes = 4 << 20
-	requestMagic    = 0x71657272 // "rreq"
+	// maxInlineRequest bounds a request sent in the run message: well
+	// within a seqpacket socket's send buffer, and the buffer init keeps
+	// for receiving. A command's argv and environment are almost always
+	// far smaller; a larger request costs a memfd.
+	maxInlineRequest = 32 << 10
+	requestMagic     = 0x71657272 // "rreq"
 )
 
 // Message kinds.

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
@@ -148,39 +149,50 @@ func (p *placement) close() {
 	}
 }
 
-// oomCounter is sb's cgroup OOM-kill counter, open for one command: read
-// before it and after it. Without a cgroup it counts nothing.
+// oomCounter is sb's cgroup OOM-kill counter, read before and after every
+// command. The sandbox's init holds it (initProc.oom), opened at the first
+// read and closed when the init is stopped, so that a command costs two
+// reads and no open: opening a control file (a path walk, kernfs's open and
+// release) is what a read costs several times over. One that cannot be
+// opened is read by path instead (and counts 0 when that fails too).
+// Without a cgroup it counts nothing. A read and the close may come from
+// different goroutines (Destroy stops an init while its command ends).
 type oomCounter struct {
 	cg *cgroup.Cgroup // nil: no cgroup
-	f  *cgroup.OOMCounter
-}
 
-// openOOMCounter opens sb's counter for a command; one that cannot be
-// opened now is read by path at each read instead (and counts 0 when that
-// fails too, as before).
-func (sb *sandbox) openOOMCounter() *oomCounter {
-	o := &oomCounter{cg: sb.cg}
-	if o.cg != nil {
-		o.f, _ = o.cg.OpenOOMCounter()
-	}
-	return o
+	mu     sync.Mutex
+	f      *cgroup.OOMCounter
+	closed bool
 }
 
 func (o *oomCounter) read() uint64 {
+	if o == nil || o.cg == nil {
+		return 0
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.f == nil && !o.closed {
+		o.f, _ = o.cg.OpenOOMCounter()
+	}
 	var n uint64
-	switch {
-	case o.cg == nil:
-	case o.f != nil:
+	if o.f != nil {
 		n, _ = o.f.Read()
-	default:
+	} else {
 		n, _ = o.cg.OOMKills()
 	}
 	return n
 }
 
 func (o *oomCounter) close() {
+	if o == nil {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.closed = true
 	if o.f != nil {
 		_ = o.f.Close()
+		o.f = nil
 	}
 }
 
@@ -189,7 +201,7 @@ func (o *oomCounter) close() {
 // sandbox has a cgroup. Every command's end goes through it.
 func (b *Backend) classify(res *backend.ExecResult, f backend.Facts, oom *oomCounter, oomBefore uint64) {
 	f.KillAfter = backend.GuestTimeout(b.cfg.KillGrace)
-	if oom.cg != nil {
+	if oom != nil && oom.cg != nil {
 		f.OOMCounted, f.OOMBefore, f.OOMAfter = true, oomBefore, oom.read()
 	}
 	backend.Classify(f).Apply(res)

@@ -466,3 +466,51 @@ func TestInitThatFailsAtOnceSaysWhy(t *testing.T) {
 		t.Errorf("error %v: want bubblewrap's own reason, not the cgroup placement's", err)
 	}
 }
+
+// oomCounterFDs counts this process's descriptors open on sandbox id's
+// OOM-kill counter (memory.oom_control on cgroup v1, memory.events on v2).
+func oomCounterFDs(t *testing.T, id string) int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range entries {
+		target, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name()))
+		if err == nil && strings.Contains(target, "/"+id+"/") && (strings.HasSuffix(target, "/memory.oom_control") || strings.HasSuffix(target, "/memory.events")) {
+			n++
+		}
+	}
+	return n
+}
+
+// The OOM-kill counter is opened once per init and held between commands
+// (a command reads it twice and opens nothing), then closed with the init;
+// its counts stay per command.
+func TestBwrapInitHoldsTheOOMCounter(t *testing.T) {
+	m := testCgroups(t)
+	b := newTestBackend(t, rangeUID, withCgroups(m, limits.Limits{MemoryBytes: 64 << 20, PIDs: 64}))
+	id := create(t, b, backend.Spec{})
+	if n := oomCounterFDs(t, id); n != 0 {
+		t.Fatalf("%d descriptors on the OOM counter before any command", n)
+	}
+	for range 3 {
+		runOK(t, b, id, "true")
+		if n := oomCounterFDs(t, id); n != 1 {
+			t.Fatalf("%d descriptors on the OOM counter between commands; want the one the init holds", n)
+		}
+	}
+	if res := run(t, b, id, balloon(96)); !res.OOMKilled || res.OOMKills == 0 {
+		t.Fatalf("96 MiB under 64 MiB: %+v", res)
+	}
+	if res := run(t, b, id, "true"); res.OOMKilled || res.OOMKills != 0 {
+		t.Errorf("the command after an OOM kill counts it too: oom_killed %v oom_kills %d", res.OOMKilled, res.OOMKills)
+	}
+	if err := b.Destroy(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	if n := oomCounterFDs(t, id); n != 0 {
+		t.Errorf("%d descriptors on the OOM counter after Destroy", n)
+	}
+}
