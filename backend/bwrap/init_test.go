@@ -734,3 +734,54 @@ func TestBwrapInitReservesThreadsOnlyUnderAPidsLimit(t *testing.T) {
 		}
 	})
 }
+
+// initWakeups sums the voluntary context switches of every thread of pid.
+func initWakeups(t *testing.T, pid int) int {
+	t.Helper()
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", pid))
+	if err != nil || len(tasks) == 0 {
+		t.Fatalf("no threads of init %d: %v", pid, err)
+	}
+	n := 0
+	for _, task := range tasks {
+		b, err := os.ReadFile(task)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "voluntary_ctxt_switches:"); ok {
+				c, _ := strconv.Atoi(strings.TrimSpace(v))
+				n += c
+			}
+		}
+	}
+	return n
+}
+
+// Between back-to-back commands init waits without telling the Go runtime
+// (rawPoll), which then interrupts the wait about every 10ms; once
+// initHotWait has passed, an idle init sleeps in the kernel and nothing
+// wakes it. (Waiting the raw way for good would cost every idle sandbox a
+// hundred wake-ups a second.)
+func TestBwrapIdleInitSleeps(t *testing.T) {
+	b := newTestBackend(t, rangeUID)
+	id := create(t, b, backend.Spec{})
+	for range 5 {
+		runOK(t, b, id, "true")
+	}
+	pid := initPID(t, b, id)
+	if pid == 0 {
+		t.Fatal("no init after commands")
+	}
+	// Past the hot wait, and past the reap of the last command's leftovers
+	// (initReapInterval), which wakes init once.
+	time.Sleep(initHotWait + initReapInterval*time.Millisecond + 200*time.Millisecond)
+	before := initWakeups(t, pid)
+	time.Sleep(time.Second)
+	if woke := initWakeups(t, pid) - before; woke > 3 {
+		t.Errorf("an idle init woke %d times in a second", woke)
+	}
+	if out := runOK(t, b, id, "echo awake"); out != "awake\n" {
+		t.Errorf("after idling: %q", out)
+	}
+}

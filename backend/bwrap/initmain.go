@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -40,6 +41,11 @@ func (sb *sandbox) reservedThreads() int {
 
 // initReapInterval is how often init reaps leftovers while any remain.
 const initReapInterval = 1000 // milliseconds
+
+// initHotWait is how long after a command ends init waits for the next one
+// without telling the Go runtime it blocks (rawPoll): a command that comes
+// within it runs its whole conversation that way too.
+const initHotWait = 50 * time.Millisecond
 
 // IsInit reports whether this process is a sandbox's init: the daemon's own
 // binary, started by this package inside a sandbox's namespaces.
@@ -97,8 +103,10 @@ type initState struct {
 	cmd      *initCommand
 	children bool // some child may still be unreaped
 	opener   openerChild
-	ctrlHup  bool   // the control socket hung up while a command ran
-	rbuf     []byte // receives control messages: a header and an inline request
+	ctrlHup  bool      // the control socket hung up while a command ran
+	rbuf     []byte    // receives control messages: a header and an inline request
+	hotUntil time.Time // the end of initHotWait after the last command
+	hot      bool      // the message being received came during it
 }
 
 // initCommand is the command init is running.
@@ -109,6 +117,7 @@ type initCommand struct {
 	killed    bool
 	killAfter time.Duration // SIGTERM to SIGKILL once the budget is spent
 	timed     uint32        // timedNo, timedTerm or timedKill: what the timer has done
+	hot       bool          // it came within initHotWait of the last one: waits use rawPoll
 }
 
 func runInit() int {
@@ -215,7 +224,15 @@ func (st *initState) idle() bool {
 		timeout = initReapInterval
 	}
 	fds := []unix.PollFd{{Fd: int32(st.ctrl), Events: unix.POLLIN}}
-	if _, err := unix.Poll(fds, timeout); err != nil && !errors.Is(err, unix.EINTR) {
+	poll := unix.Poll
+	st.hot = false
+	if left := time.Until(st.hotUntil); left > 0 {
+		poll, st.hot = rawPoll, true
+		if timeout < 0 || left < time.Duration(timeout)*time.Millisecond {
+			timeout = int((left + time.Millisecond - 1) / time.Millisecond)
+		}
+	}
+	if _, err := poll(fds, timeout); err != nil && !errors.Is(err, unix.EINTR) {
 		fmt.Fprintf(os.Stderr, "sandbox init: poll: %v\n", err)
 		return true
 	}
@@ -252,7 +269,11 @@ func (st *initState) busy() {
 	if c.pidfd < 0 {
 		timeout = 20
 	}
-	if _, err := unix.Poll(fds, timeout); err != nil && !errors.Is(err, unix.EINTR) {
+	poll := unix.Poll
+	if c.hot {
+		poll = rawPoll
+	}
+	if _, err := poll(fds, timeout); err != nil && !errors.Is(err, unix.EINTR) {
 		fmt.Fprintf(os.Stderr, "sandbox init: poll: %v\n", err)
 	}
 	exited := false
@@ -284,6 +305,31 @@ func (st *initState) busy() {
 		}
 	}
 	st.reap()
+}
+
+// rawPoll is poll(2) without telling the Go runtime that a system call
+// blocks. Init's one goroutine keeps its P while it waits, so the runtime's
+// monitor thread (sysmon) finds nothing to take back or hand off and backs
+// off to sleeping 10ms at a time. With unix.Poll, every wait hands the P
+// off (waking a spinning thread) and lets sysmon sleep, and the first
+// system call after it wakes sysmon again to run every 20µs for a
+// millisecond: per command, a dozen or more wake-ups on the cores the
+// command itself needs. rawPoll is used only while commands come back to
+// back (initHotWait): a goroutine that keeps its P for 10ms gets the
+// runtime's preemption signal (SIGURG), which ends the wait early (EINTR,
+// and the caller's loop comes back), about a hundred times a second; an
+// idle init must not pay that, so it waits with unix.Poll.
+func rawPoll(fds []unix.PollFd, timeout int) (int, error) {
+	var ts *unix.Timespec
+	if timeout >= 0 {
+		t := unix.NsecToTimespec(int64(timeout) * int64(time.Millisecond))
+		ts = &t
+	}
+	n, _, errno := unix.RawSyscall6(unix.SYS_PPOLL, uintptr(unsafe.Pointer(&fds[0])), uintptr(len(fds)), uintptr(unsafe.Pointer(ts)), 0, 0, 0)
+	if errno != 0 {
+		return 0, errno
+	}
+	return int(n), nil
 }
 
 // budgetSpent acts on the budget's timer: at the budget, SIGTERM (and
@@ -347,6 +393,7 @@ func (st *initState) reap() {
 func (st *initState) finish(ws unix.WaitStatus) {
 	c := st.cmd
 	st.cmd = nil
+	st.hotUntil = time.Now().Add(initHotWait)
 	st.arm(0)
 	// A command's processes end with it: background jobs, setsid and
 	// double-fork escapees alike. Only init and its children were in the
@@ -578,7 +625,7 @@ func (st *initState) start(req runRequest, status int, stdio []int) {
 	// The budget runs from the fork, as GNU timeout's did from its own.
 	st.arm(req.timeout)
 	st.children = true
-	st.cmd = &initCommand{pid: pid, pidfd: pidfd, status: status, killAfter: req.killAfter}
+	st.cmd = &initCommand{pid: pid, pidfd: pidfd, status: status, killAfter: req.killAfter, hot: st.hot}
 	_ = unix.Sendmsg(status, initMsg{kind: msgStarted, a: uint32(pid)}.encode(), nil, nil, unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT)
 }
 
