@@ -6,7 +6,6 @@ import (
 	"os"
 	"runtime/debug"
 	"strconv"
-	"syscall"
 	"time"
 	"unsafe"
 
@@ -608,11 +607,12 @@ func (st *initState) start(req runRequest, status int, stdio []int) {
 		return
 	}
 	pidfd := -1
-	pid, err := syscall.ForkExec(prog, req.argv, &syscall.ProcAttr{
-		Dir:   req.cwd,
-		Env:   req.env,
-		Files: []uintptr{uintptr(stdio[0]), uintptr(stdio[1]), uintptr(stdio[2])},
-		Sys:   &syscall.SysProcAttr{Setsid: true, PidFD: &pidfd},
+	// Spawn, not syscall.ForkExec: its child makes only the calls the
+	// command needs, not the Go runtime's ~60 signal-handler resets and
+	// its error pipe, all of them between the fork and the exec, which
+	// init waits for (docs/benchmarks.md, "the command path, second cut").
+	pid, err := initproc.Spawn(prog, req.argv, initproc.SpawnAttr{
+		Dir: req.cwd, Env: req.env, Stdio: [3]int{stdio[0], stdio[1], stdio[2]}, PidFD: &pidfd,
 	})
 	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EACCES) || errors.Is(err, unix.ENOEXEC) || errors.Is(err, unix.EISDIR) || errors.Is(err, unix.ENOTDIR) {
 		notRunnable(err)
