@@ -785,3 +785,29 @@ func TestBwrapIdleInitSleeps(t *testing.T) {
 		t.Errorf("after idling: %q", out)
 	}
 }
+
+// A long command that came within initHotWait of the last one waits the
+// raw way only for its first initHotWait, then sleeps in the kernel too.
+func TestBwrapInitSleepsThroughALongCommand(t *testing.T) {
+	b := newTestBackend(t, rangeUID)
+	id := create(t, b, backend.Spec{})
+	runOK(t, b, id, "true")
+	pid := initPID(t, b, id)
+	if pid == 0 {
+		t.Fatal("no init after a command")
+	}
+	done := make(chan backend.ExecResult, 1)
+	go func() { done <- run(t, b, id, "sleep 3") }() // back to back with the one above
+	time.Sleep(initHotWait + 500*time.Millisecond)
+	before := initWakeups(t, pid)
+	time.Sleep(time.Second)
+	woke := initWakeups(t, pid) - before
+	if res := <-done; res.ExitCode != 0 {
+		t.Fatalf("sleep 3: %+v", res)
+	}
+	// The reap interval and the runtime's own threads wake it a few
+	// times; waiting the raw way throughout, ~150.
+	if woke > 10 {
+		t.Errorf("init woke %d times in a second of a running command", woke)
+	}
+}

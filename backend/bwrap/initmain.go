@@ -43,7 +43,7 @@ const initReapInterval = 1000 // milliseconds
 
 // initHotWait is how long after a command ends init waits for the next one
 // without telling the Go runtime it blocks (rawPoll): a command that comes
-// within it runs its whole conversation that way too.
+// within it waits that way too, for as long again.
 const initHotWait = 50 * time.Millisecond
 
 // IsInit reports whether this process is a sandbox's init: the daemon's own
@@ -116,7 +116,7 @@ type initCommand struct {
 	killed    bool
 	killAfter time.Duration // SIGTERM to SIGKILL once the budget is spent
 	timed     uint32        // timedNo, timedTerm or timedKill: what the timer has done
-	hot       bool          // it came within initHotWait of the last one: waits use rawPoll
+	hotUntil  time.Time     // it came within initHotWait of the last one: waits use rawPoll until then
 }
 
 func runInit() int {
@@ -269,8 +269,11 @@ func (st *initState) busy() {
 		timeout = 20
 	}
 	poll := unix.Poll
-	if c.hot {
+	if left := time.Until(c.hotUntil); left > 0 {
+		// Only a command's first initHotWait: a long one then waits the
+		// ordinary way, without the runtime's preemption signal.
 		poll = rawPoll
+		timeout = min(timeout, int((left+time.Millisecond-1)/time.Millisecond))
 	}
 	if _, err := poll(fds, timeout); err != nil && !errors.Is(err, unix.EINTR) {
 		fmt.Fprintf(os.Stderr, "sandbox init: poll: %v\n", err)
@@ -314,10 +317,11 @@ func (st *initState) busy() {
 // system call after it wakes sysmon again to run every 20µs for a
 // millisecond: per command, a dozen or more wake-ups on the cores the
 // command itself needs. rawPoll is used only while commands come back to
-// back (initHotWait): a goroutine that keeps its P for 10ms gets the
-// runtime's preemption signal (SIGURG), which ends the wait early (EINTR,
-// and the caller's loop comes back), about a hundred times a second; an
-// idle init must not pay that, so it waits with unix.Poll.
+// back, and for such a command's first initHotWait: a goroutine that keeps
+// its P for 10ms gets the runtime's preemption signal (SIGURG), which ends
+// the wait early (EINTR, and the caller's loop comes back), about a hundred
+// times a second; an idle init, or one running a long command, must not pay
+// that, so it waits with unix.Poll.
 func rawPoll(fds []unix.PollFd, timeout int) (int, error) {
 	var ts *unix.Timespec
 	if timeout >= 0 {
@@ -625,7 +629,10 @@ func (st *initState) start(req runRequest, status int, stdio []int) {
 	// The budget runs from the fork, as GNU timeout's did from its own.
 	st.arm(req.timeout)
 	st.children = true
-	st.cmd = &initCommand{pid: pid, pidfd: pidfd, status: status, killAfter: req.killAfter, hot: st.hot}
+	st.cmd = &initCommand{pid: pid, pidfd: pidfd, status: status, killAfter: req.killAfter}
+	if st.hot {
+		st.cmd.hotUntil = time.Now().Add(initHotWait)
+	}
 	_ = unix.Sendmsg(status, initMsg{kind: msgStarted, a: uint32(pid)}.encode(), nil, nil, unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT)
 }
 
