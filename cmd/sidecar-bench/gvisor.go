@@ -67,7 +67,7 @@ func benchGVisor(o options, rep *report) error {
 }
 
 // gvisorSteady measures run_command on one sandbox of each backend and a
-// bare runsc exec, the same command in turn.
+// bare runsc exec, the same command in turn, in rotating order.
 func gvisorSteady(o options, rep *report, runsc string, gvFlags, bwFlags []string) error {
 	gd, gc, stopG, err := startWithClient(o, gvFlags...)
 	if err != nil {
@@ -83,6 +83,13 @@ func gvisorSteady(o options, rep *report, runsc string, gvFlags, bwFlags []strin
 	if err != nil {
 		return err
 	}
+	// The bare runsc exec runs in a sandbox of its own: a command right
+	// after a runsc exec into the same sandbox costs gVisor 1.5–2 ms more
+	// (docs/benchmarks.md), which a fixed order would charge to one side.
+	rid, err := create(gc, map[string]any{"ttl_s": 3600})
+	if err != nil {
+		return err
+	}
 	bid, err := create(bc, map[string]any{"ttl_s": 3600})
 	if err != nil {
 		return err
@@ -92,27 +99,16 @@ func gvisorSteady(o options, rep *report, runsc string, gvFlags, bwFlags []strin
 		n = 3
 	}
 	for _, argv := range [][]string{{"/bin/true"}, {"/usr/bin/python3", "-c", "pass"}} {
-		var gv, bw, bare []time.Duration
-		for i := 0; i < n+3; i++ { // interleaved; the first 3 of each warm up
-			start := time.Now()
-			if _, err := runCmd(gc, gid, argv); err != nil {
-				return fmt.Errorf("gvisor: %w", err)
-			}
-			g := time.Since(start)
-			start = time.Now()
-			if _, err := runCmd(bc, bid, argv); err != nil {
-				return fmt.Errorf("bwrap: %w", err)
-			}
-			b := time.Since(start)
-			start = time.Now()
-			if err := bareRunscExec(runsc, gd, gid, argv); err != nil {
-				return err
-			}
-			r := time.Since(start)
-			if i >= 3 {
-				gv, bw, bare = append(gv, g), append(bw, b), append(bare, r)
-			}
+		ways := []func() error{
+			func() error { _, err := runCmd(gc, gid, argv); return err },
+			func() error { _, err := runCmd(bc, bid, argv); return err },
+			func() error { return bareRunscExec(runsc, gd, rid, argv) },
 		}
+		d, err := rotate(ways, n, 3)
+		if err != nil {
+			return fmt.Errorf("%v: %w", argv, err)
+		}
+		gv, bw, bare := d[0], d[1], d[2]
 		g50, b50, r50 := percentile(gv, 50), percentile(bw, 50), percentile(bare, 50)
 		rep.add("gvisor", fmt.Sprintf("run_command %v, gvisor backend", argv), map[string]float64{"p50_ms": ms(g50), "p99_ms": ms(percentile(gv, 99))}, "through the daemon and the sandbox's init")
 		rep.add("gvisor", fmt.Sprintf("run_command %v, bwrap backend", argv), map[string]float64{"p50_ms": ms(b50), "p99_ms": ms(percentile(bw, 99))}, "same run, interleaved")
@@ -195,4 +191,24 @@ func waitPooledFor(c *ipc.Client, n int, limit time.Duration) bool {
 		time.Sleep(5 * time.Millisecond)
 	}
 	return false
+}
+
+// rotate runs each of ways warm+n times, round by round, each round
+// starting one further along (so none always follows the same other),
+// and returns the durations of each past its first warm runs.
+func rotate(ways []func() error, n, warm int) ([][]time.Duration, error) {
+	d := make([][]time.Duration, len(ways))
+	for i := 0; i < n+warm; i++ {
+		for k := range ways {
+			w := (i + k) % len(ways)
+			start := time.Now()
+			if err := ways[w](); err != nil {
+				return nil, err
+			}
+			if i >= warm {
+				d[w] = append(d[w], time.Since(start))
+			}
+		}
+	}
+	return d, nil
 }
