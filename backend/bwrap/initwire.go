@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -335,10 +336,24 @@ func decodeRlimits(s string) ([]limits.Rlimit, error) {
 }
 
 // applyOwnRlimits sets the rlimits in initRlimitsEnv on the calling process.
+//
+// Without an open-files limit (open_files 0) it sets NOFILE's soft limit
+// to its hard one: the Go runtime raised init's own soft limit to one
+// below the hard at start, and initproc.Spawn, unlike the runtime's own
+// fork, does not put the original back in the command; the command would
+// inherit that odd figure. Soft = hard is what a sandbox gets with a
+// limit, and what the gVisor backend's commands get without one.
 func applyOwnRlimits(env string) error {
 	rls, err := decodeRlimits(env)
 	if err != nil {
 		return err
+	}
+	if !slices.ContainsFunc(rls, func(r limits.Rlimit) bool { return r.Resource == unix.RLIMIT_NOFILE }) {
+		var cur unix.Rlimit
+		if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &cur); err != nil {
+			return fmt.Errorf("getrlimit NOFILE: %w", err)
+		}
+		rls = append(rls, limits.Rlimit{Resource: unix.RLIMIT_NOFILE, Value: cur.Max})
 	}
 	for _, r := range rls {
 		// A limit above the hard limit init was started with cannot be

@@ -1,6 +1,7 @@
 package bwrap
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -72,5 +73,34 @@ func TestLimitsAboveTheDaemonsOwnAreClamped(t *testing.T) {
 	l := clampToOwnHardLimits(limits.Limits{OpenFiles: own.Max + 1, FileSizeBytes: 0}, hclog.NewNullLogger())
 	if l.OpenFiles != own.Max || l.FileSizeBytes != 0 {
 		t.Errorf("clamped limits = %+v, want OpenFiles %d and FileSizeBytes 0 (no limit stays no limit)", l, own.Max)
+	}
+}
+
+// Without an open-files limit a command's NOFILE soft limit is its hard
+// one, whatever soft limit the daemon was started with: init's own Go
+// runtime raised init's soft limit to one below the hard, which commands
+// spawned by initproc.Spawn would otherwise inherit (and which
+// syscall.ForkExec used to put back to the daemon's original soft limit).
+func TestNoOpenFilesLimitMeansSoftIsHard(t *testing.T) {
+	var own unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &own); err != nil || own.Max == unix.RLIM_INFINITY || own.Max < 2048 {
+		t.Skipf("no finite hard RLIMIT_NOFILE of 2048 or more here (%+v, %v)", own, err)
+	}
+	// A daemon started with a soft limit below its hard one, as systemd
+	// starts services (1024 of 524288): bwrap, and so init, start with it.
+	low := unix.Rlimit{Cur: 1024, Max: own.Max}
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Setrlimit(unix.RLIMIT_NOFILE, &own) })
+	b := newTestBackend(t, daemonUID, func(c *Config) {
+		c.Limits = limits.Limits{FileSizeBytes: 1 << 20}
+	})
+	id := create(t, b, backend.Spec{})
+	want := fmt.Sprintf("%d\n%d\n", own.Max, own.Max)
+	for range 2 {
+		if out := runOK(t, b, id, `ulimit -Sn; ulimit -Hn`); out != want {
+			t.Errorf("NOFILE soft and hard seen by a command without open_files = %q, want %q", out, want)
+		}
 	}
 }
