@@ -66,34 +66,35 @@ func guestProgram(t *testing.T, b *Backend, id string) loopsrv.Guest {
 	}
 }
 
-// sessionConns is the connections the egress session of sandbox id's
-// gVisor sandbox counts now (-1: it has none).
-func sessionConns(t *testing.T, b *Backend, id string) int {
+// withSession calls f with the egress session of sandbox id's gVisor
+// sandbox, under the lock that keeps it from being closed meanwhile; f is
+// not called when the sandbox has none.
+func withSession(t *testing.T, b *Backend, id string, f func(*egress.Session)) {
+	t.Helper()
 	sb, err := b.lookup(id)
 	if err != nil {
 		t.Fatal(err)
 	}
 	sb.initMu.Lock()
 	defer sb.initMu.Unlock()
-	if sb.init == nil || sb.init.egress == nil {
-		return -1
+	if sb.init != nil && sb.init.egress != nil {
+		f(sb.init.egress.Sess)
 	}
-	return sb.init.egress.Sess.Conns()
+}
+
+// sessionConns is the connections the egress session of sandbox id's
+// gVisor sandbox counts now (-1: it has none).
+func sessionConns(t *testing.T, b *Backend, id string) int {
+	n := -1
+	withSession(t, b, id, func(s *egress.Session) { n = s.Conns() })
+	return n
 }
 
 // sessionStats is what the egress session of sandbox id's gVisor sandbox
 // counted so far (zero: it has none).
-func sessionStats(t *testing.T, b *Backend, id string) egress.Stats {
-	sb, err := b.lookup(id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sb.initMu.Lock()
-	defer sb.initMu.Unlock()
-	if sb.init == nil || sb.init.egress == nil {
-		return egress.Stats{}
-	}
-	return sb.init.egress.Sess.Stats()
+func sessionStats(t *testing.T, b *Backend, id string) (st egress.Stats) {
+	withSession(t, b, id, func(s *egress.Session) { st = s.Stats() })
+	return st
 }
 
 // TestGVisorThousandConnectionsBounded: loopsrv.ThousandConnections from a
