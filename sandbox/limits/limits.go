@@ -126,37 +126,6 @@ func (l Limits) Rlimits() []Rlimit {
 	return out
 }
 
-// PrlimitPath is util-linux's prlimit inside the sandbox (the host's /usr is
-// bound read-only there).
-const PrlimitPath = "/usr/bin/prlimit"
-
-// PrlimitArgs is an argv prefix that starts the command after it with
-// l.Rlimits(): ["/usr/bin/prlimit", "--core=0:0", "--nofile=1024:1024", ...,
-// "--"]. Put it before the guest's argv, inside the sandbox, after anything
-// (such as an init) that needs more.
-func (l Limits) PrlimitArgs() []string {
-	args := []string{PrlimitPath}
-	for _, r := range l.Rlimits() {
-		v := strconv.FormatUint(r.Value, 10)
-		args = append(args, "--"+r.Name+"="+v+":"+v)
-	}
-	return append(args, "--")
-}
-
-// ApplyRlimits sets l.Rlimits() on a running process (prlimit(2)); for a
-// process that has not run guest code yet, such as a sandbox's init held at
-// bubblewrap's block fd. Lowering never fails for root; raising a hard
-// limit above the daemon's own needs CAP_SYS_RESOURCE.
-func (l Limits) ApplyRlimits(pid int) error {
-	for _, r := range l.Rlimits() {
-		lim := unix.Rlimit{Cur: r.Value, Max: r.Value}
-		if err := unix.Prlimit(pid, r.Resource, &lim, nil); err != nil {
-			return fmt.Errorf("set RLIMIT_%s=%d on process %d: %w", r.Name, r.Value, pid, err)
-		}
-	}
-	return nil
-}
-
 // Gate holds a bubblewrap sandbox after its namespaces are built and before
 // anything runs in them, so the daemon can place its first process in a
 // cgroup (and set its rlimits): nothing started in the sandbox afterwards

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -35,10 +36,22 @@ func TestValidateAndWithin(t *testing.T) {
 	require.NoError(t, Limits{}.Within(Limits{}))
 }
 
-func TestRlimitsAndPrlimitArgs(t *testing.T) {
+// prlimitArgs is an argv prefix that starts the command after it with
+// l.Rlimits(), through util-linux's prlimit inside the sandbox: how these
+// tests give a bare bubblewrap the limits a sandbox's init sets on itself.
+func prlimitArgs(l Limits) []string {
+	args := []string{"/usr/bin/prlimit"}
+	for _, r := range l.Rlimits() {
+		v := strconv.FormatUint(r.Value, 10)
+		args = append(args, "--"+r.Name+"="+v+":"+v)
+	}
+	return append(args, "--")
+}
+
+func TestRlimits(t *testing.T) {
 	l := Limits{OpenFiles: 64, FileSizeBytes: 1 << 20}
-	require.Equal(t, []string{"/usr/bin/prlimit", "--core=0:0", "--nofile=64:64", "--fsize=1048576:1048576", "--"}, l.PrlimitArgs())
-	require.Equal(t, []string{"/usr/bin/prlimit", "--core=0:0", "--"}, Limits{}.PrlimitArgs())
+	require.Equal(t, []string{"/usr/bin/prlimit", "--core=0:0", "--nofile=64:64", "--fsize=1048576:1048576", "--"}, prlimitArgs(l))
+	require.Equal(t, []string{"/usr/bin/prlimit", "--core=0:0", "--"}, prlimitArgs(Limits{}))
 }
 
 func requireCI(t *testing.T, ok bool, what string) {
@@ -87,7 +100,7 @@ func runInSandbox(t *testing.T, cg *cgroup.Cgroup, l Limits, timeout time.Durati
 		"--seccomp", "3"}
 	args = append(args, gate.Args(4, 5)...)
 	args = append(args, "--", "/usr/bin/timeout", "-s", "KILL", strings.TrimSuffix(timeout.String(), "0s"))
-	args = append(args, l.PrlimitArgs()...)
+	args = append(args, prlimitArgs(l)...)
 	args = append(args, "/bin/sh", "-c", script)
 	cmd := exec.Command(bwrap, args...)
 	cmd.ExtraFiles = append([]*os.File{filter}, gate.Files()...)
