@@ -6,6 +6,7 @@ import (
 	"os"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap/bwwire"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/hostfs"
 )
 
@@ -57,7 +58,7 @@ func (b *Backend) ReadFile(ctx context.Context, id, p string, maxBytes int64) ([
 		return nil, fmt.Errorf("%w: maxBytes %d is negative", backend.ErrInvalidArgument, maxBytes)
 	}
 	var data []byte
-	err := b.inGuest(ctx, id, p, openRead, func(f *os.File) (err error) {
+	err := b.inGuest(ctx, id, p, bwwire.OpenRead, func(f *os.File) (err error) {
 		data, err = hostfs.ReadOpened(f, p, maxBytes)
 		return err
 	})
@@ -87,7 +88,7 @@ func (b *Backend) ListDirectory(ctx context.Context, id, p string, maxEntries in
 		return nil, fmt.Errorf("%w: maxEntries must be positive, got %d", backend.ErrInvalidArgument, maxEntries)
 	}
 	var entries []backend.DirEntry
-	err := b.inGuest(ctx, id, p, openList, func(f *os.File) (err error) {
+	err := b.inGuest(ctx, id, p, bwwire.OpenList, func(f *os.File) (err error) {
 		entries, err = hostfs.ListOpened(f, p, maxEntries)
 		return err
 	})

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap/bwinit"
 )
 
 // TestBwrapReadsTheSandboxsOwnView: read_file, ranged reads and listings
@@ -44,7 +45,7 @@ func TestBwrapReadsTheSandboxsOwnView(t *testing.T) {
 		if err != nil {
 			t.Fatalf("ReadFile(/proc/self/status): %v", err)
 		}
-		for _, want := range []string{"Name:\t" + openerName + "\n", "Uid:\t1000\t1000\t1000\t1000\n", "CapEff:\t0000000000000000\n", "NoNewPrivs:\t1\n", "Seccomp:\t2\n"} {
+		for _, want := range []string{"Name:\t" + bwinit.OpenerName + "\n", "Uid:\t1000\t1000\t1000\t1000\n", "CapEff:\t0000000000000000\n", "NoNewPrivs:\t1\n", "Seccomp:\t2\n"} {
 			if !strings.Contains(string(status), want) {
 				t.Errorf("/proc/self/status as the guest reads it lacks %q:\n%s", want, status)
 			}

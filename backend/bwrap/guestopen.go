@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap/bwwire"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/hostfs"
 )
 
@@ -33,7 +34,7 @@ var (
 )
 
 // inGuest runs fn on p opened inside sandbox id as its guest sees it (for
-// what: openRead or openList), the file operation tracked until fn
+// what: bwwire.OpenRead or OpenList), the file operation tracked until fn
 // returns. fn gets a descriptor, never a name: the daemon reads what the
 // sandbox's kernel resolved, and closes it after.
 func (b *Backend) inGuest(ctx context.Context, id, p string, what uint32, fn func(f *os.File) error) error {
@@ -74,7 +75,7 @@ func (b *Backend) inTerminated(ctx context.Context, sb *sandbox, p string, what 
 		return gone
 	}
 	flag := os.O_RDONLY | unix.O_NONBLOCK | unix.O_NOCTTY
-	if what == openList {
+	if what == bwwire.OpenList {
 		flag |= unix.O_DIRECTORY
 	}
 	return b.inArea(ctx, sb.id, p, func(sb *sandbox, root *os.Root, rel string) error {
@@ -95,7 +96,7 @@ func (b *Backend) openInGuest(ctx context.Context, sb *sandbox, p, guest string,
 		if err != nil {
 			return nil, err
 		}
-		f, errno, err := ip.open(ctx, openRequest{what: what, path: guest}, deadline)
+		f, errno, err := ip.open(ctx, bwwire.OpenRequest{What: what, Path: guest}, deadline)
 		switch {
 		case err == nil && errno == 0:
 			return f, nil
@@ -142,7 +143,7 @@ func (b *Backend) initForFiles(ctx context.Context, sb *sandbox, deadline time.T
 // deadline or ctx: the descriptor, or the errno the guest's open got. An
 // answer that is not one (bad header, a descriptor with an errno, several)
 // is an error, and whatever came with it is closed.
-func (ip *initProc) open(ctx context.Context, req openRequest, deadline time.Time) (*os.File, unix.Errno, error) {
+func (ip *initProc) open(ctx context.Context, req bwwire.OpenRequest, deadline time.Time) (*os.File, unix.Errno, error) {
 	mine, theirs, err := seqpacketPair("sandbox-open")
 	if err != nil {
 		return nil, 0, err
@@ -150,11 +151,11 @@ func (ip *initProc) open(ctx context.Context, req openRequest, deadline time.Tim
 	defer mine.Close()
 	// The request waits on the socket for the opener: it reads it from
 	// the socket it is handed, so nothing else can answer in its place.
-	if _, err := mine.Write(req.encode()); err != nil {
+	if _, err := mine.Write(req.Encode()); err != nil {
 		theirs.Close()
 		return nil, 0, err
 	}
-	err = ip.sendKind(msgOpen, nil, []int{int(theirs.Fd())}, deadline)
+	err = ip.sendKind(bwwire.MsgOpen, nil, []int{int(theirs.Fd())}, deadline)
 	theirs.Close()
 	if err != nil {
 		return nil, 0, err
@@ -171,7 +172,7 @@ func (ip *initProc) open(ctx context.Context, req openRequest, deadline time.Tim
 	if err != nil {
 		return nil, 0, err
 	}
-	buf := make([]byte, 2*initMsgSize)
+	buf := make([]byte, 2*bwwire.MsgSize)
 	oob := make([]byte, unix.CmsgSpace(4*4))
 	var n, oobn, flags int
 	var recvErr error
@@ -190,22 +191,22 @@ func (ip *initProc) open(ctx context.Context, req openRequest, deadline time.Tim
 	if err != nil {
 		return nil, 0, err
 	}
-	fds := receivedFDs(oob[:oobn])
-	m, err := decodeInitMsg(buf[:n])
+	fds := bwwire.ReceivedFDs(oob[:oobn])
+	m, err := bwwire.DecodeMsg(buf[:n])
 	switch {
 	case n == 0 && oobn == 0:
 		err = errOpenerGone
 	case err != nil:
 	case flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0:
-		err = fmt.Errorf("%w: truncated answer", errBadMessage)
-	case m.kind != msgOpened:
-		err = fmt.Errorf("%w: kind %d in answer to an open", errBadMessage, m.kind)
-	case m.a == 0 && len(fds) == 1:
-		return os.NewFile(uintptr(fds[0]), req.path), 0, nil
-	case m.a != 0 && len(fds) == 0:
-		return nil, unix.Errno(m.a), nil
+		err = fmt.Errorf("%w: truncated answer", bwwire.ErrBadMessage)
+	case m.Kind != bwwire.MsgOpened:
+		err = fmt.Errorf("%w: kind %d in answer to an open", bwwire.ErrBadMessage, m.Kind)
+	case m.A == 0 && len(fds) == 1:
+		return os.NewFile(uintptr(fds[0]), req.Path), 0, nil
+	case m.A != 0 && len(fds) == 0:
+		return nil, unix.Errno(m.A), nil
 	default:
-		err = fmt.Errorf("%w: errno %d with %d descriptors", errBadMessage, m.a, len(fds))
+		err = fmt.Errorf("%w: errno %d with %d descriptors", bwwire.ErrBadMessage, m.A, len(fds))
 	}
 	for _, fd := range fds {
 		_ = unix.Close(fd)

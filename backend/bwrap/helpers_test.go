@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap/bwwire"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/hostids"
 )
 
@@ -241,7 +242,7 @@ func initPID(t *testing.T, b *Backend, id string) int {
 			continue
 		}
 		vars := strings.Split(string(env), "\x00")
-		if slices.Contains(vars, initEnv+"=1") && slices.Contains(vars, markerEnv+"="+marker(dir)) {
+		if slices.Contains(vars, bwwire.InitEnv+"=1") && slices.Contains(vars, markerEnv+"="+marker(dir)) {
 			return pid
 		}
 	}

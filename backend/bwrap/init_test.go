@@ -18,6 +18,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap/bwinit"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap/bwwire"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc/inittest"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 )
@@ -490,7 +492,7 @@ func TestInitRefusesMalformedMessages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	good, err := memFile("req", string(runRequest{argv: []string{"/bin/true"}, env: []string{"A=b"}, cwd: "/", timeout: 5 * time.Second}.encode()))
+	good, err := memFile("req", string(bwwire.RunRequest{Argv: []string{"/bin/true"}, Env: []string{"A=b"}, Cwd: "/", Timeout: 5 * time.Second}.Encode()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -500,7 +502,7 @@ func TestInitRefusesMalformedMessages(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer bad.Close()
-	unbudgeted, err := memFile("req", string(runRequest{argv: []string{"/bin/sh", "-c", "true"}, cwd: "/", timeout: 0}.encode()))
+	unbudgeted, err := memFile("req", string(bwwire.RunRequest{Argv: []string{"/bin/sh", "-c", "true"}, Cwd: "/", Timeout: 0}.Encode()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -512,9 +514,9 @@ func TestInitRefusesMalformedMessages(t *testing.T) {
 	defer devNull.Close()
 	null := int(devNull.Fd())
 
-	inline := runRequest{argv: []string{"/bin/true"}, env: []string{"A=b"}, cwd: "/", timeout: 5 * time.Second}.encode()
+	inline := bwwire.RunRequest{Argv: []string{"/bin/true"}, Env: []string{"A=b"}, Cwd: "/", Timeout: 5 * time.Second}.Encode()
 	inlineMsg := func(said int, payload []byte) []byte {
-		return append(initMsg{kind: msgRun, a: uint32(said)}.encode(), payload...)
+		return append(bwwire.Msg{Kind: bwwire.MsgRun, A: uint32(said)}.Encode(), payload...)
 	}
 	cases := []struct {
 		name   string
@@ -526,16 +528,16 @@ func TestInitRefusesMalformedMessages(t *testing.T) {
 		{"inline request with a request memfd too", inlineMsg(len(inline), inline), func(s int) []int { return []int{s, int(good.Fd()), null, null, null} }},
 		{"inline request with too few descriptors", inlineMsg(len(inline), inline), func(s int) []int { return []int{s, null, null} }},
 		{"inline garbage request", inlineMsg(13, []byte("not a request")), func(s int) []int { return []int{s, null, null, null} }},
-		{"payload after a memfd run header", append(initMsg{kind: msgRun}.encode(), inline...), func(s int) []int { return []int{s, int(good.Fd()), null, null, null} }},
-		{"inline request over the bound", inlineMsg(maxInlineRequest+1, make([]byte, maxInlineRequest+1)), func(s int) []int { return []int{s, null, null, null} }},
-		{"too few descriptors", initMsg{kind: msgRun}.encode(), func(s int) []int { return []int{s, int(good.Fd())} }},
-		{"too many descriptors", initMsg{kind: msgRun}.encode(), func(s int) []int { return []int{s, int(good.Fd()), null, null, null, null} }},
-		{"wrong magic", append([]byte("xxxx"), initMsg{kind: msgRun}.encode()[4:]...), func(s int) []int { return []int{s, int(good.Fd()), null, null, null} }},
-		{"wrong kind", initMsg{kind: msgExited}.encode(), func(s int) []int { return []int{s, int(good.Fd()), null, null, null} }},
-		{"short header", initMsg{kind: msgRun}.encode()[:10], func(s int) []int { return []int{s, int(good.Fd()), null, null, null} }},
-		{"garbage request", initMsg{kind: msgRun}.encode(), func(s int) []int { return []int{s, int(bad.Fd()), null, null, null} }},
-		{"request without timeout", initMsg{kind: msgRun}.encode(), func(s int) []int { return []int{s, int(unbudgeted.Fd()), null, null, null} }},
-		{"status is not a socket", initMsg{kind: msgRun}.encode(), func(s int) []int { return []int{null, int(good.Fd()), null, null, s} }},
+		{"payload after a memfd run header", append(bwwire.Msg{Kind: bwwire.MsgRun}.Encode(), inline...), func(s int) []int { return []int{s, int(good.Fd()), null, null, null} }},
+		{"inline request over the bound", inlineMsg(bwwire.MaxInlineRequest+1, make([]byte, bwwire.MaxInlineRequest+1)), func(s int) []int { return []int{s, null, null, null} }},
+		{"too few descriptors", bwwire.Msg{Kind: bwwire.MsgRun}.Encode(), func(s int) []int { return []int{s, int(good.Fd())} }},
+		{"too many descriptors", bwwire.Msg{Kind: bwwire.MsgRun}.Encode(), func(s int) []int { return []int{s, int(good.Fd()), null, null, null, null} }},
+		{"wrong magic", append([]byte("xxxx"), bwwire.Msg{Kind: bwwire.MsgRun}.Encode()[4:]...), func(s int) []int { return []int{s, int(good.Fd()), null, null, null} }},
+		{"wrong kind", bwwire.Msg{Kind: bwwire.MsgExited}.Encode(), func(s int) []int { return []int{s, int(good.Fd()), null, null, null} }},
+		{"short header", bwwire.Msg{Kind: bwwire.MsgRun}.Encode()[:10], func(s int) []int { return []int{s, int(good.Fd()), null, null, null} }},
+		{"garbage request", bwwire.Msg{Kind: bwwire.MsgRun}.Encode(), func(s int) []int { return []int{s, int(bad.Fd()), null, null, null} }},
+		{"request without timeout", bwwire.Msg{Kind: bwwire.MsgRun}.Encode(), func(s int) []int { return []int{s, int(unbudgeted.Fd()), null, null, null} }},
+		{"status is not a socket", bwwire.Msg{Kind: bwwire.MsgRun}.Encode(), func(s int) []int { return []int{null, int(good.Fd()), null, null, s} }},
 	}
 	for _, tc := range cases {
 		status, statusInit, err := seqpacketPair("test-status")
@@ -594,13 +596,13 @@ func TestInitRunsInlineAndMemfdRequests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	req := runRequest{argv: []string{"/bin/sh", "-c", "exit 7"}, cwd: "/", timeout: 5 * time.Second}.encode()
+	req := bwwire.RunRequest{Argv: []string{"/bin/sh", "-c", "exit 7"}, Cwd: "/", Timeout: 5 * time.Second}.Encode()
 	err = ip.send(req, []int{int(statusInit.Fd()), null, null, null}, time.Now().Add(5*time.Second))
 	statusInit.Close()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got []initMsg
+	var got []bwwire.Msg
 	buf := make([]byte, 64)
 	for len(got) < 2 {
 		_ = status.SetReadDeadline(time.Now().Add(10 * time.Second))
@@ -608,23 +610,23 @@ func TestInitRunsInlineAndMemfdRequests(t *testing.T) {
 		if err != nil {
 			t.Fatalf("after %v: %v; init did not run the inline request", got, err)
 		}
-		m, err := decodeInitMsg(buf[:n])
+		m, err := bwwire.DecodeMsg(buf[:n])
 		if err != nil {
 			t.Fatal(err)
 		}
 		got = append(got, m)
 	}
 	status.Close()
-	if code, _, err := got[1].exitCode(); got[0].kind != msgStarted || err != nil || code != 7 {
+	if code, _, err := got[1].ExitCode(); got[0].Kind != bwwire.MsgStarted || err != nil || code != 7 {
 		t.Fatalf("init said %+v; want started, then exited 7", got)
 	}
 	sb.releaseInit(ip)
 
 	// Past the inline bound: the environment alone is larger.
-	big := strings.Repeat("x", maxInlineRequest)
+	big := strings.Repeat("x", bwwire.MaxInlineRequest)
 	res, err := b.Exec(context.Background(), id, backend.ExecRequest{Command: `printf %s "$BIG" | wc -c`, Env: map[string]string{"BIG": big}, Timeout: 10 * time.Second})
 	if err != nil || res.ExitCode != 0 || strings.TrimSpace(string(res.Stdout)) != strconv.Itoa(len(big)) {
-		t.Fatalf("a request of more than %d bytes: %+v, %v", maxInlineRequest, res, err)
+		t.Fatalf("a request of more than %d bytes: %+v, %v", bwwire.MaxInlineRequest, res, err)
 	}
 }
 
@@ -721,15 +723,15 @@ func TestBwrapInitReservesThreadsOnlyUnderAPidsLimit(t *testing.T) {
 		m := testCgroups(t)
 		b := newTestBackend(t, rangeUID, withCgroups(m, limits.Limits{PIDs: 64}), func(c *Config) { c.InitPath = static })
 		// The reserve's threads, and the one the runtime then runs on.
-		if n := threads(t, b); n < initThreads+1 {
-			t.Errorf("the init of a sandbox whose cgroup caps pids has %d threads, want at least %d", n, initThreads+1)
+		if n := threads(t, b); n < bwwire.Threads+1 {
+			t.Errorf("the init of a sandbox whose cgroup caps pids has %d threads, want at least %d", n, bwwire.Threads+1)
 		}
 	})
 	t.Run("no pids limit", func(t *testing.T) {
 		b := newTestBackend(t, rangeUID, func(c *Config) { c.InitPath = static })
 		// The runtime's own (6 measured: the main thread, sysmon, the
 		// signal receiver's and those it runs or spins on).
-		if n := threads(t, b); n > initThreads {
+		if n := threads(t, b); n > bwwire.Threads {
 			t.Errorf("the init of a sandbox without a pids limit has %d threads: it reserved them", n)
 		}
 	})
@@ -760,7 +762,7 @@ func initWakeups(t *testing.T, pid int) int {
 
 // Between back-to-back commands init waits without telling the Go runtime
 // (rawPoll), which then interrupts the wait about every 10ms; once
-// initHotWait has passed, an idle init sleeps in the kernel and nothing
+// bwinit.HotWait has passed, an idle init sleeps in the kernel and nothing
 // wakes it. (Waiting the raw way for good would cost every idle sandbox a
 // hundred wake-ups a second.)
 func TestBwrapIdleInitSleeps(t *testing.T) {
@@ -774,8 +776,8 @@ func TestBwrapIdleInitSleeps(t *testing.T) {
 		t.Fatal("no init after commands")
 	}
 	// Past the hot wait, and past the reap of the last command's leftovers
-	// (initReapInterval), which wakes init once.
-	time.Sleep(initHotWait + initReapInterval*time.Millisecond + 200*time.Millisecond)
+	// (bwinit.ReapInterval), which wakes init once.
+	time.Sleep(bwinit.HotWait + bwinit.ReapInterval*time.Millisecond + 200*time.Millisecond)
 	before := initWakeups(t, pid)
 	time.Sleep(time.Second)
 	if woke := initWakeups(t, pid) - before; woke > 3 {
@@ -786,8 +788,8 @@ func TestBwrapIdleInitSleeps(t *testing.T) {
 	}
 }
 
-// A long command that came within initHotWait of the last one waits the
-// raw way only for its first initHotWait, then sleeps in the kernel too.
+// A long command that came within bwinit.HotWait of the last one waits the
+// raw way only for its first bwinit.HotWait, then sleeps in the kernel too.
 func TestBwrapInitSleepsThroughALongCommand(t *testing.T) {
 	b := newTestBackend(t, rangeUID)
 	id := create(t, b, backend.Spec{})
@@ -798,7 +800,7 @@ func TestBwrapInitSleepsThroughALongCommand(t *testing.T) {
 	}
 	done := make(chan backend.ExecResult, 1)
 	go func() { done <- run(t, b, id, "sleep 3") }() // back to back with the one above
-	time.Sleep(initHotWait + 500*time.Millisecond)
+	time.Sleep(bwinit.HotWait + 500*time.Millisecond)
 	before := initWakeups(t, pid)
 	time.Sleep(time.Second)
 	woke := initWakeups(t, pid) - before

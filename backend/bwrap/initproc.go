@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap/bwwire"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/registry"
 	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
@@ -198,16 +199,16 @@ func (b *Backend) startInit(ctx context.Context, sb *sandbox, deadline time.Time
 		}
 	}()
 
-	env := []string{"--setenv", markerEnv, marker(sb.dir), "--setenv", initEnv, "1", "--setenv", "GOMAXPROCS", "1",
-		"--setenv", initRlimitsEnv, encodeRlimits(b.cfg.Limits.Rlimits()),
-		"--setenv", initThreadsEnv, strconv.Itoa(sb.reservedThreads())}
-	const firstDataFD = initExeFD + 1
+	env := []string{"--setenv", markerEnv, marker(sb.dir), "--setenv", bwwire.InitEnv, "1", "--setenv", "GOMAXPROCS", "1",
+		"--setenv", bwwire.RlimitsEnv, bwwire.EncodeRlimits(b.cfg.Limits.Rlimits()),
+		"--setenv", bwwire.ThreadsEnv, strconv.Itoa(sb.reservedThreads())}
+	const firstDataFD = bwwire.ExeFD + 1
 	files, err := dataFiles(b.bwrapOptions(sb, env, "/", firstDataFD))
 	if err != nil {
 		return nil, fmt.Errorf("%w: prepare bwrap for sandbox %s: %v; the daemon may be out of memory or file descriptors", backend.ErrUnavailable, sb.id, err)
 	}
 	defer closeFiles(files)
-	cmd := b.command(sb, []string{"--args", fmt.Sprint(firstDataFD), "--", fmt.Sprintf("/proc/self/fd/%d", initExeFD)})
+	cmd := b.command(sb, []string{"--args", fmt.Sprint(firstDataFD), "--", fmt.Sprintf("/proc/self/fd/%d", bwwire.ExeFD)})
 	cmd.Stderr = stderr
 	cmd.ExtraFiles = append([]*os.File{ctrlInit, b.exe}, files...) // fds 3, 4, 5...
 	cmd.SysProcAttr.Setpgid = true
@@ -243,7 +244,7 @@ func (b *Backend) startInit(ctx context.Context, sb *sandbox, deadline time.Time
 		return nil, fmt.Errorf("%w: cannot place the init of sandbox %s in its cgroup (%v); it was not let run", backend.ErrUnavailable, sb.id, err)
 	}
 
-	buf := make([]byte, 2*initMsgSize)
+	buf := make([]byte, 2*bwwire.MsgSize)
 	stop := context.AfterFunc(ctx, func() { _ = ctrl.SetReadDeadline(time.Now()) })
 	defer stop()
 	if err := ctrl.SetReadDeadline(deadline); err != nil {
@@ -255,7 +256,7 @@ func (b *Backend) startInit(ctx context.Context, sb *sandbox, deadline time.Time
 	n, err := ctrl.Read(buf)
 	switch {
 	case err == nil:
-		if m, derr := decodeInitMsg(buf[:n]); derr != nil || m.kind != msgReady {
+		if m, derr := bwwire.DecodeMsg(buf[:n]); derr != nil || m.Kind != bwwire.MsgReady {
 			return nil, fmt.Errorf("%w: the init of sandbox %s said something unexpected (%v): the daemon and its init (%s, or the daemon's own binary) must be of one version; install them together and restart", backend.ErrUnavailable, sb.id, derr, initproc.BinaryName)
 		}
 	case ctx.Err() != nil:
@@ -320,7 +321,7 @@ func (ip *initProc) waitDead(limit time.Duration) bool {
 // nil) and its descriptors, waiting until deadline at most for room on the
 // socket.
 func (ip *initProc) send(inline []byte, fds []int, deadline time.Time) error {
-	return ip.sendKind(msgRun, inline, fds, deadline)
+	return ip.sendKind(bwwire.MsgRun, inline, fds, deadline)
 }
 
 // sendKind sends init one message of kind, its header's first value the
@@ -328,7 +329,7 @@ func (ip *initProc) send(inline []byte, fds []int, deadline time.Time) error {
 // file operations' opens share the socket, so one send at a time sets the
 // write deadline.
 func (ip *initProc) sendKind(kind uint32, payload []byte, fds []int, deadline time.Time) error {
-	msg := append(initMsg{kind: kind, a: uint32(len(payload))}.encode(), payload...)
+	msg := append(bwwire.Msg{Kind: kind, A: uint32(len(payload))}.Encode(), payload...)
 	ip.sendMu.Lock()
 	defer ip.sendMu.Unlock()
 	if err := ip.ctrl.SetWriteDeadline(deadline); err != nil {
@@ -487,7 +488,7 @@ type initOutcome struct {
 // and the command's pipes, then reads the command's status socket until
 // init says how it ended, enforcing the deadline, ctx and Destroy itself.
 func (b *Backend) execInit(ctx, opCtx context.Context, sb *sandbox, ip *initProc, req backend.ExecRequest, argv, env []string, cwd string, applied time.Duration) (backend.ExecResult, error) {
-	run := runRequest{argv: argv, env: env, cwd: cwd, timeout: applied, killAfter: backend.GuestTimeout(b.cfg.KillGrace)}
+	run := bwwire.RunRequest{Argv: argv, Env: env, Cwd: cwd, Timeout: applied, KillAfter: backend.GuestTimeout(b.cfg.KillGrace)}
 	log := b.log.With("sandbox", sb.id)
 	streams, err := capture.NewStreams(req.Stdin, req.MaxOutputBytes)
 	if err != nil {
@@ -497,10 +498,10 @@ func (b *Backend) execInit(ctx, opCtx context.Context, sb *sandbox, ip *initProc
 	// Everything the hand-over needs is made first, with as few system
 	// calls as it takes; what the daemon needs only afterwards (its ends
 	// in the runtime's poller) is done once init has the command.
-	encoded := run.encode()
+	encoded := run.Encode()
 	inline := encoded
 	var reqFile *os.File
-	if len(encoded) > maxInlineRequest {
+	if len(encoded) > bwwire.MaxInlineRequest {
 		inline = nil
 		if reqFile, err = memFile("sandbox-request", string(encoded)); err != nil {
 			streams.Close()
@@ -533,7 +534,7 @@ func (b *Backend) execInit(ctx, opCtx context.Context, sb *sandbox, ip *initProc
 	start := time.Now()
 	outer := start.Add(applied + b.cfg.KillGrace + b.cfg.ExecGrace)
 	child := streams.ChildFDs()
-	fds := make([]int, 0, initRunFDs)
+	fds := make([]int, 0, bwwire.RunFDs)
 	fds = append(fds, statusInit)
 	if reqFile != nil {
 		fds = append(fds, int(reqFile.Fd()))
@@ -642,7 +643,7 @@ func (b *Backend) converse(opCtx context.Context, ip *initProc, status *os.File,
 		cancelled bool
 		armedHit  bool      // FailConverseKillArmed was reached
 		killBy    time.Time // set once the daemon asked init to kill the command
-		buf       = make([]byte, 2*initMsgSize)
+		buf       = make([]byte, 2*bwwire.MsgSize)
 	)
 	askKill := func() {
 		killBy = time.Now().Add(initKillAnswer)
@@ -691,17 +692,17 @@ func (b *Backend) converse(opCtx context.Context, ip *initProc, status *os.File,
 		now := time.Now()
 		switch {
 		case err == nil:
-			m, derr := decodeInitMsg(buf[:n])
+			m, derr := bwwire.DecodeMsg(buf[:n])
 			switch {
-			case derr == nil && m.kind == msgStarted && !started:
+			case derr == nil && m.Kind == bwwire.MsgStarted && !started:
 				started = true
 				continue
-			case derr == nil && m.kind == msgExited:
-				if code, timed, cerr := m.exitCode(); cerr == nil {
+			case derr == nil && m.Kind == bwwire.MsgExited:
+				if code, timed, cerr := m.ExitCode(); cerr == nil {
 					o.exitCode, o.timedOut, o.exited, o.duration = code, timed, true, now.Sub(start)
 					return o
 				}
-			case derr == nil && m.kind == msgFailed && !started:
+			case derr == nil && m.Kind == bwwire.MsgFailed && !started:
 				// Init could not start it and wrote why to its stderr,
 				// as bwrap did when it could not chdir.
 				o.exitCode, o.exited, o.duration = 1, true, now.Sub(start)

@@ -13,53 +13,55 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap/bwinit"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap/bwwire"
 )
 
 func TestOpenRequestRoundTrip(t *testing.T) {
-	for _, r := range []openRequest{{openRead, "/etc/os-release"}, {openList, "/"}, {openRead, "/" + strings.Repeat("x", backend.MaxGuestPathLen-1)}} {
-		got, err := decodeOpenRequest(r.encode())
+	for _, r := range []bwwire.OpenRequest{{What: bwwire.OpenRead, Path: "/etc/os-release"}, {What: bwwire.OpenList, Path: "/"}, {What: bwwire.OpenRead, Path: "/" + strings.Repeat("x", backend.MaxGuestPathLen-1)}} {
+		got, err := bwwire.DecodeOpenRequest(r.Encode())
 		if err != nil || got != r {
-			t.Errorf("decode(encode(%v...)) = %v, %v", r.path[:min(len(r.path), 20)], got.what, err)
+			t.Errorf("decode(encode(%v...)) = %v, %v", r.Path[:min(len(r.Path), 20)], got.What, err)
 		}
 	}
 }
 
 func TestDecodeOpenRequestRefuses(t *testing.T) {
-	good := openRequest{openRead, "/etc/passwd"}.encode()
+	good := bwwire.OpenRequest{What: bwwire.OpenRead, Path: "/etc/passwd"}.Encode()
 	lying := append([]byte(nil), good...)
 	lying[16]++ // the path's length
 	cases := map[string][]byte{
 		"empty":         nil,
-		"header only":   initMsg{kind: msgOpen, a: openRead}.encode(),
-		"short header":  good[:initMsgSize-1],
-		"wrong kind":    append(initMsg{kind: msgRun, a: openRead, b: 11}.encode(), "/etc/passwd"...),
-		"unknown what":  append(initMsg{kind: msgOpen, a: 9, b: 11}.encode(), "/etc/passwd"...),
+		"header only":   bwwire.Msg{Kind: bwwire.MsgOpen, A: bwwire.OpenRead}.Encode(),
+		"short header":  good[:bwwire.MsgSize-1],
+		"wrong kind":    append(bwwire.Msg{Kind: bwwire.MsgRun, A: bwwire.OpenRead, B: 11}.Encode(), "/etc/passwd"...),
+		"unknown what":  append(bwwire.Msg{Kind: bwwire.MsgOpen, A: 9, B: 11}.Encode(), "/etc/passwd"...),
 		"lying length":  lying,
-		"relative":      openRequest{openRead, "etc/passwd"}.encode(),
-		"NUL":           openRequest{openRead, "/etc\x00/passwd"}.encode(),
-		"too long":      openRequest{openRead, "/" + strings.Repeat("x", backend.MaxGuestPathLen)}.encode(),
+		"relative":      bwwire.OpenRequest{What: bwwire.OpenRead, Path: "etc/passwd"}.Encode(),
+		"NUL":           bwwire.OpenRequest{What: bwwire.OpenRead, Path: "/etc\x00/passwd"}.Encode(),
+		"too long":      bwwire.OpenRequest{What: bwwire.OpenRead, Path: "/" + strings.Repeat("x", backend.MaxGuestPathLen)}.Encode(),
 		"bad magic":     append([]byte{1, 2, 3, 4}, good[4:]...),
 		"trailing path": append(good, 'x'),
 	}
 	for name, buf := range cases {
-		if _, err := decodeOpenRequest(buf); !errors.Is(err, errBadMessage) {
-			t.Errorf("%s: err = %v, want errBadMessage", name, err)
+		if _, err := bwwire.DecodeOpenRequest(buf); !errors.Is(err, bwwire.ErrBadMessage) {
+			t.Errorf("%s: err = %v, want ErrBadMessage", name, err)
 		}
 	}
 }
 
 func FuzzDecodeOpenRequest(f *testing.F) {
-	f.Add(openRequest{openRead, "/etc/passwd"}.encode())
-	f.Add(openRequest{openList, "/"}.encode())
+	f.Add(bwwire.OpenRequest{What: bwwire.OpenRead, Path: "/etc/passwd"}.Encode())
+	f.Add(bwwire.OpenRequest{What: bwwire.OpenList, Path: "/"}.Encode())
 	f.Fuzz(func(t *testing.T, buf []byte) {
-		r, err := decodeOpenRequest(buf)
+		r, err := bwwire.DecodeOpenRequest(buf)
 		if err != nil {
 			return
 		}
-		if r.path == "" || r.path[0] != '/' || strings.IndexByte(r.path, 0) >= 0 || len(r.path) > backend.MaxGuestPathLen {
-			t.Fatalf("accepted a bad path %q", r.path)
+		if r.Path == "" || r.Path[0] != '/' || strings.IndexByte(r.Path, 0) >= 0 || len(r.Path) > backend.MaxGuestPathLen {
+			t.Fatalf("accepted a bad path %q", r.Path)
 		}
-		if again, err := decodeOpenRequest(r.encode()); err != nil || again != r {
+		if again, err := bwwire.DecodeOpenRequest(r.Encode()); err != nil || again != r {
 			t.Fatalf("not stable: %v %v", again, err)
 		}
 	})
@@ -76,14 +78,14 @@ func fakeInit(t *testing.T, answer func(reply int)) *initProc {
 	t.Cleanup(func() { mine.Close(); theirs.Close() })
 	tfd := int(theirs.Fd())
 	go func() {
-		buf := make([]byte, initMsgSize)
+		buf := make([]byte, bwwire.MsgSize)
 		oob := make([]byte, unix.CmsgSpace(4*4))
 		for {
 			n, oobn, _, _, err := unix.Recvmsg(tfd, buf, oob, unix.MSG_CMSG_CLOEXEC)
 			if err != nil || n == 0 {
 				return
 			}
-			for _, fd := range receivedFDs(oob[:oobn]) {
+			for _, fd := range bwwire.ReceivedFDs(oob[:oobn]) {
 				answer(fd)
 			}
 		}
@@ -103,7 +105,7 @@ func TestOpenRefusesMalformedAnswers(t *testing.T) {
 		}
 		return fd
 	}
-	req := openRequest{openRead, "/etc/passwd"}
+	req := bwwire.OpenRequest{What: bwwire.OpenRead, Path: "/etc/passwd"}
 	cases := []struct {
 		name   string
 		answer func(reply int)
@@ -112,30 +114,30 @@ func TestOpenRefusesMalformedAnswers(t *testing.T) {
 	}{
 		{"a descriptor", func(r int) {
 			fd := devnull()
-			_ = unix.Sendmsg(r, initMsg{kind: msgOpened}.encode(), unix.UnixRights(fd), nil, 0)
+			_ = unix.Sendmsg(r, bwwire.Msg{Kind: bwwire.MsgOpened}.Encode(), unix.UnixRights(fd), nil, 0)
 			unix.Close(fd)
 		}, nil, 0},
 		{"an errno", func(r int) {
-			_ = unix.Sendmsg(r, initMsg{kind: msgOpened, a: uint32(unix.EACCES)}.encode(), nil, nil, 0)
+			_ = unix.Sendmsg(r, bwwire.Msg{Kind: bwwire.MsgOpened, A: uint32(unix.EACCES)}.Encode(), nil, nil, 0)
 		}, nil, unix.EACCES},
 		{"errno and a descriptor", func(r int) {
 			fd := devnull()
-			_ = unix.Sendmsg(r, initMsg{kind: msgOpened, a: 2}.encode(), unix.UnixRights(fd), nil, 0)
+			_ = unix.Sendmsg(r, bwwire.Msg{Kind: bwwire.MsgOpened, A: 2}.Encode(), unix.UnixRights(fd), nil, 0)
 			unix.Close(fd)
-		}, errBadMessage, 0},
+		}, bwwire.ErrBadMessage, 0},
 		{"two descriptors", func(r int) {
 			a, b := devnull(), devnull()
-			_ = unix.Sendmsg(r, initMsg{kind: msgOpened}.encode(), unix.UnixRights(a, b), nil, 0)
+			_ = unix.Sendmsg(r, bwwire.Msg{Kind: bwwire.MsgOpened}.Encode(), unix.UnixRights(a, b), nil, 0)
 			unix.Close(a)
 			unix.Close(b)
-		}, errBadMessage, 0},
+		}, bwwire.ErrBadMessage, 0},
 		{"no descriptor", func(r int) {
-			_ = unix.Sendmsg(r, initMsg{kind: msgOpened}.encode(), nil, nil, 0)
-		}, errBadMessage, 0},
+			_ = unix.Sendmsg(r, bwwire.Msg{Kind: bwwire.MsgOpened}.Encode(), nil, nil, 0)
+		}, bwwire.ErrBadMessage, 0},
 		{"wrong kind", func(r int) {
-			_ = unix.Sendmsg(r, initMsg{kind: msgExited, a: 1}.encode(), nil, nil, 0)
-		}, errBadMessage, 0},
-		{"garbage", func(r int) { _, _ = unix.Write(r, []byte("hello")) }, errBadMessage, 0},
+			_ = unix.Sendmsg(r, bwwire.Msg{Kind: bwwire.MsgExited, A: 1}.Encode(), nil, nil, 0)
+		}, bwwire.ErrBadMessage, 0},
+		{"garbage", func(r int) { _, _ = unix.Write(r, []byte("hello")) }, bwwire.ErrBadMessage, 0},
 		{"dropped unread", func(r int) {}, errOpenerGone, 0},
 		{"read, then dropped", func(r int) {}, errOpenerGone, 0},
 	}
@@ -146,7 +148,7 @@ func TestOpenRefusesMalformedAnswers(t *testing.T) {
 					// As the opener does: the request first.
 					buf := make([]byte, 8192)
 					n, _, err := unix.Recvfrom(reply, buf, 0)
-					if r, derr := decodeOpenRequest(buf[:max(n, 0)]); err != nil || derr != nil || r != req {
+					if r, derr := bwwire.DecodeOpenRequest(buf[:max(n, 0)]); err != nil || derr != nil || r != req {
 						t.Errorf("the request as received: %v, %v, %v", r, err, derr)
 					}
 				}
@@ -182,13 +184,13 @@ func TestOpenWaitsBoundedly(t *testing.T) {
 	hold := make(chan int, 4)
 	ip := fakeInit(t, func(reply int) { hold <- reply })
 	start := time.Now()
-	_, _, err := ip.open(context.Background(), openRequest{openRead, "/x"}, time.Now().Add(300*time.Millisecond))
+	_, _, err := ip.open(context.Background(), bwwire.OpenRequest{What: bwwire.OpenRead, Path: "/x"}, time.Now().Add(300*time.Millisecond))
 	if !errors.Is(err, os.ErrDeadlineExceeded) || time.Since(start) > 5*time.Second {
 		t.Errorf("open with nobody answering: %v after %v", err, time.Since(start))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
-	if _, _, err := ip.open(ctx, openRequest{openRead, "/x"}, time.Now().Add(time.Minute)); err == nil || ctx.Err() == nil {
+	if _, _, err := ip.open(ctx, bwwire.OpenRequest{What: bwwire.OpenRead, Path: "/x"}, time.Now().Add(time.Minute)); err == nil || ctx.Err() == nil {
 		t.Errorf("open with its context ended: %v", err)
 	}
 	for {
@@ -212,15 +214,15 @@ func TestBwrapOpenerKilledIsReplaced(t *testing.T) {
 			t.Fatalf("read %d: %v", i, err)
 		}
 		// The guest kills every opener it can see, then reads on.
-		runOK(t, b, id, "for p in /proc/[0-9]*; do [ \"$(cat $p/comm 2>/dev/null)\" = "+openerName+" ] && kill -9 ${p#/proc/}; done; true")
+		runOK(t, b, id, "for p in /proc/[0-9]*; do [ \"$(cat $p/comm 2>/dev/null)\" = "+bwinit.OpenerName+" ] && kill -9 ${p#/proc/}; done; true")
 	}
 	// And one killed from outside, with no command in between.
 	if _, err := b.ReadFile(ctx, id, "/etc/passwd", 1<<20); err != nil {
 		t.Fatal(err)
 	}
 	killed := 0
-	for _, pid := range processesContaining(openerName) {
-		if comm, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm"); strings.TrimSpace(string(comm)) == openerName {
+	for _, pid := range processesContaining(bwinit.OpenerName) {
+		if comm, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm"); strings.TrimSpace(string(comm)) == bwinit.OpenerName {
 			if syscall.Kill(pid, syscall.SIGKILL) == nil {
 				killed++
 			}
@@ -254,12 +256,12 @@ func TestOpenRetriesAVanishedOpener(t *testing.T) {
 				return
 			}
 			defer unix.Close(fd)
-			_ = unix.Sendmsg(reply, initMsg{kind: msgOpened}.encode(), unix.UnixRights(fd), nil, 0)
+			_ = unix.Sendmsg(reply, bwwire.Msg{Kind: bwwire.MsgOpened}.Encode(), unix.UnixRights(fd), nil, 0)
 		})
 		sb := &sandbox{id: "retry-test"}
 		sb.init = ip
 		b := &Backend{}
-		f, err := b.openInGuest(context.Background(), sb, "/x", "/x", openRead)
+		f, err := b.openInGuest(context.Background(), sb, "/x", "/x", bwwire.OpenRead)
 		if drops < 3 {
 			if err != nil {
 				t.Errorf("%d drops: %v; want the retry to succeed", drops, err)

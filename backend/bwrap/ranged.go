@@ -6,6 +6,7 @@ import (
 	"os"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap/bwwire"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/hostfs"
 )
 
@@ -19,7 +20,7 @@ func (b *Backend) ReadFileRange(ctx context.Context, id, p string, offset, lengt
 	}
 	var data []byte
 	var size int64
-	err := b.inGuest(ctx, id, p, openRead, func(f *os.File) (err error) {
+	err := b.inGuest(ctx, id, p, bwwire.OpenRead, func(f *os.File) (err error) {
 		data, size, err = hostfs.ReadRangeOpened(f, p, offset, length)
 		return err
 	})

@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
-
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/gvisor/gvwire"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/hostfs"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/statedir"
 )
@@ -16,13 +16,13 @@ import (
 const (
 	guestWorkspace = hostfs.GuestWorkspace
 	guestTmp       = hostfs.GuestTmp
-	guestUID       = 1000
-	guestGID       = 1000
+	guestUID       = gvwire.GuestUID
+	guestGID       = gvwire.GuestGID
 	guestHostname  = "sandbox"
 	guestPath      = "/usr/local/bin:/usr/bin:/bin"
 	// guestInit is where the sandboxes' init (Config.InitPath, or the
 	// daemon's own executable) is bound, read-only.
-	guestInit = "/.sandbox-sidecar-init"
+	guestInit = gvwire.GuestInit
 )
 
 // Files bound into every sandbox's /etc, read-only, when the host has them:
@@ -287,7 +287,7 @@ func (b *Backend) specWith(sb *sandbox, root string, mounts []ociMount) ociSpec 
 		Process: ociProcess{
 			User:            ociUser{UID: 0, GID: 0},
 			Args:            []string{guestInit},
-			Env:             []string{initEnv + "=1", "PATH=" + guestPath},
+			Env:             []string{gvwire.InitEnv + "=1", "PATH=" + guestPath},
 			Cwd:             "/",
 			NoNewPrivileges: true,
 			Capabilities:    ociCaps{Bounding: initCaps, Effective: initCaps, Permitted: initCaps, Inheritable: []string{}, Ambient: []string{}},

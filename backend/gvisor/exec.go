@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/gvisor/gvwire"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/registry"
 	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
 )
@@ -52,8 +53,8 @@ func (b *Backend) execIn(ctx, opCtx context.Context, sb *sandbox, req backend.Ex
 	if err != nil {
 		return backend.ExecResult{}, err
 	}
-	if len(req.Stdin) > maxStdinBytes {
-		return backend.ExecResult{}, fmt.Errorf("%w: stdin is %d bytes, more than the %d a command may get; write it to a file with write_file instead", backend.ErrInvalidArgument, len(req.Stdin), maxStdinBytes)
+	if len(req.Stdin) > gvwire.MaxStdinBytes {
+		return backend.ExecResult{}, fmt.Errorf("%w: stdin is %d bytes, more than the %d a command may get; write it to a file with write_file instead", backend.ErrInvalidArgument, len(req.Stdin), gvwire.MaxStdinBytes)
 	}
 	if req.Command != "" && sb.image != nil && !sb.image.Shell {
 		return backend.ExecResult{}, fmt.Errorf("%w: sandbox %s runs on image %s, which has no %s to run a command string; give the command as an argv", backend.ErrNoShell, sb.id, backend.ShortName(sb.image.Name), backend.ShellPath)
@@ -104,8 +105,8 @@ func (b *Backend) execIn(ctx, opCtx context.Context, sb *sandbox, req backend.Ex
 			AppliedTimeout: applied, Duration: time.Since(start),
 		}
 	}
-	run := runRequest{argv: argv, env: env, cwd: cwd, stdin: req.Stdin, timeout: applied, killAfter: backend.GuestTimeout(b.cfg.KillGrace)}
-	if err := c.send(kindRun, run.encode()); err != nil {
+	run := gvwire.RunRequest{Argv: argv, Env: env, Cwd: cwd, Stdin: req.Stdin, Timeout: applied, KillAfter: backend.GuestTimeout(b.cfg.KillGrace)}
+	if err := c.send(gvwire.KindRun, run.Encode()); err != nil {
 		b.terminate(sb, c, fmt.Sprintf("cannot hand its init a command: %v", err))
 		res := result(backend.ExitKilled)
 		res.SandboxTerminated = true
@@ -119,7 +120,7 @@ func (b *Backend) execIn(ctx, opCtx context.Context, sb *sandbox, req backend.Ex
 	opDone := opCtx.Done()
 	askKill := func() {
 		if killBy == nil {
-			_ = c.send(kindKill, nil)
+			_ = c.send(gvwire.KindKill, nil)
 			killBy = time.After(killAnswer)
 		}
 	}

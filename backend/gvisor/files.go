@@ -9,6 +9,7 @@ import (
 	"syscall"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/gvisor/gvwire"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/hostfs"
 )
 
@@ -49,7 +50,7 @@ func (b *Backend) ReadFile(ctx context.Context, id, p string, maxBytes int64) ([
 	if maxBytes < 0 {
 		return nil, fmt.Errorf("%w: maxBytes %d is negative", backend.ErrInvalidArgument, maxBytes)
 	}
-	data, _, err := b.inGuest(ctx, id, p, fileRequest{op: fileRead, n: maxBytes}, maxBytes)
+	data, _, err := b.inGuest(ctx, id, p, gvwire.FileRequest{Op: gvwire.FileRead, N: maxBytes}, maxBytes)
 	if errors.Is(err, errNoGuest) {
 		err = b.inTerminated(ctx, id, p, func(root *os.Root, rel string) (err error) {
 			data, err = hostfs.Read(root, rel, p, maxBytes)
@@ -72,7 +73,7 @@ func (b *Backend) ListDirectory(ctx context.Context, id, p string, maxEntries in
 	if maxEntries <= 0 {
 		return nil, fmt.Errorf("%w: maxEntries must be positive, got %d", backend.ErrInvalidArgument, maxEntries)
 	}
-	data, _, err := b.inGuest(ctx, id, p, fileRequest{op: fileList, n: int64(maxEntries)}, entryBytes(maxEntries))
+	data, _, err := b.inGuest(ctx, id, p, gvwire.FileRequest{Op: gvwire.FileList, N: int64(maxEntries)}, gvwire.EntryBytes(maxEntries))
 	if errors.Is(err, errNoGuest) {
 		var entries []backend.DirEntry
 		err = b.inTerminated(ctx, id, p, func(root *os.Root, rel string) (err error) {
@@ -84,7 +85,7 @@ func (b *Backend) ListDirectory(ctx context.Context, id, p string, maxEntries in
 	if err != nil {
 		return nil, err
 	}
-	entries, err := decodeEntries(data, maxEntries)
+	entries, err := gvwire.DecodeEntries(data, maxEntries)
 	if err != nil {
 		return nil, fmt.Errorf("%w: sandbox %s sent a listing of %s that is not one: %v", backend.ErrUnavailable, id, backend.ShortName(p), err)
 	}

@@ -13,36 +13,37 @@ import (
 	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/gvisor/gvwire"
 )
 
 func TestFileRequestRoundTrip(t *testing.T) {
-	for _, r := range []fileRequest{
-		{seq: 7, op: fileRead, n: 1 << 20, path: "/etc/os-release"},
-		{seq: 1 << 31, op: fileRange, offset: 1 << 40, n: 4096, path: "/workspace/x"},
-		{seq: 0, op: fileList, n: 10000, path: "/"},
+	for _, r := range []gvwire.FileRequest{
+		{Seq: 7, Op: gvwire.FileRead, N: 1 << 20, Path: "/etc/os-release"},
+		{Seq: 1 << 31, Op: gvwire.FileRange, Offset: 1 << 40, N: 4096, Path: "/workspace/x"},
+		{Seq: 0, Op: gvwire.FileList, N: 10000, Path: "/"},
 	} {
-		if got, err := decodeFileRequest(r.encode()); err != nil || got != r {
+		if got, err := gvwire.DecodeFileRequest(r.Encode()); err != nil || got != r {
 			t.Errorf("round trip of %+v: %+v, %v", r, got, err)
 		}
 	}
 }
 
 func TestDecodeFileRequestRefuses(t *testing.T) {
-	good := fileRequest{op: fileRead, n: 10, path: "/x"}
+	good := gvwire.FileRequest{Op: gvwire.FileRead, N: 10, Path: "/x"}
 	for name, buf := range map[string][]byte{
 		"empty":           nil,
-		"short":           good.encode()[:fileRequestHeader-1],
-		"no path":         good.encode()[:fileRequestHeader],
-		"unknown op":      fileRequest{op: 9, n: 10, path: "/x"}.encode(),
-		"zero op":         fileRequest{op: 0, n: 10, path: "/x"}.encode(),
-		"negative bound":  fileRequest{op: fileRead, n: -1, path: "/x"}.encode(),
-		"negative offset": fileRequest{op: fileRange, offset: -5, n: 1, path: "/x"}.encode(),
-		"relative":        fileRequest{op: fileRead, n: 1, path: "x"}.encode(),
-		"NUL":             fileRequest{op: fileRead, n: 1, path: "/a\x00b"}.encode(),
-		"too long":        fileRequest{op: fileRead, n: 1, path: "/" + strings.Repeat("x", backend.MaxGuestPathLen)}.encode(),
+		"short":           good.Encode()[:gvwire.FileRequestHeader-1],
+		"no path":         good.Encode()[:gvwire.FileRequestHeader],
+		"unknown op":      gvwire.FileRequest{Op: 9, N: 10, Path: "/x"}.Encode(),
+		"zero op":         gvwire.FileRequest{Op: 0, N: 10, Path: "/x"}.Encode(),
+		"negative bound":  gvwire.FileRequest{Op: gvwire.FileRead, N: -1, Path: "/x"}.Encode(),
+		"negative offset": gvwire.FileRequest{Op: gvwire.FileRange, Offset: -5, N: 1, Path: "/x"}.Encode(),
+		"relative":        gvwire.FileRequest{Op: gvwire.FileRead, N: 1, Path: "x"}.Encode(),
+		"NUL":             gvwire.FileRequest{Op: gvwire.FileRead, N: 1, Path: "/a\x00b"}.Encode(),
+		"too long":        gvwire.FileRequest{Op: gvwire.FileRead, N: 1, Path: "/" + strings.Repeat("x", backend.MaxGuestPathLen)}.Encode(),
 	} {
-		if _, err := decodeFileRequest(buf); !errors.Is(err, errBadFrame) {
-			t.Errorf("%s: err = %v, want errBadFrame", name, err)
+		if _, err := gvwire.DecodeFileRequest(buf); !errors.Is(err, gvwire.ErrBadFrame) {
+			t.Errorf("%s: err = %v, want ErrBadFrame", name, err)
 		}
 	}
 }
@@ -63,31 +64,31 @@ func TestFileDoneCarriesTheError(t *testing.T) {
 		{fmt.Errorf("%w: bad", backend.ErrInvalidArgument), backend.ErrInvalidArgument},
 		{errors.New("EIO somewhere"), backend.ErrUnavailable},
 	} {
-		d, err := decodeFileDone(fileDoneOf(3, tc.err).encode())
+		d, err := gvwire.DecodeFileDone(gvwire.FileDoneOf(3, tc.err).Encode())
 		if err != nil {
 			t.Fatal(err)
 		}
 		got := doneError("p", d, 10)
-		if !errors.Is(got, tc.want) || d.seq != 3 {
-			t.Errorf("%v came back as %v (seq %d), want %v", tc.err, got, d.seq, tc.want)
+		if !errors.Is(got, tc.want) || d.Seq != 3 {
+			t.Errorf("%v came back as %v (seq %d), want %v", tc.err, got, d.Seq, tc.want)
 		}
 		if strings.Count(got.Error(), tc.want.Error()) != 1 {
 			t.Errorf("the sentinel's words twice or never: %v", got)
 		}
 	}
-	d, _ := decodeFileDone(fileDoneOf(1, &backend.FileTooLargeError{Path: "/dev/zero", Size: 4097, MaxBytes: 4096}).encode())
+	d, _ := gvwire.DecodeFileDone(gvwire.FileDoneOf(1, &backend.FileTooLargeError{Path: "/dev/zero", Size: 4097, MaxBytes: 4096}).Encode())
 	var tl *backend.FileTooLargeError
 	if err := doneError("zero", d, 4096); !errors.As(err, &tl) || tl.Size != 4097 || tl.MaxBytes != 4096 || tl.Path != "zero" {
 		t.Errorf("too large came back as %v", err)
 	}
-	d, _ = decodeFileDone(fileDone{seq: 1, code: fileErrno, errno: uint32(syscall.EACCES)}.encode())
+	d, _ = gvwire.DecodeFileDone(gvwire.FileDone{Seq: 1, Code: gvwire.FileErrno, Errno: uint32(syscall.EACCES)}.Encode())
 	if err := doneError("/etc/shadow", d, 1); !errors.Is(err, backend.ErrBadPath) || !strings.Contains(err.Error(), "permission denied") {
 		t.Errorf("EACCES came back as %v", err)
 	}
-	if _, err := decodeFileDone(fileDone{code: 99}.encode()); !errors.Is(err, errBadFrame) {
+	if _, err := gvwire.DecodeFileDone(gvwire.FileDone{Code: 99}.Encode()); !errors.Is(err, gvwire.ErrBadFrame) {
 		t.Errorf("an unknown code: %v", err)
 	}
-	if _, err := decodeFileDone(make([]byte, fileDoneHeader-1)); !errors.Is(err, errBadFrame) {
+	if _, err := gvwire.DecodeFileDone(make([]byte, gvwire.FileDoneHeader-1)); !errors.Is(err, gvwire.ErrBadFrame) {
 		t.Errorf("a short done: %v", err)
 	}
 }
@@ -96,12 +97,12 @@ func TestEntriesRoundTrip(t *testing.T) {
 	want := []backend.DirEntry{{Name: "a", IsDir: true}, {Name: "new\nline"}, {Name: strings.Repeat("n", 255)}}
 	var b []byte
 	for _, e := range want {
-		b = appendEntry(b, e)
+		b = gvwire.AppendEntry(b, e)
 	}
-	if int64(len(b)) > entryBytes(len(want)) {
+	if int64(len(b)) > gvwire.EntryBytes(len(want)) {
 		t.Errorf("%d bytes for %d entries, more than entryBytes", len(b), len(want))
 	}
-	got, err := decodeEntries(b, 3)
+	got, err := gvwire.DecodeEntries(b, 3)
 	if err != nil || len(got) != 3 || got[0] != want[0] || got[1] != want[1] || got[2] != want[2] {
 		t.Fatalf("round trip: %+v, %v", got, err)
 	}
@@ -110,32 +111,32 @@ func TestEntriesRoundTrip(t *testing.T) {
 		"truncated":    b[:len(b)-1],
 		"bad dir byte": append([]byte{2}, b[1:]...),
 		"empty name":   {0, 0, 0},
-		"slash":        appendEntry(nil, backend.DirEntry{Name: "a/b"}),
+		"slash":        gvwire.AppendEntry(nil, backend.DirEntry{Name: "a/b"}),
 	} {
 		max := 3
 		if name == "one too many" {
 			max = 2
 		}
-		if _, err := decodeEntries(buf, max); !errors.Is(err, errBadFrame) {
-			t.Errorf("%s: %v, want errBadFrame", name, err)
+		if _, err := gvwire.DecodeEntries(buf, max); !errors.Is(err, gvwire.ErrBadFrame) {
+			t.Errorf("%s: %v, want ErrBadFrame", name, err)
 		}
 	}
 }
 
 func FuzzDecodeFileFrames(f *testing.F) {
-	f.Add(fileRequest{op: fileRead, n: 1, path: "/x"}.encode())
-	f.Add(fileDone{code: fileTooLarge, size: 5}.encode())
-	f.Add(appendEntry(nil, backend.DirEntry{Name: "x"}))
+	f.Add(gvwire.FileRequest{Op: gvwire.FileRead, N: 1, Path: "/x"}.Encode())
+	f.Add(gvwire.FileDone{Code: gvwire.FileTooLarge, Size: 5}.Encode())
+	f.Add(gvwire.AppendEntry(nil, backend.DirEntry{Name: "x"}))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if r, err := decodeFileRequest(b); err == nil {
-			if again, err := decodeFileRequest(r.encode()); err != nil || again != r {
+		if r, err := gvwire.DecodeFileRequest(b); err == nil {
+			if again, err := gvwire.DecodeFileRequest(r.Encode()); err != nil || again != r {
 				t.Fatalf("request not stable: %+v %v", again, err)
 			}
 		}
-		if d, err := decodeFileDone(b); err == nil && (d.code > fileFailed || d.size < 0) {
+		if d, err := gvwire.DecodeFileDone(b); err == nil && (d.Code > gvwire.FileFailed || d.Size < 0) {
 			t.Fatalf("accepted %+v", d)
 		}
-		if es, err := decodeEntries(b, 10); err == nil && len(es) > 10 {
+		if es, err := gvwire.DecodeEntries(b, 10); err == nil && len(es) > 10 {
 			t.Fatalf("%d entries past the bound", len(es))
 		}
 	})
@@ -161,20 +162,20 @@ func TestFileFramesReachOnlyTheirOp(t *testing.T) {
 	// A fake init: answers each op with a stale frame, then its own.
 	go func() {
 		for {
-			kind, payload, err := readFrame(toR, 1<<kindFileOp)
-			if err != nil || kind != kindFileOp {
+			kind, payload, err := gvwire.ReadFrame(toR, 1<<gvwire.KindFileOp)
+			if err != nil || kind != gvwire.KindFileOp {
 				return
 			}
-			req, _ := decodeFileRequest(payload)
+			req, _ := gvwire.DecodeFileRequest(payload)
 			data := func(seq uint32, p string) []byte { return append(binary.LittleEndian.AppendUint32(nil, seq), p...) }
 			var out bytes.Buffer
-			_ = writeFrame(&out, kindFileData, data(req.seq-1, "stale"))
-			_ = writeFrame(&out, kindFileDone, fileDone{seq: req.seq - 1, code: fileOK}.encode())
-			_ = writeFrame(&out, kindFileData, data(req.seq, "fresh"))
-			if req.path == "/big" {
-				_ = writeFrame(&out, kindFileData, data(req.seq, strings.Repeat("x", 100)))
+			_ = gvwire.WriteFrame(&out, gvwire.KindFileData, data(req.Seq-1, "stale"))
+			_ = gvwire.WriteFrame(&out, gvwire.KindFileDone, gvwire.FileDone{Seq: req.Seq - 1, Code: gvwire.FileOK}.Encode())
+			_ = gvwire.WriteFrame(&out, gvwire.KindFileData, data(req.Seq, "fresh"))
+			if req.Path == "/big" {
+				_ = gvwire.WriteFrame(&out, gvwire.KindFileData, data(req.Seq, strings.Repeat("x", 100)))
 			}
-			_ = writeFrame(&out, kindFileDone, fileDone{seq: req.seq, code: fileOK, size: 5}.encode())
+			_ = gvwire.WriteFrame(&out, gvwire.KindFileDone, gvwire.FileDone{Seq: req.Seq, Code: gvwire.FileOK, Size: 5}.Encode())
 			if _, err := w.Write(out.Bytes()); err != nil {
 				return
 			}
@@ -182,13 +183,13 @@ func TestFileFramesReachOnlyTheirOp(t *testing.T) {
 	}()
 	ctx := context.Background()
 	for i := 0; i < 3; i++ {
-		data, d, err := c.fileOp(ctx, fileRequest{op: fileRead, n: 10, path: "/x"}, 10)
-		if err != nil || string(data) != "fresh" || d.size != 5 {
+		data, d, err := c.fileOp(ctx, gvwire.FileRequest{Op: gvwire.FileRead, N: 10, Path: "/x"}, 10)
+		if err != nil || string(data) != "fresh" || d.Size != 5 {
 			t.Fatalf("op %d: %q, %+v, %v; want only its own answer", i, data, d, err)
 		}
 	}
-	if _, _, err := c.fileOp(ctx, fileRequest{op: fileRead, n: 10, path: "/big"}, 10); !errors.Is(err, errBadFrame) {
-		t.Errorf("an answer past the op's limit: %v, want errBadFrame", err)
+	if _, _, err := c.fileOp(ctx, gvwire.FileRequest{Op: gvwire.FileRead, N: 10, Path: "/big"}, 10); !errors.Is(err, gvwire.ErrBadFrame) {
+		t.Errorf("an answer past the op's limit: %v, want ErrBadFrame", err)
 	}
 	w.Close()
 	select {
@@ -196,7 +197,7 @@ func TestFileFramesReachOnlyTheirOp(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the reader did not end")
 	}
-	if _, _, err := c.fileOp(ctx, fileRequest{op: fileRead, n: 10, path: "/x"}, 10); err == nil {
+	if _, _, err := c.fileOp(ctx, gvwire.FileRequest{Op: gvwire.FileRead, N: 10, Path: "/x"}, 10); err == nil {
 		t.Error("a file op on a dead init succeeded")
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/gvisor/gvwire"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/hostfs"
 )
 
@@ -26,15 +27,15 @@ type fileWait struct {
 	limit int64 // the most data bytes the op may bring
 	data  []byte
 	over  bool // init sent more than limit: a protocol error
-	done  chan fileDone
+	done  chan gvwire.FileDone
 }
 
 // fileFrame hands a file data or done frame to the op it answers; a frame
 // for no op (one that timed out) is dropped.
 func (c *initConn) fileFrame(kind byte, p []byte) error {
-	if kind == kindFileData {
+	if kind == gvwire.KindFileData {
 		if len(p) < 4 {
-			return fmt.Errorf("%w: file data of %d bytes", errBadFrame, len(p))
+			return fmt.Errorf("%w: file data of %d bytes", gvwire.ErrBadFrame, len(p))
 		}
 		seq := binary.LittleEndian.Uint32(p)
 		c.mu.Lock()
@@ -48,12 +49,12 @@ func (c *initConn) fileFrame(kind byte, p []byte) error {
 		c.mu.Unlock()
 		return nil
 	}
-	d, err := decodeFileDone(p)
+	d, err := gvwire.DecodeFileDone(p)
 	if err != nil {
 		return err
 	}
 	c.mu.Lock()
-	if w := c.fop; w != nil && w.seq == d.seq {
+	if w := c.fop; w != nil && w.seq == d.Seq {
 		c.fop = nil
 		w.done <- d
 	}
@@ -63,12 +64,12 @@ func (c *initConn) fileFrame(kind byte, p []byte) error {
 
 // fileOp sends req and waits for its answer: the data (at most limit
 // bytes) and how it ended.
-func (c *initConn) fileOp(ctx context.Context, req fileRequest, limit int64) ([]byte, fileDone, error) {
+func (c *initConn) fileOp(ctx context.Context, req gvwire.FileRequest, limit int64) ([]byte, gvwire.FileDone, error) {
 	c.fileMu.Lock()
 	defer c.fileMu.Unlock()
 	c.fileSeq++
-	req.seq = c.fileSeq
-	w := &fileWait{seq: req.seq, limit: limit, done: make(chan fileDone, 1)}
+	req.Seq = c.fileSeq
+	w := &fileWait{seq: req.Seq, limit: limit, done: make(chan gvwire.FileDone, 1)}
 	c.mu.Lock()
 	c.fop = w
 	c.mu.Unlock()
@@ -79,8 +80,8 @@ func (c *initConn) fileOp(ctx context.Context, req fileRequest, limit int64) ([]
 		}
 		c.mu.Unlock()
 	}()
-	if err := c.send(kindFileOp, req.encode()); err != nil {
-		return nil, fileDone{}, err
+	if err := c.send(gvwire.KindFileOp, req.Encode()); err != nil {
+		return nil, gvwire.FileDone{}, err
 	}
 	t := time.NewTimer(guestFileTimeout)
 	defer t.Stop()
@@ -90,15 +91,15 @@ func (c *initConn) fileOp(ctx context.Context, req fileRequest, limit int64) ([]
 		data, over := w.data, w.over
 		c.mu.Unlock()
 		if over {
-			return nil, fileDone{}, fmt.Errorf("%w: init sent more than the %d bytes asked for", errBadFrame, limit)
+			return nil, gvwire.FileDone{}, fmt.Errorf("%w: init sent more than the %d bytes asked for", gvwire.ErrBadFrame, limit)
 		}
 		return data, d, nil
 	case <-c.dead:
-		return nil, fileDone{}, errInitGone
+		return nil, gvwire.FileDone{}, errInitGone
 	case <-t.C:
-		return nil, fileDone{}, fmt.Errorf("the sandbox did not answer within %v", guestFileTimeout)
+		return nil, gvwire.FileDone{}, fmt.Errorf("the sandbox did not answer within %v", guestFileTimeout)
 	case <-ctx.Done():
-		return nil, fileDone{}, ctx.Err()
+		return nil, gvwire.FileDone{}, ctx.Err()
 	}
 }
 
@@ -125,58 +126,58 @@ func (b *Backend) initForFiles(ctx context.Context, sb *sandbox) (*initConn, err
 // inGuest runs one file op on p of sandbox id as its guest sees it,
 // bringing at most limit bytes. errNoGuest means the sandbox is
 // terminated: the caller may read its workspace and /tmp on the host.
-func (b *Backend) inGuest(ctx context.Context, id, p string, req fileRequest, limit int64) ([]byte, fileDone, error) {
+func (b *Backend) inGuest(ctx context.Context, id, p string, req gvwire.FileRequest, limit int64) ([]byte, gvwire.FileDone, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, fileDone{}, err
+		return nil, gvwire.FileDone{}, err
 	}
 	guest, err := hostfs.GuestPath(p)
 	if err != nil {
-		return nil, fileDone{}, err
+		return nil, gvwire.FileDone{}, err
 	}
-	req.path = guest
+	req.Path = guest
 	sb, err := b.lookup(id)
 	if err != nil {
-		return nil, fileDone{}, err
+		return nil, gvwire.FileDone{}, err
 	}
 	opCtx, done, err := sb.ops.Begin(ctx)
 	if err != nil {
-		return nil, fileDone{}, err
+		return nil, gvwire.FileDone{}, err
 	}
 	defer done()
 	c, err := b.initForFiles(opCtx, sb)
 	if err != nil {
-		return nil, fileDone{}, err
+		return nil, gvwire.FileDone{}, err
 	}
 	data, d, err := c.fileOp(opCtx, req, limit)
 	switch {
 	case err == nil:
 	case opCtx.Err() != nil && ctx.Err() == nil:
-		return nil, fileDone{}, backend.NotFound(id) // destroyed meanwhile
+		return nil, gvwire.FileDone{}, backend.NotFound(id) // destroyed meanwhile
 	case ctx.Err() != nil:
-		return nil, fileDone{}, fmt.Errorf("reading %s in sandbox %s was stopped: %w", backend.ShortName(p), id, ctx.Err())
+		return nil, gvwire.FileDone{}, fmt.Errorf("reading %s in sandbox %s was stopped: %w", backend.ShortName(p), id, ctx.Err())
 	case errors.Is(err, errInitGone):
-		return nil, fileDone{}, errNoGuest
+		return nil, gvwire.FileDone{}, errNoGuest
 	default:
-		return nil, fileDone{}, fmt.Errorf("%w: sandbox %s could not serve %s: %v; retry, or use run_command", backend.ErrUnavailable, id, backend.ShortName(p), err)
+		return nil, gvwire.FileDone{}, fmt.Errorf("%w: sandbox %s could not serve %s: %v; retry, or use run_command", backend.ErrUnavailable, id, backend.ShortName(p), err)
 	}
-	if err := doneError(p, d, req.n); err != nil {
+	if err := doneError(p, d, req.N); err != nil {
 		return nil, d, err
 	}
 	return data, d, nil
 }
 
 // doneError is the error a done frame reports for p, nil for success.
-func doneError(p string, d fileDone, n int64) error {
-	switch d.code {
-	case fileOK:
+func doneError(p string, d gvwire.FileDone, n int64) error {
+	switch d.Code {
+	case gvwire.FileOK:
 		return nil
-	case fileErrno:
-		return hostfs.GuestError(p, errnoOf(d.errno))
-	case fileTooLarge:
-		return &backend.FileTooLargeError{Path: p, Size: d.size, MaxBytes: n}
+	case gvwire.FileErrno:
+		return hostfs.GuestError(p, gvwire.ErrnoOf(d.Errno))
+	case gvwire.FileTooLarge:
+		return &backend.FileTooLargeError{Path: p, Size: d.Size, MaxBytes: n}
 	}
-	if s, ok := codeSentinels[d.code]; ok {
-		return fmt.Errorf("%w: %s", s, d.text)
+	if s, ok := gvwire.CodeSentinels[d.Code]; ok {
+		return fmt.Errorf("%w: %s", s, d.Text)
 	}
-	return fmt.Errorf("%w: %s", backend.ErrUnavailable, d.text)
+	return fmt.Errorf("%w: %s", backend.ErrUnavailable, d.Text)
 }

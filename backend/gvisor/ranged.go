@@ -7,6 +7,7 @@ import (
 	"os"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/gvisor/gvwire"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/hostfs"
 )
 
@@ -30,7 +31,7 @@ func (b *Backend) ReadFileRange(ctx context.Context, id, p string, offset, lengt
 	if offset < 0 || length < 0 {
 		return nil, 0, fmt.Errorf("%w: offset %d and length %d must not be negative", backend.ErrInvalidArgument, offset, length)
 	}
-	data, d, err := b.inGuest(ctx, id, p, fileRequest{op: fileRange, offset: offset, n: length}, length)
+	data, d, err := b.inGuest(ctx, id, p, gvwire.FileRequest{Op: gvwire.FileRange, Offset: offset, N: length}, length)
 	if errors.Is(err, errNoGuest) {
 		var size int64
 		err = b.inTerminated(ctx, id, p, func(root *os.Root, rel string) (err error) {
@@ -42,7 +43,7 @@ func (b *Backend) ReadFileRange(ctx context.Context, id, p string, offset, lengt
 	if err != nil {
 		return nil, 0, err
 	}
-	return data, d.size, nil
+	return data, d.Size, nil
 }
 
 // WriteFileAt implements backend.RangedFiles, confined as WriteFile is.

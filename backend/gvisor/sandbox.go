@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/gvisor/gvwire"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/registry"
 	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
@@ -136,20 +137,20 @@ var errInitDied = errors.New("the sandbox's init died")
 // readLoop reads init's frames until the stream ends, handing them to the
 // current command.
 func (c *initConn) readLoop() {
-	r := bufio.NewReaderSize(c.fromInit, maxChunk+frameHeaderSize)
-	const allowed = 1<<kindStdout | 1<<kindStderr | 1<<kindExited | 1<<kindFailed | 1<<kindLstated |
-		1<<kindFileData | 1<<kindFileDone
+	r := bufio.NewReaderSize(c.fromInit, gvwire.MaxChunk+gvwire.FrameHeaderSize)
+	const allowed = 1<<gvwire.KindStdout | 1<<gvwire.KindStderr | 1<<gvwire.KindExited | 1<<gvwire.KindFailed | 1<<gvwire.KindLstated |
+		1<<gvwire.KindFileData | 1<<gvwire.KindFileDone
 	var err error
 	for {
 		var kind byte
 		var payload []byte
-		kind, payload, err = readFrame(r, allowed)
+		kind, payload, err = gvwire.ReadFrame(r, allowed)
 		if err != nil {
 			break
 		}
-		if kind == kindLstated {
+		if kind == gvwire.KindLstated {
 			if len(payload) != 8 {
-				err = fmt.Errorf("%w: lstat answer of %d bytes", errBadFrame, len(payload))
+				err = fmt.Errorf("%w: lstat answer of %d bytes", gvwire.ErrBadFrame, len(payload))
 				break
 			}
 			select {
@@ -158,7 +159,7 @@ func (c *initConn) readLoop() {
 			}
 			continue
 		}
-		if kind == kindFileData || kind == kindFileDone {
+		if kind == gvwire.KindFileData || kind == gvwire.KindFileDone {
 			if err = c.fileFrame(kind, payload); err != nil {
 				break
 			}
@@ -167,25 +168,25 @@ func (c *initConn) readLoop() {
 		c.mu.Lock()
 		cur := c.cur
 		switch kind {
-		case kindStdout, kindStderr:
+		case gvwire.KindStdout, gvwire.KindStderr:
 			if cur != nil {
 				buf := cur.stdout
-				if kind == kindStderr {
+				if kind == gvwire.KindStderr {
 					buf = cur.stderr
 				}
 				_, _ = buf.Write(payload)
 				if cur.output != nil {
-					cur.output(kind == kindStderr, payload)
+					cur.output(kind == gvwire.KindStderr, payload)
 				}
 			}
-		case kindExited, kindFailed:
+		case gvwire.KindExited, gvwire.KindFailed:
 			var e frameEnd
-			if kind == kindFailed {
+			if kind == gvwire.KindFailed {
 				e = frameEnd{exitCode: 1, failed: string(bytes.ToValidUTF8(payload, []byte("?")))}
 				if cur != nil {
 					_, _ = cur.stderr.Write(payload)
 				}
-			} else if e.exitCode, e.timedOut, err = exitCode(payload); err != nil {
+			} else if e.exitCode, e.timedOut, err = gvwire.ExitCode(payload); err != nil {
 				break // out of the switch; the loop ends below
 			}
 			c.cur = nil
@@ -224,7 +225,7 @@ func (c *initConn) send(kind byte, payload []byte) error {
 	if err := c.toInit.SetWriteDeadline(time.Now().Add(sendTimeout)); err != nil {
 		return err
 	}
-	return writeFrame(c.toInit, kind, payload)
+	return gvwire.WriteFrame(c.toInit, kind, payload)
 }
 
 // lstatTimeout bounds one lstat request to init.
@@ -240,7 +241,7 @@ func (c *initConn) guestLstat(ctx context.Context, path string) (typ uint32, err
 	case <-c.lstated:
 	default:
 	}
-	if err := c.send(kindLstat, []byte(path)); err != nil {
+	if err := c.send(gvwire.KindLstat, []byte(path)); err != nil {
 		return 0, 0, err
 	}
 	t := time.NewTimer(lstatTimeout)
@@ -427,12 +428,12 @@ func (b *Backend) boot(ctx context.Context, sb *sandbox) (_ *initConn, err error
 		return nil, fmt.Errorf("%w: %v", backend.ErrUnavailable, err)
 	}
 	stop := context.AfterFunc(ctx, func() { _ = outR.SetReadDeadline(time.Now()) })
-	kind, ready, rerr := readFrame(outR, 1<<kindReady)
+	kind, ready, rerr := gvwire.ReadFrame(outR, 1<<gvwire.KindReady)
 	stop()
 	switch {
-	case rerr == nil && kind == kindReady && readyFrom(ready) == nil:
+	case rerr == nil && kind == gvwire.KindReady && gvwire.ReadyFrom(ready) == nil:
 	case rerr == nil:
-		return nil, fmt.Errorf("%w: the init of sandbox %s: %v", backend.ErrUnavailable, sb.id, readyFrom(ready))
+		return nil, fmt.Errorf("%w: the init of sandbox %s: %v", backend.ErrUnavailable, sb.id, gvwire.ReadyFrom(ready))
 	case ctx.Err() != nil:
 		return nil, fmt.Errorf("the gVisor sandbox of %s was not started: %w", sb.id, ctx.Err())
 	case errors.Is(rerr, os.ErrDeadlineExceeded):

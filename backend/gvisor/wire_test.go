@@ -11,41 +11,42 @@ import (
 	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/gvisor/gvwire"
 	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
 )
 
 func TestRunRequestRoundTrip(t *testing.T) {
-	want := runRequest{argv: []string{"sh", "-c", "echo 'x'"}, env: []string{"A=b", "EMPTY="},
-		cwd: "/workspace/sub", stdin: []byte("in\x00put"), timeout: 1500 * time.Millisecond, killAfter: time.Second}
-	got, err := decodeRunRequest(want.encode())
+	want := gvwire.RunRequest{Argv: []string{"sh", "-c", "echo 'x'"}, Env: []string{"A=b", "EMPTY="},
+		Cwd: "/workspace/sub", Stdin: []byte("in\x00put"), Timeout: 1500 * time.Millisecond, KillAfter: time.Second}
+	got, err := gvwire.DecodeRunRequest(want.Encode())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(got.argv, want.argv) || !slices.Equal(got.env, want.env) || got.cwd != want.cwd || !bytes.Equal(got.stdin, want.stdin) ||
-		got.timeout != want.timeout || got.killAfter != want.killAfter {
+	if !slices.Equal(got.Argv, want.Argv) || !slices.Equal(got.Env, want.Env) || got.Cwd != want.Cwd || !bytes.Equal(got.Stdin, want.Stdin) ||
+		got.Timeout != want.Timeout || got.KillAfter != want.KillAfter {
 		t.Fatalf("round trip: %+v, want %+v", got, want)
 	}
 }
 
 func TestDecodeRunRequestRefuses(t *testing.T) {
 	s := time.Second
-	good := runRequest{argv: []string{"true"}, env: []string{"A=b"}, cwd: "/workspace", timeout: s, killAfter: s}
-	for name, req := range map[string]runRequest{
-		"no budget":          {argv: good.argv, cwd: "/workspace", killAfter: s},
-		"no grace":           {argv: good.argv, cwd: "/workspace", timeout: s},
-		"budget too long":    {argv: good.argv, cwd: "/workspace", timeout: backend.MaxTimeout + 1, killAfter: s},
-		"empty argv":         {cwd: "/workspace", timeout: s, killAfter: s},
-		"relative cwd":       {argv: good.argv, cwd: "workspace", timeout: s, killAfter: s},
-		"unclean cwd":        {argv: good.argv, cwd: "/workspace/../etc", timeout: s, killAfter: s},
-		"env without a name": {argv: good.argv, env: []string{"=x"}, cwd: "/workspace", timeout: s, killAfter: s},
-		"env without =":      {argv: good.argv, env: []string{"A"}, cwd: "/workspace", timeout: s, killAfter: s},
-		"NUL in argv":        {argv: []string{"a\x00b"}, cwd: "/workspace", timeout: s, killAfter: s},
+	good := gvwire.RunRequest{Argv: []string{"true"}, Env: []string{"A=b"}, Cwd: "/workspace", Timeout: s, KillAfter: s}
+	for name, req := range map[string]gvwire.RunRequest{
+		"no budget":          {Argv: good.Argv, Cwd: "/workspace", KillAfter: s},
+		"no grace":           {Argv: good.Argv, Cwd: "/workspace", Timeout: s},
+		"budget too long":    {Argv: good.Argv, Cwd: "/workspace", Timeout: backend.MaxTimeout + 1, KillAfter: s},
+		"empty argv":         {Cwd: "/workspace", Timeout: s, KillAfter: s},
+		"relative cwd":       {Argv: good.Argv, Cwd: "workspace", Timeout: s, KillAfter: s},
+		"unclean cwd":        {Argv: good.Argv, Cwd: "/workspace/../etc", Timeout: s, KillAfter: s},
+		"env without a name": {Argv: good.Argv, Env: []string{"=x"}, Cwd: "/workspace", Timeout: s, KillAfter: s},
+		"env without =":      {Argv: good.Argv, Env: []string{"A"}, Cwd: "/workspace", Timeout: s, KillAfter: s},
+		"NUL in argv":        {Argv: []string{"a\x00b"}, Cwd: "/workspace", Timeout: s, KillAfter: s},
 	} {
-		if _, err := decodeRunRequest(req.encode()); !errors.Is(err, errBadFrame) {
-			t.Errorf("%s: err = %v, want errBadFrame", name, err)
+		if _, err := gvwire.DecodeRunRequest(req.Encode()); !errors.Is(err, gvwire.ErrBadFrame) {
+			t.Errorf("%s: err = %v, want ErrBadFrame", name, err)
 		}
 	}
-	enc := good.encode()
+	enc := good.Encode()
 	for name, buf := range map[string][]byte{
 		"empty":       nil,
 		"wrong magic": append([]byte{1, 2, 3, 4}, enc[4:]...),
@@ -53,62 +54,62 @@ func TestDecodeRunRequestRefuses(t *testing.T) {
 		"trailing":    append(slices.Clone(enc), 0),
 		"huge count":  append(slices.Clone(enc[:4]), 0xff, 0xff, 0xff, 0x7f),
 	} {
-		if _, err := decodeRunRequest(buf); !errors.Is(err, errBadFrame) {
-			t.Errorf("%s: err = %v, want errBadFrame", name, err)
+		if _, err := gvwire.DecodeRunRequest(buf); !errors.Is(err, gvwire.ErrBadFrame) {
+			t.Errorf("%s: err = %v, want ErrBadFrame", name, err)
 		}
 	}
 }
 
 func TestFrames(t *testing.T) {
 	var buf bytes.Buffer
-	if err := writeFrame(&buf, kindStdout, []byte("hello")); err != nil {
+	if err := gvwire.WriteFrame(&buf, gvwire.KindStdout, []byte("hello")); err != nil {
 		t.Fatal(err)
 	}
-	if err := writeFrame(&buf, kindExited, u32s(endKilled, 9, timedNo)); err != nil {
+	if err := gvwire.WriteFrame(&buf, gvwire.KindExited, gvwire.U32s(gvwire.EndKilled, 9, gvwire.TimedNo)); err != nil {
 		t.Fatal(err)
 	}
-	allowed := uint32(1<<kindStdout | 1<<kindExited)
-	kind, p, err := readFrame(&buf, allowed)
-	if err != nil || kind != kindStdout || string(p) != "hello" {
+	allowed := uint32(1<<gvwire.KindStdout | 1<<gvwire.KindExited)
+	kind, p, err := gvwire.ReadFrame(&buf, allowed)
+	if err != nil || kind != gvwire.KindStdout || string(p) != "hello" {
 		t.Fatalf("first frame: %d %q %v", kind, p, err)
 	}
-	kind, p, err = readFrame(&buf, allowed)
-	if err != nil || kind != kindExited {
+	kind, p, err = gvwire.ReadFrame(&buf, allowed)
+	if err != nil || kind != gvwire.KindExited {
 		t.Fatalf("second frame: %d %v", kind, err)
 	}
-	if code, timed, err := exitCode(p); err != nil || code != 137 || timed {
+	if code, timed, err := gvwire.ExitCode(p); err != nil || code != 137 || timed {
 		t.Fatalf("exit code %d (timed out %v), %v; want 137 not timed out", code, timed, err)
 	}
-	if _, _, err := readFrame(&buf, allowed); !errors.Is(err, io.EOF) {
+	if _, _, err := gvwire.ReadFrame(&buf, allowed); !errors.Is(err, io.EOF) {
 		t.Fatalf("at the end: %v, want EOF", err)
 	}
 
 	bad := map[string][]byte{
-		"kind not allowed":   {kindRun, 0, 0, 0, 0, 0, 0, 0},
+		"kind not allowed":   {gvwire.KindRun, 0, 0, 0, 0, 0, 0, 0},
 		"unknown kind":       {99, 0, 0, 0, 0, 0, 0, 0},
-		"reserved bytes":     {kindStdout, 1, 0, 0, 0, 0, 0, 0},
-		"payload over bound": {kindStdout, 0, 0, 0, 0xff, 0xff, 0xff, 0xff},
-		"exit too long":      {kindExited, 0, 0, 0, 13, 0, 0, 0},
+		"reserved bytes":     {gvwire.KindStdout, 1, 0, 0, 0, 0, 0, 0},
+		"payload over bound": {gvwire.KindStdout, 0, 0, 0, 0xff, 0xff, 0xff, 0xff},
+		"exit too long":      {gvwire.KindExited, 0, 0, 0, 13, 0, 0, 0},
 	}
 	for name, b := range bad {
-		if _, _, err := readFrame(bytes.NewReader(b), allowed); !errors.Is(err, errBadFrame) {
-			t.Errorf("%s: err = %v, want errBadFrame", name, err)
+		if _, _, err := gvwire.ReadFrame(bytes.NewReader(b), allowed); !errors.Is(err, gvwire.ErrBadFrame) {
+			t.Errorf("%s: err = %v, want ErrBadFrame", name, err)
 		}
 	}
 	// A frame cut short is an unexpected EOF, not a clean end.
 	var cut bytes.Buffer
-	_ = writeFrame(&cut, kindStdout, []byte(strings.Repeat("x", 100)))
-	if _, _, err := readFrame(bytes.NewReader(cut.Bytes()[:50]), allowed); !errors.Is(err, io.ErrUnexpectedEOF) {
+	_ = gvwire.WriteFrame(&cut, gvwire.KindStdout, []byte(strings.Repeat("x", 100)))
+	if _, _, err := gvwire.ReadFrame(bytes.NewReader(cut.Bytes()[:50]), allowed); !errors.Is(err, io.ErrUnexpectedEOF) {
 		t.Errorf("cut frame: %v, want ErrUnexpectedEOF", err)
 	}
-	for _, p := range [][]byte{u32s(endExited, 256, 0), u32s(endKilled, 0, 0), u32s(7, 1, 0), u32s(endExited, 0, 3), u32s(endExited, 0), {1, 2}} {
-		if _, _, err := exitCode(p); !errors.Is(err, errBadFrame) {
-			t.Errorf("exitCode(%v): %v, want errBadFrame", p, err)
+	for _, p := range [][]byte{gvwire.U32s(gvwire.EndExited, 256, 0), gvwire.U32s(gvwire.EndKilled, 0, 0), gvwire.U32s(7, 1, 0), gvwire.U32s(gvwire.EndExited, 0, 3), gvwire.U32s(gvwire.EndExited, 0), {1, 2}} {
+		if _, _, err := gvwire.ExitCode(p); !errors.Is(err, gvwire.ErrBadFrame) {
+			t.Errorf("ExitCode(%v): %v, want ErrBadFrame", p, err)
 		}
 	}
 	// A command init stopped at its budget reads as GNU timeout's status.
-	for timed, want := range map[uint32]int{timedTerm: 124, timedKill: 137} {
-		if code, to, err := exitCode(u32s(endKilled, 15, timed)); err != nil || code != want || !to {
+	for timed, want := range map[uint32]int{gvwire.TimedTerm: 124, gvwire.TimedKill: 137} {
+		if code, to, err := gvwire.ExitCode(gvwire.U32s(gvwire.EndKilled, 15, timed)); err != nil || code != want || !to {
 			t.Errorf("timed %d: %d %v %v, want %d timed out", timed, code, to, err, want)
 		}
 	}
@@ -120,10 +121,10 @@ func TestFrames(t *testing.T) {
 // waiting on it is not told an exit; nothing panics.
 func TestReadLoopEndsOnABadFrame(t *testing.T) {
 	for name, frame := range map[string][]byte{
-		"bad exit":          append([]byte{kindExited, 0, 0, 0, 12, 0, 0, 0}, u32s(7, 7, 7)...),
-		"short lstat":       {kindLstated, 0, 0, 0, 0, 0, 0, 0},
+		"bad exit":          append([]byte{gvwire.KindExited, 0, 0, 0, 12, 0, 0, 0}, gvwire.U32s(7, 7, 7)...),
+		"short lstat":       {gvwire.KindLstated, 0, 0, 0, 0, 0, 0, 0},
 		"unknown kind":      {42, 0, 0, 0, 0, 0, 0, 0},
-		"payload too large": {kindStdout, 0, 0, 0, 0, 0, 0x10, 0},
+		"payload too large": {gvwire.KindStdout, 0, 0, 0, 0, 0, 0x10, 0},
 	} {
 		t.Run(name, func(t *testing.T) {
 			r, w, err := os.Pipe()
@@ -136,7 +137,7 @@ func TestReadLoopEndsOnABadFrame(t *testing.T) {
 			c.cur = cmd
 			go c.readLoop()
 			var good bytes.Buffer
-			_ = writeFrame(&good, kindStdout, []byte("before"))
+			_ = gvwire.WriteFrame(&good, gvwire.KindStdout, []byte("before"))
 			if _, err := w.Write(append(good.Bytes(), frame...)); err != nil {
 				t.Fatal(err)
 			}
@@ -146,8 +147,8 @@ func TestReadLoopEndsOnABadFrame(t *testing.T) {
 				t.Fatal("the reader did not stop at a bad frame")
 			}
 			w.Close()
-			if !errors.Is(c.deadErr, errBadFrame) {
-				t.Errorf("deadErr = %v, want errBadFrame", c.deadErr)
+			if !errors.Is(c.deadErr, gvwire.ErrBadFrame) {
+				t.Errorf("deadErr = %v, want ErrBadFrame", c.deadErr)
 			}
 			select {
 			case e := <-cmd.end:
@@ -164,11 +165,11 @@ func TestReadLoopEndsOnABadFrame(t *testing.T) {
 // Init is a binary of its own: a daemon given one of another version
 // refuses it at its ready frame, with what to do, rather than misread it.
 func TestReadyFrameCarriesTheProtocol(t *testing.T) {
-	if err := readyFrom(u32s(initProtocol)); err != nil {
+	if err := gvwire.ReadyFrom(gvwire.U32s(gvwire.Protocol)); err != nil {
 		t.Errorf("this version's ready frame: %v", err)
 	}
-	for name, p := range map[string][]byte{"empty (before versions)": nil, "another version": u32s(initProtocol + 1), "too long": u32s(initProtocol, 0)} {
-		err := readyFrom(p)
+	for name, p := range map[string][]byte{"empty (before versions)": nil, "another version": gvwire.U32s(gvwire.Protocol + 1), "too long": gvwire.U32s(gvwire.Protocol, 0)} {
+		err := gvwire.ReadyFrom(p)
 		if err == nil || !strings.Contains(err.Error(), "install them together") {
 			t.Errorf("%s: %v, want a refusal that says what to do", name, err)
 		}

@@ -16,13 +16,13 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap"
-	"github.com/sandbox-sidecar/sandbox-sidecar/backend/gvisor"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap/bwinit"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/gvisor/gvinit"
 )
 
 func main() {
-	bwrap.InitMain()
-	gvisor.InitMain()
+	bwinit.Main()
+	gvinit.Main()
 	fmt.Fprintln(os.Stderr, "sandbox-sidecar-init: this is the init the sandbox-sidecar daemon runs inside its sandboxes; it is not run by hand")
 	os.Exit(2)
 }

@@ -1,4 +1,4 @@
-package gvisor
+package gvinit
 
 import (
 	"bufio"
@@ -13,29 +13,34 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/gvisor/gvwire"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc"
 )
-
-// initEnv is set (to "1") in the environment of a sandbox's init, and
-// nowhere else: it is how the daemon's binary, run again inside gVisor as
-// the container's process, knows it is init.
-const initEnv = "SANDBOX_SIDECAR_GVISOR_INIT"
 
 // initDrainWait bounds how long init waits for a command's output pipes
 // to reach EOF once every process of the command is dead.
 const initDrainWait = 2 * time.Second
 
-// IsInit reports whether this process is a gVisor sandbox's init.
-func IsInit() bool { return initproc.Is(initEnv) }
+// IsInit reports whether this process is a gVisor sandbox's init: the
+// container's process, with gvwire.InitEnv set.
+func IsInit() bool { return initproc.Is(gvwire.InitEnv) }
 
-// InitMain runs a sandbox's init and never returns when IsInit is true;
-// otherwise it returns at once. The daemon's main function calls it first
-// thing, and so does every test binary that creates gVisor sandboxes.
-// The sandbox's opener (opener.go) is the same binary again, run by init.
-func InitMain() {
+// Main runs a sandbox's init, or its opener (opener.go), and never returns
+// when this process is one; otherwise it returns at once. The init's
+// binary (cmd/sandbox-sidecar-init) calls it first thing, and so does the
+// daemon's, through gvisor.InitMain, for when it runs its own executable
+// as init. The opener is init's executable again, run by init.
+func Main() {
 	initproc.Main(openerEnv, runOpener)
-	initproc.Main(initEnv, runInit)
+	initproc.Main(gvwire.InitEnv, runInit)
 }
+
+// What the guest runs as, and where the init's executable is bound.
+const (
+	guestUID  = gvwire.GuestUID
+	guestGID  = gvwire.GuestGID
+	guestInit = gvwire.GuestInit
+)
 
 // What a hostile guest can do to init, and why it does not help it: init
 // is pid 1 of the sandbox and runs as root inside it, the guest's commands
@@ -79,14 +84,14 @@ func runInit() int {
 	// to sleep instead of polling every 20 µs, each poll a system call the
 	// sentry serves (docs/benchmarks.md, "gVisor: where a command's time goes").
 	stdin, stdout := pollable(0, os.Stdin), pollable(1, os.Stdout)
-	st := &initState{out: bufio.NewWriterSize(stdout, maxChunk+frameHeaderSize), files: fileOps{sock: -1}, chld: make(chan os.Signal, 1)}
+	st := &initState{out: bufio.NewWriterSize(stdout, gvwire.MaxChunk+gvwire.FrameHeaderSize), files: fileOps{sock: -1}, chld: make(chan os.Signal, 1)}
 	signal.Notify(st.chld, unix.SIGCHLD)
-	if err := st.send(kindReady, u32s(initProtocol)); err != nil {
+	if err := st.send(gvwire.KindReady, gvwire.U32s(gvwire.Protocol)); err != nil {
 		return initFail("cannot tell the daemon it is ready: %v", err)
 	}
 	in := bufio.NewReader(stdin)
 	for {
-		kind, payload, err := readFrame(in, 1<<kindRun|1<<kindKill|1<<kindLstat|1<<kindFileOp)
+		kind, payload, err := gvwire.ReadFrame(in, 1<<gvwire.KindRun|1<<gvwire.KindKill|1<<gvwire.KindLstat|1<<gvwire.KindFileOp)
 		if err != nil {
 			// The daemon went away (EOF) or broke the protocol: either way
 			// nobody will collect what runs here.
@@ -97,26 +102,26 @@ func runInit() int {
 			return 0
 		}
 		switch kind {
-		case kindKill:
+		case gvwire.KindKill:
 			st.mu.Lock()
 			if st.running {
 				st.killAsked = true
 				killAllButInit()
 			}
 			st.mu.Unlock()
-		case kindLstat:
+		case gvwire.KindLstat:
 			st.lstat(string(payload))
-		case kindFileOp:
-			req, err := decodeFileRequest(payload)
+		case gvwire.KindFileOp:
+			req, err := gvwire.DecodeFileRequest(payload)
 			if err != nil {
 				if len(payload) >= 4 {
-					_ = st.send(kindFileDone, fileDone{seq: binary.LittleEndian.Uint32(payload), code: fileInvalid, text: err.Error()}.encode())
+					_ = st.send(gvwire.KindFileDone, gvwire.FileDone{Seq: binary.LittleEndian.Uint32(payload), Code: gvwire.FileInvalid, Text: err.Error()}.Encode())
 				}
 				continue
 			}
 			go st.fileOp(req)
-		case kindRun:
-			req, err := decodeRunRequest(payload)
+		case gvwire.KindRun:
+			req, err := gvwire.DecodeRunRequest(payload)
 			if err != nil {
 				st.failed(fmt.Sprintf("init refused a request: %v", err))
 				continue
@@ -143,17 +148,17 @@ func initFail(format string, args ...any) int { return initproc.Fail(format, arg
 func (st *initState) send(kind byte, payload []byte) error {
 	st.outMu.Lock()
 	defer st.outMu.Unlock()
-	if err := writeFrame(st.out, kind, payload); err != nil {
+	if err := gvwire.WriteFrame(st.out, kind, payload); err != nil {
 		return err
 	}
 	return st.out.Flush()
 }
 
 func (st *initState) failed(reason string) {
-	if len(reason) > maxReasonBytes {
-		reason = reason[:maxReasonBytes]
+	if len(reason) > gvwire.MaxReasonBytes {
+		reason = reason[:gvwire.MaxReasonBytes]
 	}
-	_ = st.send(kindFailed, []byte(reason))
+	_ = st.send(gvwire.KindFailed, []byte(reason))
 }
 
 // lstat answers what the guest's kernel has at path: gVisor keeps FIFOs
@@ -172,7 +177,7 @@ func (st *initState) lstat(path string) {
 	} else {
 		typ = fi.Mode & unix.S_IFMT
 	}
-	_ = st.send(kindLstated, u32s(typ, errno))
+	_ = st.send(gvwire.KindLstated, gvwire.U32s(typ, errno))
 }
 
 // killAllButInit sends SIGKILL to every process of the sandbox but init.
@@ -181,7 +186,7 @@ func killAllButInit() { _ = unix.Kill(-1, unix.SIGKILL) }
 // run starts one command with pipes of its own, forwards its output, waits
 // for it (reaping every orphan meanwhile), kills whatever it left and
 // reports how it ended once all of its output has been sent.
-func (st *initState) run(req runRequest) {
+func (st *initState) run(req gvwire.RunRequest) {
 	// Init takes the next command as soon as it has answered this one,
 	// so it is idle again before its last frame.
 	idle := func() {
@@ -193,21 +198,21 @@ func (st *initState) run(req runRequest) {
 		idle()
 		st.failed(fmt.Sprintf("sandbox: "+format+"\n", args...))
 	}
-	if fi, err := os.Stat(req.cwd); err != nil || !fi.IsDir() {
+	if fi, err := os.Stat(req.Cwd); err != nil || !fi.IsDir() {
 		if err == nil {
 			err = unix.ENOTDIR
 		}
-		fail("cannot change directory to %s: %v", req.cwd, err)
+		fail("cannot change directory to %s: %v", req.Cwd, err)
 		return
 	}
-	prog, err := initproc.LookPath(req.argv[0], req.env)
+	prog, err := initproc.LookPath(req.Argv[0], req.Env)
 	if err != nil {
 		// As a shell reports it: 127 for a command that is not there,
 		// 126 for one that cannot be run.
 		code := uint32(initproc.NotRunnableStatus(err))
 		idle()
-		_ = st.send(kindStderr, fmt.Appendf(nil, "sandbox: %s: %v\n", truncate(req.argv[0], 256), err))
-		_ = st.send(kindExited, u32s(endExited, code, timedNo))
+		_ = st.send(gvwire.KindStderr, fmt.Appendf(nil, "sandbox: %s: %v\n", truncate(req.Argv[0], 256), err))
+		_ = st.send(gvwire.KindExited, gvwire.U32s(gvwire.EndExited, code, gvwire.TimedNo))
 		return
 	}
 	// The command's ends are plain descriptors (close-on-exec: the child
@@ -215,7 +220,7 @@ func (st *initState) run(req runRequest) {
 	var child [3]int
 	var stdin, out [3]*os.File // stdin[0], out[1], out[2] are init's
 	for i := range child {
-		p, c, err := childPipe(i != 0, i == 0 && len(req.stdin) == 0)
+		p, c, err := childPipe(i != 0, i == 0 && len(req.Stdin) == 0)
 		if err != nil {
 			for j := range i {
 				_ = unix.Close(child[j])
@@ -234,8 +239,8 @@ func (st *initState) run(req runRequest) {
 	}
 	// Spawn, not syscall.ForkExec: its child makes no signal-handler
 	// resets, ~60 system calls into the sentry per command.
-	pid, err := initproc.Spawn(prog, req.argv, initproc.SpawnAttr{
-		Dir: req.cwd, Env: req.env, Stdio: child,
+	pid, err := initproc.Spawn(prog, req.Argv, initproc.SpawnAttr{
+		Dir: req.Cwd, Env: req.Env, Stdio: child,
 		Cred: &initproc.Cred{UID: guestUID, GID: guestGID},
 	})
 	for _, c := range child {
@@ -258,47 +263,47 @@ func (st *initState) run(req runRequest) {
 		// so does a program it may not run.
 		code := uint32(initproc.NotRunnableStatus(err))
 		idle()
-		_ = st.send(kindStderr, fmt.Appendf(nil, "sandbox: cannot run %s in %s: %v\n", truncate(req.argv[0], 256), req.cwd, err))
-		_ = st.send(kindExited, u32s(endExited, code, timedNo))
+		_ = st.send(gvwire.KindStderr, fmt.Appendf(nil, "sandbox: cannot run %s in %s: %v\n", truncate(req.Argv[0], 256), req.Cwd, err))
+		_ = st.send(gvwire.KindExited, gvwire.U32s(gvwire.EndExited, code, gvwire.TimedNo))
 		return
 	}
 	// The budget, as GNU timeout keeps it: SIGTERM to the command's
 	// process group at the budget, SIGKILL to every process of the
 	// sandbox once the grace is spent too.
 	var timedMu sync.Mutex
-	timed, reaped := uint32(timedNo), false
-	term := time.AfterFunc(req.timeout, func() {
+	timed, reaped := uint32(gvwire.TimedNo), false
+	term := time.AfterFunc(req.Timeout, func() {
 		timedMu.Lock()
 		defer timedMu.Unlock()
 		if !reaped {
-			timed = timedTerm
+			timed = gvwire.TimedTerm
 			_ = unix.Kill(-pid, unix.SIGTERM)
 		}
 	})
-	kill := time.AfterFunc(req.timeout+req.killAfter, func() {
+	kill := time.AfterFunc(req.Timeout+req.KillAfter, func() {
 		timedMu.Lock()
 		defer timedMu.Unlock()
 		if !reaped {
-			timed = timedKill
+			timed = gvwire.TimedKill
 			killAllButInit()
 		}
 	})
 
-	if len(req.stdin) == 0 {
+	if len(req.Stdin) == 0 {
 		stdin[0].Close()
 	} else {
 		go func() {
-			_, _ = stdin[0].Write(req.stdin)
+			_, _ = stdin[0].Write(req.Stdin)
 			stdin[0].Close()
 		}()
 	}
 	var drained sync.WaitGroup
-	for i, kind := range []byte{kindStdout, kindStderr} {
+	for i, kind := range []byte{gvwire.KindStdout, gvwire.KindStderr} {
 		drained.Add(1)
 		go func() {
 			defer drained.Done()
 			defer out[i+1].Close()
-			buf := make([]byte, maxChunk)
+			buf := make([]byte, gvwire.MaxChunk)
 			for {
 				n, err := out[i+1].Read(buf)
 				if n > 0 {
@@ -344,12 +349,12 @@ func (st *initState) run(req runRequest) {
 	case <-outputClosed:
 	case <-time.After(initDrainWait):
 	}
-	how, value := uint32(endExited), uint32(status.ExitStatus())
+	how, value := uint32(gvwire.EndExited), uint32(status.ExitStatus())
 	if status.Signaled() {
-		how, value = endKilled, uint32(status.Signal())
+		how, value = gvwire.EndKilled, uint32(status.Signal())
 	}
 	idle()
-	_ = st.send(kindExited, u32s(how, value, timed))
+	_ = st.send(gvwire.KindExited, gvwire.U32s(how, value, timed))
 }
 
 // waitChildren reaps init's children, calling done with each, until done

@@ -1,4 +1,4 @@
-package bwrap
+package bwinit
 
 import (
 	"errors"
@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap/bwwire"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc"
 )
 
@@ -25,8 +26,8 @@ import (
 // reached however the guest swaps names meanwhile: the kernel resolved the
 // path where the guest lives.
 //
-// The opener is a process of its own, a child of init started from the
-// daemon's binary (/proc/self/exe, with openerEnv set): it has the guest's
+// The opener is a process of its own, a child of init started from init's
+// own executable (/proc/self/exe, with openerEnv set): it has the guest's
 // identity throughout, uid 1000 without capabilities, the guest's seccomp
 // filter, no_new_privs and rlimits, all inherited from init, and /proc/self
 // is its own, a process like the guest's, never init's (whose descriptors
@@ -55,13 +56,13 @@ const openerFD = 3
 // openerIdleMillis is how long an opener waits for a request before it exits.
 const openerIdleMillis = 30_000
 
-// openerName is the opener's process name, as ps shows it.
-const openerName = "sandbox-open"
+// OpenerName is the opener's process name, as ps shows it.
+const OpenerName = "sandbox-open"
 
 // runOpener is the opener's main loop: each message on openerFD carries
 // reply sockets, each with one open request queued on it.
 func runOpener() int {
-	_ = os.WriteFile("/proc/self/comm", []byte(openerName), 0)
+	_ = os.WriteFile("/proc/self/comm", []byte(OpenerName), 0)
 	if err := beUntraceable(); err != nil {
 		fmt.Fprintf(os.Stderr, "sandbox opener: %v\n", err)
 		return 1
@@ -90,7 +91,7 @@ func runOpener() int {
 		case n == 0 && oobn == 0:
 			return 0 // init is gone
 		}
-		for _, reply := range receivedFDs(oob[:oobn]) {
+		for _, reply := range bwwire.ReceivedFDs(oob[:oobn]) {
 			serveOpen(reply)
 			_ = unix.Close(reply)
 		}
@@ -104,25 +105,25 @@ func serveOpen(reply int) {
 	if typ, err := unix.GetsockoptInt(reply, unix.SOL_SOCKET, unix.SO_TYPE); err != nil || typ != unix.SOCK_SEQPACKET {
 		return
 	}
-	buf := make([]byte, initMsgSize+backend.MaxGuestPathLen+1)
+	buf := make([]byte, bwwire.MsgSize+backend.MaxGuestPathLen+1)
 	n, _, err := unix.Recvfrom(reply, buf, unix.MSG_DONTWAIT)
 	if err != nil {
 		return // nothing asked: dropping the socket tells the daemon
 	}
 	errno := unix.Errno(0)
 	fd := -1
-	req, err := decodeOpenRequest(buf[:n])
+	req, err := bwwire.DecodeOpenRequest(buf[:n])
 	if err != nil {
 		errno = unix.EINVAL
 	} else {
-		fd, errno = initproc.OpenForGuest(req.path, req.what == openList)
+		fd, errno = initproc.OpenForGuest(req.Path, req.What == bwwire.OpenList)
 	}
 	var rights []byte
 	if fd >= 0 {
 		rights = unix.UnixRights(fd)
 		defer unix.Close(fd)
 	}
-	_ = unix.Sendmsg(reply, initMsg{kind: msgOpened, a: uint32(errno)}.encode(), rights, nil, unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT)
+	_ = unix.Sendmsg(reply, bwwire.Msg{Kind: bwwire.MsgOpened, A: uint32(errno)}.Encode(), rights, nil, unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT)
 }
 
 // openerChild is init's record of its opener: its pid and init's end of
@@ -165,7 +166,7 @@ func (st *initState) startOpener() error {
 		return err
 	}
 	defer unix.Close(fds[1])
-	pid, err := syscall.ForkExec("/proc/self/exe", []string{openerName}, &syscall.ProcAttr{
+	pid, err := syscall.ForkExec("/proc/self/exe", []string{OpenerName}, &syscall.ProcAttr{
 		Dir:   "/",
 		Env:   []string{openerEnv + "=1", "GOMAXPROCS=1"},
 		Files: []uintptr{0, 1, 2, uintptr(fds[1])},

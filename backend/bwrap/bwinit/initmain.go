@@ -1,64 +1,43 @@
-package bwrap
+package bwinit
 
 import (
 	"errors"
 	"fmt"
 	"os"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap/bwwire"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 )
 
-// initEnv is set (to "1") in the environment bwrap gives a sandbox's init,
-// and nowhere else: it is how the daemon's binary, re-executed inside the
-// sandbox, knows it is init.
-const initEnv = "SANDBOX_SIDECAR_INIT"
+// ReapInterval is how often init reaps leftovers while any remain.
+const ReapInterval = 1000 // milliseconds
 
-// initThreads is how many OS threads init starts before any command, so
-// that its runtime finds an idle one whenever it needs one later, when the
-// sandbox's processes and threads are capped (reservedThreads).
-const initThreads = 8
-
-// reservedThreads is how many threads sb's init reserves: initThreads when
-// its own cgroup caps its processes and threads (pids.max), which a fork
-// bomb fills; none when nothing of the sandbox's own does. Then no pid
-// runs out before the host's (or an enclosing unit's TasksMax, shared with
-// the daemon and every other sandbox), which a reserve of this init's
-// would not make safe, and every pid of the namespace still dies with the
-// command (init's kill at its budget, or the kernel's with init).
-func (sb *sandbox) reservedThreads() int {
-	if sb.cg != nil && sb.limits.PIDs > 0 {
-		return initThreads
-	}
-	return 0
-}
-
-// initReapInterval is how often init reaps leftovers while any remain.
-const initReapInterval = 1000 // milliseconds
-
-// initHotWait is how long after a command ends init waits for the next one
+// HotWait is how long after a command ends init waits for the next one
 // without telling the Go runtime it blocks (rawPoll): a command that comes
 // within it waits that way too, for as long again.
-const initHotWait = 50 * time.Millisecond
+const HotWait = 50 * time.Millisecond
 
-// IsInit reports whether this process is a sandbox's init: the daemon's own
-// binary, started by this package inside a sandbox's namespaces.
-func IsInit() bool { return initproc.Is(initEnv) }
+// IsInit reports whether this process is a sandbox's init: started by
+// the bubblewrap backend inside a sandbox's namespaces, with
+// bwwire.InitEnv set.
+func IsInit() bool { return initproc.Is(bwwire.InitEnv) }
 
-// InitMain runs a sandbox's init and never returns when IsInit is true;
-// otherwise it returns at once and does nothing. The daemon's main function
-// calls it first thing, before flags or logging, and so does every test
-// binary that creates sandboxes (in TestMain): the init of a sandbox is the
-// daemon's own executable, run again inside the sandbox.
-// The sandbox's opener (opener.go) is the same binary again, run by init.
-func InitMain() {
+// Main runs a sandbox's init, or its opener (opener.go), and never returns
+// when this process is one; otherwise it returns at once and does nothing.
+// The init's binary (cmd/sandbox-sidecar-init) calls it first thing, and so
+// does the daemon's, through bwrap.InitMain, for when it runs its own
+// executable as init. The opener is init's executable again, run by init.
+func Main() {
 	initproc.Main(openerEnv, runOpener)
-	initproc.Main(initEnv, runInit)
+	initproc.Main(bwwire.InitEnv, runInit)
 }
 
 // What a hostile guest can do to init, and why it does not help it:
@@ -82,7 +61,7 @@ func InitMain() {
 //     killer picks it and the sandbox is reported terminated. Init starts
 //     its threads before any command (initproc.ReserveThreads) when the
 //     sandbox's cgroup caps its pids, so a command holding every pid of
-//     the group cannot leave its runtime without one (reservedThreads).
+//     the group cannot leave its runtime without one (backend/bwrap's reservedThreads).
 //     Everything a command started is killed when it ends, so no guest
 //     process lives between commands.
 //
@@ -104,7 +83,7 @@ type initState struct {
 	opener   openerChild
 	ctrlHup  bool      // the control socket hung up while a command ran
 	rbuf     []byte    // receives control messages: a header and an inline request
-	hotUntil time.Time // the end of initHotWait after the last command
+	hotUntil time.Time // the end of HotWait after the last command
 	hot      bool      // the message being received came during it
 }
 
@@ -115,8 +94,8 @@ type initCommand struct {
 	status    int // the command's status socket
 	killed    bool
 	killAfter time.Duration // SIGTERM to SIGKILL once the budget is spent
-	timed     uint32        // timedNo, timedTerm or timedKill: what the timer has done
-	hotUntil  time.Time     // it came within initHotWait of the last one: waits use rawPoll until then
+	timed     uint32        // TimedNo, TimedTerm or TimedKill: what the timer has done
+	hotUntil  time.Time     // it came within HotWait of the last one: waits use rawPoll until then
 }
 
 func runInit() int {
@@ -129,21 +108,21 @@ func runInit() int {
 	// Threads first: a command may take every pid of the sandbox's group
 	// (a fork bomb), and a Go runtime that cannot start a thread when it
 	// needs one dies ("failed to create new OS thread"). The daemon says
-	// how many (none without a pids limit: reservedThreads).
-	initproc.ReserveThreads(decodeInitThreads(os.Getenv(initThreadsEnv)))
+	// how many (none without a pids limit: backend/bwrap's reservedThreads).
+	initproc.ReserveThreads(bwwire.DecodeThreads(os.Getenv(bwwire.ThreadsEnv)))
 
-	if err := checkControlSocket(initControlFD); err != nil {
-		return initFail("fd %d is not the control socket: %v", initControlFD, err)
+	if err := checkControlSocket(bwwire.ControlFD); err != nil {
+		return initFail("fd %d is not the control socket: %v", bwwire.ControlFD, err)
 	}
 	// The sandbox's rlimits, before any command: every command inherits
 	// them. (Lowering a limit needs no privilege.)
-	if err := applyOwnRlimits(os.Getenv(initRlimitsEnv)); err != nil {
+	if err := applyOwnRlimits(os.Getenv(bwwire.RlimitsEnv)); err != nil {
 		return initFail("cannot set the sandbox's rlimits: %v", err)
 	}
 	if err := closeInheritedFDs(); err != nil {
 		return initFail("cannot close inherited descriptors: %v", err)
 	}
-	if _, err := unix.FcntlInt(initControlFD, unix.F_SETFD, unix.FD_CLOEXEC); err != nil {
+	if _, err := unix.FcntlInt(bwwire.ControlFD, unix.F_SETFD, unix.FD_CLOEXEC); err != nil {
 		return initFail("cannot mark the control socket close-on-exec: %v", err)
 	}
 	if err := unix.Chdir("/"); err != nil {
@@ -153,8 +132,8 @@ func runInit() int {
 	if err != nil {
 		return initFail("cannot make the timer that keeps commands' budgets: %v", err)
 	}
-	st := &initState{ctrl: initControlFD, timer: timer, opener: openerChild{pid: -1, sock: -1}}
-	if err := unix.Sendmsg(st.ctrl, initMsg{kind: msgReady}.encode(), nil, nil, unix.MSG_NOSIGNAL); err != nil {
+	st := &initState{ctrl: bwwire.ControlFD, timer: timer, opener: openerChild{pid: -1, sock: -1}}
+	if err := unix.Sendmsg(st.ctrl, bwwire.Msg{Kind: bwwire.MsgReady}.Encode(), nil, nil, unix.MSG_NOSIGNAL); err != nil {
 		return initFail("cannot tell the daemon it is ready: %v", err)
 	}
 	for {
@@ -201,7 +180,7 @@ func closeInheritedFDs() error {
 	}
 	for _, name := range names {
 		fd, err := strconv.Atoi(name)
-		if err != nil || fd <= initControlFD || fd == dirFD {
+		if err != nil || fd <= bwwire.ControlFD || fd == dirFD {
 			continue
 		}
 		flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
@@ -220,7 +199,7 @@ func (st *initState) idle() bool {
 	}
 	timeout := -1
 	if st.children {
-		timeout = initReapInterval
+		timeout = ReapInterval
 	}
 	fds := []unix.PollFd{{Fd: int32(st.ctrl), Events: unix.POLLIN}}
 	poll := unix.Poll
@@ -261,16 +240,16 @@ func (st *initState) busy() {
 		// File operations' open requests come while a command runs too.
 		fds = append(fds, unix.PollFd{Fd: int32(st.ctrl), Events: unix.POLLIN})
 	}
-	if c.timed != timedKill {
+	if c.timed != bwwire.TimedKill {
 		fds = append(fds, unix.PollFd{Fd: int32(st.timer), Events: unix.POLLIN})
 	}
-	timeout := initReapInterval
+	timeout := ReapInterval
 	if c.pidfd < 0 {
 		timeout = 20
 	}
 	poll := unix.Poll
 	if left := time.Until(c.hotUntil); left > 0 {
-		// Only a command's first initHotWait: a long one then waits the
+		// Only a command's first HotWait: a long one then waits the
 		// ordinary way, without the runtime's preemption signal.
 		poll = rawPoll
 		timeout = min(timeout, int((left+time.Millisecond-1)/time.Millisecond))
@@ -295,7 +274,7 @@ func (st *initState) busy() {
 			// The daemon shut down its side: the command's budget is spent
 			// or its request is gone. Whatever arrived, the answer is the
 			// same.
-			var buf [initMsgSize]byte
+			var buf [bwwire.MsgSize]byte
 			_, _, _ = unix.Recvfrom(c.status, buf[:], unix.MSG_DONTWAIT)
 			killAllButInit()
 			c.killed = true
@@ -317,7 +296,7 @@ func (st *initState) busy() {
 // system call after it wakes sysmon again to run every 20µs for a
 // millisecond: per command, a dozen or more wake-ups on the cores the
 // command itself needs. rawPoll is used only while commands come back to
-// back, and for such a command's first initHotWait: a goroutine that keeps
+// back, and for such a command's first HotWait: a goroutine that keeps
 // its P for 10ms gets the runtime's preemption signal (SIGURG), which ends
 // the wait early (EINTR, and the caller's loop comes back), about a hundred
 // times a second; an idle init, or one running a long command, must not pay
@@ -345,8 +324,8 @@ func (st *initState) budgetSpent(c *initCommand) {
 		return // not fired after all (EAGAIN)
 	}
 	switch c.timed {
-	case timedNo:
-		c.timed = timedTerm
+	case bwwire.TimedNo:
+		c.timed = bwwire.TimedTerm
 		_ = unix.Kill(-c.pid, unix.SIGTERM)
 		_ = unix.Kill(-c.pid, unix.SIGCONT)
 		if c.killAfter > 0 {
@@ -354,8 +333,8 @@ func (st *initState) budgetSpent(c *initCommand) {
 			return
 		}
 		fallthrough
-	case timedTerm:
-		c.timed = timedKill
+	case bwwire.TimedTerm:
+		c.timed = bwwire.TimedKill
 		killAllButInit()
 	}
 }
@@ -396,7 +375,7 @@ func (st *initState) reap() {
 func (st *initState) finish(ws unix.WaitStatus) {
 	c := st.cmd
 	st.cmd = nil
-	st.hotUntil = time.Now().Add(initHotWait)
+	st.hotUntil = time.Now().Add(HotWait)
 	st.arm(0)
 	// A command's processes end with it: background jobs, setsid and
 	// double-fork escapees alike. Only init and its children were in the
@@ -404,16 +383,16 @@ func (st *initState) finish(ws unix.WaitStatus) {
 	killAllButInit()
 	st.children = true
 	st.dropOpener() // killed too: the next open starts another
-	m := initMsg{kind: msgExited, c: c.timed}
+	m := bwwire.Msg{Kind: bwwire.MsgExited, C: c.timed}
 	switch {
 	case ws.Exited():
-		m.a, m.b = endExited, uint32(ws.ExitStatus())
+		m.A, m.B = bwwire.EndExited, uint32(ws.ExitStatus())
 	case ws.Signaled() && ws.CoreDump():
-		m.a, m.b = endDumped, uint32(ws.Signal())
+		m.A, m.B = bwwire.EndDumped, uint32(ws.Signal())
 	default:
-		m.a, m.b = endKilled, uint32(ws.Signal())
+		m.A, m.B = bwwire.EndKilled, uint32(ws.Signal())
 	}
-	_ = unix.Sendmsg(c.status, m.encode(), nil, nil, unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT)
+	_ = unix.Sendmsg(c.status, m.Encode(), nil, nil, unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT)
 	_ = unix.Close(c.status)
 	if c.pidfd >= 0 {
 		_ = unix.Close(c.pidfd)
@@ -430,10 +409,10 @@ func killAllButInit() { _ = unix.Kill(-1, unix.SIGKILL) }
 // it asks for. It reports true when the daemon has gone.
 func (st *initState) receive() bool {
 	if st.rbuf == nil {
-		st.rbuf = make([]byte, initMsgSize+maxInlineRequest)
+		st.rbuf = make([]byte, bwwire.MsgSize+bwwire.MaxInlineRequest)
 	}
 	buf := st.rbuf
-	oob := make([]byte, unix.CmsgSpace(4*(initRunFDs+3)))
+	oob := make([]byte, unix.CmsgSpace(4*(bwwire.RunFDs+3)))
 	n, oobn, flags, _, err := unix.Recvmsg(st.ctrl, buf, oob, unix.MSG_CMSG_CLOEXEC|unix.MSG_DONTWAIT)
 	switch {
 	case errors.Is(err, unix.EAGAIN), errors.Is(err, unix.EINTR):
@@ -445,7 +424,7 @@ func (st *initState) receive() bool {
 		fmt.Fprintf(os.Stderr, "sandbox init: the daemon closed the control socket; exiting\n")
 		return true
 	}
-	fds := receivedFDs(oob[:oobn])
+	fds := bwwire.ReceivedFDs(oob[:oobn])
 	taken := make([]bool, len(fds))
 	defer func() {
 		for i, fd := range fds {
@@ -454,34 +433,34 @@ func (st *initState) receive() bool {
 			}
 		}
 	}()
-	var m initMsg
+	var m bwwire.Msg
 	var payload []byte
-	if n < initMsgSize {
-		err = fmt.Errorf("%w: %d bytes, want at least %d", errBadMessage, n, initMsgSize)
+	if n < bwwire.MsgSize {
+		err = fmt.Errorf("%w: %d bytes, want at least %d", bwwire.ErrBadMessage, n, bwwire.MsgSize)
 	} else {
-		m, err = decodeInitMsg(buf[:initMsgSize])
-		payload = buf[initMsgSize:n]
+		m, err = bwwire.DecodeMsg(buf[:bwwire.MsgSize])
+		payload = buf[bwwire.MsgSize:n]
 	}
-	wantFDs := initRunFDs
-	if m.a != 0 {
-		wantFDs = initInlineFDs
+	wantFDs := bwwire.RunFDs
+	if m.A != 0 {
+		wantFDs = bwwire.InlineFDs
 	}
 	switch {
 	case err != nil:
 	case flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0:
-		err = fmt.Errorf("%w: truncated", errBadMessage)
-	case m.kind == msgOpen && len(fds) == 1 && len(payload) == 0:
+		err = fmt.Errorf("%w: truncated", bwwire.ErrBadMessage)
+	case m.Kind == bwwire.MsgOpen && len(fds) == 1 && len(payload) == 0:
 		taken[0] = true
 		st.forwardOpen(fds[0])
 		return false
-	case m.kind != msgRun:
-		err = fmt.Errorf("%w: kind %d on the control socket", errBadMessage, m.kind)
-	case int64(m.a) != int64(len(payload)):
-		err = fmt.Errorf("%w: a request of %d bytes said %d", errBadMessage, len(payload), m.a)
+	case m.Kind != bwwire.MsgRun:
+		err = fmt.Errorf("%w: kind %d on the control socket", bwwire.ErrBadMessage, m.Kind)
+	case int64(m.A) != int64(len(payload)):
+		err = fmt.Errorf("%w: a request of %d bytes said %d", bwwire.ErrBadMessage, len(payload), m.A)
 	case len(fds) != wantFDs:
-		err = fmt.Errorf("%w: %d descriptors, want %d", errBadMessage, len(fds), wantFDs)
+		err = fmt.Errorf("%w: %d descriptors, want %d", bwwire.ErrBadMessage, len(fds), wantFDs)
 	case st.cmd != nil:
-		err = fmt.Errorf("%w: a command while another runs", errBadMessage)
+		err = fmt.Errorf("%w: a command while another runs", bwwire.ErrBadMessage)
 	}
 	if err != nil {
 		// Dropping the descriptors closes the status socket, which the
@@ -494,11 +473,11 @@ func (st *initState) receive() bool {
 		fmt.Fprintf(os.Stderr, "sandbox init: ignoring a request: %v\n", err)
 		return false
 	}
-	var req runRequest
+	var req bwwire.RunRequest
 	var size int64
-	if m.a != 0 {
+	if m.A != 0 {
 		// The strings decoded are copies: rbuf is the next message's.
-		req, err = decodeRunRequest(payload)
+		req, err = bwwire.DecodeRunRequest(payload)
 		size = int64(len(payload))
 	} else {
 		req, size, err = readRequest(fds[1])
@@ -521,38 +500,23 @@ func (st *initState) receive() bool {
 // to the system at once.
 const largeRequestBytes = 256 << 10
 
-// receivedFDs returns every descriptor in SCM_RIGHTS messages of oob.
-func receivedFDs(oob []byte) []int {
-	msgs, err := unix.ParseSocketControlMessage(oob)
-	if err != nil {
-		return nil
-	}
-	var fds []int
-	for _, m := range msgs {
-		if got, err := unix.ParseUnixRights(&m); err == nil {
-			fds = append(fds, got...)
-		}
-	}
-	return fds
-}
-
 func checkStatusSocket(fd int) error {
 	typ, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
 	if err != nil || typ != unix.SOCK_SEQPACKET {
-		return fmt.Errorf("%w: the status descriptor is not a seqpacket socket", errBadMessage)
+		return fmt.Errorf("%w: the status descriptor is not a seqpacket socket", bwwire.ErrBadMessage)
 	}
 	return nil
 }
 
 // readRequest reads the request memfd, refusing anything but a regular
-// file within maxRequestBytes.
-func readRequest(fd int) (runRequest, int64, error) {
+// file within bwwire.MaxRequestBytes.
+func readRequest(fd int) (bwwire.RunRequest, int64, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return runRequest{}, 0, err
+		return bwwire.RunRequest{}, 0, err
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size < 0 || st.Size > maxRequestBytes {
-		return runRequest{}, 0, fmt.Errorf("%w: the request is not a regular file within %d bytes", errBadMessage, maxRequestBytes)
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size < 0 || st.Size > bwwire.MaxRequestBytes {
+		return bwwire.RunRequest{}, 0, fmt.Errorf("%w: the request is not a regular file within %d bytes", bwwire.ErrBadMessage, bwwire.MaxRequestBytes)
 	}
 	buf := make([]byte, st.Size)
 	for off := 0; off < len(buf); {
@@ -561,51 +525,51 @@ func readRequest(fd int) (runRequest, int64, error) {
 			continue
 		}
 		if err != nil {
-			return runRequest{}, 0, err
+			return bwwire.RunRequest{}, 0, err
 		}
 		if n == 0 {
-			return runRequest{}, 0, fmt.Errorf("%w: the request ended early", errBadMessage)
+			return bwwire.RunRequest{}, 0, fmt.Errorf("%w: the request ended early", bwwire.ErrBadMessage)
 		}
 		off += n
 	}
-	req, err := decodeRunRequest(buf)
+	req, err := bwwire.DecodeRunRequest(buf)
 	return req, st.Size, err
 }
 
 // start runs the request with stdio as its streams, in a session of its
 // own, under its budget, and tells the daemon it started (or why it could
 // not). It takes ownership of status.
-func (st *initState) start(req runRequest, status int, stdio []int) {
+func (st *initState) start(req bwwire.RunRequest, status int, stdio []int) {
 	fail := func(err error, format string, args ...any) {
 		msg := fmt.Sprintf("sandbox: "+format+"\n", args...)
 		_, _ = unix.Write(stdio[2], []byte(msg))
 		errno, _ := errors.AsType[unix.Errno](err)
-		_ = unix.Sendmsg(status, initMsg{kind: msgFailed, a: uint32(errno)}.encode(), nil, nil, unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT)
+		_ = unix.Sendmsg(status, bwwire.Msg{Kind: bwwire.MsgFailed, A: uint32(errno)}.Encode(), nil, nil, unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT)
 		_ = unix.Close(status)
 	}
 	// Not there, or not runnable: the status a shell gives (127, 126),
 	// as GNU timeout did in front of it.
 	notRunnable := func(err error) {
-		msg := fmt.Sprintf("sandbox: cannot run %s: %v\n", truncate(req.argv[0], 256), err)
+		msg := fmt.Sprintf("sandbox: cannot run %s: %v\n", truncate(req.Argv[0], 256), err)
 		_, _ = unix.Write(stdio[2], []byte(msg))
-		m := initMsg{kind: msgExited, a: endExited, b: uint32(initproc.NotRunnableStatus(err))}
-		_ = unix.Sendmsg(status, m.encode(), nil, nil, unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT)
+		m := bwwire.Msg{Kind: bwwire.MsgExited, A: bwwire.EndExited, B: uint32(initproc.NotRunnableStatus(err))}
+		_ = unix.Sendmsg(status, m.Encode(), nil, nil, unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT)
 		_ = unix.Close(status)
 	}
 	var fi unix.Stat_t
-	if err := unix.Stat(req.cwd, &fi); err != nil {
-		fail(err, "cannot change directory to %s: %v", req.cwd, err)
+	if err := unix.Stat(req.Cwd, &fi); err != nil {
+		fail(err, "cannot change directory to %s: %v", req.Cwd, err)
 		return
 	} else if fi.Mode&unix.S_IFMT != unix.S_IFDIR {
-		fail(unix.ENOTDIR, "cannot change directory to %s: not a directory", req.cwd)
+		fail(unix.ENOTDIR, "cannot change directory to %s: not a directory", req.Cwd)
 		return
-	} else if err := unix.Access(req.cwd, unix.X_OK); err != nil {
+	} else if err := unix.Access(req.Cwd, unix.X_OK); err != nil {
 		// Checked here so that the fork's own errors below are the
 		// program's alone.
-		fail(err, "cannot change directory to %s: %v", req.cwd, err)
+		fail(err, "cannot change directory to %s: %v", req.Cwd, err)
 		return
 	}
-	prog, err := initproc.LookPath(req.argv[0], req.env)
+	prog, err := initproc.LookPath(req.Argv[0], req.Env)
 	if err != nil {
 		notRunnable(err)
 		return
@@ -615,25 +579,25 @@ func (st *initState) start(req runRequest, status int, stdio []int) {
 	// command needs, not the Go runtime's ~60 signal-handler resets and
 	// its error pipe, all of them between the fork and the exec, which
 	// init waits for (docs/benchmarks.md, "the command path, second cut").
-	pid, err := initproc.Spawn(prog, req.argv, initproc.SpawnAttr{
-		Dir: req.cwd, Env: req.env, Stdio: [3]int{stdio[0], stdio[1], stdio[2]}, PidFD: &pidfd,
+	pid, err := initproc.Spawn(prog, req.Argv, initproc.SpawnAttr{
+		Dir: req.Cwd, Env: req.Env, Stdio: [3]int{stdio[0], stdio[1], stdio[2]}, PidFD: &pidfd,
 	})
 	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EACCES) || errors.Is(err, unix.ENOEXEC) || errors.Is(err, unix.EISDIR) || errors.Is(err, unix.ENOTDIR) {
 		notRunnable(err)
 		return
 	}
 	if err != nil {
-		fail(err, "cannot start the command in %s: %v", req.cwd, err)
+		fail(err, "cannot start the command in %s: %v", req.Cwd, err)
 		return
 	}
 	// The budget runs from the fork, as GNU timeout's did from its own.
-	st.arm(req.timeout)
+	st.arm(req.Timeout)
 	st.children = true
-	st.cmd = &initCommand{pid: pid, pidfd: pidfd, status: status, killAfter: req.killAfter}
+	st.cmd = &initCommand{pid: pid, pidfd: pidfd, status: status, killAfter: req.KillAfter}
 	if st.hot {
-		st.cmd.hotUntil = time.Now().Add(initHotWait)
+		st.cmd.hotUntil = time.Now().Add(HotWait)
 	}
-	_ = unix.Sendmsg(status, initMsg{kind: msgStarted, a: uint32(pid)}.encode(), nil, nil, unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT)
+	_ = unix.Sendmsg(status, bwwire.Msg{Kind: bwwire.MsgStarted, A: uint32(pid)}.Encode(), nil, nil, unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT)
 }
 
 func truncate(s string, n int) string {
@@ -641,4 +605,39 @@ func truncate(s string, n int) string {
 		return s[:n] + "..."
 	}
 	return s
+}
+
+// applyOwnRlimits sets the rlimits in bwwire.RlimitsEnv on the calling process.
+//
+// Without an open-files limit (open_files 0) it sets NOFILE's soft limit
+// to its hard one: the Go runtime raised init's own soft limit to one
+// below the hard at start, and initproc.Spawn, unlike the runtime's own
+// fork, does not put the original back in the command; the command would
+// inherit that odd figure. Soft = hard is what a sandbox gets with a
+// limit, and what the gVisor backend's commands get without one.
+func applyOwnRlimits(env string) error {
+	rls, err := bwwire.DecodeRlimits(env)
+	if err != nil {
+		return err
+	}
+	if !slices.ContainsFunc(rls, func(r limits.Rlimit) bool { return r.Resource == unix.RLIMIT_NOFILE }) {
+		var cur unix.Rlimit
+		if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &cur); err != nil {
+			return fmt.Errorf("getrlimit NOFILE: %w", err)
+		}
+		rls = append(rls, limits.Rlimit{Resource: unix.RLIMIT_NOFILE, Value: cur.Max})
+	}
+	for _, r := range rls {
+		// A limit above the hard limit init was started with cannot be
+		// raised without privilege: keep the (stricter) hard limit.
+		var cur unix.Rlimit
+		if err := unix.Getrlimit(r.Resource, &cur); err == nil && r.Value > cur.Max {
+			r.Value = cur.Max
+		}
+		lim := unix.Rlimit{Cur: r.Value, Max: r.Value}
+		if err := unix.Setrlimit(r.Resource, &lim); err != nil {
+			return fmt.Errorf("setrlimit %d=%d: %w", r.Resource, r.Value, err)
+		}
+	}
+	return nil
 }

@@ -1,4 +1,4 @@
-package gvisor
+package gvinit
 
 import (
 	"encoding/binary"
@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/gvisor/gvwire"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/hostfs"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc"
 )
@@ -20,7 +21,7 @@ import (
 //
 // read_file, ranged reads and list_directory take any path of the
 // sandbox's own view. Init runs as root inside gVisor, so it never opens
-// such a path itself: its opener, a child started from the daemon's binary
+// such a path itself: its opener, a child started from init's executable
 // as the guest (uid 1000, no capabilities, like every command), opens it
 // inside the sandbox and passes the descriptor to init over a socket of
 // the sandbox (SCM_RIGHTS works between gVisor's own processes); init
@@ -123,7 +124,7 @@ type fileOps struct {
 
 // fileOp serves one file op: it opens the path as the guest, reads it
 // bounded and sends what it read and how it ended.
-func (st *initState) fileOp(req fileRequest) {
+func (st *initState) fileOp(req gvwire.FileRequest) {
 	st.mu.Lock()
 	full := st.files.waiting >= maxFileOpsWaiting
 	if !full {
@@ -131,7 +132,7 @@ func (st *initState) fileOp(req fileRequest) {
 	}
 	st.mu.Unlock()
 	if full {
-		_ = st.send(kindFileDone, fileDone{seq: req.seq, code: fileFailed, text: "the sandbox is busy with other file operations; retry"}.encode())
+		_ = st.send(gvwire.KindFileDone, gvwire.FileDone{Seq: req.Seq, Code: gvwire.FileFailed, Text: "the sandbox is busy with other file operations; retry"}.Encode())
 		return
 	}
 	defer func() {
@@ -143,48 +144,48 @@ func (st *initState) fileOp(req fileRequest) {
 	defer st.files.mu.Unlock()
 
 	what := uint32(openRead)
-	if req.op == fileList {
+	if req.Op == gvwire.FileList {
 		what = openList
 	}
-	fd, errno, err := st.openAsGuest(what, req.path)
+	fd, errno, err := st.openAsGuest(what, req.Path)
 	if err != nil {
-		_ = st.send(kindFileDone, fileDone{seq: req.seq, code: fileFailed, text: err.Error()}.encode())
+		_ = st.send(gvwire.KindFileDone, gvwire.FileDone{Seq: req.Seq, Code: gvwire.FileFailed, Text: err.Error()}.Encode())
 		return
 	}
 	if errno != 0 {
-		_ = st.send(kindFileDone, fileDone{seq: req.seq, code: fileErrno, errno: uint32(errno)}.encode())
+		_ = st.send(gvwire.KindFileDone, gvwire.FileDone{Seq: req.Seq, Code: gvwire.FileErrno, Errno: uint32(errno)}.Encode())
 		return
 	}
-	f := os.NewFile(uintptr(fd), req.path)
+	f := os.NewFile(uintptr(fd), req.Path)
 	defer f.Close()
 	var data []byte
 	var size int64
-	switch req.op {
-	case fileRead:
-		data, err = hostfs.ReadOpened(f, req.path, req.n)
+	switch req.Op {
+	case gvwire.FileRead:
+		data, err = hostfs.ReadOpened(f, req.Path, req.N)
 		size = int64(len(data))
-	case fileRange:
-		data, size, err = hostfs.ReadRangeOpened(f, req.path, req.offset, req.n)
-	case fileList:
+	case gvwire.FileRange:
+		data, size, err = hostfs.ReadRangeOpened(f, req.Path, req.Offset, req.N)
+	case gvwire.FileList:
 		var entries []backend.DirEntry
-		entries, err = hostfs.ListOpened(f, req.path, int(min(req.n, 1<<30)))
+		entries, err = hostfs.ListOpened(f, req.Path, int(min(req.N, 1<<30)))
 		for _, e := range entries {
-			data = appendEntry(data, e)
+			data = gvwire.AppendEntry(data, e)
 		}
 		size = int64(len(entries))
 	}
 	if err != nil {
-		_ = st.send(kindFileDone, fileDoneOf(req.seq, err).encode())
+		_ = st.send(gvwire.KindFileDone, gvwire.FileDoneOf(req.Seq, err).Encode())
 		return
 	}
 	for len(data) > 0 {
-		piece := data[:min(len(data), maxFileData-4)]
+		piece := data[:min(len(data), gvwire.MaxFileData-4)]
 		data = data[len(piece):]
-		if err := st.send(kindFileData, append(binary.LittleEndian.AppendUint32(nil, req.seq), piece...)); err != nil {
+		if err := st.send(gvwire.KindFileData, append(binary.LittleEndian.AppendUint32(nil, req.Seq), piece...)); err != nil {
 			return
 		}
 	}
-	_ = st.send(kindFileDone, fileDone{seq: req.seq, code: fileOK, size: size}.encode())
+	_ = st.send(gvwire.KindFileDone, gvwire.FileDone{Seq: req.Seq, Code: gvwire.FileOK, Size: size}.Encode())
 }
 
 // openAsGuest has the opener open path, starting one when there is none
@@ -263,8 +264,8 @@ func (st *initState) askOpener(what uint32, path string) (int, unix.Errno, error
 	return -1, 0, errors.New("a malformed answer")
 }
 
-// startOpener starts the opener as the guest, from the daemon's binary
-// bound into the sandbox, with nothing of init's but its socket.
+// startOpener starts the opener as the guest, from init's executable
+// bound into the sandbox (guestInit), with nothing of init's but its socket.
 func (st *initState) startOpener() error {
 	st.dropOpener()
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
