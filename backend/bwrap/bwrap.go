@@ -34,7 +34,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
-	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc/initexe"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/registry"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/statedir"
 	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
@@ -180,7 +180,7 @@ type Backend struct {
 	cfg       Config
 	bwrap     string
 	exe       *os.File // the daemon's executable, which every sandbox's bwrap runs as init
-	static    bool     // exe is statically linked (initproc.Static)
+	static    bool     // exe is statically linked (initexe.Static)
 	log       hclog.Logger
 	rootLinks []string // bwrap options recreating /bin, /lib, ... from the host
 	// testRoot, set by tests only, replaces the guest's root (the host's
@@ -293,7 +293,7 @@ func New(cfg Config) (*Backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bwrap backend: cannot prepare the daemon's own executable to run as the sandboxes' init: %w", err)
 	}
-	static, err := initproc.Static(exe)
+	static, err := initexe.Static(exe)
 	if err != nil {
 		exe.Close()
 		return nil, fmt.Errorf("bwrap backend: the sandboxes' init: %w", err)

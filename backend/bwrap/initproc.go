@@ -22,6 +22,7 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/registry"
 	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 )
 
 // Bounds on the daemon's waits for a sandbox's init. None of them is ever
@@ -200,7 +201,7 @@ func (b *Backend) startInit(ctx context.Context, sb *sandbox, deadline time.Time
 	}()
 
 	env := []string{"--setenv", markerEnv, marker(sb.dir), "--setenv", bwwire.InitEnv, "1", "--setenv", "GOMAXPROCS", "1",
-		"--setenv", bwwire.RlimitsEnv, bwwire.EncodeRlimits(b.cfg.Limits.Rlimits()),
+		"--setenv", bwwire.RlimitsEnv, bwwire.EncodeRlimits(wireRlimits(b.cfg.Limits.Rlimits())),
 		"--setenv", bwwire.ThreadsEnv, strconv.Itoa(sb.reservedThreads())}
 	const firstDataFD = bwwire.ExeFD + 1
 	files, err := dataFiles(b.bwrapOptions(sb, env, "/", firstDataFD))
@@ -790,4 +791,13 @@ func (b *Backend) Warm(ctx context.Context, id string) error {
 	}
 	sb.init = ip
 	return nil
+}
+
+// wireRlimits is rls as bwwire carries them to init.
+func wireRlimits(rls []limits.Rlimit) []bwwire.Rlimit {
+	out := make([]bwwire.Rlimit, 0, len(rls))
+	for _, r := range rls {
+		out = append(out, bwwire.Rlimit{Resource: r.Resource, Value: r.Value})
+	}
+	return out
 }

@@ -46,7 +46,7 @@ import (
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/hostfs"
-	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc/initexe"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/registry"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/statedir"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
@@ -153,7 +153,7 @@ type Backend struct {
 	runsc   string
 	version string // runsc --version, first line
 	exe     string // the sandboxes' init (InitPath or the daemon's executable), bound into every sandbox
-	static  bool   // exe is statically linked (initproc.Static)
+	static  bool   // exe is statically linked (initexe.Static)
 	// imageMu orders the making and removing of the images' mount-point
 	// roots; imageHolds counts, by root, the creates using one (guarded
 	// by imageMu).
@@ -274,14 +274,14 @@ func New(cfg Config) (*Backend, error) {
 }
 
 // staticExecutable reports whether the executable at path is statically
-// linked (initproc.Static).
+// linked (initexe.Static).
 func staticExecutable(path string) (bool, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return false, err
 	}
 	defer f.Close()
-	return initproc.Static(f)
+	return initexe.Static(f)
 }
 
 // StaticInit reports whether the sandboxes' init is statically linked, so

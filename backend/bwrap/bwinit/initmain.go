@@ -14,7 +14,6 @@ import (
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap/bwwire"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc"
-	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 )
 
 // ReapInterval is how often init reaps leftovers while any remain.
@@ -620,12 +619,12 @@ func applyOwnRlimits(env string) error {
 	if err != nil {
 		return err
 	}
-	if !slices.ContainsFunc(rls, func(r limits.Rlimit) bool { return r.Resource == unix.RLIMIT_NOFILE }) {
+	if !slices.ContainsFunc(rls, func(r bwwire.Rlimit) bool { return r.Resource == unix.RLIMIT_NOFILE }) {
 		var cur unix.Rlimit
 		if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &cur); err != nil {
 			return fmt.Errorf("getrlimit NOFILE: %w", err)
 		}
-		rls = append(rls, limits.Rlimit{Resource: unix.RLIMIT_NOFILE, Value: cur.Max})
+		rls = append(rls, bwwire.Rlimit{Resource: unix.RLIMIT_NOFILE, Value: cur.Max})
 	}
 	for _, r := range rls {
 		// A limit above the hard limit init was started with cannot be

@@ -18,7 +18,6 @@ import (
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/wirefmt"
-	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 )
 
 // The conversation between the daemon and a sandbox's init.
@@ -319,7 +318,15 @@ const MaxRlimits = 16
 // rlimNLimits is Linux's RLIM_NLIMITS: resources are 0..15.
 const rlimNLimits = 16
 
-func EncodeRlimits(rls []limits.Rlimit) string {
+// Rlimit is one resource limit as init sets it on itself: soft and hard
+// limit both Value (sandbox/limits' Rlimit, which the init does not link).
+type Rlimit struct {
+	Resource int // an RLIMIT_* number
+	Value    uint64
+}
+
+// EncodeRlimits gives RlimitsEnv's value for rls.
+func EncodeRlimits(rls []Rlimit) string {
 	parts := make([]string, 0, len(rls))
 	for _, r := range rls {
 		parts = append(parts, strconv.Itoa(r.Resource)+"="+strconv.FormatUint(r.Value, 10))
@@ -328,7 +335,7 @@ func EncodeRlimits(rls []limits.Rlimit) string {
 }
 
 // DecodeRlimits parses EncodeRlimits' output.
-func DecodeRlimits(s string) ([]limits.Rlimit, error) {
+func DecodeRlimits(s string) ([]Rlimit, error) {
 	if s == "" {
 		return nil, nil
 	}
@@ -336,7 +343,7 @@ func DecodeRlimits(s string) ([]limits.Rlimit, error) {
 	if len(parts) > MaxRlimits {
 		return nil, fmt.Errorf("%d rlimits, more than %d", len(parts), MaxRlimits)
 	}
-	out := make([]limits.Rlimit, 0, len(parts))
+	out := make([]Rlimit, 0, len(parts))
 	for _, p := range parts {
 		k, v, ok := strings.Cut(p, "=")
 		res, err1 := strconv.Atoi(k)
@@ -344,7 +351,7 @@ func DecodeRlimits(s string) ([]limits.Rlimit, error) {
 		if !ok || err1 != nil || err2 != nil || res < 0 || res >= rlimNLimits {
 			return nil, fmt.Errorf("malformed rlimit %q", p)
 		}
-		out = append(out, limits.Rlimit{Resource: res, Value: val})
+		out = append(out, Rlimit{Resource: res, Value: val})
 	}
 	return out, nil
 }

@@ -156,7 +156,10 @@ func FuzzDecodeInitMsg(f *testing.F) {
 }
 
 func TestRlimitsEncoding(t *testing.T) {
-	in := limits.Limits{OpenFiles: 100, FileSizeBytes: 1 << 20}.Rlimits()
+	var in []Rlimit
+	for _, r := range (limits.Limits{OpenFiles: 100, FileSizeBytes: 1 << 20}).Rlimits() {
+		in = append(in, Rlimit{Resource: r.Resource, Value: r.Value})
+	}
 	out, err := DecodeRlimits(EncodeRlimits(in))
 	if err != nil {
 		t.Fatal(err)
