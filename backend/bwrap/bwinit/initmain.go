@@ -1,3 +1,10 @@
+// Package bwinit is what runs inside a bubblewrap sandbox: its init (pid 1
+// of the sandbox's PID namespace, which runs each command the daemon sends
+// on the control socket and keeps its budget) and its opener (which opens
+// paths as the guest for the daemon's file operations). The init's binary
+// (cmd/sandbox-sidecar-init) links it, and the daemon's through
+// bwrap.InitMain; it imports nothing of the daemon's side (backend/bwrap),
+// only the wire both speak (bwwire) and initproc.
 package bwinit
 
 import (

@@ -1,3 +1,11 @@
+// Package gvinit is what runs inside a gVisor sandbox: its init (the
+// container's process, which runs each command the daemon sends on its
+// stdin and streams the output back) and its opener (which opens paths as
+// the guest for the daemon's file operations). The init's binary
+// (cmd/sandbox-sidecar-init) links it, and the daemon's through
+// gvisor.InitMain; it imports nothing of the daemon's side (backend/gvisor),
+// only the wire both speak (gvwire), initproc and backend/hostfs' bounded
+// reads.
 package gvinit
 
 import (
