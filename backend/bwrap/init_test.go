@@ -480,7 +480,10 @@ func TestBwrapMissingWorkingDirectory(t *testing.T) {
 	runOK(t, b, id, "true")
 }
 
-func TestInitRefusesMalformedMessages(t *testing.T) {
+// heldInit makes a sandbox whose init has run a command and holds that
+// init for the test to talk to directly (the test releases it).
+func heldInit(t *testing.T) (*Backend, string, *sandbox, *initProc) {
+	t.Helper()
 	b := newTestBackend(t, rangeUID)
 	id := create(t, b, backend.Spec{})
 	runOK(t, b, id, "true")
@@ -492,6 +495,11 @@ func TestInitRefusesMalformedMessages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return b, id, sb, ip
+}
+
+func TestInitRefusesMalformedMessages(t *testing.T) {
+	b, id, sb, ip := heldInit(t)
 	good, err := memFile("req", string(bwwire.RunRequest{Argv: []string{"/bin/true"}, Env: []string{"A=b"}, Cwd: "/", Timeout: 5 * time.Second}.Encode()))
 	if err != nil {
 		t.Fatal(err)
@@ -575,17 +583,7 @@ func TestInitRefusesMalformedMessages(t *testing.T) {
 // memfd when it is not: init runs both. The inline one is sent by hand
 // here, so the test fails if init took only the memfd form.
 func TestInitRunsInlineAndMemfdRequests(t *testing.T) {
-	b := newTestBackend(t, rangeUID)
-	id := create(t, b, backend.Spec{})
-	runOK(t, b, id, "true")
-	sb, err := b.lookup(id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ip, err := b.acquireInit(context.Background(), sb, time.Now().Add(10*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, id, sb, ip := heldInit(t)
 	devNull, err := os.Open(os.DevNull)
 	if err != nil {
 		t.Fatal(err)
