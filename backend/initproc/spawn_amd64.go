@@ -16,7 +16,9 @@ import "syscall"
 // execve unblocks them, and execve resets every handled signal to its
 // default. In that window of one system call only a sender that knows
 // the new pid could reach the child, and between commands there is none
-// (init kills and reaps every guest process when a command ends); the
+// (init kills and reaps every guest process when a command ends, and the
+// daemon runs one command of a sandbox at a time: a caller that ever
+// spawns while guest processes live must revisit this); the
 // Go handler it would run (in a child that shares init's memory) only
 // counts a notified signal (init drops them all) or, for a fatal one,
 // kills the child.
