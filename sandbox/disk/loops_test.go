@@ -16,14 +16,35 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// requireTool skips a test without the util-linux tool name, and fails it
+// instead under CI=true.
+func requireTool(t *testing.T, name string) {
+	t.Helper()
+	if _, err := exec.LookPath(name); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("needs %s (util-linux), and CI=true forbids skipping", name)
+		}
+		t.Skipf("needs %s (util-linux)", name)
+	}
+}
+
+// newImage makes a minimal disk image in a temporary directory, and the
+// empty directory to mount it on.
+func newImage(ctx context.Context, t *testing.T) (img, mnt string) {
+	t.Helper()
+	base := t.TempDir()
+	img, mnt = filepath.Join(base, "disk.img"), filepath.Join(base, "vol")
+	require.NoError(t, os.Mkdir(mnt, 0o700))
+	require.NoError(t, Create(ctx, img, Options{Size: MinSize, UID: -1, GID: -1}))
+	return img, mnt
+}
+
 // holdInOtherNamespace mounts img in a mount namespace of its own, held by
 // a process that outlives the mount call: what a daemon killed with -9
 // leaves while one of its children lives. It returns that process.
 func holdInOtherNamespace(t *testing.T, img string) *exec.Cmd {
 	t.Helper()
-	if _, err := exec.LookPath("unshare"); err != nil {
-		t.Skip("needs unshare (util-linux)")
-	}
+	requireTool(t, "unshare")
 	dir := filepath.Join(t.TempDir(), "elsewhere")
 	require.NoError(t, os.Mkdir(dir, 0o700))
 	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c",
@@ -42,15 +63,10 @@ func holdInOtherNamespace(t *testing.T, img string) *exec.Cmd {
 // see, is never attached a second time; ReleaseStale detaches it there.
 func TestImageAttachedElsewhereIsNeverMountedTwice(t *testing.T) {
 	requireHost(t)
-	if _, err := exec.LookPath("nsenter"); err != nil {
-		t.Skip("needs nsenter (util-linux)")
-	}
-	base := t.TempDir()
-	img, mnt := filepath.Join(base, "disk.img"), filepath.Join(base, "vol")
-	require.NoError(t, os.Mkdir(mnt, 0o700))
+	requireTool(t, "nsenter")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	require.NoError(t, Create(ctx, img, Options{Size: MinSize, UID: -1, GID: -1}))
+	img, mnt := newImage(ctx, t)
 	none, err := Attached(img)
 	require.NoError(t, err)
 	assert.Empty(t, none)
@@ -124,15 +140,10 @@ func TestMkfsDiesWithItsParent(t *testing.T) {
 // one that stays attached is refused once the wait is over.
 func TestMountWaitsForALoopDeviceNobodyHolds(t *testing.T) {
 	requireHost(t)
-	if _, err := exec.LookPath("losetup"); err != nil {
-		t.Skip("needs losetup (util-linux)")
-	}
-	base := t.TempDir()
-	img, mnt := filepath.Join(base, "disk.img"), filepath.Join(base, "vol")
-	require.NoError(t, os.Mkdir(mnt, 0o700))
+	requireTool(t, "losetup")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	require.NoError(t, Create(ctx, img, Options{Size: MinSize, UID: -1, GID: -1}))
+	img, mnt := newImage(ctx, t)
 	attachBare := func() string {
 		out, err := exec.Command("losetup", "--find", "--show", img).Output()
 		require.NoError(t, err)
