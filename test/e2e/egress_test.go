@@ -21,6 +21,22 @@ import (
 // on the host's loopback, which the test's config maps the name to and
 // permits) and nothing else, and the audit trail has a line per connection
 // with the sandbox's owner.
+// egressConfig writes the daemon's configuration both egress tests use:
+// egress on, the loopback range permitted, allowed.test on 127.0.0.1 and
+// other.test on 127.0.0.2 (never in a sandbox's list). It returns its path.
+func egressConfig(t *testing.T, base string) string {
+	t.Helper()
+	conf := filepath.Join(base, "config.toml")
+	require.NoError(t, os.WriteFile(conf, []byte(`[egress]
+enabled = true
+private_allowed = ["127.0.0.0/8"]
+[egress.hosts]
+"allowed.test" = ["127.0.0.1"]
+"other.test" = ["127.0.0.2"]
+`), 0o644))
+	return conf
+}
+
 func TestEgressAllowlistThroughTheDaemon(t *testing.T) {
 	requireHost(t)
 	if _, err := os.Stat("/dev/net/tun"); err != nil {
@@ -33,14 +49,7 @@ func TestEgressAllowlistThroughTheDaemon(t *testing.T) {
 	defer srv.Close()
 	_, port, _ := net.SplitHostPort(srv.Listener.Addr().String())
 	base := baseDir(t)
-	conf := filepath.Join(base, "config.toml")
-	require.NoError(t, os.WriteFile(conf, []byte(`[egress]
-enabled = true
-private_allowed = ["127.0.0.0/8"]
-[egress.hosts]
-"allowed.test" = ["127.0.0.1"]
-"other.test" = ["127.0.0.2"]
-`), 0o644))
+	conf := egressConfig(t, base)
 	d := startDaemon(t, base, "--config", conf)
 	c := d.client(t)
 	res := call(t, c, ipc.OpCreate, map[string]any{"spec": map[string]any{"owner": "dag/egress", "allow_egress_to": []string{"allowed.test"}}, "ttl_s": 600})

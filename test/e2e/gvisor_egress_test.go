@@ -2,11 +2,9 @@ package e2e
 
 import (
 	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/egress/egresstest"
@@ -30,14 +28,7 @@ func TestGVisorEgressThroughTheDaemon(t *testing.T) {
 	}
 	srv := egresstest.StartServers(t)
 	base := baseDir(t)
-	conf := filepath.Join(base, "config.toml")
-	require.NoError(t, os.WriteFile(conf, []byte(`[egress]
-enabled = true
-private_allowed = ["127.0.0.0/8"]
-[egress.hosts]
-"allowed.test" = ["127.0.0.1"]
-"other.test" = ["127.0.0.2"]
-`), 0o644))
+	conf := egressConfig(t, base)
 	d := startDaemon(t, base, "--config", conf, "--backend", "gvisor", "--gvisor-runsc-path", runsc)
 	c := d.client(t)
 	res := call(t, c, ipc.OpCreate, map[string]any{"spec": map[string]any{"owner": "dag/gvisor-egress", "allow_egress_to": []string{"allowed.test"}}, "ttl_s": 600})
