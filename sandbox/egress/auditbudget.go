@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/time/rate"
 )
 
 // A sandbox's audit lines are bounded by a token bucket per session, so a
@@ -24,14 +26,13 @@ const (
 	auditRate  = 20  // lines a second, after the burst
 )
 
-// auditBudget is one session's token bucket and the lines it suppressed
-// since the last summary. Its methods take the time; the caller holds the
-// session's audit lock.
+// auditBudget is one session's token bucket (golang.org/x/time/rate, fed
+// the caller's clock) and the lines it suppressed since the last summary.
+// Its methods take the time; the caller holds the session's audit lock.
 type auditBudget struct {
 	burst, rate float64
-	tokens      float64
-	last        time.Time // of the last refill
-	started     bool
+	lim         *rate.Limiter
+	last        time.Time // of the last take
 	pending     suppression
 }
 
@@ -41,24 +42,15 @@ type suppression struct {
 	since           time.Time
 }
 
-func newAuditBudget(burst, rate float64) auditBudget {
-	return auditBudget{burst: burst, rate: rate, tokens: burst}
+func newAuditBudget(burst, r float64) auditBudget {
+	return auditBudget{burst: burst, rate: r, lim: rate.NewLimiter(rate.Limit(r), int(burst))}
 }
 
 // take refills the bucket to now and spends one line's worth, or reports
 // there is none.
 func (b *auditBudget) take(now time.Time) bool {
-	if b.started {
-		if d := now.Sub(b.last); d > 0 {
-			b.tokens = min(b.burst, b.tokens+d.Seconds()*b.rate)
-		}
-	}
-	b.started, b.last = true, now
-	if b.tokens >= 1 {
-		b.tokens--
-		return true
-	}
-	return false
+	b.last = now
+	return b.lim.AllowN(now, 1)
 }
 
 // suppress counts a line not written; first says it begins a new run of
@@ -76,10 +68,11 @@ func (b *auditBudget) suppress(now time.Time, refusal bool) (first bool) {
 
 // refillIn is how long until the bucket holds a line's worth again.
 func (b *auditBudget) refillIn() time.Duration {
-	if b.tokens >= 1 {
+	tokens := b.lim.TokensAt(b.last)
+	if tokens >= 1 {
 		return 0
 	}
-	return time.Duration((1 - b.tokens) / b.rate * float64(time.Second))
+	return time.Duration((1 - tokens) / b.rate * float64(time.Second))
 }
 
 // drain returns the suppressed lines not yet told, and forgets them.
