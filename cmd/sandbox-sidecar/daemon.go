@@ -18,6 +18,7 @@ type daemonParts struct {
 	images  daemonImages
 	journal *lifecycle.Journal
 	mgr     *lifecycle.Manager
+	enf     *enforcement
 	// movedAside is where an unreadable journal was moved ("" when it was
 	// readable); the caller says so in its own words.
 	movedAside string
@@ -55,6 +56,7 @@ func openDaemon(cfg Config, log hclog.Logger, mode daemonMode) (_ *daemonParts, 
 	} else if enf, err = setupEnforcement(realHost(), cfg, log); err != nil {
 		return nil, err
 	}
+	d.enf = enf
 	d.undo = append(d.undo, func() { enf.release(log) })
 	if d.be, err = newBackend(cfg, log, enf); err != nil {
 		return nil, fmt.Errorf("backend %s: %w", cfg.Server.Backend, err)

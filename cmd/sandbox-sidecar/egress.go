@@ -156,18 +156,13 @@ func newEgress(s EgressSection, log hclog.Logger) (*egress.Egress, error) {
 		return nil, fmt.Errorf("egress.enabled: this daemon cannot make a sandbox's network namespace and TUN device (%v); it needs CAP_SYS_ADMIN, CAP_NET_ADMIN and /dev/net/tun, which the packaged unit grants only with its egress drop-in (docs/operations.md, Egress)", err)
 	}
 	ns.Close()
-	daemonEgress.Store(e)
 	log.Info("egress enabled", "private_allowed", s.PrivateAllowed, "hosts", len(s.Hosts), "max_conns", cfg.MaxConns)
 	return e, nil
 }
 
-// daemonEgress is the daemon's egress path once made (nil: off), for the
-// metrics, which are bound after the backend that holds it.
-var daemonEgress atomic.Pointer[egress.Egress]
-
 // egressCounts is metrics.Sources.Egress: the egress path's counters.
-func egressCounts() (metrics.EgressCounts, bool) {
-	e := daemonEgress.Load()
+func (enf *enforcement) egressCounts() (metrics.EgressCounts, bool) {
+	e := enf.egress
 	if e == nil {
 		return metrics.EgressCounts{}, false
 	}

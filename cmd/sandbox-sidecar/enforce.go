@@ -15,6 +15,7 @@ import (
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/disk"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/egress"
 )
 
 // How the daemon finds the mechanisms behind [limits]: a cgroup manager for
@@ -164,6 +165,9 @@ func delegated(dir string, euid int) bool {
 type enforcement struct {
 	cgroups  *cgroup.Manager
 	diskCaps bool
+	// egress is the daemon's egress path once newBackend made it (nil:
+	// off), for the metrics.
+	egress *egress.Egress
 }
 
 // release gives back the sandbox cgroups no process is left in (the next

@@ -342,7 +342,7 @@ func serve(cfg Config, stderr io.Writer) error {
 	applyMemoryBound(log, cfg)
 	met.Bind(metrics.Sources{Backend: be.Name(), Version: version, PoolTarget: cfg.Lifecycle.PoolSize, JournalPath: d.journal.Path(),
 		Sandboxes:   func() []lifecycle.Sandbox { return mgr.List(lifecycle.Caller{Admin: true}, "") },
-		Connections: srv.Conns, Recovery: func() lifecycle.RecoveryReport { return mgr.Stats().Recovery }, Egress: egressCounts})
+		Connections: srv.Conns, Recovery: func() lifecycle.RecoveryReport { return mgr.Stats().Recovery }, Egress: d.enf.egressCounts})
 	mgr.Start()
 	stopRunWatch, err := startRunWatch(cfg.Airflow, mgr, log)
 	if err != nil {
@@ -491,7 +491,7 @@ func newBackend(cfg Config, log hclog.Logger, enf *enforcement) (backend.Backend
 		if err != nil {
 			return nil, err
 		}
-		bc.Egress = eg
+		enf.egress, bc.Egress = eg, eg
 		return bwrap.New(bc)
 	case "sbx":
 		policy, err := sbx.ParseHostPolicy(cfg.Sbx.HostPolicy)
@@ -509,6 +509,7 @@ func newBackend(cfg Config, log hclog.Logger, enf *enforcement) (backend.Backend
 		if err != nil {
 			return nil, err
 		}
+		enf.egress = eg
 		return gvisor.New(gvisor.Config{
 			Dir: filepath.Join(cfg.Server.StateDir, "gvisor"), RunscPath: cfg.Gvisor.RunscPath,
 			Platform: cfg.Gvisor.Platform, ExtraFlags: cfg.Gvisor.ExtraFlags, KillGrace: cfg.Gvisor.KillGrace.D(),

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
+	"github.com/sandbox-sidecar/sandbox-sidecar/metrics/metricstest"
 )
 
 // TestEgressAllowlistThroughTheDaemon: with [egress] on, a create naming one
@@ -50,7 +51,7 @@ func TestEgressAllowlistThroughTheDaemon(t *testing.T) {
 	_, port, _ := net.SplitHostPort(srv.Listener.Addr().String())
 	base := baseDir(t)
 	conf := egressConfig(t, base)
-	d := startDaemon(t, base, "--config", conf)
+	d := startDaemon(t, base, "--config", conf, "--metrics-listen", "127.0.0.1:0")
 	c := d.client(t)
 	res := call(t, c, ipc.OpCreate, map[string]any{"spec": map[string]any{"owner": "dag/egress", "allow_egress_to": []string{"allowed.test"}}, "ttl_s": 600})
 	assert.Equal(t, "allowlist", res["network"])
@@ -66,6 +67,13 @@ func TestEgressAllowlistThroughTheDaemon(t *testing.T) {
 	none := create(t, c, nil)
 	out = run(t, c, none, `tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '`)
 	assert.Equal(t, "lo\n", string(out.Stdout))
+
+	// The refused metadata connection is counted where an operator's
+	// dashboard reads it.
+	addr := d.metricsAddr()
+	require.NotEmpty(t, addr, "the daemon says where it serves metrics")
+	refused, ok := metricstest.Value(metricstest.Scrape(t, addr), "sandbox_sidecar_egress_refusals_total")
+	assert.True(t, ok && refused >= 1, "sandbox_sidecar_egress_refusals_total = %v (%v), want at least the metadata connect", refused, ok)
 
 	logs := d.Logs()
 	checkEgressAudit(t, logs, id, "dag/egress")
