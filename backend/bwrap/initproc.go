@@ -111,8 +111,6 @@ type spawnRequest struct {
 	done  chan error
 }
 
-func spawn(cmd *exec.Cmd) error { return spawnIn(cmd, nil) }
-
 // startIn starts cmd from the spawner's thread moved into netns, then moves
 // the thread back home; if it cannot, *stuck refuses every later spawn.
 func startIn(cmd *exec.Cmd, netns, home *os.File, stuck *error) error {

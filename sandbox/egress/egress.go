@@ -18,7 +18,6 @@ package egress
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -290,5 +289,3 @@ func (e *Egress) forget(s *Session) {
 	delete(e.sessions, s)
 	e.mu.Unlock()
 }
-
-var errClosed = errors.New("egress session closed")

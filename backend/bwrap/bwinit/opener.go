@@ -189,9 +189,6 @@ func (st *initState) dropOpener() {
 	st.opener = openerChild{pid: -1, sock: -1}
 }
 
-// isOpener reports whether this process is a sandbox's opener.
-func isOpener() bool { return initproc.Is(openerEnv) }
-
 // beUntraceable makes the calling process non-dumpable (so no process of
 // the sandbox may ptrace it or read its memory and descriptors) and checks
 // that no tracer attached in the moment between its exec and that.
