@@ -112,6 +112,9 @@ const (
 	// FailExecTerminated: a command ended with its sandbox, whose destroy
 	// is decided but not begun.
 	FailExecTerminated = "exec-terminated"
+	// FailRecoveryBackgroundDone: recovery's background adopts and
+	// destroys are done; Recover may have returned long before.
+	FailRecoveryBackgroundDone = "recovery-background-done"
 )
 
 func (m *Manager) failpoint(name string) {

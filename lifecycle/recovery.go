@@ -222,6 +222,9 @@ func (m *Manager) Recover(ctx context.Context, dryRun bool) (RecoveryReport, err
 	// The adopts (with RecoverWithin) and destroys run on their own;
 	// Recover waits for them, up to Config.RecoverWithin after it began
 	// when that is set.
+	// The background work reads only what is fixed by now: rep is
+	// Recover's own, rewritten below once the budget is up.
+	pending := rep.Pending
 	finished := make(chan struct{})
 	m.reaperWG.Add(1)
 	go func() {
@@ -237,7 +240,8 @@ func (m *Manager) Recover(ctx context.Context, dryRun bool) (RecoveryReport, err
 			m.recovery.Pending--
 			tally(&m.recovery, i < nDestroy, err)
 		})
-		if rep.Pending > 0 {
+		m.failpoint(FailRecoveryBackgroundDone)
+		if pending > 0 {
 			m.mu.Lock()
 			left := m.recovery.Pending
 			m.mu.Unlock()

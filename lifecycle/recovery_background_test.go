@@ -2,6 +2,8 @@ package lifecycle
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -239,4 +241,50 @@ func TestRecoveryUseWaitsForBackgroundAdopt(t *testing.T) {
 	require.Eventually(t, func() bool { return n.m.Stats().Recovery.Pending == 0 }, 10*time.Second, time.Millisecond)
 	assert.Equal(t, 2, n.m.Stats().Recovery.Adopted)
 	assert.Equal(t, []string{kept.ID}, sandboxIDs(n.m.List(alice, "")))
+}
+
+// Recover's background work must not read what Recover rewrites once its
+// budget is up (CI's race detector caught it reading rep). The forced
+// interleaving: Recover returns on its budget with one adopt pending; only
+// then does the background work reach its end. The signal that Recover has
+// returned is a directory the test makes, which the failpoint waits for by
+// stat: the file system is invisible to the race detector, so the two
+// goroutines share no happens-before edge and `go test -race` flags any
+// shared variable, every run.
+func TestRecoveryBackgroundWorkSharesNothingWithItsReport(t *testing.T) {
+	e := newEnv(t, withJournal())
+	e.create(alice, CreateRequest{TTL: time.Hour})
+	returned := filepath.Join(t.TempDir(), "recover-returned")
+	var g *gatedDestroy
+	reached := make(chan struct{})
+	n := e.restart(func(c *Config) {
+		g = gated(c.Backend)
+		g.adoptGate = make(chan struct{})
+		c.Backend = g
+		c.RecoverWithin = time.Millisecond
+		c.Failpoint = func(name string) {
+			if name != FailRecoveryBackgroundDone {
+				return
+			}
+			defer close(reached)
+			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+				if _, err := os.Stat(returned); err == nil {
+					return
+				}
+			}
+		}
+	})
+	go func() {
+		<-g.adoptEntered
+		close(g.adoptGate) // the adopt goes on while Recover's budget runs out
+	}()
+	rep := recoverWithin(t, n.m, 10*time.Second)
+	require.NoError(t, os.Mkdir(returned, 0o700))
+	select {
+	case <-reached:
+	case <-time.After(10 * time.Second):
+		t.Fatal("recovery's background work never finished")
+	}
+	require.Eventually(t, func() bool { return n.m.Stats().Recovery.Adopted == 1 }, 10*time.Second, time.Millisecond)
+	assert.GreaterOrEqual(t, rep.Pending+rep.Adopted, 1)
 }
