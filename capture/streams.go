@@ -1,6 +1,7 @@
 package capture
 
 import (
+	"errors"
 	"os"
 	"time"
 
@@ -23,6 +24,7 @@ type Streams struct {
 	stdin          []byte
 	output         OutputFunc
 	drained        <-chan struct{}
+	hot            bool // Hot saw the process end: nothing to drain
 }
 
 // SetOutput makes every chunk of output also go to out as it is read (see
@@ -86,6 +88,10 @@ func (s *Streams) Start() {
 // already hold and stop, closes every pipe, which also stops a stdin feeder
 // the process never read from, and returns what was kept. Only the output fields of the Result are set.
 func (s *Streams) Finish(drainGrace time.Duration) Result {
+	if s.hot {
+		s.p.closeParentEnds()
+		return s.result()
+	}
 	if drainGrace <= 0 {
 		drainGrace = DefaultDrainGrace
 	}
@@ -102,6 +108,10 @@ func (s *Streams) Finish(drainGrace time.Duration) Result {
 	t.Stop()
 	<-s.drained
 	s.p.closeParentEnds()
+	return s.result()
+}
+
+func (s *Streams) result() Result {
 	return Result{
 		Stdout: s.stdout.Bytes(), StdoutTruncated: s.stdout.Truncated(), StdoutTotal: s.stdout.Total(),
 		Stderr: s.stderr.Bytes(), StderrTruncated: s.stderr.Truncated(), StderrTotal: s.stderr.Total(),
@@ -112,3 +122,87 @@ func (s *Streams) Finish(drainGrace time.Duration) Result {
 // time and more than once; after Start, call Finish rather than Close to
 // get the output.
 func (s *Streams) Close() { s.p.closeAll() }
+
+// Hot waits up to wait, in this goroutine and outside the runtime's
+// poller, for a short process to end: it reads both output pipes into
+// their buffers (and Output) and hands every message that arrives on the
+// caller's status descriptor (non-blocking, a datagram or seqpacket
+// socket) to onStatus, until onStatus says the last one came and both
+// pipes reached EOF. It then returns true, and Finish returns the output
+// without draining anything. Otherwise (the time is up, the status socket
+// reached EOF or failed, or stdin has data to feed) it returns false
+// having lost nothing: the caller calls Start and goes on as if Hot had
+// not run, its buffers and onStatus's state already holding what came.
+// It must be called at most once, before Start.
+//
+// Why: a command that ends within microseconds of starting (most of an
+// agent's) otherwise costs the daemon the registration of three
+// descriptors in the poller, two drain goroutines and a poller wake-up
+// for every event (docs/benchmarks.md, "the daemon's side of a short
+// command"). The price is one thread blocked in ppoll for at most wait,
+// and a cancellation noticed only after it.
+func (s *Streams) Hot(status int, wait time.Duration, onStatus func(msg []byte) (last bool)) bool {
+	p := s.p
+	if s.drained != nil || s.hot || len(s.stdin) > 0 || p.rawStdout < 0 || p.rawStderr < 0 {
+		return false
+	}
+	p.closeChildEnds()
+	bp := drainBufs.Get().(*[]byte)
+	defer drainBufs.Put(bp)
+	buf := *bp
+	var msg [hotMsgMax]byte
+	fds := []unix.PollFd{{Fd: int32(status), Events: unix.POLLIN}, {Fd: int32(p.rawStdout), Events: unix.POLLIN}, {Fd: int32(p.rawStderr), Events: unix.POLLIN}}
+	outs := [2]struct {
+		b      *Buffer
+		stream Stream
+	}{{s.stdout, Stdout}, {s.stderr, Stderr}}
+	last, eof := false, [2]bool{}
+	deadline := time.Now().Add(wait)
+	for !last || !eof[0] || !eof[1] {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return false
+		}
+		ts := unix.NsecToTimespec(int64(left))
+		if _, err := unix.Ppoll(fds, &ts, nil); err != nil && !errors.Is(err, unix.EINTR) {
+			return false
+		}
+		if fds[0].Revents != 0 {
+			n, err := unix.Read(status, msg[:])
+			switch {
+			case errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR):
+			case err != nil || n == 0:
+				return false // the status socket's end is the caller's to judge
+			default:
+				if onStatus(msg[:n]) {
+					last = true
+					fds[0].Fd = -1 // ppoll ignores it from now on
+				}
+			}
+		}
+		for i := range outs {
+			pf := &fds[i+1]
+			if pf.Revents == 0 {
+				continue
+			}
+			n, err := unix.Read(int(pf.Fd), buf)
+			switch {
+			case n > 0:
+				if s.output != nil {
+					s.output(outs[i].stream, buf[:n])
+				}
+				_, _ = outs[i].b.Write(buf[:n])
+			case errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR):
+			default: // EOF, or an error a drain would stop at too
+				eof[i] = true
+				pf.Fd = -1
+			}
+		}
+	}
+	s.hot = true
+	return true
+}
+
+// hotMsgMax bounds one status message Hot reads: a longer one is cut
+// short, which the caller's decoding refuses as it would a wrong one.
+const hotMsgMax = 256

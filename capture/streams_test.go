@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -155,4 +156,133 @@ func TestStreamsShareOneDevNull(t *testing.T) {
 		t.Error("a non-empty stdin got /dev/null")
 	}
 	c.Close()
+}
+
+// hotStatus is a status socket pair as Hot is given one: the caller's end
+// non-blocking, the other end for the test to speak as the process's
+// supervisor.
+func hotStatus(t *testing.T) (mine int, theirs *os.File) {
+	t.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.SetNonblock(fds[1], false); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fds[0]) })
+	theirs = os.NewFile(uintptr(fds[1]), "status-peer")
+	t.Cleanup(func() { theirs.Close() })
+	return fds[0], theirs
+}
+
+// startOn starts sh -c script on s's child ends.
+func startOn(t *testing.T, s *Streams, script string) *exec.Cmd {
+	t.Helper()
+	files := s.ChildFiles()
+	cmd := exec.Command("/bin/sh", "-c", script)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = files[0], files[1], files[2]
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return cmd
+}
+
+// A process that ends within Hot's wait: Hot reads its output and the
+// supervisor's messages in the caller's goroutine, and Finish has nothing
+// left to drain.
+func TestStreamsHotSeesAShortProcessEnd(t *testing.T) {
+	requireTools(t, "/bin/sh")
+	s, err := NewStreams(nil, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen []string
+	s.SetOutput(func(st Stream, p []byte) { seen = append(seen, st.String()+":"+string(p)) })
+	mine, theirs := hotStatus(t)
+	cmd := startOn(t, s, "printf 'out\\n'; printf 'to stderr\\n' >&2")
+	go func() {
+		_ = cmd.Wait()
+		theirs.Write([]byte("started"))
+		theirs.Write([]byte("exited"))
+	}()
+	var msgs []string
+	if !s.Hot(mine, 10*time.Second, func(m []byte) bool { msgs = append(msgs, string(m)); return string(m) == "exited" }) {
+		t.Fatal("Hot gave up on a process that ended")
+	}
+	if len(msgs) != 2 || msgs[0] != "started" || msgs[1] != "exited" {
+		t.Errorf("messages %q", msgs)
+	}
+	start := time.Now()
+	res := s.Finish(time.Minute)
+	if time.Since(start) > time.Second {
+		t.Errorf("Finish waited %v after Hot saw both pipes end", time.Since(start))
+	}
+	if string(res.Stdout) != "out\n" || string(res.Stderr) != "err\n" || !res.StderrTruncated || res.StderrTotal != 10 {
+		t.Errorf("stdout %q stderr %q (truncated %v, total %d)", res.Stdout, res.Stderr, res.StderrTruncated, res.StderrTotal)
+	}
+	if got := strings.Join(seen, "|"); !strings.Contains(got, "stdout:out\n") || !strings.Contains(got, "stderr:to stderr\n") {
+		t.Errorf("Output saw %q", got)
+	}
+}
+
+// A process that outlives Hot's wait: Hot returns false, and Start and
+// Finish get the rest, nothing lost of what Hot read or of the messages.
+func TestStreamsHotGivesUpLosingNothing(t *testing.T) {
+	requireTools(t, "/bin/sh", "sleep")
+	s, err := NewStreams(nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mine, theirs := hotStatus(t)
+	cmd := startOn(t, s, "printf early; sleep 0.3; printf late")
+	theirs.Write([]byte("started"))
+	var msgs []string
+	if s.Hot(mine, 50*time.Millisecond, func(m []byte) bool { msgs = append(msgs, string(m)); return false }) {
+		t.Fatal("Hot saw the end of a process still running")
+	}
+	s.Start()
+	if err := cmd.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	res := s.Finish(0)
+	if string(res.Stdout) != "earlylate" {
+		t.Errorf("stdout %q", res.Stdout)
+	}
+	if len(msgs) != 1 || msgs[0] != "started" {
+		t.Errorf("messages %q", msgs)
+	}
+}
+
+// Hot leaves to its caller a status socket that ended (the supervisor
+// died), and a process with stdin to feed.
+func TestStreamsHotStepsAside(t *testing.T) {
+	requireTools(t, "/bin/sh", "sleep")
+	s, err := NewStreams(nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mine, theirs := hotStatus(t)
+	cmd := startOn(t, s, "sleep 0.2")
+	theirs.Close()
+	start := time.Now()
+	if s.Hot(mine, 10*time.Second, func([]byte) bool { return true }) {
+		t.Fatal("Hot decided on a status socket that hung up")
+	}
+	if time.Since(start) > 5*time.Second {
+		t.Errorf("Hot waited %v on a hung-up status socket", time.Since(start))
+	}
+	s.Start()
+	_ = cmd.Wait()
+	s.Finish(0)
+
+	in, err := NewStreams([]byte("data"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	mine2, _ := hotStatus(t)
+	if in.Hot(mine2, time.Second, func([]byte) bool { return true }) {
+		t.Fatal("Hot ran for a process with stdin to feed")
+	}
 }

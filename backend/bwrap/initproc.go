@@ -52,6 +52,10 @@ const (
 	// reach EOF at once; the grace only covers a process the kernel is
 	// slow to tear down.
 	initDrainGrace = capture.DefaultDrainGrace
+	// execHotWait is how long the daemon waits for a command's end in
+	// the goroutine that handed it over, outside the runtime's poller
+	// (capture.Streams.Hot), before it waits the ordinary way.
+	execHotWait = 5 * time.Millisecond
 )
 
 var (
@@ -71,7 +75,7 @@ var (
 // few hundred bytes.
 type initProc struct {
 	cmd    *exec.Cmd
-	ctrl   *os.File // non-blocking, in the runtime's poller
+	ctrl   *os.File // blocking, out of the runtime's poller once init is ready (outOfPoller)
 	stderr *os.File
 	busy   bool // guarded by the sandbox's initMu
 	sendMu sync.Mutex
@@ -271,10 +275,44 @@ func (b *Backend) startInit(ctx context.Context, sb *sandbox, deadline time.Time
 		return nil, fmt.Errorf("%w: bubblewrap could not start sandbox %s: %s; check that bubblewrap works for uid %s, that unprivileged user namespaces are enabled, and that uid can execute the daemon's binary",
 			backend.ErrUnavailable, sb.id, detail, b.runsAs())
 	}
-	if err := ctrl.SetReadDeadline(time.Time{}); err != nil {
+	unpolled, err := outOfPoller(ctrl)
+	if err != nil {
 		return nil, fmt.Errorf("%w: start the init of sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
 	}
+	ip.ctrl = unpolled
 	return ip, nil
+}
+
+// outOfPoller returns f's socket as a file out of the runtime's poller,
+// and closes f; on an error f is left as it was. The daemon only sends on the control socket once init is
+// ready (sendKind, without waiting unless init's queue is full) and polls
+// it for a hang-up (alive); in the poller, every message init took off
+// the socket would wake the poller's thread for nothing (edge-triggered
+// EPOLLOUT), on the CPU init and its command run on.
+func outOfPoller(f *os.File) (*os.File, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	dup := -1
+	var dupErr error
+	if err := rc.Control(func(fd uintptr) {
+		dup, dupErr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0)
+	}); err != nil {
+		return nil, err
+	}
+	if dupErr != nil {
+		return nil, os.NewSyscallError("fcntl", dupErr)
+	}
+	// Blocking again (the status flags are the socket's, shared with f):
+	// os.NewFile leaves a blocking descriptor out of the poller, and
+	// sendKind never blocks on it (MSG_DONTWAIT).
+	if err := unix.SetNonblock(dup, false); err != nil {
+		unix.Close(dup)
+		return nil, os.NewSyscallError("fcntl", err)
+	}
+	_ = f.Close()
+	return os.NewFile(uintptr(dup), f.Name()), nil
 }
 
 func earliest(a, b time.Time) time.Time {
@@ -325,23 +363,33 @@ func (ip *initProc) send(inline []byte, fds []int, deadline time.Time) error {
 
 // sendKind sends init one message of kind, its header's first value the
 // length of payload and payload after it, with fds. A command's run and
-// file operations' opens share the socket, so one send at a time sets the
-// write deadline.
+// file operations' opens share the socket, one send at a time. Init takes
+// every message at once, so a send waits (polling the socket, in slices
+// that also see init's death: the socket then hangs up and the send
+// fails) only while an init that stopped reading has a full queue.
 func (ip *initProc) sendKind(kind uint32, payload []byte, fds []int, deadline time.Time) error {
 	msg := append(bwwire.Msg{Kind: kind, A: uint32(len(payload))}.Encode(), payload...)
 	ip.sendMu.Lock()
 	defer ip.sendMu.Unlock()
-	if err := ip.ctrl.SetWriteDeadline(deadline); err != nil {
-		return err
-	}
 	rc, err := ip.ctrl.SyscallConn()
 	if err != nil {
 		return err
 	}
 	var sendErr error
-	err = rc.Write(func(fd uintptr) bool {
-		sendErr = unix.Sendmsg(int(fd), msg, unix.UnixRights(fds...), nil, unix.MSG_NOSIGNAL)
-		return !errors.Is(sendErr, unix.EAGAIN)
+	err = rc.Control(func(fd uintptr) {
+		for {
+			sendErr = unix.Sendmsg(int(fd), msg, unix.UnixRights(fds...), nil, unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT)
+			if !errors.Is(sendErr, unix.EAGAIN) && !errors.Is(sendErr, unix.EINTR) {
+				return
+			}
+			left := time.Until(deadline)
+			if left <= 0 {
+				sendErr = os.ErrDeadlineExceeded
+				return
+			}
+			ts := unix.NsecToTimespec(int64(min(left, 20*time.Millisecond)))
+			_, _ = unix.Ppoll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}, &ts, nil)
+		}
 	})
 	if err != nil {
 		return err
@@ -483,6 +531,31 @@ type initOutcome struct {
 	duration   time.Duration
 }
 
+// take applies one message of init's about the command to o, and says
+// whether it decided the command's end: it exited, init could not start
+// it, or init broke the protocol (then it cannot be trusted with more: the
+// sandbox is terminated).
+func (o *initOutcome) take(msg []byte, started *bool, start time.Time) (decided bool) {
+	m, err := bwwire.DecodeMsg(msg)
+	switch {
+	case err == nil && m.Kind == bwwire.MsgStarted && !*started:
+		*started = true
+		return false
+	case err == nil && m.Kind == bwwire.MsgExited:
+		if code, timed, cerr := m.ExitCode(); cerr == nil {
+			o.exitCode, o.timedOut, o.exited, o.duration = code, timed, true, time.Since(start)
+			return true
+		}
+	case err == nil && m.Kind == bwwire.MsgFailed && !*started:
+		// Init could not start it and wrote why to its stderr, as bwrap
+		// did when it could not chdir.
+		o.exitCode, o.exited, o.duration = 1, true, time.Since(start)
+		return true
+	}
+	o.terminated = true
+	return true
+}
+
 // execInit runs one command through sb's init: it hands init the request
 // and the command's pipes, then reads the command's status socket until
 // init says how it ended, enforcing the deadline, ctx and Destroy itself.
@@ -542,19 +615,27 @@ func (b *Backend) execInit(ctx, opCtx context.Context, sb *sandbox, ip *initProc
 	sendErr := ip.send(inline, fds, earliest(outer, start.Add(initAnswerTimeout)))
 	unix.Close(statusInit)
 	closeFiles([]*os.File{reqFile})
-	streams.Start()
-	// Non-blocking already: NewFile puts it in the poller.
-	status := os.NewFile(uintptr(statusFD), "sandbox-status")
-	defer status.Close()
 	b.failpoint(FailExecHandedOver)
 
 	var o initOutcome
+	decided, started := false, false
 	if sendErr != nil {
 		// Dead, or not reading its socket: either way unusable.
-		o.terminated = true
+		o.terminated, decided = true, true
 		log.Warn("cannot hand the sandbox's init a command", "error", sendErr)
+	} else if streams.Hot(statusFD, execHotWait, func(msg []byte) bool {
+		decided = o.take(msg, &started, start)
+		return decided
+	}) {
+		unix.Close(statusFD)
 	} else {
-		o = b.converse(opCtx, ip, status, start, outer)
+		streams.Start()
+		// Non-blocking already: NewFile puts it in the poller.
+		status := os.NewFile(uintptr(statusFD), "sandbox-status")
+		defer status.Close()
+		if !decided {
+			o = b.converse(opCtx, ip, status, start, outer, started)
+		}
 	}
 	if o.duration == 0 {
 		o.duration = time.Since(start)
@@ -624,7 +705,7 @@ func recvQueued(status *os.File, buf []byte) (int, error) {
 // it has a deadline: the answer to the hand-over (initAnswerTimeout), the
 // command's own (outer), and once the daemon asked for a kill,
 // initKillAnswer.
-func (b *Backend) converse(opCtx context.Context, ip *initProc, status *os.File, start, outer time.Time) initOutcome {
+func (b *Backend) converse(opCtx context.Context, ip *initProc, status *os.File, start, outer time.Time, started bool) initOutcome {
 	var o initOutcome
 	// The wake-up only interrupts a read so the loop sees the
 	// cancellation; it may land at any moment, even after the loop has
@@ -638,7 +719,6 @@ func (b *Backend) converse(opCtx context.Context, ip *initProc, status *os.File,
 	})
 	defer wake()
 	var (
-		started   bool
 		cancelled bool
 		armedHit  bool      // FailConverseKillArmed was reached
 		killBy    time.Time // set once the daemon asked init to kill the command
@@ -691,25 +771,9 @@ func (b *Backend) converse(opCtx context.Context, ip *initProc, status *os.File,
 		now := time.Now()
 		switch {
 		case err == nil:
-			m, derr := bwwire.DecodeMsg(buf[:n])
-			switch {
-			case derr == nil && m.Kind == bwwire.MsgStarted && !started:
-				started = true
-				continue
-			case derr == nil && m.Kind == bwwire.MsgExited:
-				if code, timed, cerr := m.ExitCode(); cerr == nil {
-					o.exitCode, o.timedOut, o.exited, o.duration = code, timed, true, now.Sub(start)
-					return o
-				}
-			case derr == nil && m.Kind == bwwire.MsgFailed && !started:
-				// Init could not start it and wrote why to its stderr,
-				// as bwrap did when it could not chdir.
-				o.exitCode, o.exited, o.duration = 1, true, now.Sub(start)
+			if o.take(buf[:n], &started, start) {
 				return o
 			}
-			// Init broke the protocol; it cannot be trusted with more.
-			o.terminated = true
-			return o
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			switch {
 			case opCtx.Err() != nil && !cancelled:

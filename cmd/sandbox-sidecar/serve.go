@@ -252,6 +252,13 @@ func serve(cfg Config, stderr io.Writer) error {
 	if err != nil {
 		return &exitError{code: 2, err: err}
 	}
+	// First of all, as it replaces the process: the runtime's tuning, and
+	// sandbox disks mounted in a namespace of the daemon's own, so that
+	// they never outlive it (see reexec).
+	privateMounts := os.Geteuid() == 0 && cfg.Server.Backend == "bwrap" && cfg.Limits.DiskCaps != enforceOff && cfg.Limits.Disk > 0
+	if err := reexec(privateMounts); err != nil {
+		log.Warn("sandbox disks will be mounted in the host's mount namespace, where a daemon that dies leaves them mounted until it is started again", "error", err)
+	}
 	defer startProfiling(log)()
 	fail := func(format string, args ...any) error {
 		err := fmt.Errorf(format, args...)
@@ -262,14 +269,6 @@ func serve(cfg Config, stderr io.Writer) error {
 	node, err := resolveNodeName(cfg.Server.NodeName, os.Getenv, os.Hostname)
 	if err != nil {
 		return fail("%v", err)
-	}
-	// Sandbox disks are mounted in a namespace of the daemon's own, so
-	// they never outlive it (see enterPrivateMounts). First of all: it
-	// replaces the process.
-	if os.Geteuid() == 0 && cfg.Server.Backend == "bwrap" && cfg.Limits.DiskCaps != enforceOff && cfg.Limits.Disk > 0 {
-		if err := enterPrivateMounts(); err != nil {
-			log.Warn("sandbox disks will be mounted in the host's mount namespace, where a daemon that dies leaves them mounted until it is started again", "error", err)
-		}
 	}
 
 	// Under socket activation systemd made the socket: its group is the
