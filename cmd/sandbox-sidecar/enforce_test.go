@@ -303,15 +303,7 @@ func TestServeWithoutCgroups(t *testing.T) {
 		t.Skip("bubblewrap is not installed: the daemon with limits.cgroups = auto is not started")
 	}
 	cmd = daemon("auto")
-	log := &syncWriter{w: &bytes.Buffer{}}
-	cmd.Stderr = log
-	require.NoError(t, cmd.Start())
-	defer cmd.Process.Kill()
-	deadline := time.Now().Add(20 * time.Second)
-	for !strings.Contains(log.String(), "is listening on") {
-		require.True(t, time.Now().Before(deadline), "the daemon did not start:\n%s", log.String())
-		time.Sleep(50 * time.Millisecond)
-	}
+	log := startListening(t, cmd)
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, runBounded(t, cmd, 0))
 	out = log.String()
@@ -321,6 +313,22 @@ func TestServeWithoutCgroups(t *testing.T) {
 	assert.Contains(t, out, "sandboxes do NOT get host uids of their own: every sandbox runs as the daemon's own uid")
 	assert.Equal(t, 2, strings.Count(out, "[WARN]  sandbox-sidecar: "), "the daemon warns twice, for cgroups and for host uids:\n%s", out)
 	assert.Contains(t, out, "some sandbox limits are not enforced on this host: memory, pids, cpu", "the backend says what is in force")
+}
+
+// startListening starts cmd (a serve) and returns its stderr once it says
+// it is listening, within 20 s; the daemon is killed when the test ends.
+func startListening(t *testing.T, cmd *exec.Cmd) *syncWriter {
+	t.Helper()
+	log := &syncWriter{w: &bytes.Buffer{}}
+	cmd.Stderr = log
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(log.String(), "is listening on") {
+		require.True(t, time.Now().Before(deadline), "the daemon did not start:\n%s", log.String())
+		time.Sleep(20 * time.Millisecond)
+	}
+	return log
 }
 
 // runBounded runs cmd (or waits for a started one when limit is 0) within

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,7 +8,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -66,15 +64,7 @@ func TestServeReexecutesWithTheRuntimesTuning(t *testing.T) {
 				cmd.Env = append(cmd.Env, "GODEBUG="+c.godebug)
 			}
 			cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-			log := &syncWriter{w: &bytes.Buffer{}}
-			cmd.Stderr = log
-			require.NoError(t, cmd.Start())
-			defer cmd.Process.Kill()
-			deadline := time.Now().Add(20 * time.Second)
-			for !strings.Contains(log.String(), "is listening on") {
-				require.True(t, time.Now().Before(deadline), "the daemon did not start:\n%s", log.String())
-				time.Sleep(20 * time.Millisecond)
-			}
+			log := startListening(t, cmd)
 			environ, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(cmd.Process.Pid), "environ"))
 			require.NoError(t, err, "the daemon is still the process started")
 			env := strings.Split(string(environ), "\x00")
