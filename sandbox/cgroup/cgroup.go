@@ -21,6 +21,7 @@ package cgroup
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -927,11 +928,41 @@ func (o *OOMCounter) Read() (uint64, error) {
 	if o.buf == nil {
 		o.buf = make([]byte, 512)
 	}
-	n, err := preadAll(o.fd, o.path, &o.buf)
-	if err != nil {
-		return 0, err
+	// A control file's whole text comes in one read when it fits: a
+	// short read is all of it, with no second read to see the end.
+	n, err := unix.Pread(o.fd, o.buf, 0)
+	for errors.Is(err, unix.EINTR) {
+		n, err = unix.Pread(o.fd, o.buf, 0)
 	}
-	return parseKeyed(o.buf[:n])["oom_kill"], nil
+	switch {
+	case err != nil:
+		return 0, &fs.PathError{Op: "read", Path: o.path, Err: err}
+	case n == len(o.buf):
+		if n, err = preadAll(o.fd, o.path, &o.buf); err != nil {
+			return 0, err
+		}
+	}
+	return keyed(o.buf[:n], "oom_kill"), nil
+}
+
+// keyed is parseKeyed(b)[key], without the map.
+func keyed(b []byte, key string) uint64 {
+	for len(b) > 0 {
+		line := b
+		if i := bytes.IndexByte(b, '\n'); i >= 0 {
+			line, b = b[:i], b[i+1:]
+		} else {
+			b = nil
+		}
+		k, v, ok := bytes.Cut(bytes.TrimSpace(line), []byte(" "))
+		if ok && string(k) == key {
+			n, err := strconv.ParseUint(string(bytes.TrimSpace(v)), 10, 64)
+			if err == nil {
+				return n
+			}
+		}
+	}
+	return 0
 }
 
 // Close closes the counter.

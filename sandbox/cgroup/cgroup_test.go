@@ -580,3 +580,15 @@ func TestBaseMemoryOptionIsChecked(t *testing.T) {
 		require.Contains(t, err.Error(), "too small")
 	}
 }
+
+func TestKeyedReadsOneKeyAsParseKeyedDoes(t *testing.T) {
+	for _, text := range []string{
+		"oom_kill_disable 0\nunder_oom 0\noom_kill 7\n",               // v1 memory.oom_control
+		"low 0\nhigh 0\nmax 3\noom 4\noom_kill 7\noom_group_kill 0\n", // v2 memory.events
+		"oom_kill 7",
+		"oom_kill_disable 1\n oom_kill 7 \n",
+		"", "oom_kill x\n", "oom_killer 7\n",
+	} {
+		assert.Equal(t, parseKeyed([]byte(text))["oom_kill"], keyed([]byte(text), "oom_kill"), "%q", text)
+	}
+}
