@@ -87,9 +87,13 @@ func (s *Streams) Start() {
 // both output streams to reach EOF, then has the drains keep what the pipes
 // already hold and stop, closes every pipe, which also stops a stdin feeder
 // the process never read from, and returns what was kept. Only the output fields of the Result are set.
+// Called without Start (and without a Hot that saw the end), it waits for
+// nothing: it closes every pipe and returns what was kept.
 func (s *Streams) Finish(drainGrace time.Duration) Result {
-	if s.hot {
-		s.p.closeParentEnds()
+	if s.hot || s.drained == nil {
+		// Hot saw both pipes end, or nothing was started: no drain to
+		// wait for (what the pipes hold unread is not kept).
+		s.p.closeAll()
 		return s.result()
 	}
 	if drainGrace <= 0 {

@@ -286,3 +286,21 @@ func TestStreamsHotStepsAside(t *testing.T) {
 		t.Fatal("Hot ran for a process with stdin to feed")
 	}
 }
+
+// Streams never started (the process they were for was never given them)
+// finish at once, their pipes closed.
+func TestStreamsFinishWithoutStart(t *testing.T) {
+	s, err := NewStreams(nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fds := s.ChildFDs()
+	start := time.Now()
+	res := s.Finish(time.Minute)
+	if time.Since(start) > time.Second || len(res.Stdout) != 0 {
+		t.Errorf("Finish without Start took %v: %+v", time.Since(start), res)
+	}
+	if _, err := unix.FcntlInt(uintptr(fds[1]), unix.F_GETFD, 0); err == nil {
+		t.Error("the child's stdout is still open")
+	}
+}

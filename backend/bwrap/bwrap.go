@@ -155,6 +155,9 @@ type Config struct {
 
 // Failpoints: moments where a race or a crash leaves distinct state.
 const (
+	// FailExecSending: the command's pipes and status socket are made,
+	// init is about to be handed them.
+	FailExecSending = "bwrap-exec-sending"
 	// FailExecHandedOver: init has the command, converse has not begun
 	// reading its status.
 	FailExecHandedOver = "bwrap-exec-handed-over"

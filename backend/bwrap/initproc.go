@@ -612,6 +612,7 @@ func (b *Backend) execInit(ctx, opCtx context.Context, sb *sandbox, ip *initProc
 		fds = append(fds, int(reqFile.Fd()))
 	}
 	fds = append(fds, child[0], child[1], child[2])
+	b.failpoint(FailExecSending)
 	sendErr := ip.send(inline, fds, earliest(outer, start.Add(initAnswerTimeout)))
 	unix.Close(statusInit)
 	closeFiles([]*os.File{reqFile})
@@ -623,6 +624,7 @@ func (b *Backend) execInit(ctx, opCtx context.Context, sb *sandbox, ip *initProc
 		// Dead, or not reading its socket: either way unusable.
 		o.terminated, decided = true, true
 		log.Warn("cannot hand the sandbox's init a command", "error", sendErr)
+		unix.Close(statusFD)
 	} else if streams.Hot(statusFD, execHotWait, func(msg []byte) bool {
 		decided = o.take(msg, &started, start)
 		return decided
