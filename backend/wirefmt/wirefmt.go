@@ -8,6 +8,7 @@ package wirefmt
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"path"
 	"strings"
@@ -107,6 +108,29 @@ func (d *Decoder) List(limit uint32) ([]string, bool) {
 		out = append(out, s)
 	}
 	return out, true
+}
+
+// Command reads a command's argv (at most maxArgv entries), environment
+// (at most maxEnv) and working directory, as both inits' run requests
+// carry them, and checks them: a non-empty argv, and CheckCommand.
+func (d *Decoder) Command(maxArgv, maxEnv uint32) (argv, env []string, cwd string, err error) {
+	var ok bool
+	if argv, ok = d.List(maxArgv); !ok {
+		return nil, nil, "", errors.New("bad argv")
+	}
+	if env, ok = d.List(maxEnv); !ok {
+		return nil, nil, "", errors.New("bad environment")
+	}
+	if cwd, ok = d.String(); !ok {
+		return nil, nil, "", errors.New("bad working directory")
+	}
+	if len(argv) == 0 || argv[0] == "" {
+		return nil, nil, "", errors.New("argv is empty")
+	}
+	if err := CheckCommand(env, cwd); err != nil {
+		return nil, nil, "", err
+	}
+	return argv, env, cwd, nil
 }
 
 // CheckCommand checks the parts of a command request both inits share: cwd

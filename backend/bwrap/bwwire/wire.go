@@ -256,24 +256,12 @@ func DecodeRunRequest(buf []byte) (RunRequest, error) {
 	if r.Timeout < time.Millisecond || r.Timeout > backend.MaxTimeout || r.KillAfter > backend.MaxTimeout {
 		return bad("budget %v (grace %v) is not within 1ms and %v", r.Timeout, r.KillAfter, backend.MaxTimeout)
 	}
-	var ok bool
-	if r.Argv, ok = d.List(MaxRequestArgv); !ok {
-		return bad("bad argv")
-	}
-	if r.Env, ok = d.List(MaxRequestEnv); !ok {
-		return bad("bad environment")
-	}
-	if r.Cwd, ok = d.String(); !ok {
-		return bad("bad working directory")
-	}
-	switch {
-	case d.Left() != 0:
-		return bad("%d bytes trailing", d.Left())
-	case len(r.Argv) == 0 || r.Argv[0] == "":
-		return bad("argv is empty")
-	}
-	if err := wirefmt.CheckCommand(r.Env, r.Cwd); err != nil {
+	var err error
+	if r.Argv, r.Env, r.Cwd, err = d.Command(MaxRequestArgv, MaxRequestEnv); err != nil {
 		return bad("%v", err)
+	}
+	if d.Left() != 0 {
+		return bad("%d bytes trailing", d.Left())
 	}
 	return r, nil
 }

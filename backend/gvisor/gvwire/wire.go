@@ -262,28 +262,17 @@ func DecodeRunRequest(buf []byte) (RunRequest, error) {
 	if r.Timeout <= 0 || r.Timeout > backend.MaxTimeout || r.KillAfter <= 0 || r.KillAfter > backend.MaxTimeout {
 		return bad("budget %v, grace %v out of range", r.Timeout, r.KillAfter)
 	}
-	if r.Argv, ok = d.List(MaxRequestArgv); !ok {
-		return bad("bad argv")
-	}
-	if r.Env, ok = d.List(MaxRequestEnv); !ok {
-		return bad("bad environment")
-	}
-	if r.Cwd, ok = d.String(); !ok {
-		return bad("bad working directory")
+	var err error
+	if r.Argv, r.Env, r.Cwd, err = d.Command(MaxRequestArgv, MaxRequestEnv); err != nil {
+		return bad("%v", err)
 	}
 	stdin, ok := d.Bytes()
 	if !ok || len(stdin) > MaxStdinBytes {
 		return bad("bad stdin")
 	}
 	r.Stdin = stdin
-	switch {
-	case d.Left() != 0:
+	if d.Left() != 0 {
 		return bad("%d bytes trailing", d.Left())
-	case len(r.Argv) == 0 || r.Argv[0] == "":
-		return bad("empty argv")
-	}
-	if err := wirefmt.CheckCommand(r.Env, r.Cwd); err != nil {
-		return bad("%v", err)
 	}
 	return r, nil
 }
