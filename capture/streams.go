@@ -23,8 +23,7 @@ type Streams struct {
 	stdout, stderr *Buffer
 	stdin          []byte
 	output         OutputFunc
-	drained        <-chan struct{}
-	hot            bool // Hot saw the process end: nothing to drain
+	drained        <-chan struct{} // nil until Start: after a Hot that saw the end, nothing drains
 }
 
 // SetOutput makes every chunk of output also go to out as it is read (see
@@ -90,7 +89,7 @@ func (s *Streams) Start() {
 // Called without Start (and without a Hot that saw the end), it waits for
 // nothing: it closes every pipe and returns what was kept.
 func (s *Streams) Finish(drainGrace time.Duration) Result {
-	if s.hot || s.drained == nil {
+	if s.drained == nil {
 		// Hot saw both pipes end, or nothing was started: no drain to
 		// wait for (what the pipes hold unread is not kept).
 		s.p.closeAll()
@@ -147,7 +146,7 @@ func (s *Streams) Close() { s.p.closeAll() }
 // and a cancellation noticed only after it.
 func (s *Streams) Hot(status int, wait time.Duration, onStatus func(msg []byte) (last bool)) bool {
 	p := s.p
-	if s.drained != nil || s.hot || len(s.stdin) > 0 || p.rawStdout < 0 || p.rawStderr < 0 {
+	if s.drained != nil || len(s.stdin) > 0 || p.rawStdout < 0 || p.rawStderr < 0 {
 		return false
 	}
 	p.closeChildEnds()
@@ -203,7 +202,6 @@ func (s *Streams) Hot(status int, wait time.Duration, onStatus func(msg []byte) 
 			}
 		}
 	}
-	s.hot = true
 	return true
 }
 
