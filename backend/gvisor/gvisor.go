@@ -88,6 +88,9 @@ const (
 	// healthCacheTTL is how long a successful trial sandbox vouches for
 	// the host.
 	healthCacheTTL = 30 * time.Second
+	// kvmTrialTimeout bounds the trial boot on the kvm platform at start
+	// (trialKVM); a working kvm platform boots in well under a second.
+	kvmTrialTimeout = 10 * time.Second
 	// logTailBytes is how much of a sandbox's runsc log errors quote.
 	logTailBytes = 2 << 10
 )
@@ -263,14 +266,43 @@ func New(cfg Config) (*Backend, error) {
 	if n := b.sweepRunsc(context.Background(), nil); n > 0 {
 		b.log.Warn("removed runsc sandboxes left by a previous daemon", "count", n)
 	}
+	// And the processes of a boot it was killed in, which runsc never
+	// listed (killRunscStrays).
+	b.killRunscStrays("")
 	b.sweepCgroups()
 	if probes, _ := filepath.Glob(filepath.Join(cfg.Dir, probePrefix+"*")); len(probes) > 0 {
 		for _, p := range probes {
 			_ = statedir.RemoveAll(p)
 		}
 	}
+	if cfg.Platform == PlatformKVM {
+		if err := b.trialKVM(); err != nil {
+			return nil, err
+		}
+	}
 	b.log.Info("gvisor backend ready", "runsc", bin, "version", b.version, "platform", cfg.Platform)
 	return b, nil
+}
+
+// trialKVM boots a trial sandbox on the kvm platform before the backend
+// serves: a host can open /dev/kvm and make a VM (KVMUsable) and still not
+// run gVisor's guest (a paravirtualised or nested KVM without the CPU's
+// virtualisation extensions; on such a host runsc's boot hangs once it
+// starts its first vCPU). Without the trial every create would wait out the
+// boot timeout and fail; with it the daemon refuses to start and says why.
+func (b *Backend) trialKVM() error {
+	ctx, cancel := context.WithTimeout(context.Background(), kvmTrialTimeout)
+	defer cancel()
+	start := time.Now()
+	if err := b.probe(ctx); err != nil {
+		why := fmt.Sprintf("a trial sandbox on runsc's kvm platform failed (%v)", err)
+		if ctx.Err() != nil {
+			why = fmt.Sprintf("a trial sandbox on runsc's kvm platform did not run /bin/true within %s (on a KVM without the CPU's virtualisation extensions, as a paravirtualised or nested one may be, runsc hangs at its first vCPU)", kvmTrialTimeout)
+		}
+		return fmt.Errorf("%w: gvisor.platform kvm: /dev/kvm makes a VM here, but %s; use platform systrap, which needs no KVM", backend.ErrUnavailable, why)
+	}
+	b.log.Info("kvm platform trial sandbox ran", "took", time.Since(start).Round(time.Millisecond))
+	return nil
 }
 
 // staticExecutable reports whether the executable at path is statically

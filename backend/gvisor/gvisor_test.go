@@ -719,3 +719,151 @@ func TestGVisorStaticInitAndWarm(t *testing.T) {
 		t.Errorf("Warm of an unknown sandbox: %v, want ErrNotFound", err)
 	}
 }
+
+// The kvm platform is accepted only when a trial sandbox runs on it. Where
+// it does, the backend runs a command on kvm; where it does not (this CI's
+// VMs: /dev/kvm makes a VM, but it is a paravirtualised KVM on which runsc
+// hangs at its first vCPU), New refuses with ErrUnavailable and a hint,
+// within the trial's bound, leaving no runsc sandbox, process or probe
+// directory behind.
+func TestGVisorKVMPlatformTrial(t *testing.T) {
+	runsc := testRunsc(t)
+	if err := KVMUsable("/dev/kvm"); err != nil {
+		t.Skipf("no KVM here at all (%v): New refuses kvm before any trial (TestGVisorStartErrors' kind)", err)
+	}
+	dir := filepath.Join(t.TempDir(), "gvisor")
+	start := time.Now()
+	b, err := New(Config{Dir: dir, RunscPath: runsc, Platform: PlatformKVM, KillGrace: 500 * time.Millisecond,
+		Limits: limits.Limits{OpenFiles: 1024, FileSizeBytes: 1 << 30}})
+	took := time.Since(start)
+	if err == nil {
+		t.Cleanup(func() { _ = b.Close() })
+		if d := b.Describe(); d["platform"] != PlatformKVM {
+			t.Errorf("Describe: %v", d)
+		}
+		if _, err := b.Create(context.Background(), "kvm1", backend.Spec{}); err != nil {
+			t.Fatalf("Create on kvm: %v", err)
+		}
+		defer b.Destroy(context.Background(), "kvm1")
+		res, err := b.Exec(context.Background(), "kvm1", backend.ExecRequest{Argv: []string{"/bin/echo", "on kvm"}, Timeout: 30 * time.Second})
+		if err != nil || strings.TrimSpace(string(res.Stdout)) != "on kvm" {
+			t.Fatalf("Exec on kvm: %v, %+v", err, res)
+		}
+		t.Logf("the kvm platform works here (trial %v)", took)
+		return
+	}
+	t.Logf("New refused kvm after %v: %v", took, err)
+	if !errors.Is(err, backend.ErrUnavailable) || !strings.Contains(err.Error(), "use platform systrap") {
+		t.Errorf("New's error = %v, want ErrUnavailable saying to use systrap", err)
+	}
+	if took > kvmTrialTimeout+2*cliTimeout {
+		t.Errorf("New took %v to refuse, beyond its trial's bound %v and the clean-up's", took, kvmTrialTimeout)
+	}
+	probes, _ := filepath.Glob(filepath.Join(dir, probePrefix+"*"))
+	if len(probes) != 0 {
+		t.Errorf("the trial left %v", probes)
+	}
+	root := filepath.Join(dir, runscRootName)
+	out, _ := exec.Command(runsc, "--root="+root, "list", "--quiet").CombinedOutput()
+	if s := strings.TrimSpace(string(out)); s != "" {
+		t.Errorf("runsc list after the refused start: %q", s)
+	}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && strings.Contains(string(cmdline), root) {
+			t.Errorf("process %s still runs from the trial: %q", e.Name(), strings.ReplaceAll(string(cmdline), "\x00", " "))
+		}
+	}
+}
+
+// A boot cut short before runsc saved its state (here by the create's
+// deadline; in life also a hung kvm boot) leaves runsc's sandbox and gofer
+// processes with no name `runsc delete` knows. The create that fails kills
+// them, and so does New for those of a daemon killed mid-boot. A runsc
+// wrapper makes it deterministic: its `run` starts a process with the
+// command line runsc gives its sandbox process, and hangs.
+func TestGVisorBootCutShortLeavesNoProcess(t *testing.T) {
+	runsc := testRunsc(t)
+	tmp := t.TempDir()
+	fifo := filepath.Join(tmp, "never-written")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The stray is one process (sh blocked opening a FIFO nobody writes)
+	// whose arguments carry --root= and --bundle= as runsc's do.
+	wrapper := filepath.Join(tmp, "runsc")
+	script := `#!/bin/sh
+mode=; prev=; root=; bundle=
+for a in "$@"; do
+  case "$a" in --root=*) root="$a";; run) mode=run;; esac
+  [ "$prev" = --bundle ] && bundle="--bundle=$a"
+  prev="$a"
+done
+if [ "$mode" = run ]; then
+  setsid sh -c 'read x <"$1"' runsc-sandbox ` + fifo + ` "$root" "$bundle" </dev/null >/dev/null 2>&1 &
+  exec sleep 600
+fi
+exec ` + runsc + ` "$@"
+`
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(tmp, "gvisor")
+	root := filepath.Join(dir, runscRootName)
+	strays := func() []int {
+		var pids []int
+		entries, _ := os.ReadDir("/proc")
+		for _, e := range entries {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			if argv, ok := readArgv(pid); ok && slices.Contains(argv, "--root="+root) && slices.Contains(argv, fifo) {
+				pids = append(pids, pid)
+			}
+		}
+		return pids
+	}
+	t.Cleanup(func() {
+		for _, pid := range strays() {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	cfg := Config{Dir: dir, RunscPath: wrapper, KillGrace: 500 * time.Millisecond, Limits: limits.Limits{OpenFiles: 1024, FileSizeBytes: 1 << 30}}
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if _, err := b.Create(ctx, "cut1", backend.Spec{}); err == nil {
+		t.Fatal("Create succeeded through a runsc whose run hangs")
+	}
+	if pids := strays(); len(pids) != 0 {
+		t.Errorf("the failed create left runsc processes %v running", pids)
+	}
+	_ = b.Close()
+
+	// A daemon killed mid-boot leaves the same: the next New kills it.
+	cmd := exec.Command("setsid", "sh", "-c", `read x <"$1"`, "runsc-sandbox", fifo, "--root="+root, "--bundle="+filepath.Join(dir, "left", "bundle"))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = cmd.Wait() }()
+	deadline := time.Now().Add(5 * time.Second)
+	for len(strays()) == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if len(strays()) == 0 {
+		t.Fatal("the stand-in for a left runsc process did not start")
+	}
+	b2, err := New(cfg)
+	if err != nil {
+		t.Fatalf("New again: %v", err)
+	}
+	defer b2.Close()
+	if pids := strays(); len(pids) != 0 {
+		t.Errorf("New left the runsc processes %v of a boot its predecessor was killed in", pids)
+	}
+}

@@ -384,6 +384,9 @@ func (b *Backend) boot(ctx context.Context, sb *sandbox) (_ *initConn, err error
 		if err != nil {
 			c.close()
 			_, _ = b.cli(context.Background(), cliTimeout, "delete", "--force", sb.containerID())
+			// A boot cut short before runsc saved its state leaves
+			// processes that delete cannot name.
+			b.killRunscStrays(sb.bundleDir())
 		}
 	}()
 

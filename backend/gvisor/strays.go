@@ -1,0 +1,107 @@
+package gvisor
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// runsc knows a sandbox by the state file `runsc run` writes once the
+// sandbox is up. A `runsc run` killed before that (a boot that hangs, as
+// runsc's kvm platform does on a KVM without the CPU's virtualisation
+// extensions, or a create whose deadline passes mid-boot) leaves its
+// sandbox and gofer processes running under no name runsc can delete. They
+// are found instead by their command lines: runsc starts both with this
+// backend's --root and the sandbox's --bundle flags, in that form.
+
+// cmdlineBound caps what is read of one process's command line.
+const cmdlineBound = 64 << 10
+
+// strayWait bounds the wait for a killed stray to exit.
+const strayWait = 2 * time.Second
+
+// runscArgv reports whether argv is of a process runsc started for this
+// backend's root: it has --root=<root> and, when bundle is not empty,
+// --bundle=<bundle>, each as a whole argument.
+func runscArgv(argv []string, root, bundle string) bool {
+	return slices.Contains(argv, "--root="+root) && (bundle == "" || slices.Contains(argv, "--bundle="+bundle))
+}
+
+// readArgv reads /proc/PID/cmdline (bounded) as its arguments.
+func readArgv(pid int) ([]string, bool) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return nil, false
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, cmdlineBound))
+	if err != nil || len(b) == 0 {
+		return nil, false
+	}
+	var argv []string
+	for _, a := range bytes.Split(bytes.TrimSuffix(b, []byte{0}), []byte{0}) {
+		argv = append(argv, string(a))
+	}
+	return argv, true
+}
+
+// killRunscStrays kills, with SIGKILL, every process runsc started under
+// this backend's root for bundle (every one under the root, with bundle
+// ""), and waits a little for each to exit. Each is pinned by a pidfd and
+// its command line read again through it before the signal, so a pid
+// reused in between is never signalled. It returns how many it killed.
+func (b *Backend) killRunscStrays(bundle string) int {
+	root := filepath.Join(b.cfg.Dir, runscRootName)
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	var pidfds []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		if argv, ok := readArgv(pid); !ok || !runscArgv(argv, root, bundle) {
+			continue
+		}
+		pfd, err := unix.PidfdOpen(pid, 0)
+		if err != nil {
+			continue
+		}
+		// The pidfd pins this process: read its command line again, now
+		// that the pid cannot name another.
+		if argv, ok := readArgv(pid); !ok || !runscArgv(argv, root, bundle) {
+			_ = unix.Close(pfd)
+			continue
+		}
+		if err := unix.PidfdSendSignal(pfd, unix.SIGKILL, nil, 0); err != nil {
+			_ = unix.Close(pfd)
+			continue
+		}
+		b.log.Warn("killed a runsc process that runsc itself no longer knows", "pid", pid, "bundle", bundle)
+		pidfds = append(pidfds, pfd)
+	}
+	deadline := time.Now().Add(strayWait)
+	for _, pfd := range pidfds {
+		for {
+			left := time.Until(deadline)
+			if left <= 0 {
+				break
+			}
+			fds := []unix.PollFd{{Fd: int32(pfd), Events: unix.POLLIN}}
+			if n, err := unix.Poll(fds, int(left.Milliseconds())+1); n > 0 || (err != nil && err != unix.EINTR) {
+				break
+			}
+		}
+		_ = unix.Close(pfd)
+	}
+	return len(pidfds)
+}
