@@ -43,6 +43,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/hostfs"
@@ -277,6 +278,7 @@ func New(cfg Config) (*Backend, error) {
 	}
 	if cfg.Platform == PlatformKVM {
 		if err := b.trialKVM(); err != nil {
+			_ = b.Close()
 			return nil, err
 		}
 	}
@@ -800,5 +802,18 @@ func (b *Backend) Close() error {
 	}
 	b.sweepRunsc(context.Background(), nil)
 	b.sweepCgroups()
+	unmountNullNetNS(filepath.Join(b.cfg.Dir, runscRootName))
 	return nil
+}
+
+// unmountNullNetNS removes the bind mounts of the empty network namespace
+// that runsc (since 2025) pins at null-netns in its root and shares among
+// its sandboxes' gofers. runsc leaves it mounted; the root cannot be
+// removed (EBUSY) until it is gone. Concurrent runsc invocations may stack
+// several mounts there, so it unmounts until none is left. Older runsc
+// versions make none: the first unmount fails and nothing happens.
+func unmountNullNetNS(root string) {
+	p := filepath.Join(root, "null-netns")
+	for i := 0; i < 64 && unix.Unmount(p, unix.MNT_DETACH) == nil; i++ {
+	}
 }

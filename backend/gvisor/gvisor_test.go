@@ -18,6 +18,7 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/backendtest"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc/inittest"
+	"github.com/sandbox-sidecar/sandbox-sidecar/internal/runscpin"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 )
@@ -31,7 +32,7 @@ func TestMain(m *testing.M) {
 }
 
 // pinnedRunsc is where scripts/install-runsc.sh caches the pinned build.
-const pinnedRunsc = "/var/cache/sandbox-sidecar-test/runsc-v0.0.0-20250205023644-9414b50a5633"
+const pinnedRunsc = runscpin.Path
 
 // skipOrFail skips the test on a workstation that lacks what it needs, but
 // fails it when CI=true: there a missing runsc or root is a broken runner.

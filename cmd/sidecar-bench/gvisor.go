@@ -8,12 +8,13 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/sandbox-sidecar/sandbox-sidecar/internal/runscpin"
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc/api"
 )
 
 // pinnedRunsc is where scripts/install-runsc.sh caches the pinned build.
-const pinnedRunsc = "/var/cache/sandbox-sidecar-test/runsc-v0.0.0-20250205023644-9414b50a5633"
+const pinnedRunsc = runscpin.Path
 
 // findRunsc returns the runsc to measure: --runsc, $SANDBOX_SIDECAR_RUNSC,
 // the pinned build, or runsc on PATH; "" when there is none.

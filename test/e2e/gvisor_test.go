@@ -13,12 +13,13 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sandbox-sidecar/sandbox-sidecar/internal/runscpin"
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/lifecycle"
 )
 
 // pinnedRunsc is where scripts/install-runsc.sh caches the pinned build.
-const pinnedRunsc = "/var/cache/sandbox-sidecar-test/runsc-v0.0.0-20250205023644-9414b50a5633"
+const pinnedRunsc = runscpin.Path
 
 // testRunsc finds runsc ($SANDBOX_SIDECAR_RUNSC, the pinned build, PATH):
 // without one the test skips, and under CI=true fails.

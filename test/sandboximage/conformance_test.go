@@ -14,6 +14,7 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/gvisor"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc/inittest"
+	"github.com/sandbox-sidecar/sandbox-sidecar/internal/runscpin"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/image"
 )
 
@@ -69,7 +70,7 @@ func importedNumpy(t *testing.T) backend.Image {
 
 // runscPath is the runsc the gvisor tests use.
 func runscPath(t *testing.T) string {
-	for _, p := range []string{os.Getenv("SANDBOX_SIDECAR_RUNSC"), "/var/cache/sandbox-sidecar-test/runsc-v0.0.0-20250205023644-9414b50a5633"} {
+	for _, p := range []string{os.Getenv("SANDBOX_SIDECAR_RUNSC"), runscpin.Path} {
 		if p != "" {
 			if _, err := os.Stat(p); err == nil {
 				return p
