@@ -36,6 +36,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -63,6 +64,13 @@ const (
 	PlatformSystrap = "systrap"
 	PlatformPtrace  = "ptrace"
 	PlatformKVM     = "kvm"
+
+	// Values of Config.SystrapFastPath.
+	FastPathAuto = "auto"
+	FastPathOn   = "on"
+	FastPathOff  = "off"
+	// fastPathFlag turns systrap's spinning off (runsc since 2025).
+	fastPathFlag = "--systrap-disable-fast-path"
 )
 
 // Defaults for the zero fields of Config.
@@ -126,6 +134,14 @@ type Config struct {
 	// ExtraFlags are added to every runsc command line before the
 	// subcommand (e.g. "--debug-log=/var/log/runsc/").
 	ExtraFlags []string
+	// SystrapFastPath is FastPathAuto (the default, ""), FastPathOn or
+	// FastPathOff: whether systrap may spin instead of sleeping in its
+	// hand-offs between the guest's threads and the sentry (runsc's own
+	// controller decides when it does), or never does
+	// (--systrap-disable-fast-path). Auto is off on a host with two CPUs
+	// or fewer, where the spinning takes the CPU the command, its init and
+	// the daemon need (docs/benchmarks.md), and runsc's choice otherwise.
+	SystrapFastPath string
 	// KillGrace is how long a command has between the SIGTERM and the
 	// SIGKILL its init sends at its budget (default DefaultKillGrace).
 	KillGrace time.Duration
@@ -158,6 +174,9 @@ type Backend struct {
 	version string // runsc --version, first line
 	exe     string // the sandboxes' init (InitPath or the daemon's executable), bound into every sandbox
 	static  bool   // exe is statically linked (initexe.Static)
+	// noFastPath: every runsc command line gets fastPathFlag
+	// (Config.SystrapFastPath, resolved by New).
+	noFastPath bool
 	// imageMu orders the making and removing of the images' mount-point
 	// roots; imageHolds counts, by root, the creates using one (guarded
 	// by imageMu).
@@ -200,6 +219,9 @@ func New(cfg Config) (*Backend, error) {
 				return nil, fmt.Errorf("gvisor backend: extra runsc flag %q sets something the backend decides itself (%s); drop it", f, owned)
 			}
 		}
+		if f == fastPathFlag || strings.HasPrefix(f, fastPathFlag+"=") {
+			return nil, fmt.Errorf("gvisor backend: extra runsc flag %q: set gvisor.systrap_fast_path (auto, on or off) instead", f)
+		}
 	}
 	if err := cfg.Limits.Validate(); err != nil {
 		return nil, fmt.Errorf("gvisor backend: %w", err)
@@ -209,6 +231,13 @@ func New(cfg Config) (*Backend, error) {
 	}
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("%w: the gvisor backend needs the daemon to run as root (runsc sets up namespaces, a chroot and cgroups for every sandbox); see docs/operations.md (gVisor)", backend.ErrUnavailable)
+	}
+	switch cfg.SystrapFastPath {
+	case "":
+		cfg.SystrapFastPath = FastPathAuto
+	case FastPathAuto, FastPathOn, FastPathOff:
+	default:
+		return nil, fmt.Errorf("gvisor backend: systrap_fast_path %q: use auto (the default), on or off", cfg.SystrapFastPath)
 	}
 	if cfg.Platform == PlatformKVM {
 		if err := KVMUsable("/dev/kvm"); err != nil {
@@ -248,6 +277,9 @@ func New(cfg Config) (*Backend, error) {
 		},
 	})
 	if b.version, err = b.runscVersion(context.Background()); err != nil {
+		return nil, err
+	}
+	if b.noFastPath, err = b.resolveFastPath(runtime.NumCPU()); err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
@@ -363,9 +395,39 @@ func (b *Backend) runscVersion(ctx context.Context) (string, error) {
 }
 
 // Describe implements backend.Describer: health reports the runsc binary,
-// its version and the platform.
+// its version, the platform and whether systrap's fast path is off.
 func (b *Backend) Describe() map[string]string {
-	return map[string]string{"runsc": b.runsc, "runsc_version": b.version, "platform": b.cfg.Platform}
+	d := map[string]string{"runsc": b.runsc, "runsc_version": b.version, "platform": b.cfg.Platform}
+	if b.cfg.Platform == PlatformSystrap {
+		d["systrap_fast_path"] = map[bool]string{true: FastPathOff, false: "runsc's choice"}[b.noFastPath]
+	}
+	return d
+}
+
+// wantFastPathOff says whether a systrap sandbox gets fastPathFlag:
+// setting is Config.SystrapFastPath, ncpu the CPUs the daemon may use.
+func wantFastPathOff(setting, platform string, ncpu int) bool {
+	if platform != PlatformSystrap {
+		return false
+	}
+	return setting == FastPathOff || setting == FastPathAuto && ncpu <= 2
+}
+
+// resolveFastPath decides noFastPath. The flag is recent: a runsc that
+// does not know it is refused when the operator asked for off, and left
+// to its own controller under auto.
+func (b *Backend) resolveFastPath(ncpu int) (bool, error) {
+	if !wantFastPathOff(b.cfg.SystrapFastPath, b.cfg.Platform, ncpu) {
+		return false, nil
+	}
+	if _, err := b.cli(context.Background(), cliTimeout, fastPathFlag, "--version"); err != nil {
+		if b.cfg.SystrapFastPath == FastPathOff {
+			return false, fmt.Errorf("%w: gvisor.systrap_fast_path off: %s does not know %s (%v); install a current runsc or set it to auto", backend.ErrUnavailable, b.runsc, fastPathFlag, err)
+		}
+		b.log.Info("this runsc has no "+fastPathFlag+": systrap's fast path stays runsc's choice", "cpus", ncpu)
+		return false, nil
+	}
+	return true, nil
 }
 
 // kvmCreateVM is the KVM_CREATE_VM ioctl (_IO(KVMIO, 0x01)).
@@ -408,6 +470,9 @@ func (b *Backend) globalFlags() []string {
 		// make one per container at the top of the hierarchy and move the
 		// sentry and gofer there, out of the group they were born in.
 		"--ignore-cgroups",
+	}
+	if b.noFastPath {
+		f = append(f, fastPathFlag)
 	}
 	return append(f, b.cfg.ExtraFlags...)
 }

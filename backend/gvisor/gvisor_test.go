@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -870,5 +871,88 @@ exec ` + runsc + ` "$@"
 	defer b2.Close()
 	if pids := strays(); len(pids) != 0 {
 		t.Errorf("New left the runsc processes %v of a boot its predecessor was killed in", pids)
+	}
+}
+
+// Systrap's fast path (spinning instead of sleeping in the hand-offs
+// between the guest and the sentry) is off by default on a host of two
+// CPUs or fewer, on where runsc's controller should judge, and always
+// what the operator set; never on another platform.
+func TestWantFastPathOff(t *testing.T) {
+	for _, tc := range []struct {
+		setting, platform string
+		ncpu              int
+		want              bool
+	}{
+		{FastPathAuto, PlatformSystrap, 1, true},
+		{FastPathAuto, PlatformSystrap, 2, true},
+		{FastPathAuto, PlatformSystrap, 3, false},
+		{FastPathAuto, PlatformSystrap, 64, false},
+		{FastPathOff, PlatformSystrap, 64, true},
+		{FastPathOn, PlatformSystrap, 2, false},
+		{FastPathOff, PlatformPtrace, 2, false},
+		{FastPathAuto, PlatformKVM, 2, false},
+	} {
+		if got := wantFastPathOff(tc.setting, tc.platform, tc.ncpu); got != tc.want {
+			t.Errorf("wantFastPathOff(%q, %q, %d) = %v, want %v", tc.setting, tc.platform, tc.ncpu, got, tc.want)
+		}
+	}
+}
+
+// The resolved setting reaches the sentry: its command line carries
+// --systrap-disable-fast-path exactly when the fast path is off, and health
+// says which. A runsc that does not know the flag (a wrapper refusing it as
+// an old runsc does) is refused for "off" and left to itself under "auto".
+func TestGVisorFastPathSetting(t *testing.T) {
+	runsc := testRunsc(t)
+	sentryHasFlag := func(b *Backend) bool {
+		t.Helper()
+		if _, err := b.Create(context.Background(), "fp1", backend.Spec{}); err != nil {
+			t.Fatalf("Create: %v", err)
+		}
+		defer b.Destroy(context.Background(), "fp1")
+		argv, ok := readArgv(sandboxPIDs(t, b, "fp1")[0])
+		if !ok {
+			t.Fatal("cannot read the sentry's command line")
+		}
+		return slices.ContainsFunc(argv, func(a string) bool { return a == fastPathFlag || a == fastPathFlag+"=true" })
+	}
+	for _, setting := range []string{FastPathOn, FastPathOff} {
+		b := newTestBackend(t, func(c *Config) { c.SystrapFastPath = setting })
+		if got, want := sentryHasFlag(b), setting == FastPathOff; got != want {
+			t.Errorf("systrap_fast_path %s: the sentry has %s: %v, want %v", setting, fastPathFlag, got, want)
+		}
+		if d := b.Describe()["systrap_fast_path"]; (d == FastPathOff) != (setting == FastPathOff) {
+			t.Errorf("systrap_fast_path %s: health says %q", setting, d)
+		}
+	}
+	auto := newTestBackend(t)
+	if got, want := auto.noFastPath, runtime.NumCPU() <= 2; got != want {
+		t.Errorf("auto on %d CPUs: fast path off %v, want %v", runtime.NumCPU(), got, want)
+	}
+
+	old := filepath.Join(t.TempDir(), "runsc")
+	script := "#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = " + fastPathFlag + " ] && { echo 'flag provided but not defined: " + fastPathFlag[1:] + "' >&2; exit 2; }; done\nexec " + runsc + " \"$@\"\n"
+	if err := os.WriteFile(old, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Dir: filepath.Join(t.TempDir(), "gvisor"), RunscPath: old, SystrapFastPath: FastPathOff, Limits: limits.Limits{OpenFiles: 1024, FileSizeBytes: 1 << 30}}
+	if _, err := New(cfg); err == nil || !errors.Is(err, backend.ErrUnavailable) || !strings.Contains(err.Error(), "does not know") {
+		t.Errorf("New with systrap_fast_path off on a runsc without the flag = %v, want ErrUnavailable saying it does not know it", err)
+	}
+	cfg.SystrapFastPath = FastPathAuto
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatalf("New with auto on a runsc without the flag: %v", err)
+	}
+	defer b.Close()
+	if b.noFastPath || sentryHasFlag(b) {
+		t.Error("auto passed the flag to a runsc that does not know it")
+	}
+	if _, err := New(Config{Dir: filepath.Join(t.TempDir(), "g"), RunscPath: runsc, SystrapFastPath: "sometimes"}); err == nil || !strings.Contains(err.Error(), "use auto") {
+		t.Errorf("New with systrap_fast_path sometimes = %v", err)
+	}
+	if _, err := New(Config{Dir: filepath.Join(t.TempDir(), "g2"), RunscPath: runsc, ExtraFlags: []string{fastPathFlag}}); err == nil || !strings.Contains(err.Error(), "systrap_fast_path") {
+		t.Errorf("New with the flag in extra flags = %v", err)
 	}
 }

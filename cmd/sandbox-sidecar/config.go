@@ -293,6 +293,9 @@ type GvisorSection struct {
 	// ExtraFlags are added to every runsc command line.
 	ExtraFlags List     `toml:"extra_flags"`
 	KillGrace  Duration `toml:"kill_grace"`
+	// SystrapFastPath is auto (off on hosts of two CPUs or fewer, runsc's
+	// own choice otherwise), on or off: gvisor.Config.SystrapFastPath.
+	SystrapFastPath string `toml:"systrap_fast_path"`
 }
 
 func defaultConfig() Config {
@@ -330,7 +333,7 @@ func defaultConfig() Config {
 			ExecGrace: Duration(sbx.DefaultExecGrace), ListTimeout: Duration(sbx.DefaultListTimeout),
 			HostPolicy: string(sbx.PolicyUnknown), KVMDevice: sbx.DefaultKVMDevice,
 		},
-		Gvisor: GvisorSection{Platform: gvisor.PlatformSystrap, KillGrace: Duration(gvisor.DefaultKillGrace)},
+		Gvisor: GvisorSection{Platform: gvisor.PlatformSystrap, KillGrace: Duration(gvisor.DefaultKillGrace), SystrapFastPath: gvisor.FastPathAuto},
 		Airflow: AirflowSection{Auth: runwatch.AuthBearer, RunPath: runwatch.DefaultRunPath,
 			PollInterval: Duration(runwatch.DefaultInterval), RequestTimeout: Duration(runwatch.DefaultRequestTimeout)},
 		Images: ImagesSection{Default: "host", Pools: map[string]int{}},
@@ -494,6 +497,11 @@ func (c *Config) validate() error {
 	case gvisor.PlatformSystrap, gvisor.PlatformPtrace, gvisor.PlatformKVM:
 	default:
 		bad("gvisor.platform %q: use systrap (the default), ptrace or kvm", c.Gvisor.Platform)
+	}
+	switch c.Gvisor.SystrapFastPath {
+	case gvisor.FastPathAuto, gvisor.FastPathOn, gvisor.FastPathOff:
+	default:
+		bad("gvisor.systrap_fast_path %q: use auto (the default), on or off", c.Gvisor.SystrapFastPath)
 	}
 	if c.Gvisor.RunscPath != "" && !filepath.IsAbs(c.Gvisor.RunscPath) {
 		bad("gvisor.runsc_path %q must be an absolute path (or empty for runsc on PATH)", c.Gvisor.RunscPath)

@@ -49,6 +49,13 @@ func TestConfigValuesAndErrors(t *testing.T) {
 	assert.Equal(t, limits.Defaults().OpenFiles, cfg.Limits.OpenFiles, "sandbox rlimits default to limits.Defaults()")
 	assert.Equal(t, limits.Defaults().FileSizeBytes, uint64(cfg.Limits.FileSize))
 
+	assert.Equal(t, "auto", cfg.Gvisor.SystrapFastPath, "systrap's fast path defaults to auto")
+	p = writeConfig(t, "[gvisor]\nsystrap_fast_path = \"off\"\n")
+	cfg = defaultConfig()
+	require.NoError(t, loadConfigFile(&cfg, p, true))
+	require.NoError(t, cfg.validate())
+	assert.Equal(t, "off", cfg.Gvisor.SystrapFastPath)
+
 	p = writeConfig(t, "[lifecycle]\nmax_commands = 8\nmax_commands_per_uid = 5\n")
 	cfg = defaultConfig()
 	require.NoError(t, loadConfigFile(&cfg, p, true))
@@ -92,6 +99,7 @@ func TestConfigValuesAndErrors(t *testing.T) {
 		"negative per-uid commands":     func(c *Config) { c.Lifecycle.MaxCommandsPerUID = -1 },
 		"state in the socket's dir":     func(c *Config) { c.Server.Socket, c.Server.StateDir = "/tmp/x/s.sock", "/tmp/x/state" },
 		"state is the socket's dir":     func(c *Config) { c.Server.Socket, c.Server.StateDir = "/tmp/x/s.sock", "/tmp/x/" },
+		"bad systrap fast path":         func(c *Config) { c.Gvisor.SystrapFastPath = "sometimes" },
 	} {
 		cfg := defaultConfig()
 		mutate(&cfg)

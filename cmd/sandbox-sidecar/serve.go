@@ -143,6 +143,7 @@ func serveConfig(args []string, stderr io.Writer) (Config, error) {
 	gv := &cfg.Gvisor
 	fs.StringVar(&gv.RunscPath, "gvisor-runsc-path", gv.RunscPath, "the runsc binary (gvisor backend; empty: runsc on PATH)")
 	fs.StringVar(&gv.Platform, "gvisor-platform", gv.Platform, "runsc platform: systrap (no KVM needed), ptrace, or kvm (only where KVM_CREATE_VM works)")
+	fs.StringVar(&gv.SystrapFastPath, "gvisor-systrap-fast-path", gv.SystrapFastPath, "systrap's spinning hand-offs: auto (off on hosts of two CPUs or fewer), on (runsc's choice) or off")
 	fs.Var(&listFlag{l: &gv.ExtraFlags}, "gvisor-extra-flag", "an extra runsc flag, such as --debug-log=/var/log/runsc/ (repeatable)")
 	if err := parseFlags(fs, args); err != nil {
 		return cfg, err
@@ -512,7 +513,8 @@ func newBackend(cfg Config, log hclog.Logger, enf *enforcement) (backend.Backend
 		return gvisor.New(gvisor.Config{
 			Dir: filepath.Join(cfg.Server.StateDir, "gvisor"), RunscPath: cfg.Gvisor.RunscPath,
 			Platform: cfg.Gvisor.Platform, ExtraFlags: cfg.Gvisor.ExtraFlags, KillGrace: cfg.Gvisor.KillGrace.D(),
-			Limits: cfg.Limits.sandboxLimits(), Cgroups: enf.cgroups, Logger: log.Named("gvisor"),
+			SystrapFastPath: cfg.Gvisor.SystrapFastPath,
+			Limits:          cfg.Limits.sandboxLimits(), Cgroups: enf.cgroups, Logger: log.Named("gvisor"),
 			InitPath: sandboxInit(log), Egress: eg,
 		})
 	}
