@@ -210,6 +210,13 @@ func New(cfg Config) (*Backend, error) {
 	default:
 		return nil, fmt.Errorf("gvisor backend: unknown platform %q; use systrap (the default, no KVM needed), ptrace, or kvm where the host allows it", cfg.Platform)
 	}
+	switch cfg.SystrapFastPath {
+	case "":
+		cfg.SystrapFastPath = FastPathAuto
+	case FastPathAuto, FastPathOn, FastPathOff:
+	default:
+		return nil, fmt.Errorf("gvisor backend: systrap_fast_path %q: use auto (the default), on or off", cfg.SystrapFastPath)
+	}
 	for _, f := range cfg.ExtraFlags {
 		if !strings.HasPrefix(f, "--") {
 			return nil, fmt.Errorf("gvisor backend: extra runsc flag %q must start with --", f)
@@ -231,13 +238,6 @@ func New(cfg Config) (*Backend, error) {
 	}
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("%w: the gvisor backend needs the daemon to run as root (runsc sets up namespaces, a chroot and cgroups for every sandbox); see docs/operations.md (gVisor)", backend.ErrUnavailable)
-	}
-	switch cfg.SystrapFastPath {
-	case "":
-		cfg.SystrapFastPath = FastPathAuto
-	case FastPathAuto, FastPathOn, FastPathOff:
-	default:
-		return nil, fmt.Errorf("gvisor backend: systrap_fast_path %q: use auto (the default), on or off", cfg.SystrapFastPath)
 	}
 	if cfg.Platform == PlatformKVM {
 		if err := KVMUsable("/dev/kvm"); err != nil {
@@ -398,8 +398,12 @@ func (b *Backend) runscVersion(ctx context.Context) (string, error) {
 // its version, the platform and whether systrap's fast path is off.
 func (b *Backend) Describe() map[string]string {
 	d := map[string]string{"runsc": b.runsc, "runsc_version": b.version, "platform": b.cfg.Platform}
-	if b.cfg.Platform == PlatformSystrap {
-		d["systrap_fast_path"] = map[bool]string{true: FastPathOff, false: "runsc's choice"}[b.noFastPath]
+	switch {
+	case b.cfg.Platform != PlatformSystrap:
+	case b.noFastPath:
+		d["systrap_fast_path"] = FastPathOff
+	default:
+		d["systrap_fast_path"] = "runsc's choice"
 	}
 	return d
 }
@@ -420,6 +424,8 @@ func (b *Backend) resolveFastPath(ncpu int) (bool, error) {
 	if !wantFastPathOff(b.cfg.SystrapFastPath, b.cfg.Platform, ncpu) {
 		return false, nil
 	}
+	// The backend's flags, this one and --version: a runsc that does not
+	// know the flag fails to parse its command line.
 	if _, err := b.cli(context.Background(), cliTimeout, fastPathFlag, "--version"); err != nil {
 		if b.cfg.SystrapFastPath == FastPathOff {
 			return false, fmt.Errorf("%w: gvisor.systrap_fast_path off: %s does not know %s (%v); install a current runsc or set it to auto", backend.ErrUnavailable, b.runsc, fastPathFlag, err)
@@ -454,10 +460,13 @@ func KVMUsable(device string) error {
 // Name reports "gvisor".
 func (b *Backend) Name() string { return Name }
 
+// runscRoot is runsc's --root: its state of this backend's sandboxes.
+func (b *Backend) runscRoot() string { return filepath.Join(b.cfg.Dir, runscRootName) }
+
 // globalFlags are the runsc flags before every subcommand.
 func (b *Backend) globalFlags() []string {
 	f := []string{
-		"--root=" + filepath.Join(b.cfg.Dir, runscRootName),
+		"--root=" + b.runscRoot(),
 		"--platform=" + b.cfg.Platform,
 		"--network=none",
 		// The root is read-only and ours; no overlay over it.
@@ -867,7 +876,7 @@ func (b *Backend) Close() error {
 	}
 	b.sweepRunsc(context.Background(), nil)
 	b.sweepCgroups()
-	unmountNullNetNS(filepath.Join(b.cfg.Dir, runscRootName))
+	unmountNullNetNS(b.runscRoot())
 	return nil
 }
 

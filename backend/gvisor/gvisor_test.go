@@ -105,7 +105,7 @@ func sandboxPIDs(t testing.TB, b *Backend, id string) []int {
 		t.Fatalf("runsc state %s: %q (%v)", id, out, err)
 	}
 	pids := []int{st.Pid}
-	root := "--root=" + filepath.Join(b.cfg.Dir, runscRootName)
+	root := "--root=" + b.runscRoot()
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
 		var pid int

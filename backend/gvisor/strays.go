@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"time"
@@ -58,7 +57,7 @@ func readArgv(pid int) ([]string, bool) {
 // its command line read again through it before the signal, so a pid
 // reused in between is never signalled. It returns how many it killed.
 func (b *Backend) killRunscStrays(bundle string) int {
-	root := filepath.Join(b.cfg.Dir, runscRootName)
+	root := b.runscRoot()
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return 0
