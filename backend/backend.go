@@ -196,6 +196,16 @@ type ImagePruner interface {
 	PruneImages(keep []string) (removed int, err error)
 }
 
+// InlineExecer is implemented by a backend whose Exec calls
+// handoff.Release(ctx) (internal/handoff) before anything that may wait
+// longer than a few milliseconds, and watches handoff.From(ctx).FD() in
+// any wait it makes before that: a command for it may start on the
+// goroutine that read its request from the connection (bwrap, whose short
+// commands end inside a hot wait of a few milliseconds).
+type InlineExecer interface {
+	InlineExec()
+}
+
 // StaticInitReporter is implemented by backends that run an init of the
 // daemon's inside every sandbox (bwrap, gVisor). StaticInit reports whether
 // that init is statically linked (no ELF interpreter): only then does it run

@@ -138,13 +138,18 @@ func (s *Streams) Close() { s.p.closeAll() }
 // not run, its buffers and onStatus's state already holding what came.
 // It must be called at most once, before Start.
 //
+// w, when w.FD is not negative, is one more descriptor Hot polls: once it
+// is readable or hung up, Hot calls w.Ready (once) and stops watching it.
+// The daemon watches the connection a request came on this way while the
+// request runs on the connection's reader goroutine (internal/handoff).
+//
 // Why: a command that ends within microseconds of starting (most of an
 // agent's) otherwise costs the daemon the registration of three
 // descriptors in the poller, two drain goroutines and a poller wake-up
 // for every event (docs/benchmarks.md, "the daemon's side of a short
 // command"). The price is one thread blocked in ppoll for at most wait,
 // and a cancellation noticed only after it.
-func (s *Streams) Hot(status int, wait time.Duration, onStatus func(msg []byte) (last bool)) bool {
+func (s *Streams) Hot(status int, wait time.Duration, w Watch, onStatus func(msg []byte) (last bool)) bool {
 	p := s.p
 	if s.drained != nil || len(s.stdin) > 0 || p.rawStdout < 0 || p.rawStderr < 0 {
 		return false
@@ -154,7 +159,11 @@ func (s *Streams) Hot(status int, wait time.Duration, onStatus func(msg []byte) 
 	defer drainBufs.Put(bp)
 	buf := *bp
 	var msg [hotMsgMax]byte
-	fds := []unix.PollFd{{Fd: int32(status), Events: unix.POLLIN}, {Fd: int32(p.rawStdout), Events: unix.POLLIN}, {Fd: int32(p.rawStderr), Events: unix.POLLIN}}
+	fds := []unix.PollFd{{Fd: int32(status), Events: unix.POLLIN}, {Fd: int32(p.rawStdout), Events: unix.POLLIN}, {Fd: int32(p.rawStderr), Events: unix.POLLIN},
+		{Fd: -1}}
+	if w.FD >= 0 {
+		fds[3] = unix.PollFd{Fd: int32(w.FD), Events: unix.POLLIN | unix.POLLRDHUP}
+	}
 	outs := [2]struct {
 		b      *Buffer
 		stream Stream
@@ -169,6 +178,10 @@ func (s *Streams) Hot(status int, wait time.Duration, onStatus func(msg []byte) 
 		ts := unix.NsecToTimespec(int64(left))
 		if _, err := unix.Ppoll(fds, &ts, nil); err != nil && !errors.Is(err, unix.EINTR) {
 			return false
+		}
+		if fds[3].Revents != 0 {
+			fds[3].Fd = -1
+			w.Ready()
 		}
 		if fds[0].Revents != 0 {
 			n, err := unix.Read(status, msg[:])
@@ -204,6 +217,15 @@ func (s *Streams) Hot(status int, wait time.Duration, onStatus func(msg []byte) 
 	}
 	return true
 }
+
+// Watch is a descriptor Hot watches besides the command's (see Hot).
+type Watch struct {
+	FD    int    // -1: none
+	Ready func() // called once, when FD is readable or hung up
+}
+
+// NoWatch is a Watch of nothing.
+var NoWatch = Watch{FD: -1}
 
 // hotMsgMax bounds one status message Hot reads: a longer one is cut
 // short, which the caller's decoding refuses as it would a wrong one.

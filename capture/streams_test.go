@@ -207,7 +207,7 @@ func TestStreamsHotSeesAShortProcessEnd(t *testing.T) {
 		theirs.Write([]byte("exited"))
 	}()
 	var msgs []string
-	if !s.Hot(mine, 10*time.Second, func(m []byte) bool { msgs = append(msgs, string(m)); return string(m) == "exited" }) {
+	if !s.Hot(mine, 10*time.Second, NoWatch, func(m []byte) bool { msgs = append(msgs, string(m)); return string(m) == "exited" }) {
 		t.Fatal("Hot gave up on a process that ended")
 	}
 	if len(msgs) != 2 || msgs[0] != "started" || msgs[1] != "exited" {
@@ -226,6 +226,41 @@ func TestStreamsHotSeesAShortProcessEnd(t *testing.T) {
 	}
 }
 
+// A watched descriptor that becomes readable (or hangs up) during Hot has
+// Ready called once, and Hot goes on to the process's end as before: the
+// daemon's hot wait releases a request's connection this way.
+func TestStreamsHotWatchReady(t *testing.T) {
+	requireTools(t, "/bin/sh")
+	s, err := NewStreams(nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mine, theirs := hotStatus(t)
+	var watched [2]int
+	if err := unix.Pipe2(watched[:], unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(watched[0])
+	cmd := startOn(t, s, "printf out")
+	readies := 0
+	go func() {
+		_ = cmd.Wait()
+		unix.Write(watched[1], []byte{1}) // the connection has a request: before the end
+		unix.Close(watched[1])
+		time.Sleep(20 * time.Millisecond)
+		theirs.Write([]byte("exited"))
+	}()
+	if !s.Hot(mine, 10*time.Second, Watch{FD: watched[0], Ready: func() { readies++ }}, func(m []byte) bool { return string(m) == "exited" }) {
+		t.Fatal("Hot gave up on a process that ended")
+	}
+	if readies != 1 {
+		t.Errorf("Ready called %d times, want once", readies)
+	}
+	if res := s.Finish(time.Minute); string(res.Stdout) != "out" {
+		t.Errorf("stdout %q", res.Stdout)
+	}
+}
+
 // A process that outlives Hot's wait: Hot returns false, and Start and
 // Finish get the rest, nothing lost of what Hot read or of the messages.
 func TestStreamsHotGivesUpLosingNothing(t *testing.T) {
@@ -238,7 +273,7 @@ func TestStreamsHotGivesUpLosingNothing(t *testing.T) {
 	cmd := startOn(t, s, "printf early; sleep 0.3; printf late")
 	theirs.Write([]byte("started"))
 	var msgs []string
-	if s.Hot(mine, 50*time.Millisecond, func(m []byte) bool { msgs = append(msgs, string(m)); return false }) {
+	if s.Hot(mine, 50*time.Millisecond, NoWatch, func(m []byte) bool { msgs = append(msgs, string(m)); return false }) {
 		t.Fatal("Hot saw the end of a process still running")
 	}
 	s.Start()
@@ -266,7 +301,7 @@ func TestStreamsHotStepsAside(t *testing.T) {
 	cmd := startOn(t, s, "sleep 0.2")
 	theirs.Close()
 	start := time.Now()
-	if s.Hot(mine, 10*time.Second, func([]byte) bool { return true }) {
+	if s.Hot(mine, 10*time.Second, NoWatch, func([]byte) bool { return true }) {
 		t.Fatal("Hot decided on a status socket that hung up")
 	}
 	if time.Since(start) > 5*time.Second {
@@ -282,7 +317,7 @@ func TestStreamsHotStepsAside(t *testing.T) {
 	}
 	defer in.Close()
 	mine2, _ := hotStatus(t)
-	if in.Hot(mine2, time.Second, func([]byte) bool { return true }) {
+	if in.Hot(mine2, time.Second, NoWatch, func([]byte) bool { return true }) {
 		t.Fatal("Hot ran for a process with stdin to feed")
 	}
 }

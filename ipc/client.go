@@ -40,6 +40,7 @@ type Client struct {
 	maxFrame int
 
 	writeMu sync.Mutex
+	raw     syscall.RawConn // nc's descriptor, for writeNow; nil: none
 
 	mu      sync.Mutex
 	nextID  uint64
@@ -60,8 +61,12 @@ type Client struct {
 
 // newClient wraps a connection; nothing reads it until the first call.
 func newClient(nc net.Conn, maxFrame int) *Client {
-	return &Client{nc: nc, maxFrame: maxFrame, pending: map[uint64]chan response{}, done: make(chan struct{}),
+	c := &Client{nc: nc, maxFrame: maxFrame, pending: map[uint64]chan response{}, done: make(chan struct{}),
 		fr: frameReader{br: bufio.NewReaderSize(nc, readBufferSize), max: maxFrame}}
+	if sc, ok := nc.(syscall.Conn); ok {
+		c.raw, _ = sc.SyscallConn()
+	}
+	return c
 }
 
 type response struct {
@@ -430,12 +435,7 @@ func (c *Client) CallStream(ctx context.Context, op string, args any, out any, o
 		return fmt.Errorf("encoding %s request: %w", op, err)
 	}
 	c.writeMu.Lock()
-	if dl, ok := ctx.Deadline(); ok {
-		c.nc.SetWriteDeadline(dl)
-	} else {
-		c.nc.SetWriteDeadline(time.Time{})
-	}
-	err = WriteFrame(c.nc, body, c.maxFrame)
+	err = c.writeFrame(ctx, body)
 	c.writeMu.Unlock()
 	if err != nil {
 		c.forget(id)
@@ -493,6 +493,23 @@ func (c *Client) CallStream(ctx context.Context, op string, args any, out any, o
 		return fmt.Errorf("decoding %s result: %w", op, err)
 	}
 	return nil
+}
+
+// writeFrame writes body as one frame, bounded by ctx's deadline: a frame
+// the socket has room for goes out at once with no deadline armed
+// (writeNow). The caller holds writeMu.
+func (c *Client) writeFrame(ctx context.Context, body []byte) error {
+	if len(body) > c.maxFrame {
+		return fmt.Errorf("%w: %d bytes to send, at most %d allowed", ErrFrameTooLarge, len(body), c.maxFrame)
+	}
+	rest, err := writeNow(c.raw, AppendFrame(make([]byte, 0, headerSize+len(body)), body))
+	if err != nil || len(rest) == 0 {
+		return err
+	}
+	dl, _ := ctx.Deadline() // none: the zero time, no deadline
+	c.nc.SetWriteDeadline(dl)
+	_, err = c.nc.Write(rest)
+	return err
 }
 
 func (c *Client) forget(id uint64) {

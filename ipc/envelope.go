@@ -9,6 +9,8 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/internal/handoff"
 )
 
 // MaxDepth bounds how deeply msgpack containers may nest in a frame. The
@@ -66,8 +68,10 @@ type Request struct {
 	// Set by the server: the connection it came on, and what it holds
 	// of the server's budgets until its response is written.
 	c        *conn
-	charge   int64 // of the request budget
-	reserved int64 // of the connection's and the server's response budgets
+	charge   int64         // of the request budget
+	reserved int64         // of the connection's and the server's response budgets
+	handoff  *handoff.Conn // set while it runs inline until released
+	after    []func()      // AfterResponse's
 }
 
 // Response is what the server writes for one request.

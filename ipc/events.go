@@ -5,7 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"time"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/internal/handoff"
 )
 
 // EventSender sends one event frame ({"v","id","event","data"}) for the
@@ -55,7 +56,7 @@ func (c *conn) sendEvent(ctx context.Context, id uint64, event string, data []by
 		return fmt.Errorf("an event of %d bytes exceeds the %d-byte frame limit", len(body), c.s.cfg.MaxFrame)
 	}
 	frame := AppendFrame(make([]byte, 0, headerSize+len(body)), body)
-	if err := c.acquireResponse(ctx, int64(len(frame))); err != nil {
+	if err := c.acquireResponse(ctx, int64(len(frame)), handoff.From(ctx).Release); err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -64,8 +65,7 @@ func (c *conn) sendEvent(ctx context.Context, id uint64, event string, data []by
 	defer c.releaseResponse(int64(len(frame)))
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
-	c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
-	if _, err := c.nc.Write(frame); err != nil {
+	if err := c.write(frame); err != nil {
 		c.broken.Store(true)
 		c.log.Debug("event write failed; closing connection", "error", err)
 		if errors.Is(err, os.ErrDeadlineExceeded) {

@@ -6,6 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // DefaultMaxFrame is the default largest frame body either side accepts.
@@ -73,6 +76,33 @@ func WriteFrame(w io.Writer, body []byte, max int) error {
 	}
 	_, err := w.Write(AppendFrame(make([]byte, 0, headerSize+len(body)), body))
 	return err
+}
+
+// writeNow writes what of frame the socket behind raw has room for, in one
+// non-blocking write, and returns the rest: a frame that fits goes out with
+// no deadline armed (arming one is a runtime timer, whose arming can wake
+// another of the runtime's threads, on every frame). The caller writes the
+// rest through the net.Conn, under a deadline. A nil raw, or a descriptor
+// not ready for it (a stale deadline), writes nothing; an error is one the
+// net.Conn's write would have met too.
+func writeNow(raw syscall.RawConn, frame []byte) (rest []byte, err error) {
+	if raw == nil {
+		return frame, nil
+	}
+	n, werr := 0, error(nil)
+	if err := raw.Write(func(fd uintptr) bool {
+		n, werr = unix.Write(int(fd), frame)
+		return true // one attempt: never wait here
+	}); err != nil {
+		return frame, nil
+	}
+	switch {
+	case werr == nil:
+		return frame[n:], nil
+	case errors.Is(werr, unix.EAGAIN), errors.Is(werr, unix.EINTR):
+		return frame, nil
+	}
+	return nil, werr
 }
 
 // frameReader reads frames one after another and keeps a frame it could

@@ -9,9 +9,12 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/internal/handoff"
 )
 
 // Handler serves one request. It returns a result (encoded as the
@@ -27,6 +30,19 @@ type Handler interface {
 // saving a goroutine hand-off per request.
 type Inliner interface {
 	Inline(op string) bool
+}
+
+// ReleaseInliner is optionally implemented by a Handler some of whose
+// requests may start on the connection's reader goroutine and stay there
+// until they would wait: such a request, when it is alone on its
+// connection, gets a *handoff.Conn in its context, and everything on its
+// path that may wait longer than a few milliseconds calls handoff.Release
+// first, which starts a new reader goroutine for the connection (until
+// then nothing more of it is read: neither a next request nor a hang-up).
+// It saves the goroutine hand-off, and the runtime thread that starting a
+// goroutine wakes, of every short request (internal/handoff).
+type ReleaseInliner interface {
+	InlineUntilRelease(req *Request) bool
 }
 
 // ConnObserver is optionally implemented by a Handler that needs to know
@@ -294,7 +310,9 @@ type conn struct {
 	responses *Budget
 
 	writeMu sync.Mutex
-	broken  atomic.Bool // a write failed; stop using the connection
+	raw     syscall.RawConn // nc's descriptor, for writeNow; nil: none
+	fd      int             // nc's descriptor number, for a hot wait to watch; -1: unknown
+	broken  atomic.Bool     // a write failed; stop using the connection
 }
 
 func (s *Server) startConn(nc *net.UnixConn) {
@@ -327,6 +345,11 @@ func (s *Server) startConn(nc *net.UnixConn) {
 		return
 	}
 	c := &conn{s: s, nc: nc, peer: peer, responses: NewBudget(s.cfg.MaxConnResponseBytes)}
+	c.fd = -1
+	if raw, err := nc.SyscallConn(); err == nil {
+		c.raw = raw
+		_ = raw.Control(func(fd uintptr) { c.fd = int(fd) })
+	}
 	c.log = s.log.With("conn", id, "peer_uid", peer.UID, "peer_pid", peer.PID)
 	s.conns[c] = struct{}{}
 	s.uidConns[peer.UID]++
@@ -334,27 +357,32 @@ func (s *Server) startConn(nc *net.UnixConn) {
 	s.mu.Unlock()
 
 	go func() {
-		defer s.connWG.Done()
-		defer func() {
-			s.mu.Lock()
-			delete(s.conns, c)
-			if s.uidConns[peer.UID]--; s.uidConns[peer.UID] <= 0 {
-				delete(s.uidConns, peer.UID)
-			}
-			s.mu.Unlock()
-			nc.Close()
-		}()
 		if s.cfg.Authorize != nil {
 			if err := s.cfg.Authorize(peer); err != nil {
 				// The reason (the policy) stays in the log.
 				c.log.Warn("connection refused", "peer_gid", peer.GID, "reason", err.Error())
 				refuse(nc, Errorf(CodeUnauthorized, "uid %d may not use this daemon; ask its operator to let this user in (docs/operations.md, \"Who may connect\")", peer.UID), s.cfg)
+				c.unregister()
 				return
 			}
 		}
 		c.log.Debug("connection accepted", "peer_gid", peer.GID)
 		c.serve()
 	}()
+}
+
+// unregister forgets c, once its last goroutine is done with it, and
+// closes it.
+func (c *conn) unregister() {
+	s := c.s
+	s.mu.Lock()
+	delete(s.conns, c)
+	if s.uidConns[c.peer.UID]--; s.uidConns[c.peer.UID] <= 0 {
+		delete(s.uidConns, c.peer.UID)
+	}
+	s.mu.Unlock()
+	c.nc.Close()
+	s.connWG.Done()
 }
 
 // refuse writes one connection-level error frame (id 0) and closes.
@@ -366,38 +394,65 @@ func refuse(nc net.Conn, e *Error, cfg ServerConfig) {
 	nc.Close()
 }
 
+// reading is a connection's reader state. It belongs to whichever
+// goroutine reads the connection: the connection's own, or, after an
+// inline request released the connection (internal/handoff), a new one.
+type reading struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	br     *bufio.Reader
+	sem    chan struct{} // one per request in flight
+	reqs   sync.WaitGroup
+	silent bool // no frame yet
+}
+
 func (c *conn) serve() {
 	s := c.s
 	ctx, cancel := context.WithCancel(s.base)
 	c.ctx = ctx
-	var reqs sync.WaitGroup
-	sem := make(chan struct{}, s.cfg.MaxInFlight)
-	defer func() {
-		cancel()
-		reqs.Wait()
-		if obs, ok := s.cfg.Handler.(ConnObserver); ok {
-			obs.Disconnected(c.peer)
-		}
-		c.log.Debug("connection closed")
-	}()
-
-	// One read syscall usually brings a whole small frame (length and
-	// body); 4 KiB per connection keeps idle connections cheap.
-	br := bufio.NewReaderSize(c.nc, readBufferSize)
+	st := &reading{ctx: ctx, cancel: cancel, sem: make(chan struct{}, s.cfg.MaxInFlight), silent: true,
+		// One read syscall usually brings a whole small frame (length and
+		// body); 4 KiB per connection keeps idle connections cheap.
+		br: bufio.NewReaderSize(c.nc, readBufferSize)}
 	// A connection that has sent nothing may not hold its slot for long;
 	// one that has sent a frame may stay idle as long as it likes (an agent
 	// thinks for minutes between commands).
 	c.nc.SetReadDeadline(time.Now().Add(s.cfg.FirstFrameTimeout))
-	silent := true
+	c.readOn(st)
+}
+
+// readOn reads and serves st's connection until it ends, then closes it;
+// it returns early, leaving the rest to another goroutine, when an inline
+// request released the connection.
+func (c *conn) readOn(st *reading) {
+	if c.read(st) {
+		return
+	}
+	st.cancel()
+	st.reqs.Wait()
+	if obs, ok := c.s.cfg.Handler.(ConnObserver); ok {
+		obs.Disconnected(c.peer)
+	}
+	c.log.Debug("connection closed")
+	c.unregister()
+}
+
+// read serves requests until the connection ends (false) or an inline
+// request handed the connection to a new reader (true).
+func (c *conn) read(st *reading) (handedOff bool) {
+	s := c.s
+	ctx, br, sem := st.ctx, st.br, st.sem
+	inliner, _ := s.cfg.Handler.(Inliner)
+	releaser, _ := s.cfg.Handler.(ReleaseInliner)
 	for {
 		n, err := ReadHeader(br, s.cfg.MaxFrame)
-		if silent {
+		if st.silent {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				c.log.Warn("closing a connection that sent nothing", "first_frame_timeout", s.cfg.FirstFrameTimeout)
 				c.sendQuick(Errorf(CodeBadRequest, "no request within %s of connecting; connect when there is something to send", s.cfg.FirstFrameTimeout))
-				return
+				return false
 			}
-			silent = false
+			st.silent = false
 			c.nc.SetReadDeadline(time.Time{})
 		}
 		switch {
@@ -408,12 +463,12 @@ func (c *conn) serve() {
 		case errors.Is(err, ErrFrameTooLarge):
 			c.log.Warn("frame too large; closing connection", "announced", n, "limit", s.cfg.MaxFrame)
 			c.send(nil, 0, nil, Errorf(CodeFrameTooLarge, "%v", err).With("max_frame_bytes", s.cfg.MaxFrame))
-			return
+			return false
 		case err != nil:
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 				c.log.Debug("read failed; closing connection", "error", err)
 			}
-			return
+			return false
 		}
 		// The frame is paid for before its body is read: the body, what
 		// decoding makes of it, and a small response, until the response
@@ -422,17 +477,26 @@ func (c *conn) serve() {
 		if !s.requests.TryAcquire(charge) {
 			c.log.Debug("waiting for room in the request budget", "bytes", charge, "budget", s.cfg.MaxRequestBytes)
 			if s.requests.Acquire(ctx, charge) != nil {
-				return
+				return false
 			}
 		}
-		c.nc.SetReadDeadline(time.Now().Add(s.cfg.FrameReadTimeout))
+		// A body the header's read already brought needs no deadline: it
+		// is copied from the buffer without a system call. Only one that
+		// must still arrive is bounded (arming and clearing a deadline
+		// costs a runtime timer, whose arming can wake another thread).
+		bounded := br.Buffered() < n
+		if bounded {
+			c.nc.SetReadDeadline(time.Now().Add(s.cfg.FrameReadTimeout))
+		}
 		body, err := ReadBody(br, n)
-		c.nc.SetReadDeadline(time.Time{})
+		if bounded {
+			c.nc.SetReadDeadline(time.Time{})
+		}
 		if err != nil {
 			s.requests.Release(charge)
 			c.log.Warn("truncated frame; closing connection", "announced", n, "error", err)
 			c.send(nil, 0, nil, Errorf(CodeBadRequest, "truncated frame: %d bytes announced, fewer arrived", n))
-			return
+			return false
 		}
 		req, derr := DecodeRequest(body)
 		req.c, req.charge = c, charge
@@ -442,11 +506,14 @@ func (c *conn) serve() {
 			c.release(&req)
 			continue
 		}
+		// Alone on the connection, with nothing more already read: a
+		// request the handler lets run inline until it would wait.
+		alone := len(sem) == 0 && br.Buffered() == 0
 		select {
 		case sem <- struct{}{}:
 		case <-ctx.Done():
 			c.release(&req)
-			return
+			return false
 		}
 		// Add to inFlight under the lock that Shutdown takes to set
 		// closing, so that no request starts after Shutdown began waiting.
@@ -462,21 +529,40 @@ func (c *conn) serve() {
 			c.release(&req)
 			continue
 		}
-		if in, ok := s.cfg.Handler.(Inliner); ok && in.Inline(req.Op) {
+		if inliner != nil && inliner.Inline(req.Op) {
 			c.handle(ctx, &req)
 			<-sem
 			s.inFlight.Done()
 			continue
 		}
-		reqs.Add(1)
+		if releaser != nil && alone && c.fd >= 0 && releaser.InlineUntilRelease(&req) {
+			// Run here; the first wait on its path starts a new reader
+			// (readOn, on its own goroutine) and this one ends with the
+			// request. The request counts in reqs, which that reader waits
+			// for before it closes the connection.
+			st.reqs.Add(1)
+			hc := handoff.New(c.fd, func() { go c.readOn(st) })
+			req.handoff = hc
+			c.handle(handoff.With(ctx, hc), &req)
+			released := hc.Done()
+			<-sem
+			st.reqs.Done()
+			s.inFlight.Done()
+			if released {
+				return true
+			}
+			continue
+		}
+		st.reqs.Add(1)
 		go func(req Request) {
-			defer func() { <-sem; reqs.Done(); s.inFlight.Done() }()
+			defer func() { <-sem; st.reqs.Done(); s.inFlight.Done() }()
 			c.handle(ctx, &req)
 		}(req)
 	}
 }
 
 func (c *conn) handle(ctx context.Context, req *Request) {
+	defer req.runAfter()
 	defer c.release(req)
 	defer func() {
 		if r := recover(); r != nil {
@@ -498,6 +584,29 @@ func (c *conn) handle(ctx context.Context, req *Request) {
 	c.send(req, req.ID, result, nil)
 }
 
+// AfterResponse has f run once r's response has been written (or given
+// up on), on the goroutine that wrote it and before any later response of
+// the connection is written: for work the client need not wait for, such
+// as the request's audit line (one fewer write and a log line's formatting
+// between a command's end and its result). f must not write to the
+// connection. A request that did not come from a Server (a test calling a
+// Handler directly) runs f at once.
+func (r *Request) AfterResponse(f func()) {
+	if r.c == nil {
+		f()
+		return
+	}
+	r.after = append(r.after, f)
+}
+
+// runAfter runs what AfterResponse gave, in order.
+func (r *Request) runAfter() {
+	for _, f := range r.after {
+		f()
+	}
+	r.after = nil
+}
+
 // release gives back what req held of the server's budgets: its charge
 // and its handler's reservations. The response has been written (or never
 // will be) by then.
@@ -506,6 +615,19 @@ func (c *conn) release(req *Request) {
 	req.charge = 0
 	c.releaseResponse(req.reserved)
 	req.reserved = 0
+}
+
+// write writes frame to the connection, within the write timeout: what
+// writeNow could not write waits, bounded by WriteTimeout. The caller
+// holds writeMu.
+func (c *conn) write(frame []byte) error {
+	rest, err := writeNow(c.raw, frame)
+	if err != nil || len(rest) == 0 {
+		return err
+	}
+	c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
+	_, err = c.nc.Write(rest)
+	return err
 }
 
 // ReserveResponse takes n bytes of the connection's and the server's
@@ -528,7 +650,7 @@ func (r *Request) ReserveResponse(ctx context.Context, n int64) error {
 	if n > c.responses.Limit() {
 		return Errorf(CodeInternal, "a response of up to %d bytes cannot fit the %d bytes a connection may hold for responses; the operator should raise server.max_response_bytes_per_connection", n, c.responses.Limit())
 	}
-	if err := c.acquireResponse(ctx, n); err != nil {
+	if err := c.acquireResponse(ctx, n, r.handoff.Release); err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -540,13 +662,17 @@ func (r *Request) ReserveResponse(ctx context.Context, n int64) error {
 }
 
 // acquireResponse takes n bytes of the connection's response budget, then
-// of the server's, waiting at most the write timeout.
-func (c *conn) acquireResponse(ctx context.Context, n int64) error {
+// of the server's, waiting at most the write timeout (beforeWait, if set,
+// runs first when it has to wait).
+func (c *conn) acquireResponse(ctx context.Context, n int64, beforeWait func()) error {
 	if c.responses.TryAcquire(n) {
 		if c.s.responses.TryAcquire(n) {
 			return nil
 		}
 		c.responses.Release(n)
+	}
+	if beforeWait != nil {
+		beforeWait()
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.s.cfg.WriteTimeout)
 	defer cancel()
@@ -606,7 +732,11 @@ func (c *conn) send(req *Request, id uint64, result any, e *Error) {
 		if ctx == nil {
 			ctx = c.s.base
 		}
-		if err := c.acquireResponse(ctx, extra); err != nil {
+		var beforeWait func()
+		if req != nil {
+			beforeWait = req.handoff.Release
+		}
+		if err := c.acquireResponse(ctx, extra, beforeWait); err != nil {
 			if ctx.Err() == nil {
 				c.log.Warn("closing connection: a response waited too long for room in the response budget (is the client reading its responses?)",
 					"id", id, "bytes", len(frame), "connection_held", c.responses.InUse(), "connection_budget", c.responses.Limit(),
@@ -620,8 +750,13 @@ func (c *conn) send(req *Request, id uint64, result any, e *Error) {
 	}
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
-	c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
-	if _, err := c.nc.Write(frame); err != nil {
+	// What waited for the response runs once it is out, before any later
+	// response of the connection: a client that sends its next request
+	// after reading this response finds this one's audit line first.
+	if req != nil {
+		defer req.runAfter()
+	}
+	if err := c.write(frame); err != nil {
 		c.broken.Store(true)
 		c.log.Debug("write failed; closing connection", "error", err)
 		if errors.Is(err, os.ErrDeadlineExceeded) {

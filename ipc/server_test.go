@@ -71,7 +71,12 @@ func startServer(t *testing.T, cfg ServerConfig) (*Server, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		s.Shutdown(ctx)
-		assert.ErrorIs(t, <-done, ErrServerClosed)
+		select {
+		case err := <-done:
+			assert.ErrorIs(t, err, ErrServerClosed)
+		case <-time.After(10 * time.Second):
+			t.Error("Serve did not return within 10 s of Shutdown: a connection's goroutine is stuck")
+		}
 	})
 	return s, path
 }

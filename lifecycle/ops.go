@@ -7,7 +7,17 @@ import (
 	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/internal/handoff"
 )
+
+// InlineExec reports whether Exec may run on the goroutine that read its
+// request (see backend.InlineExecer): it never waits itself, except to
+// destroy a sandbox the backend gave up on, which it releases the
+// connection for first.
+func (m *Manager) InlineExec() bool {
+	_, ok := m.be.(backend.InlineExecer)
+	return ok
+}
 
 // Exec runs one command. Commands in one sandbox run one at a time: a
 // second one while the first runs is refused with a QuotaError
@@ -69,6 +79,7 @@ func (m *Manager) Exec(ctx context.Context, c Caller, id string, req backend.Exe
 	m.mu.Unlock()
 	switch {
 	case claimed:
+		handoff.Release(ctx) // a destroy waits
 		m.failpoint(FailExecTerminated)
 		m.destroyNow(r, "terminated by the backend", m.log.With("sandbox", id))
 	case !still:

@@ -206,15 +206,18 @@ func (s *Service) Handle(ctx context.Context, peer *ipc.Peer, req *ipc.Request) 
 	}
 	kv := append([]any{"op", req.Op, "id", req.ID, "peer_uid", peer.UID, "peer_pid", peer.PID, "conn", peer.ConnID,
 		"duration_ms", float64(time.Since(start).Microseconds()) / 1000}, a.kv...)
+	// Written once the response is: the client does not wait for it.
 	switch {
 	case e == nil:
 		if req.Op != ipc.OpHealth && req.Op != ipc.OpHello {
-			s.log.Info("audit", kv...)
+			req.AfterResponse(func() { s.log.Info("audit", kv...) })
 		}
 	case e.Code == ipc.CodeInternal:
-		s.log.Error("audit", append(kv, "code", e.Code, "error", err.Error())...)
+		kv = append(kv, "code", e.Code, "error", err.Error())
+		req.AfterResponse(func() { s.log.Error("audit", kv...) })
 	default:
-		s.log.Info("audit", append(kv, "code", e.Code, "refused", e.Message)...)
+		kv = append(kv, "code", e.Code, "refused", e.Message)
+		req.AfterResponse(func() { s.log.Info("audit", kv...) })
 	}
 	if e != nil {
 		return nil, e
@@ -455,6 +458,15 @@ func (s *Service) Inline(op string) bool {
 	}
 	// The very first health waits for a backend check: not inline.
 	return op == ipc.OpHello || s.healthCache.Load() != nil
+}
+
+// InlineUntilRelease implements ipc.ReleaseInliner: a run_command that
+// does not ask about streaming its output starts on the connection's reader goroutine when
+// the backend's Exec releases the connection before it waits
+// (backend.InlineExecer); nothing before Exec on its path waits, but for
+// room in the response budget, which releases it too (ipc.ReserveResponse).
+func (s *Service) InlineUntilRelease(req *ipc.Request) bool {
+	return req.Op == ipc.OpRunCommand && !req.Args.Has("stream") && s.m.InlineExec()
 }
 
 func (s *Service) create(ctx context.Context, c lifecycle.Caller, args *ipc.Args, a *audit) (any, error) {

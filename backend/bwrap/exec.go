@@ -119,6 +119,15 @@ func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 	return backend.ExecResult{}, err
 }
 
+// InlineExec implements backend.InlineExecer: Exec waits for nothing
+// before its hot wait but a lock another command of the sandbox holds or
+// its init's start, and it releases the connection for those, for a
+// command that outlasts the hot wait and for a terminated sandbox
+// (acquireInit, execInit).
+func (b *Backend) InlineExec() {}
+
+var _ backend.InlineExecer = (*Backend)(nil)
+
 // baseEnv is every command's environment before the sandbox's and the
 // request's.
 var baseEnv = map[string]string{"PATH": guestPath, "HOME": guestWorkspace, "LANG": "C.UTF-8"}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/internal/handoff"
 )
 
 const sessionScript = `
@@ -519,5 +520,40 @@ func TestBwrapArgvThatCannotRun(t *testing.T) {
 		if err != nil || res.ExitCode != tc.code || string(res.Stdout) != tc.stdout || !strings.Contains(strings.ToLower(string(res.Stderr)), strings.ToLower(tc.stderr)) || res.TimedOut {
 			t.Errorf("%s: exit %d stdout %q stderr %q timed out %v, %v; want exit %d, stdout %q, stderr holding %q", tc.name, res.ExitCode, res.Stdout, res.Stderr, res.TimedOut, err, tc.code, tc.stdout, tc.stderr)
 		}
+	}
+}
+
+// A command run on its connection's reader (internal/handoff) releases the
+// connection before it waits: once for a command that outlasts the hot
+// wait, while it still runs; and with its result as it would be without.
+// Its first command also releases it before the init starts (a wait).
+func TestBwrapExecReleasesTheConnectionBeforeItWaits(t *testing.T) {
+	b := newTestBackend(t, daemonUID)
+	id := create(t, b, backend.Spec{})
+	exec := func(command string) (backend.ExecResult, []time.Duration) {
+		t.Helper()
+		var released []time.Duration
+		start := time.Now()
+		ctx := handoff.With(context.Background(), handoff.New(-1, func() { released = append(released, time.Since(start)) }))
+		res, err := b.Exec(ctx, id, backend.ExecRequest{Command: command, Timeout: 30 * time.Second})
+		if err != nil {
+			t.Fatalf("Exec(%q): %v", command, err)
+		}
+		return res, released
+	}
+	// A fresh sandbox's first command may start its init: released first,
+	// if so; later commands find it running.
+	if res, released := exec("true"); res.ExitCode != 0 || len(released) > 1 {
+		t.Fatalf("first command: exit %d, released %d times", res.ExitCode, len(released))
+	}
+	res, released := exec("sleep 0.5; echo done")
+	if res.ExitCode != 0 || string(res.Stdout) != "done\n" {
+		t.Errorf("exit %d, stdout %q", res.ExitCode, res.Stdout)
+	}
+	if len(released) != 1 {
+		t.Fatalf("released %d times, want once", len(released))
+	}
+	if released[0] >= 400*time.Millisecond {
+		t.Errorf("released %v after the start: not before the command's wait", released[0])
 	}
 }

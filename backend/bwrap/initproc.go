@@ -22,6 +22,7 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/registry"
 	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
+	"github.com/sandbox-sidecar/sandbox-sidecar/internal/handoff"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 )
 
@@ -457,10 +458,18 @@ func (b *Backend) reapInit(ip *initProc) bool {
 // process has none yet (a new sandbox, or one re-adopted after a restart).
 // It fails with errInitBusy when init runs another command, errInitDied the
 // first time after init died, and an error wrapping ErrNotFound after that.
+//
+// A request running on its connection's reader (internal/handoff) has the
+// connection released first when this has to wait: for the lock, or to
+// start the init.
 func (b *Backend) acquireInit(ctx context.Context, sb *sandbox, deadline time.Time) (*initProc, error) {
-	sb.initMu.Lock()
+	if !sb.initMu.TryLock() {
+		handoff.Release(ctx)
+		sb.initMu.Lock()
+	}
 	defer sb.initMu.Unlock()
 	if ip := sb.init; ip != nil && !ip.alive() {
+		handoff.Release(ctx)
 		var status any = "unknown"
 		if b.reapInit(ip) {
 			status = ip.cmd.ProcessState
@@ -476,6 +485,7 @@ func (b *Backend) acquireInit(ctx context.Context, sb *sandbox, deadline time.Ti
 	case sb.initGone:
 		return nil, fmt.Errorf("%w: sandbox %q was terminated (its init process died); destroy it and create a new one", backend.ErrNotFound, sb.id)
 	case sb.init == nil:
+		handoff.Release(ctx)
 		ip, err := b.startInit(ctx, sb, deadline)
 		if err != nil {
 			return nil, err
@@ -562,6 +572,10 @@ func (o *initOutcome) take(msg []byte, started *bool, start time.Time) (decided 
 func (b *Backend) execInit(ctx, opCtx context.Context, sb *sandbox, ip *initProc, req backend.ExecRequest, argv, env []string, cwd string, applied time.Duration) (backend.ExecResult, error) {
 	run := bwwire.RunRequest{Argv: argv, Env: env, Cwd: cwd, Timeout: applied, KillAfter: backend.GuestTimeout(b.cfg.KillGrace)}
 	log := b.log.With("sandbox", sb.id)
+	// The connection the request came on, when it runs on that
+	// connection's reader (backend.InlineExecer): watched during the hot
+	// wait, released before anything longer.
+	conn := handoff.From(ctx)
 	streams, err := capture.NewStreams(req.Stdin, req.MaxOutputBytes)
 	if err != nil {
 		return backend.ExecResult{}, fmt.Errorf("%w: cannot create pipes for a command in sandbox %s (is the daemon out of file descriptors?): %v", backend.ErrUnavailable, sb.id, err)
@@ -625,12 +639,13 @@ func (b *Backend) execInit(ctx, opCtx context.Context, sb *sandbox, ip *initProc
 		o.terminated, decided = true, true
 		log.Warn("cannot hand the sandbox's init a command", "error", sendErr)
 		unix.Close(statusFD)
-	} else if streams.Hot(statusFD, execHotWait, func(msg []byte) bool {
+	} else if streams.Hot(statusFD, execHotWait, watchConn(conn), func(msg []byte) bool {
 		decided = o.take(msg, &started, start)
 		return decided
 	}) {
 		unix.Close(statusFD)
 	} else {
+		conn.Release() // a command that outlasts the hot wait may run long
 		streams.Start()
 		// Non-blocking already: NewFile puts it in the poller.
 		status := os.NewFile(uintptr(statusFD), "sandbox-status")
@@ -643,6 +658,7 @@ func (b *Backend) execInit(ctx, opCtx context.Context, sb *sandbox, ip *initProc
 		o.duration = time.Since(start)
 	}
 	if o.terminated {
+		conn.Release()
 		b.terminate(sb, ip, true, "its init died or stopped answering")
 	}
 	out := streams.Finish(initDrainGrace)
@@ -680,6 +696,15 @@ func (b *Backend) execInit(ctx, opCtx context.Context, sb *sandbox, ip *initProc
 	log.Debug("command finished", "exit_code", res.ExitCode, "timed_out", res.TimedOut,
 		"duration", o.duration, "stdout_bytes", out.StdoutTotal, "stderr_bytes", out.StderrTotal)
 	return res, nil
+}
+
+// watchConn is the hot wait's watch of conn (nil: none): readable or hung
+// up, it is released.
+func watchConn(conn *handoff.Conn) capture.Watch {
+	if conn == nil {
+		return capture.NoWatch
+	}
+	return capture.Watch{FD: conn.FD(), Ready: conn.Release}
 }
 
 // recvQueued reads one message already queued on status without waiting:

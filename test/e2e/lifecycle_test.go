@@ -342,6 +342,9 @@ func TestAuditTrail(t *testing.T) {
 	callErr(t, c, ipc.OpReadFile, map[string]any{"sandbox": id, "path": "/etc/shadow"})
 	call(t, c, ipc.OpDestroy, map[string]any{"sandbox": id})
 
+	// A request's audit line follows its response: the daemon's
+	// shutdown waits for the last one.
+	d.stop()
 	b, err := os.ReadFile(auditFile)
 	require.NoError(t, err)
 	var ops []string
@@ -368,4 +371,30 @@ func TestAuditTrail(t *testing.T) {
 		}
 	}
 	assert.Equal(t, []string{"create", "run_command", "write_file", "read_file", "destroy"}, ops)
+}
+
+// A command starts on the goroutine that read its request and gives the
+// connection back before it waits: a request sent on the same connection
+// while a long command runs is answered while it runs, and the command's
+// own result is unaffected.
+func TestConnectionServedWhileItsCommandRuns(t *testing.T) {
+	d := startDaemon(t, "")
+	c := d.client(t)
+	id := create(t, c, map[string]any{"ttl_s": 600})
+	run(t, c, id, "true")
+	sleep := sleepToken()
+	done := make(chan execResult, 1)
+	go func() { done <- run(t, c, id, "sleep "+sleep) }()
+	eventually(t, 10*time.Second, "the command running", func() bool { return len(processesMatching("sleep "+sleep)) > 0 })
+	assert.Equal(t, id, call(t, c, ipc.OpList, nil)["sandboxes"].([]any)[0].(map[string]any)["sandbox"])
+	select {
+	case res := <-done:
+		t.Fatalf("the command ended (%+v) before it was stopped", res)
+	default:
+	}
+	for _, pid := range processesMatching("sleep " + sleep) {
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
+	res := <-done
+	assert.Equal(t, 137, res.ExitCode, "the sleep was killed")
 }

@@ -88,6 +88,9 @@ func TestOOMKillIsReportedAndAudited(t *testing.T) {
 	require.NotNil(t, listed)
 	assert.EqualValues(t, 64<<20, listed["resources"].(map[string]any)["memory_bytes"])
 
+	// A request's audit line follows its response: the daemon's
+	// shutdown waits for the last one.
+	d.stop()
 	b, err := os.ReadFile(auditFile)
 	require.NoError(t, err)
 	var reasons []any
