@@ -509,6 +509,10 @@ func (c *Client) writeFrame(ctx context.Context, body []byte) error {
 	dl, _ := ctx.Deadline() // none: the zero time, no deadline
 	c.nc.SetWriteDeadline(dl)
 	_, err = c.nc.Write(rest)
+	if err == nil && !dl.IsZero() {
+		// Cleared, so that writeNow's next attempt never meets it expired.
+		c.nc.SetWriteDeadline(time.Time{})
+	}
 	return err
 }
 

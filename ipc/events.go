@@ -65,7 +65,7 @@ func (c *conn) sendEvent(ctx context.Context, id uint64, event string, data []by
 	defer c.releaseResponse(int64(len(frame)))
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
-	if err := c.write(frame); err != nil {
+	if err := c.write(frame, handoff.From(ctx).Release); err != nil {
 		c.broken.Store(true)
 		c.log.Debug("event write failed; closing connection", "error", err)
 		if errors.Is(err, os.ErrDeadlineExceeded) {

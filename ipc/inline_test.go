@@ -2,6 +2,7 @@ package ipc
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -43,7 +44,9 @@ func startInline(t *testing.T) (*inlineHandler, *Server, string) {
 
 func (h *inlineHandler) open() { h.once.Do(func() { close(h.gate) }) }
 
-func (h *inlineHandler) InlineUntilRelease(req *Request) bool { return req.Op == "hold" }
+func (h *inlineHandler) InlineUntilRelease(req *Request) bool {
+	return req.Op == "hold" || req.Op == "release-late"
+}
 
 func (h *inlineHandler) note(e string) {
 	h.mu.Lock()
@@ -66,6 +69,14 @@ func (h *inlineHandler) Handle(ctx context.Context, peer *Peer, req *Request) (a
 			h.note("hold cancelled")
 			return nil, Errorf(CodeShuttingDown, "cancelled")
 		}
+	case "release-late":
+		// Released only once the gate opens, then reports whether its
+		// context was already cancelled as Release returned.
+		h.seen <- holdSeen{inline: handoff.From(ctx) != nil}
+		<-h.gate
+		handoff.Release(ctx)
+		h.note(fmt.Sprintf("cancelled at release: %v", ctx.Err() != nil))
+		return map[string]any{}, nil
 	case "audited":
 		req.AfterResponse(func() {
 			<-h.gate
@@ -161,12 +172,11 @@ func TestInlineOnlyWhenAloneOnTheConnection(t *testing.T) {
 	h, _, path := startInline(t)
 	h.open()
 	c := rawConn(t, path)
-	sendReq(t, c, 1, "sleep", map[string]any{"ms": 300})
+	sendReq(t, c, 1, "sleep", map[string]any{"ms": 60000}) // until the connection closes
 	sendReq(t, c, 2, "hold", nil)
 	assert.False(t, (<-h.seen).inline, "a sleep is in flight")
-	for range 2 {
-		assert.Equal(t, true, readResp(t, c)["ok"])
-	}
+	assert.EqualValues(t, 2, readResp(t, c)["id"])
+	c.Close()
 	c2 := rawConn(t, path)
 	sendReq(t, c2, 1, "hold", nil)
 	assert.True(t, (<-h.seen).inline, "alone on its own connection")
@@ -186,8 +196,10 @@ func TestHangUpCancelsAReleasedInlineRequest(t *testing.T) {
 	require.NoError(t, s.Shutdown(ctx), "nothing is left in flight")
 	h.mu.Lock()
 	assert.Equal(t, []string{"hold cancelled"}, h.events)
-	assert.Len(t, h.disconnected, 1)
 	h.mu.Unlock()
+	h.testHandler.mu.Lock()
+	assert.Len(t, h.testHandler.disconnected, 1)
+	h.testHandler.mu.Unlock()
 }
 
 // AfterResponse runs once the response is out, and before the next
@@ -211,5 +223,24 @@ func TestAfterResponseRunsAfterTheResponseAndBeforeTheNext(t *testing.T) {
 	require.NoError(t, within(t, echo))
 	h.mu.Lock()
 	assert.Equal(t, []string{"audited's after-response"}, h.events)
+	h.mu.Unlock()
+}
+
+// A request released after its client hung up sees its context cancelled
+// as Release returns: what the new reader does on reading the end is done
+// before it starts (the bwrap backend releases at its hot wait, and its
+// next step judges the context).
+func TestReleaseAfterAHangUpCancelsAtOnce(t *testing.T) {
+	h, s, path := startInline(t)
+	c := rawConn(t, path)
+	sendReq(t, c, 1, "release-late", nil)
+	require.True(t, (<-h.seen).inline)
+	require.NoError(t, c.Close())
+	h.open()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, s.Shutdown(ctx))
+	h.mu.Lock()
+	assert.Equal(t, []string{"cancelled at release: true"}, h.events)
 	h.mu.Unlock()
 }

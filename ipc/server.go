@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/internal/handoff"
 )
@@ -371,6 +372,17 @@ func (s *Server) startConn(nc *net.UnixConn) {
 	}()
 }
 
+// hungUp reports whether the peer has shut the connection down with
+// nothing left unread in it.
+func (c *conn) hungUp() bool {
+	fds := []unix.PollFd{{Fd: int32(c.fd), Events: unix.POLLIN | unix.POLLRDHUP}}
+	if n, err := unix.Poll(fds, 0); err != nil || n == 0 || fds[0].Revents&(unix.POLLRDHUP|unix.POLLHUP) == 0 {
+		return false
+	}
+	unread, err := unix.IoctlGetInt(c.fd, unix.SIOCINQ)
+	return err == nil && unread == 0
+}
+
 // unregister forgets c, once its last goroutine is done with it, and
 // closes it.
 func (c *conn) unregister() {
@@ -541,7 +553,17 @@ func (c *conn) read(st *reading) (handedOff bool) {
 			// request. The request counts in reqs, which that reader waits
 			// for before it closes the connection.
 			st.reqs.Add(1)
-			hc := handoff.New(c.fd, func() { go c.readOn(st) })
+			hc := handoff.New(c.fd, func() {
+				if c.hungUp() {
+					// What the new reader does when it reads the end,
+					// done before this returns: a request released
+					// because its client went away sees its context
+					// cancelled at once (nothing is lost: an inline
+					// request had nothing more read behind it).
+					st.cancel()
+				}
+				go c.readOn(st)
+			})
 			req.handoff = hc
 			c.handle(handoff.With(ctx, hc), &req)
 			released := hc.Done()
@@ -562,7 +584,7 @@ func (c *conn) read(st *reading) (handedOff bool) {
 }
 
 func (c *conn) handle(ctx context.Context, req *Request) {
-	defer req.runAfter()
+	defer c.runAfter(req)
 	defer c.release(req)
 	defer func() {
 		if r := recover(); r != nil {
@@ -599,12 +621,19 @@ func (r *Request) AfterResponse(f func()) {
 	r.after = append(r.after, f)
 }
 
-// runAfter runs what AfterResponse gave, in order.
-func (r *Request) runAfter() {
-	for _, f := range r.after {
+// runAfter runs what req's AfterResponse gave, in order, once; a panic
+// in one is logged, not answered (the response is already out).
+func (c *conn) runAfter(req *Request) {
+	after := req.after
+	req.after = nil
+	defer func() {
+		if r := recover(); r != nil {
+			c.log.Error("after-response work panicked", "op", req.Op, "id", req.ID, "panic", r)
+		}
+	}()
+	for _, f := range after {
 		f()
 	}
-	r.after = nil
 }
 
 // release gives back what req held of the server's budgets: its charge
@@ -618,15 +647,22 @@ func (c *conn) release(req *Request) {
 }
 
 // write writes frame to the connection, within the write timeout: what
-// writeNow could not write waits, bounded by WriteTimeout. The caller
-// holds writeMu.
-func (c *conn) write(frame []byte) error {
+// writeNow could not write waits, bounded by WriteTimeout, after
+// beforeWait (if set) ran. The caller holds writeMu.
+func (c *conn) write(frame []byte, beforeWait func()) error {
 	rest, err := writeNow(c.raw, frame)
 	if err != nil || len(rest) == 0 {
 		return err
 	}
+	if beforeWait != nil {
+		beforeWait()
+	}
 	c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
 	_, err = c.nc.Write(rest)
+	if err == nil {
+		// Cleared, so that writeNow's next attempt never meets it expired.
+		c.nc.SetWriteDeadline(time.Time{})
+	}
 	return err
 }
 
@@ -753,10 +789,12 @@ func (c *conn) send(req *Request, id uint64, result any, e *Error) {
 	// What waited for the response runs once it is out, before any later
 	// response of the connection: a client that sends its next request
 	// after reading this response finds this one's audit line first.
+	var beforeWait func()
 	if req != nil {
-		defer req.runAfter()
+		defer c.runAfter(req)
+		beforeWait = req.handoff.Release // a slow reader: the connection's next request is read meanwhile
 	}
-	if err := c.write(frame); err != nil {
+	if err := c.write(frame, beforeWait); err != nil {
 		c.broken.Store(true)
 		c.log.Debug("write failed; closing connection", "error", err)
 		if errors.Is(err, os.ErrDeadlineExceeded) {

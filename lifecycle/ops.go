@@ -11,9 +11,9 @@ import (
 )
 
 // InlineExec reports whether Exec may run on the goroutine that read its
-// request (see backend.InlineExecer): it never waits itself, except to
-// destroy a sandbox the backend gave up on, which it releases the
-// connection for first.
+// request (see backend.InlineExecer): Exec releases the connection before
+// it waits itself (for a recovery still adopting the sandbox, use; to
+// destroy a sandbox the backend gave up on).
 func (m *Manager) InlineExec() bool {
 	_, ok := m.be.(backend.InlineExecer)
 	return ok
@@ -25,7 +25,7 @@ func (m *Manager) InlineExec() bool {
 // for another. The budget is cut to what is left of the sandbox's life, and
 // AppliedTimeout says so.
 func (m *Manager) Exec(ctx context.Context, c Caller, id string, req backend.ExecRequest) (backend.ExecResult, error) {
-	r, done, err := m.use(c, id)
+	r, done, err := m.use(ctx, c, id)
 	if err != nil {
 		return backend.ExecResult{}, err
 	}
@@ -113,7 +113,7 @@ func (m *Manager) giveUIDCmd(uid uint32) {
 
 // ReadFile reads a file from a sandbox.
 func (m *Manager) ReadFile(ctx context.Context, c Caller, id, path string, maxBytes int64) ([]byte, error) {
-	_, done, err := m.use(c, id)
+	_, done, err := m.use(ctx, c, id)
 	if err != nil {
 		return nil, err
 	}
@@ -123,7 +123,7 @@ func (m *Manager) ReadFile(ctx context.Context, c Caller, id, path string, maxBy
 
 // WriteFile writes a file into a sandbox.
 func (m *Manager) WriteFile(ctx context.Context, c Caller, id, path string, data []byte, mode os.FileMode) error {
-	_, done, err := m.use(c, id)
+	_, done, err := m.use(ctx, c, id)
 	if err != nil {
 		return err
 	}
@@ -148,7 +148,7 @@ func (m *Manager) ReadFileRange(ctx context.Context, c Caller, id, path string, 
 	if err != nil {
 		return nil, 0, err
 	}
-	_, done, err := m.use(c, id)
+	_, done, err := m.use(ctx, c, id)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -163,7 +163,7 @@ func (m *Manager) WriteFileAt(ctx context.Context, c Caller, id, path string, da
 	if err != nil {
 		return 0, err
 	}
-	_, done, err := m.use(c, id)
+	_, done, err := m.use(ctx, c, id)
 	if err != nil {
 		return 0, err
 	}
@@ -173,7 +173,7 @@ func (m *Manager) WriteFileAt(ctx context.Context, c Caller, id, path string, da
 
 // ListDirectory lists a directory of a sandbox.
 func (m *Manager) ListDirectory(ctx context.Context, c Caller, id, path string, maxEntries int) ([]backend.DirEntry, error) {
-	_, done, err := m.use(c, id)
+	_, done, err := m.use(ctx, c, id)
 	if err != nil {
 		return nil, err
 	}

@@ -4,11 +4,13 @@ package lifecycle
 // an op finds the record it may act on.
 
 import (
+	"context"
 	"fmt"
 	"sort"
 	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/internal/handoff"
 )
 
 // persist writes rec's current state to the journal. Writes of one record
@@ -131,12 +133,15 @@ func (m *Manager) lookup(c Caller, id string) (*record, error) {
 }
 
 // use marks the start of an operation on a sandbox; the returned func
-// marks its end.
-func (m *Manager) use(c Caller, id string) (*record, func(), error) {
+// marks its end. A request running on its connection's reader has the
+// connection released (internal/handoff) before use waits for a recovery
+// still adopting the sandbox.
+func (m *Manager) use(ctx context.Context, c Caller, id string) (*record, func(), error) {
 	m.mu.Lock()
 	if r := m.boxes[id]; r != nil && r.adopted != nil && r.UID == c.UID {
 		// Kept by a recovery that is still adopting it: first that.
 		m.mu.Unlock()
+		handoff.Release(ctx)
 		m.awaitAdopted(r)
 		m.mu.Lock()
 	}

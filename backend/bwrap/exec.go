@@ -105,7 +105,7 @@ func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 	ip, err := b.acquireInit(opCtx, sb, time.Now().Add(applied+b.cfg.KillGrace+b.cfg.ExecGrace))
 	switch {
 	case err == nil:
-		defer sb.releaseInit(ip)
+		defer sb.releaseInit(ctx, ip)
 		return b.execInit(ctx, opCtx, sb, ip, req, argv, env, cwd, applied)
 	case errors.Is(err, errInitBusy):
 		// The contract: the caller never overlaps commands in one sandbox.
@@ -119,11 +119,11 @@ func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 	return backend.ExecResult{}, err
 }
 
-// InlineExec implements backend.InlineExecer: Exec waits for nothing
-// before its hot wait but a lock another command of the sandbox holds or
-// its init's start, and it releases the connection for those, for a
-// command that outlasts the hot wait and for a terminated sandbox
-// (acquireInit, execInit).
+// InlineExec implements backend.InlineExecer: Exec releases the
+// connection before each wait of its own: for init's lock (acquireInit,
+// releaseInit) or its start, for room on init's socket (sendKind), for a
+// command that outlasts the hot wait, and to terminate a sandbox
+// (execInit).
 func (b *Backend) InlineExec() {}
 
 var _ backend.InlineExecer = (*Backend)(nil)

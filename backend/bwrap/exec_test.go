@@ -530,11 +530,15 @@ func TestBwrapArgvThatCannotRun(t *testing.T) {
 func TestBwrapExecReleasesTheConnectionBeforeItWaits(t *testing.T) {
 	b := newTestBackend(t, daemonUID)
 	id := create(t, b, backend.Spec{})
-	exec := func(command string) (backend.ExecResult, []time.Duration) {
+	exec := func(command string, watched ...int) (backend.ExecResult, []time.Duration) {
 		t.Helper()
 		var released []time.Duration
 		start := time.Now()
-		ctx := handoff.With(context.Background(), handoff.New(-1, func() { released = append(released, time.Since(start)) }))
+		fd := -1
+		if len(watched) > 0 {
+			fd = watched[0]
+		}
+		ctx := handoff.With(context.Background(), handoff.New(fd, func() { released = append(released, time.Since(start)) }))
 		res, err := b.Exec(ctx, id, backend.ExecRequest{Command: command, Timeout: 30 * time.Second})
 		if err != nil {
 			t.Fatalf("Exec(%q): %v", command, err)
@@ -555,5 +559,20 @@ func TestBwrapExecReleasesTheConnectionBeforeItWaits(t *testing.T) {
 	}
 	if released[0] >= 400*time.Millisecond {
 		t.Errorf("released %v after the start: not before the command's wait", released[0])
+	}
+	// A connection with something to read (the next request, a hang-up)
+	// is released by the hot wait that watches it, even for a command that
+	// ends within it.
+	var p [2]int
+	if err := syscall.Pipe2(p[:], syscall.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(p[0])
+	defer syscall.Close(p[1])
+	if _, err := syscall.Write(p[1], []byte{1}); err != nil {
+		t.Fatal(err)
+	}
+	if res, released := exec("true", p[0]); res.ExitCode != 0 || len(released) != 1 {
+		t.Errorf("a readable connection: exit %d, released %d times, want once", res.ExitCode, len(released))
 	}
 }

@@ -155,7 +155,7 @@ func (ip *initProc) open(ctx context.Context, req bwwire.OpenRequest, deadline t
 		theirs.Close()
 		return nil, 0, err
 	}
-	err = ip.sendKind(bwwire.MsgOpen, nil, []int{int(theirs.Fd())}, deadline)
+	err = ip.sendKind(bwwire.MsgOpen, nil, []int{int(theirs.Fd())}, deadline, nil)
 	theirs.Close()
 	if err != nil {
 		return nil, 0, err

@@ -573,7 +573,7 @@ func TestInitRefusesMalformedMessages(t *testing.T) {
 			t.Fatalf("%s: init died", tc.name)
 		}
 	}
-	sb.releaseInit(ip)
+	sb.releaseInit(context.Background(), ip)
 	if out := runOK(t, b, id, "echo still-serving"); out != "still-serving\n" {
 		t.Errorf("after the malformed messages: %q", out)
 	}
@@ -595,7 +595,7 @@ func TestInitRunsInlineAndMemfdRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	req := bwwire.RunRequest{Argv: []string{"/bin/sh", "-c", "exit 7"}, Cwd: "/", Timeout: 5 * time.Second}.Encode()
-	err = ip.send(req, []int{int(statusInit.Fd()), null, null, null}, time.Now().Add(5*time.Second))
+	err = ip.send(req, []int{int(statusInit.Fd()), null, null, null}, time.Now().Add(5*time.Second), nil)
 	statusInit.Close()
 	if err != nil {
 		t.Fatal(err)
@@ -618,7 +618,7 @@ func TestInitRunsInlineAndMemfdRequests(t *testing.T) {
 	if code, _, err := got[1].ExitCode(); got[0].Kind != bwwire.MsgStarted || err != nil || code != 7 {
 		t.Fatalf("init said %+v; want started, then exited 7", got)
 	}
-	sb.releaseInit(ip)
+	sb.releaseInit(context.Background(), ip)
 
 	// Past the inline bound: the environment alone is larger.
 	big := strings.Repeat("x", bwwire.MaxInlineRequest)

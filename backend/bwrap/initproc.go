@@ -358,8 +358,8 @@ func (ip *initProc) waitDead(limit time.Duration) bool {
 // send hands init one run message (with the request when inline is not
 // nil) and its descriptors, waiting until deadline at most for room on the
 // socket.
-func (ip *initProc) send(inline []byte, fds []int, deadline time.Time) error {
-	return ip.sendKind(bwwire.MsgRun, inline, fds, deadline)
+func (ip *initProc) send(inline []byte, fds []int, deadline time.Time, beforeWait func()) error {
+	return ip.sendKind(bwwire.MsgRun, inline, fds, deadline, beforeWait)
 }
 
 // sendKind sends init one message of kind, its header's first value the
@@ -368,9 +368,16 @@ func (ip *initProc) send(inline []byte, fds []int, deadline time.Time) error {
 // every message at once, so a send waits (polling the socket, in slices
 // that also see init's death: the socket then hangs up and the send
 // fails) only while an init that stopped reading has a full queue.
-func (ip *initProc) sendKind(kind uint32, payload []byte, fds []int, deadline time.Time) error {
+// beforeWait, if set, runs before it waits: for another send, or for room.
+func (ip *initProc) sendKind(kind uint32, payload []byte, fds []int, deadline time.Time, beforeWait func()) error {
 	msg := append(bwwire.Msg{Kind: kind, A: uint32(len(payload))}.Encode(), payload...)
-	ip.sendMu.Lock()
+	if beforeWait == nil {
+		beforeWait = func() {}
+	}
+	if !ip.sendMu.TryLock() {
+		beforeWait()
+		ip.sendMu.Lock()
+	}
 	defer ip.sendMu.Unlock()
 	rc, err := ip.ctrl.SyscallConn()
 	if err != nil {
@@ -388,6 +395,7 @@ func (ip *initProc) sendKind(kind uint32, payload []byte, fds []int, deadline ti
 				sendErr = os.ErrDeadlineExceeded
 				return
 			}
+			beforeWait()
 			ts := unix.NsecToTimespec(int64(min(left, 20*time.Millisecond)))
 			_, _ = unix.Ppoll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}, &ts, nil)
 		}
@@ -498,9 +506,14 @@ func (b *Backend) acquireInit(ctx context.Context, sb *sandbox, deadline time.Ti
 	return sb.init, nil
 }
 
-// releaseInit makes ip available for the next command.
-func (sb *sandbox) releaseInit(ip *initProc) {
-	sb.initMu.Lock()
+// releaseInit makes ip available for the next command; ctx's connection
+// is released first (internal/handoff) if the lock is held (a destroy
+// stopping init holds it for seconds).
+func (sb *sandbox) releaseInit(ctx context.Context, ip *initProc) {
+	if !sb.initMu.TryLock() {
+		handoff.Release(ctx)
+		sb.initMu.Lock()
+	}
 	defer sb.initMu.Unlock()
 	ip.busy = false
 }
@@ -627,7 +640,7 @@ func (b *Backend) execInit(ctx, opCtx context.Context, sb *sandbox, ip *initProc
 	}
 	fds = append(fds, child[0], child[1], child[2])
 	b.failpoint(FailExecSending)
-	sendErr := ip.send(inline, fds, earliest(outer, start.Add(initAnswerTimeout)))
+	sendErr := ip.send(inline, fds, earliest(outer, start.Add(initAnswerTimeout)), conn.Release)
 	unix.Close(statusInit)
 	closeFiles([]*os.File{reqFile})
 	b.failpoint(FailExecHandedOver)

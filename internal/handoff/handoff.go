@@ -24,6 +24,7 @@ type Conn struct {
 	fd      int
 	once    sync.Once
 	resume  func()
+	mu      sync.Mutex
 	resumed bool
 }
 
@@ -49,13 +50,23 @@ func From(ctx context.Context) *Conn {
 func Release(ctx context.Context) { From(ctx).Release() }
 
 // FD is the connection's descriptor, for a poll that also watches it
-// (readable or hung up: call Release); -1 for a nil Conn. It stays open
-// while the request runs.
+// (readable or hung up: call Release); -1 for a nil Conn or once released
+// (the new reader may close it). It stays open until then.
 func (c *Conn) FD() int {
-	if c == nil {
+	if c == nil || c.Released() {
 		return -1
 	}
 	return c.fd
+}
+
+// Released reports whether the connection has been released.
+func (c *Conn) Released() bool {
+	if c == nil {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.resumed
 }
 
 // Release starts reading the connection elsewhere, once; nil does nothing.
@@ -64,7 +75,9 @@ func (c *Conn) Release() {
 		return
 	}
 	c.once.Do(func() {
+		c.mu.Lock()
 		c.resumed = true
+		c.mu.Unlock()
 		c.resume()
 	})
 }
@@ -74,5 +87,5 @@ func (c *Conn) Release() {
 // request knows whether it still reads the connection.
 func (c *Conn) Done() (released bool) {
 	c.once.Do(func() {})
-	return c.resumed
+	return c.Released()
 }

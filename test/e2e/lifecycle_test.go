@@ -383,18 +383,33 @@ func TestConnectionServedWhileItsCommandRuns(t *testing.T) {
 	id := create(t, c, map[string]any{"ttl_s": 600})
 	run(t, c, id, "true")
 	sleep := sleepToken()
-	done := make(chan execResult, 1)
-	go func() { done <- run(t, c, id, "sleep "+sleep) }()
+	type outcome struct {
+		res execResult
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		var o outcome
+		o.err = c.Call(ctx, ipc.OpRunCommand, map[string]any{"sandbox": id, "command": "sleep " + sleep, "timeout_s": 60}, &o.res)
+		done <- o
+	}()
 	eventually(t, 10*time.Second, "the command running", func() bool { return len(processesMatching("sleep "+sleep)) > 0 })
 	assert.Equal(t, id, call(t, c, ipc.OpList, nil)["sandboxes"].([]any)[0].(map[string]any)["sandbox"])
 	select {
-	case res := <-done:
-		t.Fatalf("the command ended (%+v) before it was stopped", res)
+	case o := <-done:
+		t.Fatalf("the command ended (%+v, %v) before it was stopped", o.res, o.err)
 	default:
 	}
 	for _, pid := range processesMatching("sleep " + sleep) {
 		syscall.Kill(pid, syscall.SIGKILL)
 	}
-	res := <-done
-	assert.Equal(t, 137, res.ExitCode, "the sleep was killed")
+	select {
+	case o := <-done:
+		require.NoError(t, o.err)
+		assert.Equal(t, 137, o.res.ExitCode, "the sleep was killed")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the killed command's result did not come within 30 s")
+	}
 }
