@@ -75,10 +75,14 @@ type callResult struct {
 }
 
 func goCall(cl *Client, ctx context.Context, op string) chan callResult {
+	return goCallArgs(cl, ctx, op, nil)
+}
+
+func goCallArgs(cl *Client, ctx context.Context, op string, args map[string]any) chan callResult {
 	ch := make(chan callResult, 1)
 	go func() {
 		var out map[string]any
-		err := cl.Call(ctx, op, nil, &out)
+		err := cl.Call(ctx, op, args, &out)
 		ch <- callResult{out, err}
 	}()
 	return ch

@@ -87,28 +87,16 @@ func (h *inlineHandler) Handle(ctx context.Context, peer *Peer, req *Request) (a
 	return h.testHandler.Handle(ctx, peer, req)
 }
 
-func holdCall(cl *Client, release bool) chan error {
-	done := make(chan error, 1)
-	go func() { done <- cl.Call(context.Background(), "hold", map[string]any{"release": release}, nil) }()
-	return done
+func holdCall(cl *Client, release bool) chan callResult {
+	return goCallArgs(cl, context.Background(), "hold", map[string]any{"release": release})
 }
 
-func echoCall(cl *Client) chan error {
-	done := make(chan error, 1)
-	go func() { done <- cl.Call(context.Background(), "echo", nil, nil) }()
-	return done
-}
+func echoCall(cl *Client) chan callResult { return goCall(cl, context.Background(), "echo") }
 
-// within waits up to 10 s for a call's result.
-func within(t *testing.T, done chan error) error {
+// within waits up to 10 s for a call's error.
+func within(t *testing.T, ch chan callResult) error {
 	t.Helper()
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(10 * time.Second):
-		t.Fatal("no answer within 10 s")
-		return nil
-	}
+	return waitResult(t, ch).err
 }
 
 // A request run inline has its connection's descriptor in its context;
@@ -126,8 +114,8 @@ func TestInlineRequestReleasesItsConnection(t *testing.T) {
 	assert.GreaterOrEqual(t, seen.fd, 0)
 	require.NoError(t, within(t, echoCall(cl)), "served while the released request still runs")
 	select {
-	case err := <-held:
-		t.Fatalf("hold returned before its gate opened: %v", err)
+	case r := <-held:
+		t.Fatalf("hold returned before its gate opened: %v", r.err)
 	default:
 	}
 	h.open()
@@ -157,8 +145,8 @@ func TestInlineRequestHoldsItsConnectionUntilReleased(t *testing.T) {
 	require.True(t, (<-h.seen).inline)
 	echo := echoCall(cl)
 	select {
-	case err := <-echo:
-		t.Fatalf("echo answered while the inline request held the connection: %v", err)
+	case r := <-echo:
+		t.Fatalf("echo answered while the inline request held the connection: %v", r.err)
 	case <-time.After(100 * time.Millisecond):
 	}
 	h.open()
@@ -215,8 +203,8 @@ func TestAfterResponseRunsAfterTheResponseAndBeforeTheNext(t *testing.T) {
 	require.NoError(t, cl.Call(ctx, "audited", nil, nil), "answered while its after-response work waits")
 	echo := echoCall(cl)
 	select {
-	case err := <-echo:
-		t.Fatalf("the next response was written before the first's after-response work ran: %v", err)
+	case r := <-echo:
+		t.Fatalf("the next response was written before the first's after-response work ran: %v", r.err)
 	case <-time.After(100 * time.Millisecond):
 	}
 	h.open()
