@@ -497,23 +497,14 @@ func (c *Client) CallStream(ctx context.Context, op string, args any, out any, o
 
 // writeFrame writes body as one frame, bounded by ctx's deadline: a frame
 // the socket has room for goes out at once with no deadline armed
-// (writeNow). The caller holds writeMu.
+// (writeWithin). The caller holds writeMu.
 func (c *Client) writeFrame(ctx context.Context, body []byte) error {
-	if len(body) > c.maxFrame {
-		return fmt.Errorf("%w: %d bytes to send, at most %d allowed", ErrFrameTooLarge, len(body), c.maxFrame)
-	}
-	rest, err := writeNow(c.raw, AppendFrame(make([]byte, 0, headerSize+len(body)), body))
-	if err != nil || len(rest) == 0 {
+	frame, err := newFrame(body, c.maxFrame)
+	if err != nil {
 		return err
 	}
 	dl, _ := ctx.Deadline() // none: the zero time, no deadline
-	c.nc.SetWriteDeadline(dl)
-	_, err = c.nc.Write(rest)
-	if err == nil && !dl.IsZero() {
-		// Cleared, so that writeNow's next attempt never meets it expired.
-		c.nc.SetWriteDeadline(time.Time{})
-	}
-	return err
+	return writeWithin(c.nc, c.raw, frame, dl, nil)
 }
 
 func (c *Client) forget(id uint64) {

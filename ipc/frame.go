@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -71,10 +73,39 @@ func AppendFrame(dst, body []byte) []byte {
 // WriteFrame writes body as one frame in a single Write call, so frames from
 // concurrent writers never interleave when the caller serializes writes.
 func WriteFrame(w io.Writer, body []byte, max int) error {
-	if len(body) > max {
-		return fmt.Errorf("%w: %d bytes to send, at most %d allowed", ErrFrameTooLarge, len(body), max)
+	frame, err := newFrame(body, max)
+	if err != nil {
+		return err
 	}
-	_, err := w.Write(AppendFrame(make([]byte, 0, headerSize+len(body)), body))
+	_, err = w.Write(frame)
+	return err
+}
+
+// newFrame is body as a frame, if it is at most max bytes.
+func newFrame(body []byte, max int) ([]byte, error) {
+	if len(body) > max {
+		return nil, fmt.Errorf("%w: %d bytes to send, at most %d allowed", ErrFrameTooLarge, len(body), max)
+	}
+	return AppendFrame(make([]byte, 0, headerSize+len(body)), body), nil
+}
+
+// writeWithin writes frame to nc: at once when the socket has room for it
+// (writeNow), otherwise the rest under deadline (zero: none), after
+// beforeWait (if set) ran. A deadline it armed is cleared after a write that
+// succeeded, so that writeNow's next attempt never meets it expired.
+func writeWithin(nc net.Conn, raw syscall.RawConn, frame []byte, deadline time.Time, beforeWait func()) error {
+	rest, err := writeNow(raw, frame)
+	if err != nil || len(rest) == 0 {
+		return err
+	}
+	if beforeWait != nil {
+		beforeWait()
+	}
+	nc.SetWriteDeadline(deadline)
+	_, err = nc.Write(rest)
+	if err == nil && !deadline.IsZero() {
+		nc.SetWriteDeadline(time.Time{})
+	}
 	return err
 }
 

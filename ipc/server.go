@@ -646,24 +646,19 @@ func (c *conn) release(req *Request) {
 	req.reserved = 0
 }
 
-// write writes frame to the connection, within the write timeout: what
-// writeNow could not write waits, bounded by WriteTimeout, after
-// beforeWait (if set) ran. The caller holds writeMu.
+// write writes frame to the connection within the write timeout
+// (writeWithin), releasing an inline request's connection (beforeWait)
+// before it waits. The caller holds writeMu.
 func (c *conn) write(frame []byte, beforeWait func()) error {
-	rest, err := writeNow(c.raw, frame)
-	if err != nil || len(rest) == 0 {
-		return err
+	return writeWithin(c.nc, c.raw, frame, time.Now().Add(c.s.cfg.WriteTimeout), beforeWait)
+}
+
+// releaseConn releases the connection of r, if r runs inline until
+// released (internal/handoff); a nil r does nothing.
+func (r *Request) releaseConn() {
+	if r != nil {
+		r.handoff.Release()
 	}
-	if beforeWait != nil {
-		beforeWait()
-	}
-	c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
-	_, err = c.nc.Write(rest)
-	if err == nil {
-		// Cleared, so that writeNow's next attempt never meets it expired.
-		c.nc.SetWriteDeadline(time.Time{})
-	}
-	return err
 }
 
 // ReserveResponse takes n bytes of the connection's and the server's
@@ -686,7 +681,7 @@ func (r *Request) ReserveResponse(ctx context.Context, n int64) error {
 	if n > c.responses.Limit() {
 		return Errorf(CodeInternal, "a response of up to %d bytes cannot fit the %d bytes a connection may hold for responses; the operator should raise server.max_response_bytes_per_connection", n, c.responses.Limit())
 	}
-	if err := c.acquireResponse(ctx, n, r.handoff.Release); err != nil {
+	if err := c.acquireResponse(ctx, n, r.releaseConn); err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -698,8 +693,8 @@ func (r *Request) ReserveResponse(ctx context.Context, n int64) error {
 }
 
 // acquireResponse takes n bytes of the connection's response budget, then
-// of the server's, waiting at most the write timeout (beforeWait, if set,
-// runs first when it has to wait).
+// of the server's, waiting at most the write timeout (beforeWait runs first
+// when it has to wait).
 func (c *conn) acquireResponse(ctx context.Context, n int64, beforeWait func()) error {
 	if c.responses.TryAcquire(n) {
 		if c.s.responses.TryAcquire(n) {
@@ -707,9 +702,7 @@ func (c *conn) acquireResponse(ctx context.Context, n int64, beforeWait func()) 
 		}
 		c.responses.Release(n)
 	}
-	if beforeWait != nil {
-		beforeWait()
-	}
+	beforeWait()
 	ctx, cancel := context.WithTimeout(ctx, c.s.cfg.WriteTimeout)
 	defer cancel()
 	if err := c.responses.Acquire(ctx, n); err != nil {
@@ -768,11 +761,7 @@ func (c *conn) send(req *Request, id uint64, result any, e *Error) {
 		if ctx == nil {
 			ctx = c.s.base
 		}
-		var beforeWait func()
-		if req != nil {
-			beforeWait = req.handoff.Release
-		}
-		if err := c.acquireResponse(ctx, extra, beforeWait); err != nil {
+		if err := c.acquireResponse(ctx, extra, req.releaseConn); err != nil {
 			if ctx.Err() == nil {
 				c.log.Warn("closing connection: a response waited too long for room in the response budget (is the client reading its responses?)",
 					"id", id, "bytes", len(frame), "connection_held", c.responses.InUse(), "connection_budget", c.responses.Limit(),
@@ -789,12 +778,11 @@ func (c *conn) send(req *Request, id uint64, result any, e *Error) {
 	// What waited for the response runs once it is out, before any later
 	// response of the connection: a client that sends its next request
 	// after reading this response finds this one's audit line first.
-	var beforeWait func()
 	if req != nil {
 		defer c.runAfter(req)
-		beforeWait = req.handoff.Release // a slow reader: the connection's next request is read meanwhile
 	}
-	if err := c.write(frame, beforeWait); err != nil {
+	// A slow reader: the connection's next request is read meanwhile.
+	if err := c.write(frame, req.releaseConn); err != nil {
 		c.broken.Store(true)
 		c.log.Debug("write failed; closing connection", "error", err)
 		if errors.Is(err, os.ErrDeadlineExceeded) {

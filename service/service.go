@@ -206,18 +206,20 @@ func (s *Service) Handle(ctx context.Context, peer *ipc.Peer, req *ipc.Request) 
 	}
 	kv := append([]any{"op", req.Op, "id", req.ID, "peer_uid", peer.UID, "peer_pid", peer.PID, "conn", peer.ConnID,
 		"duration_ms", float64(time.Since(start).Microseconds()) / 1000}, a.kv...)
-	// Written once the response is: the client does not wait for it.
+	logAudit := s.log.Info
 	switch {
 	case e == nil:
-		if req.Op != ipc.OpHealth && req.Op != ipc.OpHello {
-			req.AfterResponse(func() { s.log.Info("audit", kv...) })
+		if req.Op == ipc.OpHealth || req.Op == ipc.OpHello {
+			logAudit = nil
 		}
 	case e.Code == ipc.CodeInternal:
-		kv = append(kv, "code", e.Code, "error", err.Error())
-		req.AfterResponse(func() { s.log.Error("audit", kv...) })
+		kv, logAudit = append(kv, "code", e.Code, "error", err.Error()), s.log.Error
 	default:
 		kv = append(kv, "code", e.Code, "refused", e.Message)
-		req.AfterResponse(func() { s.log.Info("audit", kv...) })
+	}
+	if logAudit != nil {
+		// Written once the response is: the client does not wait for it.
+		req.AfterResponse(func() { logAudit("audit", kv...) })
 	}
 	if e != nil {
 		return nil, e
@@ -461,10 +463,11 @@ func (s *Service) Inline(op string) bool {
 }
 
 // InlineUntilRelease implements ipc.ReleaseInliner: a run_command that
-// does not ask about streaming its output starts on the connection's reader goroutine when
-// the backend's Exec releases the connection before it waits
-// (backend.InlineExecer); nothing before Exec on its path waits, but for
-// room in the response budget, which releases it too (ipc.ReserveResponse).
+// does not ask about streaming its output starts on the connection's
+// reader goroutine when the backend's Exec releases the connection before
+// it waits (backend.InlineExecer); nothing before Exec on its path waits,
+// but for room in the response budget, which releases it too
+// (ipc.ReserveResponse).
 func (s *Service) InlineUntilRelease(req *ipc.Request) bool {
 	return req.Op == ipc.OpRunCommand && !req.Args.Has("stream") && s.m.InlineExec()
 }

@@ -471,10 +471,7 @@ func (b *Backend) reapInit(ip *initProc) bool {
 // connection released first when this has to wait: for the lock, or to
 // start the init.
 func (b *Backend) acquireInit(ctx context.Context, sb *sandbox, deadline time.Time) (*initProc, error) {
-	if !sb.initMu.TryLock() {
-		handoff.Release(ctx)
-		sb.initMu.Lock()
-	}
+	sb.lockInit(ctx)
 	defer sb.initMu.Unlock()
 	if ip := sb.init; ip != nil && !ip.alive() {
 		handoff.Release(ctx)
@@ -506,16 +503,21 @@ func (b *Backend) acquireInit(ctx context.Context, sb *sandbox, deadline time.Ti
 	return sb.init, nil
 }
 
-// releaseInit makes ip available for the next command; ctx's connection
-// is released first (internal/handoff) if the lock is held (a destroy
-// stopping init holds it for seconds).
+// releaseInit makes ip available for the next command.
 func (sb *sandbox) releaseInit(ctx context.Context, ip *initProc) {
+	sb.lockInit(ctx)
+	defer sb.initMu.Unlock()
+	ip.busy = false
+}
+
+// lockInit takes sb.initMu, releasing ctx's connection first
+// (internal/handoff) if the lock is held: a destroy stopping init, or
+// another start, holds it for seconds.
+func (sb *sandbox) lockInit(ctx context.Context) {
 	if !sb.initMu.TryLock() {
 		handoff.Release(ctx)
 		sb.initMu.Lock()
 	}
-	defer sb.initMu.Unlock()
-	ip.busy = false
 }
 
 // terminate kills ip, if it is still sb's init, and marks the sandbox
