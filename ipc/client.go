@@ -251,7 +251,7 @@ func (c *Client) dispatch(body []byte) bool {
 		return false
 	}
 	var w wireResponse
-	if err := msgpack.Unmarshal(body, &w); err != nil {
+	if err := decodeWire(body, &w); err != nil {
 		c.fail(fmt.Errorf("malformed response from the daemon: %w", err))
 		c.nc.Close()
 		return false
