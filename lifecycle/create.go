@@ -8,11 +8,13 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
 	"unicode/utf8"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 )
 
@@ -170,6 +172,9 @@ func (m *Manager) Create(ctx context.Context, c Caller, req CreateRequest) (Sand
 	rec.State = StateReady
 	closing := m.closing
 	m.mu.Unlock()
+	if !closing {
+		m.warmSoon(rec.ID, log)
+	}
 	// A connection-bound sandbox dies with the daemon whatever its record
 	// says (recovery destroys its "creating" record as it would a
 	// connection-bound "ready" one), so its "ready" is not journaled: the
@@ -201,6 +206,33 @@ func (m *Manager) Create(ctx context.Context, c Caller, req CreateRequest) (Sand
 	m.obs.Created(SourceCold, time.Since(start))
 	log.Info("sandbox created", "conn_bound", snap.ConnBound, "expires_at", snap.ExpiresAt.Format(time.RFC3339), "labels", snap.Labels, "host_uid", snap.HostUID)
 	return snap, nil
+}
+
+// warmSoon starts the long-lived part of sandbox id, just made
+// (backend.Warmer: bwrap's init, in its namespaces and cgroup), in the
+// background, so that its first command finds it running instead of
+// paying for it: the start overlaps the create's last journal commit and
+// its answer, and all of it when the client takes a moment before its
+// first command, as an agent does. A command that comes first waits for
+// the start in progress (the backend serializes them). A failed start is
+// only logged: the first command starts it again, and reports what is
+// wrong. A destroy or the backend's close cancels it; Close waits for it
+// as for a create. Called inside a create, which holds opsWG.
+func (m *Manager) warmSoon(id string, log hclog.Logger) {
+	w, ok := m.be.(backend.Warmer)
+	if !ok {
+		return
+	}
+	m.opsWG.Add(1)
+	go func() {
+		defer m.opsWG.Done()
+		m.failpoint(FailWarmSoon)
+		ctx, cancel := context.WithTimeout(context.Background(), m.cfg.CreateTimeout)
+		defer cancel()
+		if err := w.Warm(ctx, id); err != nil && !errors.Is(err, backend.ErrNotFound) {
+			log.Warn("could not start the new sandbox ahead of its first command; the first command starts it", "error", err)
+		}
+	}()
 }
 
 // countsForItsUID reports whether r counts against its uid's and its
