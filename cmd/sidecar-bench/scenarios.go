@@ -339,6 +339,12 @@ func benchProvision(o options, rep *report) error {
 			note = "pool target: first result ≤ steady + 2 ms"
 		}
 		rep.add("provision", "first result minus steady and minus direct, "+v.name, map[string]float64{"p50_over_steady_ms": ms(fp50 - sp50), "p50_over_direct_ms": ms(fp50 - dp50)}, note)
+		if len(r.afterPause) > 0 {
+			ap50 := percentile(r.afterPause, 50)
+			rep.add("provision", fmt.Sprintf("first command alone, %v after the create answered, %s", thinkTime, v.name),
+				map[string]float64{"p50_ms": ms(ap50), "p99_ms": ms(percentile(r.afterPause, 99)), "p50_over_steady_ms": ms(ap50 - sp50)},
+				"an agent's pause before its first step: the create's background start of the init is done by then")
+		}
 	}
 	return nil
 }
@@ -359,7 +365,14 @@ func directDir() (string, error) {
 
 type provisionResult struct {
 	creates, firsts, steady, direct []time.Duration
+	// afterPause: a cold create's first command alone, sent thinkTime
+	// after the create answered, as an agent's would be.
+	afterPause []time.Duration
 }
+
+// thinkTime is the pause between a create and its first command in the
+// provision rows that stand for an agent (which thinks before it acts).
+const thinkTime = 50 * time.Millisecond
 
 // provisionRuns times n creates (and each one's first command) on a daemon
 // of its own with a pool of pool sandboxes and the given flags,
@@ -396,6 +409,19 @@ func provisionRuns(o options, n, pool int, flags []string, dir string) (r provis
 		}
 		r.firsts = append(r.firsts, time.Since(start))
 		call(c, ipc.OpDestroy, map[string]any{"sandbox": id}, nil)
+		if pool == 0 {
+			id, err := create(c, nil)
+			if err != nil {
+				return r, err
+			}
+			time.Sleep(thinkTime)
+			start = time.Now()
+			if _, err := runCmd(c, id, []string{"/bin/true"}); err != nil {
+				return r, err
+			}
+			r.afterPause = append(r.afterPause, time.Since(start))
+			call(c, ipc.OpDestroy, map[string]any{"sandbox": id}, nil)
+		}
 		start = time.Now()
 		if _, err := runCmd(c, used, []string{"/bin/true"}); err != nil {
 			return r, err
