@@ -229,7 +229,13 @@ func (m *Manager) warmSoon(id string, log hclog.Logger) {
 		m.failpoint(FailWarmSoon)
 		ctx, cancel := context.WithTimeout(context.Background(), m.cfg.CreateTimeout)
 		defer cancel()
-		if err := w.Warm(ctx, id); err != nil && !errors.Is(err, backend.ErrNotFound) {
+		switch err := w.Warm(ctx, id); {
+		case err == nil, errors.Is(err, backend.ErrNotFound): // destroyed meanwhile
+		case ctx.Err() != nil:
+			// Waited out: a long first command held the sandbox (gVisor's
+			// Warm waits for one), which is running then.
+			log.Debug("the background start of a new sandbox gave up waiting", "error", err)
+		default:
 			log.Warn("could not start the new sandbox ahead of its first command; the first command starts it", "error", err)
 		}
 	}()
