@@ -96,7 +96,7 @@ func nextItem(b []byte) (n, size int, err error) {
 	case c <= 0x9f: // fixarray
 		return int(c & 0x0f), 1, nil
 	case c <= 0xbf: // fixstr
-		return sized(b, 1, int(c&0x1f))
+		return sized(b, 1, uint64(c&0x1f))
 	}
 	switch c {
 	case 0xc0, 0xc2, 0xc3: // nil, false, true
@@ -129,41 +129,53 @@ func nextItem(b []byte) (n, size int, err error) {
 		if len(b) < 3 {
 			return 0, 0, errTruncated
 		}
-		n, size = int(binary.BigEndian.Uint16(b[1:])), 3
+		return count(b, uint64(binary.BigEndian.Uint16(b[1:])), 3, c == 0xde)
 	default: // 0xdd, 0xdf: array 32, map 32
 		if len(b) < 5 {
 			return 0, 0, errTruncated
 		}
-		n, size = int(binary.BigEndian.Uint32(b[1:])), 5
+		return count(b, uint64(binary.BigEndian.Uint32(b[1:])), 5, c == 0xdf)
 	}
-	if c == 0xde || c == 0xdf {
+}
+
+// count is a container of n entries (a map's count its keys and values)
+// behind a header of hdr bytes. Every item takes at least a byte, so more
+// items than bytes left is errTruncated: checked before n becomes an int,
+// which on a 32-bit host a 32-bit count would overflow.
+func count(b []byte, n uint64, hdr int, isMap bool) (int, int, error) {
+	if isMap {
 		n *= 2
 	}
-	return n, size, nil
+	if n > uint64(len(b)-hdr) {
+		return 0, 0, errTruncated
+	}
+	return int(n), hdr, nil
 }
 
 // sized is a value of a header of hdr bytes and a body of n.
-func sized(b []byte, hdr, n int) (int, int, error) {
-	if hdr+n > len(b) {
+func sized(b []byte, hdr int, n uint64) (int, int, error) {
+	if hdr > len(b) || n > uint64(len(b)-hdr) {
 		return 0, 0, errTruncated
 	}
-	return -1, hdr + n, nil
+	return -1, hdr + int(n), nil
 }
 
 // lengthThen is a value whose code is followed by a big-endian length of
-// width bytes, extra bytes (an ext's type), then that many bytes.
+// width bytes, extra bytes (an ext's type), then that many bytes. The
+// length stays unsigned until it is known to fit what is left.
 func lengthThen(b []byte, width, extra int) (int, int, error) {
-	if 1+width > len(b) {
+	hdr := 1 + width + extra
+	if hdr > len(b) {
 		return 0, 0, errTruncated
 	}
-	var n int
+	var n uint64
 	switch width {
 	case 1:
-		n = int(b[1])
+		n = uint64(b[1])
 	case 2:
-		n = int(binary.BigEndian.Uint16(b[1:]))
+		n = uint64(binary.BigEndian.Uint16(b[1:]))
 	default:
-		n = int(binary.BigEndian.Uint32(b[1:]))
+		n = uint64(binary.BigEndian.Uint32(b[1:]))
 	}
-	return sized(b, 1+width+extra, n)
+	return sized(b, hdr, n)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -74,6 +75,16 @@ func shapeByDecoder(body []byte, maxItems int) error {
 	return nil
 }
 
+// skipOn32Bit skips a comparison with msgpack's decoder where it cannot
+// be made: on a 32-bit host the decoder itself panics on a str, bin or ext
+// whose 32-bit length passes 2^31 (its int goes negative), which is one of
+// the reasons checkShape no longer walks through it.
+func skipOn32Bit(t testing.TB) {
+	if strconv.IntSize == 32 {
+		t.Skip("msgpack's decoder panics on 32-bit lengths past 2^31 here; TestCheckShapeRefusals covers them")
+	}
+}
+
 // shapeBodies are maps holding every msgpack type code there is, each
 // width of every length-prefixed one included.
 func shapeBodies(t testing.TB) [][]byte {
@@ -118,6 +129,7 @@ func agree(t testing.TB, body []byte, maxItems int) {
 }
 
 func TestCheckShapeAgreesWithTheDecoder(t *testing.T) {
+	skipOn32Bit(t)
 	bodies := shapeBodies(t)
 	for _, b := range bodies {
 		require.NoError(t, checkShape(b, 0))
@@ -173,12 +185,21 @@ func TestCheckShapeRefusals(t *testing.T) {
 		{"0xc1", []byte{0x81, 0xa1, 'k', 0xc1}, "0xc1"},
 		{"too deep", deep, "nested more than 32 deep"},
 		{"two maps", []byte{0x80, 0x80}, "bytes after the map"},
+		// Lengths past 2^31, which a 32-bit int would make negative.
+		{"a str 32 of 2^31 bytes", []byte{0x82, 0xa1, 'k', 0xdb, 0x80, 0, 0, 0, 0xa1, 'j', 1}, "truncated"},
+		{"a str 32 of 2^32-1 bytes", []byte{0x81, 0xa1, 'k', 0xdb, 0xff, 0xff, 0xff, 0xff}, "truncated"},
+		{"an ext 32 of 2^32-16 bytes", []byte{0x82, 0xa1, 'k', 0xc9, 0xff, 0xff, 0xff, 0xf0, 1, 0xa1, 'j', 1}, "truncated"},
+		{"an array 32 of 2^32-1 items", []byte{0x81, 0xa1, 'k', 0xdd, 0xff, 0xff, 0xff, 0xff}, "truncated"},
+		{"a map 32 of 2^31 entries", []byte{0x81, 0xa1, 'k', 0xdf, 0x80, 0, 0, 0}, "truncated"},
+		{"a fixext 16 cut short", []byte{0x81, 0xa1, 'k', 0xd8}, "truncated"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			err := checkShape(c.body, 0)
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), c.want)
-			require.Error(t, shapeByDecoder(c.body, 0))
+			if strconv.IntSize == 64 { // see skipOn32Bit
+				require.Error(t, shapeByDecoder(c.body, 0), "the decoder's walk refuses it too")
+			}
 		})
 	}
 	assert.ErrorIs(t, checkShape(mp(t, map[string]any{"a": []int{1, 2, 3, 4}}), 5), errTooManyItems)
@@ -193,6 +214,7 @@ func FuzzCheckShape(f *testing.F) {
 	}
 	f.Add([]byte{0x81, 0xa1, 'k', 0xc1}, 0)
 	f.Fuzz(func(t *testing.T, body []byte, maxItems int) {
+		skipOn32Bit(t)
 		agree(t, body, maxItems%128)
 	})
 }

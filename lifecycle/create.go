@@ -172,7 +172,7 @@ func (m *Manager) Create(ctx context.Context, c Caller, req CreateRequest) (Sand
 	rec.State = StateReady
 	closing := m.closing
 	m.mu.Unlock()
-	if !closing {
+	if !closing && ctx.Err() == nil {
 		m.warmSoon(rec.ID, log)
 	}
 	// A connection-bound sandbox dies with the daemon whatever its record
@@ -209,7 +209,7 @@ func (m *Manager) Create(ctx context.Context, c Caller, req CreateRequest) (Sand
 }
 
 // warmSoon starts the long-lived part of sandbox id, just made
-// (backend.Warmer: bwrap's init, in its namespaces and cgroup), in the
+// (backend.LazyStarter: bwrap's init, in its namespaces and cgroup), in the
 // background, so that its first command finds it running instead of
 // paying for it: the start overlaps the create's last journal commit and
 // its answer, and all of it when the client takes a moment before its
@@ -219,7 +219,7 @@ func (m *Manager) Create(ctx context.Context, c Caller, req CreateRequest) (Sand
 // wrong. A destroy or the backend's close cancels it; Close waits for it
 // as for a create. Called inside a create, which holds opsWG.
 func (m *Manager) warmSoon(id string, log hclog.Logger) {
-	w, ok := m.be.(backend.Warmer)
+	w, ok := m.be.(backend.LazyStarter)
 	if !ok {
 		return
 	}
@@ -232,8 +232,8 @@ func (m *Manager) warmSoon(id string, log hclog.Logger) {
 		switch err := w.Warm(ctx, id); {
 		case err == nil, errors.Is(err, backend.ErrNotFound): // destroyed meanwhile
 		case ctx.Err() != nil:
-			// Waited out: a long first command held the sandbox (gVisor's
-			// Warm waits for one), which is running then.
+			// Waited out (CreateTimeout): the backend bounds its own start
+			// more tightly, so only a wait for the sandbox's lock ends so.
 			log.Debug("the background start of a new sandbox gave up waiting", "error", err)
 		default:
 			log.Warn("could not start the new sandbox ahead of its first command; the first command starts it", "error", err)

@@ -22,6 +22,8 @@ type warmDone struct {
 	err error
 }
 
+func (w *warmWatch) StartsLazily() {}
+
 func (w *warmWatch) Warm(ctx context.Context, id string) error {
 	err := w.Backend.(backend.Warmer).Warm(ctx, id)
 	w.done <- warmDone{id, err}
@@ -48,8 +50,17 @@ func (w *warmWatch) next(t *testing.T) warmDone {
 }
 
 // holdWarm holds the background start of a cold create's sandbox at
-// FailWarmSoon, before it calls the backend, until release is closed.
-func holdWarm(reached chan<- struct{}, release <-chan struct{}) envOpt {
+// FailWarmSoon, before it calls the backend, until release is closed; a
+// test that fails before it closes it has it closed at its end, so the
+// held start does not hold the env's Close.
+func holdWarm(t *testing.T, reached chan<- struct{}, release chan struct{}) envOpt {
+	t.Cleanup(func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
 	var once sync.Once
 	return withConfig(func(c *Config) {
 		c.Failpoint = func(name string) {
@@ -93,7 +104,7 @@ func TestBwrapColdCreateStartsItsInitBeforeTheFirstCommand(t *testing.T) {
 func TestBwrapFirstCommandBeforeTheBackgroundStart(t *testing.T) {
 	var w *warmWatch
 	reached, release := make(chan struct{}), make(chan struct{})
-	e := newEnv(t, withBwrap(), watchWarms(&w), holdWarm(reached, release))
+	e := newEnv(t, withBwrap(), watchWarms(&w), holdWarm(t, reached, release))
 	s := e.create(alice, CreateRequest{TTL: time.Hour})
 	awaitClosed(t, reached, "the background start of the new sandbox")
 	require.Zero(t, sandboxInit(s.ID), "held: nothing started yet")
@@ -113,7 +124,7 @@ func TestBwrapFirstCommandBeforeTheBackgroundStart(t *testing.T) {
 func TestBwrapDestroyBeforeTheBackgroundStart(t *testing.T) {
 	var w *warmWatch
 	reached, release := make(chan struct{}), make(chan struct{})
-	e := newEnv(t, withBwrap(), watchWarms(&w), holdWarm(reached, release))
+	e := newEnv(t, withBwrap(), watchWarms(&w), holdWarm(t, reached, release))
 	s := e.create(alice, CreateRequest{TTL: time.Hour})
 	awaitClosed(t, reached, "the background start of the new sandbox")
 	require.NoError(t, e.m.Destroy(context.Background(), alice, s.ID))
@@ -124,13 +135,18 @@ func TestBwrapDestroyBeforeTheBackgroundStart(t *testing.T) {
 	assert.NotContains(t, e.listed(), s.ID)
 }
 
+// lazyWarming is a warmingBackend that starts lazily, as bwrap does.
+type lazyWarming struct{ *warmingBackend }
+
+func (lazyWarming) StartsLazily() {}
+
 // A background start that fails costs the sandbox nothing: it stays, and
 // its first command starts the init (or says what is wrong).
 func TestBwrapFailedBackgroundStartLeavesTheSandbox(t *testing.T) {
 	var wb *warmingBackend
 	e := newEnv(t, withBwrap(), withWrapper(func(b backend.Backend) backend.Backend {
 		wb = &warmingBackend{Backend: b, fail: 1}
-		return wb
+		return lazyWarming{wb}
 	}))
 	s := e.create(alice, CreateRequest{TTL: time.Hour})
 	require.Eventually(t, func() bool { return len(wb.calls()) == 1 }, 10*time.Second, 5*time.Millisecond)
@@ -144,7 +160,7 @@ func TestBwrapFailedBackgroundStartLeavesTheSandbox(t *testing.T) {
 func TestBwrapCloseWaitsForABackgroundStart(t *testing.T) {
 	var w *warmWatch
 	reached, release := make(chan struct{}), make(chan struct{})
-	e := newEnv(t, withBwrap(), watchWarms(&w), holdWarm(reached, release))
+	e := newEnv(t, withBwrap(), watchWarms(&w), holdWarm(t, reached, release))
 	e.create(alice, CreateRequest{TTL: time.Hour})
 	awaitClosed(t, reached, "the background start of the new sandbox")
 	closed := make(chan error, 1)

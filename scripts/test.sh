@@ -61,6 +61,14 @@ fuzz FuzzDecodeFrame 300000x ./ipc
 fuzz FuzzClientResponses 80000x ./ipc
 fuzz FuzzHandle 150000x ./service
 fuzz FuzzLoadConfig 40000x ./cmd/sandbox-sidecar
+fuzz FuzzCheckShape 150000x ./ipc
+fuzz FuzzDecodeWire 150000x ./ipc
+
+# The .deb is built for 32-bit hosts too, where a 32-bit length in a frame
+# overflows an int: the frame walk's tests run there as well (this kernel
+# runs 386 binaries).
+echo "== go test the frame walk as a 32-bit build"
+GOARCH=386 go test -count=1 -run 'Shape|DecodeWire|Frame|DecodeRequest' ./ipc
 
 echo "== benchmark tool smoke run (small counts; measurements are 'make bench')"
 mkdir -p bin

@@ -857,14 +857,17 @@ func (b *Backend) converse(opCtx context.Context, ip *initProc, status *os.File,
 	}
 }
 
-var _ backend.Warmer = (*Backend)(nil)
+var _ backend.LazyStarter = (*Backend)(nil)
 
-var _ backend.Warmer = (*Backend)(nil)
+// StartsLazily implements backend.LazyStarter: Create makes a sandbox's
+// directories, disk and cgroup and starts no init; Warm or the first
+// command does.
+func (b *Backend) StartsLazily() {}
 
 // Warm starts sandbox id's init now, in its namespaces and cgroup, if this
 // process has none for it yet, so that its first command costs what any
 // later one does (the warm pool's members are warmed before they can be
-// claimed). It leaves the init free for a command: an Exec that arrives meanwhile waits
+// claimed, a cold create's in the background). It leaves the init free for a command: an Exec that arrives meanwhile waits
 // for the start rather than starting another, and is never refused as
 // busy because of it. A sandbox whose init died is left for its next
 // command to report as terminated; Warm says it is gone.

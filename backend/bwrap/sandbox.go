@@ -92,9 +92,10 @@ type sandbox struct {
 
 	ops registry.Ops // the operations in flight, so Destroy can stop them
 
-	// initMu guards the init. There is none until the first command of
-	// this process (a new sandbox, or one re-adopted after a restart,
-	// whose init died with the previous daemon). initGone means it died or
+	// initMu guards the init. There is none until Warm or the first
+	// command of this process starts one (a new sandbox, or one
+	// re-adopted after a restart, whose init died with the previous
+	// daemon). initGone means it died or
 	// was killed in this process: the sandbox is terminated for good, and
 	// goneReported that an Exec has told its caller so.
 	initMu       sync.Mutex
