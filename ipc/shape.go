@@ -63,11 +63,8 @@ func walkValue(b []byte, p, maxItems int) (end int, err error) {
 		if n < 0 {
 			continue
 		}
-		if n > len(b)-p {
-			// Every item takes at least a byte: a length that announces
-			// more than are left is a lie.
-			return 0, errTruncated
-		}
+		// (nextItem refused a container that announces more items than
+		// there are bytes left.)
 		if items += n; maxItems > 0 && items > maxItems {
 			return 0, errTooManyItems
 		}
@@ -92,9 +89,9 @@ func nextItem(b []byte) (n, size int, err error) {
 	case c <= 0x7f || c >= 0xe0: // positive and negative fixint
 		return -1, 1, nil
 	case c <= 0x8f: // fixmap
-		return 2 * int(c&0x0f), 1, nil
+		return count(b, uint64(c&0x0f), 1, true)
 	case c <= 0x9f: // fixarray
-		return int(c & 0x0f), 1, nil
+		return count(b, uint64(c&0x0f), 1, false)
 	case c <= 0xbf: // fixstr
 		return sized(b, 1, uint64(c&0x1f))
 	}

@@ -82,41 +82,34 @@ func decodeWireFast(b []byte, w *wireResponse) bool {
 
 // wireString reads a str at b[p:].
 func wireString(b []byte, p int) (string, int, bool) {
-	c := b[p]
-	if !(c >= 0xa0 && c <= 0xbf || c == 0xd9 || c == 0xda || c == 0xdb) {
+	if c := b[p]; !(c >= 0xa0 && c <= 0xbf || c >= 0xd9 && c <= 0xdb) {
 		return "", 0, false
 	}
-	_, size, err := nextItem(b[p:])
-	if err != nil {
-		return "", 0, false
-	}
-	hdr := 1
-	switch c {
-	case 0xd9:
-		hdr = 2
-	case 0xda:
-		hdr = 3
-	case 0xdb:
-		hdr = 5
-	}
-	return string(b[p+hdr : p+size]), p + size, true
+	body, next, ok := lengthPrefixed(b, p)
+	return string(body), next, ok
 }
 
 // wireBytes reads a bin (or a str, or nil) at b[p:], as msgpack decodes
 // one into a []byte.
 func wireBytes(b []byte, p int) ([]byte, int, bool) {
-	c := b[p]
-	hdr := 0
-	switch {
-	case c == 0xc0:
+	if b[p] == 0xc0 {
 		return nil, p + 1, true
-	case c >= 0xa0 && c <= 0xbf:
+	}
+	return lengthPrefixed(b, p)
+}
+
+// lengthPrefixed is the body of the str or bin at b[p:] (false for any
+// other type), capped so that appending to it cannot reach past it.
+func lengthPrefixed(b []byte, p int) ([]byte, int, bool) {
+	var hdr int
+	switch c := b[p]; {
+	case c >= 0xa0 && c <= 0xbf: // fixstr
 		hdr = 1
-	case c == 0xc4 || c == 0xd9:
+	case c == 0xc4 || c == 0xd9: // bin 8, str 8
 		hdr = 2
-	case c == 0xc5 || c == 0xda:
+	case c == 0xc5 || c == 0xda: // bin 16, str 16
 		hdr = 3
-	case c == 0xc6 || c == 0xdb:
+	case c == 0xc6 || c == 0xdb: // bin 32, str 32
 		hdr = 5
 	default:
 		return nil, 0, false
