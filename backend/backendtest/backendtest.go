@@ -98,6 +98,28 @@ func (o Options) withDefaults() Options {
 // sandbox may see it.
 const daemonOnlyEnv = "SANDBOX_SIDECAR_CONFORMANCE_DAEMON_ONLY"
 
+// GuestAttackOnInit is what a hostile command tries against its sandbox's
+// init, which both inits' tests run as a command: every signal sent to pid
+// 1 (SIGKILL and SIGSTOP included), then a look at whether init was
+// stopped, its descriptors and memory, and a flood of signals for a
+// second. It prints only "survived" when init withstood all of it; init
+// killed ends the sandbox, init stopped leaves the command's result
+// unreported.
+const GuestAttackOnInit = `
+for s in HUP INT QUIT ILL TRAP ABRT BUS FPE USR1 SEGV USR2 PIPE ALRM TERM STKFLT CHLD CONT TSTP TTIN TTOU URG XCPU XFSZ VTALRM PROF WINCH IO PWR SYS STOP KILL; do
+  kill -s $s 1 2>/dev/null
+  grep -q '^State:[[:space:]]*[Tt]' /proc/1/status 2>/dev/null && echo "init stopped by SIG$s"
+done
+cat /proc/1/environ >/dev/null 2>&1 && echo environ-readable
+cat /proc/1/mem >/dev/null 2>&1 && echo mem-readable
+readlink /proc/1/fd/3 >/dev/null 2>&1 && echo control-socket-visible
+(exec 9<>/proc/1/fd/3) 2>/dev/null && echo control-socket-reachable
+end=$(( $(date +%s) + 1 ))
+while [ $(date +%s) -lt $end ]; do kill -USR1 1; kill -TERM 1; kill -CHLD 1; kill -SEGV 1; kill -TSTP 1; done 2>/dev/null
+grep -q '^State:[[:space:]]*[Tt]' /proc/1/status 2>/dev/null && echo "init stopped by the flood"
+echo survived
+`
+
 // Run runs the suite. newBackend is called once per subtest, which run in
 // parallel, so it must not use t.Setenv; it may skip the test (or fail it)
 // when the host lacks what the backend needs. Run sets an environment

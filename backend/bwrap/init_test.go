@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/backendtest"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap/bwinit"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap/bwwire"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc/inittest"
@@ -267,29 +268,13 @@ func TestBwrapStoppedInitCannotHoldExec(t *testing.T) {
 	})
 }
 
-// guestAttack is what a hostile command tries against init: every signal
-// (SIGKILL and SIGSTOP included), its descriptors and memory, and a flood
-// of signals for a second.
-const guestAttack = `
-for s in HUP INT QUIT ILL TRAP ABRT BUS FPE USR1 SEGV USR2 PIPE ALRM TERM STKFLT CHLD CONT TSTP TTIN TTOU URG XCPU XFSZ VTALRM PROF WINCH IO PWR SYS STOP KILL; do
-  kill -s $s 1 2>/dev/null
-done
-cat /proc/1/environ >/dev/null 2>&1 && echo environ-readable
-cat /proc/1/mem >/dev/null 2>&1 && echo mem-readable
-readlink /proc/1/fd/3 >/dev/null 2>&1 && echo control-socket-visible
-(exec 9<>/proc/1/fd/3) 2>/dev/null && echo control-socket-reachable
-end=$(( $(date +%s) + 1 ))
-while [ $(date +%s) -lt $end ]; do kill -USR1 1; kill -TERM 1; kill -CHLD 1; kill -SEGV 1; done 2>/dev/null
-echo survived
-`
-
 func TestBwrapGuestCannotHurtInit(t *testing.T) {
 	forEachMode(t, func(t *testing.T, b *Backend) {
 		id := create(t, b, backend.Spec{})
 		runOK(t, b, id, "true")
 		pid := initPID(t, b, id)
 		start := time.Now()
-		res, err := b.Exec(context.Background(), id, backend.ExecRequest{Command: guestAttack, Timeout: 20 * time.Second})
+		res, err := b.Exec(context.Background(), id, backend.ExecRequest{Command: backendtest.GuestAttackOnInit, Timeout: 20 * time.Second})
 		if err != nil || res.SandboxTerminated || string(res.Stdout) != "survived\n" {
 			t.Fatalf("the attack: %+v, %v", res, err)
 		}

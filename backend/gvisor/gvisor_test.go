@@ -722,6 +722,36 @@ func TestGVisorStaticInitAndWarm(t *testing.T) {
 	}
 }
 
+// TestGVisorGuestCannotHurtInit is TestBwrapGuestCannotHurtInit in gVisor's
+// kernel: every signal to the sandbox's pid 1, a look at its memory and
+// descriptors, a flood of signals. Here a command runs as uid 1000 and init
+// as the sandbox's root, so the sentry refuses a command's signal to init
+// (EPERM) before init's shield (initproc.ShieldedSignals) is needed: the
+// test holds that first line, and would catch a command that could signal
+// init and end or stop it.
+func TestGVisorGuestCannotHurtInit(t *testing.T) {
+	b := newTestBackend(t)
+	ctx := context.Background()
+	const id = "attacked"
+	if _, err := b.Create(ctx, id, backend.Spec{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := execOK(t, b, id, "cat /proc/1/comm"); got != "sandbox-init\n" {
+		t.Fatalf("pid 1 is %q", got)
+	}
+	res, err := b.Exec(ctx, id, backend.ExecRequest{Command: backendtest.GuestAttackOnInit, Timeout: 60 * time.Second})
+	if err != nil || res.SandboxTerminated || res.TimedOut || string(res.Stdout) != "survived\n" {
+		t.Fatalf("the attack: %+v, %v", res, err)
+	}
+	res, err = b.Exec(ctx, id, backend.ExecRequest{Command: `sleep 60 & kill -9 -1; wait $!; echo "sleep ended $?"`, Timeout: 30 * time.Second})
+	if err != nil || res.SandboxTerminated || res.ExitCode != 0 || string(res.Stdout) != "sleep ended 137\n" {
+		t.Errorf("kill -9 -1: %+v, %v", res, err)
+	}
+	if got := execOK(t, b, id, "echo alive"); got != "alive\n" {
+		t.Errorf("after the attack: %q", got)
+	}
+}
+
 // The kvm platform is accepted only when a trial sandbox runs on it. Where
 // it does, the backend runs a command on kvm; where it does not (this CI's
 // VMs: /dev/kvm makes a VM, but it is a paravirtualised KVM on which runsc

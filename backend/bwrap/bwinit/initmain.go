@@ -51,9 +51,12 @@ func Main() {
 //   - See it: init is pid 1 of the sandbox's PID namespace, so ps shows it.
 //   - Signal it: the kernel delivers a signal sent from inside the namespace
 //     to its pid 1 only if pid 1 handles it, and never SIGKILL or SIGSTOP.
-//     Init routes every catchable signal to a channel it never reads
-//     (Notify, not SIG_IGN, which its commands would inherit), so none of
-//     them stops or kills it.
+//     Go's runtime handles most signals and does nothing with them; init
+//     routes the twelve that would end a Go program to a channel it never
+//     reads (initproc.ShieldedSignals: Notify, not SIG_IGN, which its
+//     commands would inherit), and leaves the job-control ones at their
+//     default, which the kernel does not deliver to pid 1 from inside. So
+//     none of them stops or kills it.
 //   - Read or trace it: init makes itself non-dumpable first thing, so its
 //     memory, descriptors, environment and ptrace need CAP_SYS_PTRACE in the
 //     sandbox's user namespace, which no guest process has (bwrap drops all
