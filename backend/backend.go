@@ -174,24 +174,14 @@ type ProblemReporter interface {
 // command costs what any later one does; the lifecycle calls it for every
 // warm pool member it makes, before the member can be claimed, and for
 // every member recovery re-adopted (whose part died with the previous
-// daemon), on the pool filler once the daemon serves, and in the
-// background for every cold create of a LazyStarter. It is idempotent and
+// daemon), on the pool filler once the daemon serves. (bwrap's Create
+// begins its init's start itself, in the background.) It is idempotent and
 // bounded by ctx. An error means the sandbox cannot serve now: the pool
 // destroys such a member; a created sandbox stays its client's, whose
 // first command tries again. A sandbox whose warm part later dies is
 // terminated as it would be after any command.
 type Warmer interface {
 	Warm(ctx context.Context, id string) error
-}
-
-// LazyStarter is a Warmer whose Create leaves the long-lived part to the
-// first command (bwrap's init): the lifecycle warms each of its cold
-// creates in the background, so the first command finds it running
-// (docs/design.md, "A cold create starts its init"). A backend whose
-// Create starts that part already (gVisor boots its sandbox) is not one.
-type LazyStarter interface {
-	Warmer
-	StartsLazily()
 }
 
 // ImagePruner is implemented by backends that derive state of their own

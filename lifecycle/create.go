@@ -8,13 +8,11 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
 	"unicode/utf8"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 )
 
@@ -172,9 +170,6 @@ func (m *Manager) Create(ctx context.Context, c Caller, req CreateRequest) (Sand
 	rec.State = StateReady
 	closing := m.closing
 	m.mu.Unlock()
-	if !closing && ctx.Err() == nil {
-		m.warmSoon(rec.ID, log)
-	}
 	// A connection-bound sandbox dies with the daemon whatever its record
 	// says (recovery destroys its "creating" record as it would a
 	// connection-bound "ready" one), so its "ready" is not journaled: the
@@ -206,39 +201,6 @@ func (m *Manager) Create(ctx context.Context, c Caller, req CreateRequest) (Sand
 	m.obs.Created(SourceCold, time.Since(start))
 	log.Info("sandbox created", "conn_bound", snap.ConnBound, "expires_at", snap.ExpiresAt.Format(time.RFC3339), "labels", snap.Labels, "host_uid", snap.HostUID)
 	return snap, nil
-}
-
-// warmSoon starts the long-lived part of sandbox id, just made
-// (backend.LazyStarter: bwrap's init, in its namespaces and cgroup), in the
-// background, so that its first command finds it running instead of
-// paying for it: the start overlaps the create's last journal commit and
-// its answer, and all of it when the client takes a moment before its
-// first command, as an agent does. A command that comes first waits for
-// the start in progress (the backend serializes them). A failed start is
-// only logged: the first command starts it again, and reports what is
-// wrong. A destroy or the backend's close cancels it; Close waits for it
-// as for a create. Called inside a create, which holds opsWG.
-func (m *Manager) warmSoon(id string, log hclog.Logger) {
-	w, ok := m.be.(backend.LazyStarter)
-	if !ok {
-		return
-	}
-	m.opsWG.Add(1)
-	go func() {
-		defer m.opsWG.Done()
-		m.failpoint(FailWarmSoon)
-		ctx, cancel := context.WithTimeout(context.Background(), m.cfg.CreateTimeout)
-		defer cancel()
-		switch err := w.Warm(ctx, id); {
-		case err == nil, errors.Is(err, backend.ErrNotFound): // destroyed meanwhile
-		case ctx.Err() != nil:
-			// Waited out (CreateTimeout): the backend bounds its own start
-			// more tightly, so only a wait for the sandbox's lock ends so.
-			log.Debug("the background start of a new sandbox gave up waiting", "error", err)
-		default:
-			log.Warn("could not start the new sandbox ahead of its first command; the first command starts it", "error", err)
-		}
-	}()
 }
 
 // countsForItsUID reports whether r counts against its uid's and its

@@ -112,10 +112,6 @@ const (
 	// FailExecTerminated: a command ended with its sandbox, whose destroy
 	// is decided but not begun.
 	FailExecTerminated = "exec-terminated"
-	// FailWarmSoon: a cold create made its sandbox and answered (or is
-	// about to); the background start of its long-lived part (warmSoon)
-	// has not called the backend yet.
-	FailWarmSoon = "warm-soon"
 	// FailRecoveryBackgroundDone: recovery's background adopts and
 	// destroys are done; Recover may have returned long before.
 	FailRecoveryBackgroundDone = "recovery-background-done"

@@ -170,6 +170,20 @@ const (
 	FailConverseWoken = "bwrap-converse-woken"
 	// FailDiskFormatting: mkfs.ext4 runs for a new sandbox's disk.
 	FailDiskFormatting = "bwrap-disk-formatting"
+	// FailCreateStarting: Create has begun the new sandbox's init start
+	// (startSoon) and is about to write its settings.
+	FailCreateStarting = "bwrap-create-starting"
+	// FailStartSoon / FailStartSoonEnded: the background start of a new
+	// sandbox's init holds its init lock and is about to start it / has
+	// ended, well or not, and let the lock go.
+	FailStartSoon      = "bwrap-start-soon"
+	FailStartSoonEnded = "bwrap-start-soon-ended"
+	// FailCreateSaved: Create has written the new sandbox's settings and
+	// not yet recorded it as known (an operation may load it first).
+	FailCreateSaved = "bwrap-create-saved"
+	// FailStartStopping: a Create that failed after startSoon has
+	// cancelled the start and is about to wait for it.
+	FailStartStopping = "bwrap-start-stopping"
 )
 
 func (b *Backend) failpoint(name string) {

@@ -857,19 +857,54 @@ func (b *Backend) converse(opCtx context.Context, ip *initProc, status *os.File,
 	}
 }
 
-var _ backend.LazyStarter = (*Backend)(nil)
-
-// StartsLazily implements backend.LazyStarter: Create makes a sandbox's
-// directories, disk and cgroup and starts no init; Warm or the first
-// command does.
-func (b *Backend) StartsLazily() {}
+// startSoon begins the start of new sandbox sb's init in the background,
+// for Create, so that the start overlaps the rest of the create (its
+// settings' fsyncs, the lifecycle's journal and answer) and whatever the
+// client does before its first command. It takes sb.initMu before it
+// returns and holds it until the start has ended: a command or a Warm that
+// comes meanwhile waits for this start instead of making another. The
+// start is one of sb's operations, so a Destroy or Close cancels it and
+// waits for it. A failed start is only logged: the sandbox stays, and its
+// first command starts the init again and reports what is wrong. The
+// returned stop, for a Create that fails after this, cancels the start,
+// waits for it and kills what it started.
+func (b *Backend) startSoon(sb *sandbox) (stop func()) {
+	opCtx, done, err := sb.begin(context.Background())
+	if err != nil {
+		return func() {}
+	}
+	sb.initMu.Lock()
+	ended := make(chan struct{})
+	go func() {
+		b.failpoint(FailStartSoon)
+		defer close(ended)
+		defer b.failpoint(FailStartSoonEnded)
+		defer done()
+		defer sb.initMu.Unlock()
+		ip, err := b.startInit(opCtx, sb, time.Now().Add(initStartTimeout))
+		switch {
+		case err == nil:
+			sb.init = ip
+		case registry.Destroyed(opCtx):
+		default:
+			b.log.With("sandbox", sb.id).Warn("could not start the new sandbox's init ahead of its first command; its first command starts it", "error", err)
+		}
+	}()
+	return func() {
+		sb.ops.CancelAll()
+		b.failpoint(FailStartStopping)
+		<-ended
+		b.killInit(sb)
+	}
+}
 
 // Warm starts sandbox id's init now, in its namespaces and cgroup, if this
 // process has none for it yet, so that its first command costs what any
-// later one does (the warm pool's members are warmed before they can be
-// claimed, a cold create's in the background). It leaves the init free for a command: an Exec that arrives meanwhile waits
-// for the start rather than starting another, and is never refused as
-// busy because of it. A sandbox whose init died is left for its next
+// later one does: the warm pool's members are warmed before they can be
+// claimed. A new sandbox's init is already starting (Create's startSoon):
+// Warm waits for that start. It leaves the init free for a command: an
+// Exec that arrives meanwhile waits for the start rather than starting
+// another, and is never refused as busy because of it. A sandbox whose init died is left for its next
 // command to report as terminated; Warm says it is gone.
 func (b *Backend) Warm(ctx context.Context, id string) error {
 	sb, err := b.lookup(id)

@@ -92,10 +92,11 @@ type sandbox struct {
 
 	ops registry.Ops // the operations in flight, so Destroy can stop them
 
-	// initMu guards the init. There is none until Warm or the first
-	// command of this process starts one (a new sandbox, or one
-	// re-adopted after a restart, whose init died with the previous
-	// daemon). initGone means it died or
+	// initMu guards the init. Create starts one in the background
+	// (startSoon), holding initMu until that start ends; otherwise there
+	// is none until Warm or the first command of this process starts one
+	// (a sandbox re-adopted after a restart, whose init died with the
+	// previous daemon, or one whose first start failed). initGone means it died or
 	// was killed in this process: the sandbox is terminated for good, and
 	// goneReported that an Exec has told its caller so.
 	initMu       sync.Mutex
@@ -321,8 +322,12 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 		b.uidOf[id] = *saved.UID
 		b.mu.Unlock()
 	}
+	var stopStart func() // set once the init's start has begun
 	defer func() {
 		if err != nil {
+			if stopStart != nil {
+				stopStart()
+			}
 			if rmErr := b.removeCgroup(sb); rmErr != nil {
 				log.Error("cannot remove the cgroup of a half-made sandbox", "error", rmErr)
 			}
@@ -354,12 +359,23 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	if err := b.makeCgroup(ctx, sb); err != nil {
 		return backend.Info{}, err
 	}
+	// Everything the init runs in exists: start it now, while the
+	// settings are written and synced and the create answers, instead of
+	// at the first command (docs/design.md, "Create starts the init").
+	stopStart = b.startSoon(sb)
+	b.failpoint(FailCreateStarting)
 	if err := registry.SaveSpec(dir, saved); err != nil {
 		return backend.Info{}, fmt.Errorf("create sandbox %s: save its settings: %w", id, err)
 	}
 
+	b.failpoint(FailCreateSaved)
 	if err := b.boxes.Created(id, sb); err != nil {
 		return backend.Info{}, err
+	}
+	if !b.boxes.Holds(id, sb) {
+		// An operation loaded the sandbox from its settings first, and
+		// its copy is the one kept: that copy starts its own init.
+		stopStart()
 	}
 	log.Info("sandbox created", "network", network, "env_vars", len(spec.Env), "memory_bytes", lim.MemoryBytes,
 		"pids", lim.PIDs, "cpus", lim.CPUs, "disk_bytes", saved.Disk && lim.DiskBytes > 0, "host_uid", sb.uid, "image", spec.Image.DisplayName())

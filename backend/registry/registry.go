@@ -249,6 +249,15 @@ func (r *Registry[S]) Created(id string, sb S) error {
 	return nil
 }
 
+// Holds reports whether sb is what the registry holds for id: false after
+// Created kept another operation's copy, or once a destroy is done.
+func (r *Registry[S]) Holds(id string, sb S) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	cur, ok := r.boxes[id]
+	return ok && cur == sb
+}
+
 // Destroying returns the state Destroy works with: the known sandbox, or a
 // placeholder registered for the time of the destroy (known false), so
 // that no lookup loads it meanwhile. Done must follow.

@@ -1,0 +1,381 @@
+package bwrap
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap/bwwire"
+)
+
+// startWatch arms the failpoints of Create's background init start
+// (startSoon) for the creates made after arm: it can run a step at
+// FailCreateStarting or FailStartSoon, hold the start at FailStartSoon
+// until release is closed, and tells when the start is there (reached) and
+// when it has ended (ended). The health check's own sandbox, made before
+// arm, passes untouched.
+type startWatch struct {
+	armed    atomic.Bool
+	hold     bool
+	atCreate func() // at FailCreateStarting, in Create
+	atStart  func() // at FailStartSoon, in the start, before any hold
+	atSaved  func() // at FailCreateSaved, in Create
+	// atStopping runs at FailStartStopping: a failed Create has cancelled
+	// the start and waits for it.
+	atStopping func()
+
+	reached, release, ended chan struct{}
+	reachedOnce, endedOnce  sync.Once
+}
+
+func newStartWatch(t *testing.T, mode testMode, hold bool) (*Backend, *startWatch) {
+	t.Helper()
+	w := &startWatch{hold: hold, reached: make(chan struct{}), release: make(chan struct{}), ended: make(chan struct{})}
+	b := newTestBackend(t, mode, func(c *Config) {
+		c.Failpoint = func(name string) {
+			if !w.armed.Load() {
+				return
+			}
+			switch name {
+			case FailCreateStarting:
+				if w.atCreate != nil {
+					w.atCreate()
+				}
+			case FailStartSoon:
+				if w.atStart != nil {
+					w.atStart()
+				}
+				w.reachedOnce.Do(func() { close(w.reached) })
+				if w.hold {
+					<-w.release
+				}
+			case FailCreateSaved:
+				if w.atSaved != nil {
+					w.atSaved()
+				}
+			case FailStartStopping:
+				if w.atStopping != nil {
+					w.atStopping()
+				}
+			case FailStartSoonEnded:
+				w.endedOnce.Do(func() { close(w.ended) })
+			}
+		}
+	})
+	// A test that fails while the start is held lets it go at its end, so
+	// that the sandbox's destroy is not held behind it.
+	t.Cleanup(w.let)
+	w.armed.Store(true)
+	return b, w
+}
+
+func (w *startWatch) let() {
+	select {
+	case <-w.release:
+	default:
+		close(w.release)
+	}
+}
+
+func await(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("%s never came", what)
+	}
+}
+
+// initPIDs returns the pids of every init of sandbox id: processes with
+// the init's variable and the sandbox's marker in their environment.
+func initPIDs(b *Backend, id string) []int {
+	want := []string{bwwire.InitEnv + "=1", markerEnv + "=" + marker(b.sandboxDir(id))}
+	var pids []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		if err != nil {
+			continue
+		}
+		vars := strings.Split(string(env), "\x00")
+		if slices.Contains(vars, want[0]) && slices.Contains(vars, want[1]) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// leftNothing fails t if anything of sandbox id is left: a process, its
+// directory, a listing.
+func leftNothing(t *testing.T, b *Backend, id string) {
+	t.Helper()
+	waitNoProcessContaining(t, 5*time.Second, marker(b.sandboxDir(id)))
+	if left := b.findMarked(b.sandboxDir(id), false); len(left) > 0 {
+		t.Errorf("processes of sandbox %s are left: %+v", id, left)
+	}
+	if _, err := os.Lstat(b.sandboxDir(id)); !os.IsNotExist(err) {
+		t.Errorf("the directory of sandbox %s: %v, want it gone", id, err)
+	}
+	ids, _ := b.List(context.Background())
+	if slices.Contains(ids, id) {
+		t.Errorf("sandbox %s is still listed", id)
+	}
+}
+
+// Create starts the sandbox's init, in the background: with no command and
+// no Warm, exactly one init runs once the start has ended, and the first
+// command runs in it.
+func TestBwrapCreateStartsTheInit(t *testing.T) {
+	for _, m := range allModes {
+		t.Run(m.name, func(t *testing.T) {
+			b, w := newStartWatch(t, m, false)
+			id := create(t, b, backend.Spec{})
+			await(t, w.ended, "the end of the init's start")
+			pids := initPIDs(b, id)
+			if len(pids) != 1 {
+				t.Fatalf("inits of the new sandbox: %v, want one", pids)
+			}
+			if out := runOK(t, b, id, "cat /proc/1/comm"); out != "sandbox-init\n" {
+				t.Errorf("pid 1: %q", out)
+			}
+			if got := initPIDs(b, id); !slices.Equal(got, pids) {
+				t.Errorf("the first command's init: %v, want the one Create started, %v", got, pids)
+			}
+		})
+	}
+}
+
+// A command that comes while the start is still under way (forced: held
+// until the command has been sent) waits for that start and runs in the
+// init it made; it starts no second one.
+func TestBwrapFirstCommandWaitsForTheStart(t *testing.T) {
+	b, w := newStartWatch(t, daemonUID, true)
+	id := create(t, b, backend.Spec{})
+	// The start is held at its goroutine's first step, yet Create has
+	// returned with the init's lock taken: nothing can start another.
+	if sb := known(t, b, id); sb.initMu.TryLock() {
+		sb.initMu.Unlock()
+		t.Fatal("Create returned with the init's lock free: a command could start a second init")
+	}
+	await(t, w.reached, "the init's start")
+	if pids := initPIDs(b, id); len(pids) != 0 {
+		t.Fatalf("held, yet inits run: %v", pids)
+	}
+	done := make(chan string, 1)
+	go func() {
+		res, err := b.Exec(context.Background(), id, backend.ExecRequest{Command: "cat /proc/1/comm", Timeout: 20 * time.Second})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- string(res.Stdout)
+	}()
+	// The command may have taken the init's lock's waiting place, or not
+	// yet: either way it must not run before the start is let go.
+	select {
+	case out := <-done:
+		t.Fatalf("the command ran (%q) while the init's start was held", out)
+	case <-time.After(100 * time.Millisecond):
+	}
+	w.let()
+	select {
+	case out := <-done:
+		if out != "sandbox-init\n" {
+			t.Errorf("pid 1: %q", out)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the command never ran")
+	}
+	await(t, w.ended, "the end of the init's start")
+	if pids := initPIDs(b, id); len(pids) != 1 {
+		t.Errorf("inits: %v, want one", pids)
+	}
+}
+
+// A destroy during the start (forced: the start held until the destroy has
+// cancelled the sandbox's operations) cancels it and waits for it: no init
+// is started, nothing is left.
+func TestBwrapDestroyDuringTheStart(t *testing.T) {
+	for _, m := range allModes {
+		t.Run(m.name, func(t *testing.T) {
+			b, w := newStartWatch(t, m, true)
+			id := create(t, b, backend.Spec{})
+			await(t, w.reached, "the init's start")
+			sb := known(t, b, id)
+			destroyed := make(chan error, 1)
+			go func() { destroyed <- b.Destroy(context.Background(), id) }()
+			deadline := time.Now().Add(20 * time.Second)
+			for !sb.ops.Destroying() && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
+			if !sb.ops.Destroying() {
+				t.Fatal("the destroy never cancelled the sandbox's operations")
+			}
+			select {
+			case err := <-destroyed:
+				t.Fatalf("the destroy returned (%v) while the start it cancelled was held", err)
+			default:
+			}
+			w.let()
+			select {
+			case err := <-destroyed:
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("the destroy never returned")
+			}
+			await(t, w.ended, "the end of the init's start")
+			if pids := initPIDs(b, id); len(pids) != 0 {
+				t.Errorf("inits of a destroyed sandbox: %v", pids)
+			}
+			leftNothing(t, b, id)
+		})
+	}
+}
+
+// Close during the start (forced) cancels it and waits for it: once Close
+// has returned, no init of the sandbox runs.
+func TestBwrapCloseDuringTheStart(t *testing.T) {
+	b, w := newStartWatch(t, daemonUID, true)
+	id := create(t, b, backend.Spec{})
+	await(t, w.reached, "the init's start")
+	closed := make(chan error, 1)
+	go func() { closed <- b.Close() }()
+	sb := known(t, b, id)
+	deadline := time.Now().Add(20 * time.Second)
+	for !sb.ops.Destroying() && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	w.let()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Close never returned")
+	}
+	await(t, w.ended, "the end of the init's start")
+	if pids := initPIDs(b, id); len(pids) != 0 {
+		t.Errorf("inits after Close: %v", pids)
+	}
+}
+
+// A start that fails (forced: the workspace bubblewrap binds is moved away
+// while it starts) costs the sandbox nothing: Create succeeds, the sandbox
+// stays, and its first command starts the init.
+func TestBwrapFailedStartLeavesTheSandbox(t *testing.T) {
+	b, w := newStartWatch(t, daemonUID, false)
+	var work string
+	w.atStart = func() {
+		if err := os.Rename(work, work+".away"); err != nil {
+			t.Error(err)
+		}
+	}
+	idSeq++
+	id := "failed-start-" + strconv.Itoa(idSeq)
+	work = filepath.Join(b.sandboxDir(id), "work")
+	if _, err := b.Create(context.Background(), id, backend.Spec{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
+	await(t, w.ended, "the end of the init's start")
+	if err := os.Rename(work+".away", work); err != nil {
+		t.Fatal(err)
+	}
+	sb := known(t, b, id)
+	sb.initMu.Lock()
+	started := sb.init != nil
+	sb.initMu.Unlock()
+	if started || len(initPIDs(b, id)) != 0 {
+		t.Fatal("the start succeeded without the workspace")
+	}
+	if out := runOK(t, b, id, "cat /proc/1/comm"); out != "sandbox-init\n" {
+		t.Errorf("pid 1: %q", out)
+	}
+	if pids := initPIDs(b, id); len(pids) != 1 {
+		t.Errorf("inits: %v, want the one the command started", pids)
+	}
+}
+
+// A Create that fails after it began the start (forced: its settings
+// cannot be written) stops the start, or the init it made, before it
+// removes the sandbox: nothing is left. Both orders: the start still held,
+// and the start already done.
+func TestBwrapCreateFailingAfterTheStartLeavesNothing(t *testing.T) {
+	for _, started := range []bool{false, true} {
+		t.Run(fmt.Sprintf("init-started=%v", started), func(t *testing.T) {
+			b, w := newStartWatch(t, rangeUID, !started)
+			idSeq++
+			id := "failed-create-" + strconv.Itoa(idSeq)
+			w.atCreate = func() {
+				if started {
+					await(t, w.ended, "the end of the init's start")
+					if pids := initPIDs(b, id); len(pids) != 1 {
+						t.Errorf("inits before the failure: %v, want one", pids)
+					}
+				} else {
+					await(t, w.reached, "the init's start")
+				}
+				// The settings are written through spec.json.tmp, made
+				// exclusively: a directory there fails the write.
+				if err := os.Mkdir(filepath.Join(b.sandboxDir(id), "spec.json.tmp"), 0o700); err != nil {
+					t.Error(err)
+				}
+			}
+			w.atStopping = w.let // the held start goes once Create has cancelled it
+			_, err := b.Create(context.Background(), id, backend.Spec{})
+			if err == nil {
+				_ = b.Destroy(context.Background(), id)
+				t.Fatal("Create succeeded with its settings unwritable")
+			}
+			await(t, w.ended, "the end of the init's start")
+			if pids := initPIDs(b, id); len(pids) != 0 {
+				t.Errorf("inits of a sandbox whose Create failed: %v", pids)
+			}
+			leftNothing(t, b, id)
+		})
+	}
+}
+
+// An operation that loads the new sandbox from its settings before Create
+// has recorded it (forced: a lookup between the two) has its copy kept;
+// Create then stops the init it began, which that copy would never know
+// of. One init runs afterwards, the copy's, started by the first command.
+func TestBwrapCreateLosingToALoaderStopsItsStart(t *testing.T) {
+	b, w := newStartWatch(t, daemonUID, false)
+	idSeq++
+	id := "loaded-first-" + strconv.Itoa(idSeq)
+	w.atSaved = func() {
+		await(t, w.ended, "the end of the init's start")
+		if _, err := b.lookup(id); err != nil {
+			t.Errorf("the loader: %v", err)
+		}
+	}
+	if _, err := b.Create(context.Background(), id, backend.Spec{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Destroy(context.Background(), id) })
+	if pids := initPIDs(b, id); len(pids) != 0 {
+		t.Errorf("inits no copy of the sandbox knows: %v", pids)
+	}
+	if out := runOK(t, b, id, "cat /proc/1/comm"); out != "sandbox-init\n" {
+		t.Errorf("pid 1: %q", out)
+	}
+	if pids := initPIDs(b, id); len(pids) != 1 {
+		t.Errorf("inits: %v, want one", pids)
+	}
+}
