@@ -178,6 +178,9 @@ const (
 	// ended, well or not, and let the lock go.
 	FailStartSoon      = "bwrap-start-soon"
 	FailStartSoonEnded = "bwrap-start-soon-ended"
+	// FailStartSoonCancelled: that start found itself cancelled before it
+	// began, and spawns nothing.
+	FailStartSoonCancelled = "bwrap-start-soon-cancelled"
 	// FailCreateSaved: Create has written the new sandbox's settings and
 	// not yet recorded it as known (an operation may load it first).
 	FailCreateSaved = "bwrap-create-saved"

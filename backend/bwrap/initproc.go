@@ -876,11 +876,17 @@ func (b *Backend) startSoon(sb *sandbox) (stop func()) {
 	sb.initMu.Lock()
 	ended := make(chan struct{})
 	go func() {
-		b.failpoint(FailStartSoon)
 		defer close(ended)
 		defer b.failpoint(FailStartSoonEnded)
 		defer done()
 		defer sb.initMu.Unlock()
+		b.failpoint(FailStartSoon)
+		if opCtx.Err() != nil {
+			// Destroyed, or the backend closed, before it began: spawn
+			// nothing only to kill it.
+			b.failpoint(FailStartSoonCancelled)
+			return
+		}
 		ip, err := b.startInit(opCtx, sb, time.Now().Add(initStartTimeout))
 		switch {
 		case err == nil:

@@ -35,6 +35,7 @@ type startWatch struct {
 
 	reached, release, ended chan struct{}
 	reachedOnce, endedOnce  sync.Once
+	cancelled               atomic.Bool // the start found itself cancelled and spawned nothing
 }
 
 func newStartWatch(t *testing.T, mode testMode, hold bool) (*Backend, *startWatch) {
@@ -66,6 +67,8 @@ func newStartWatch(t *testing.T, mode testMode, hold bool) (*Backend, *startWatc
 				if w.atStopping != nil {
 					w.atStopping()
 				}
+			case FailStartSoonCancelled:
+				w.cancelled.Store(true)
 			case FailStartSoonEnded:
 				w.endedOnce.Do(func() { close(w.ended) })
 			}
@@ -164,8 +167,9 @@ func TestBwrapCreateStartsTheInit(t *testing.T) {
 func TestBwrapFirstCommandWaitsForTheStart(t *testing.T) {
 	b, w := newStartWatch(t, daemonUID, true)
 	id := create(t, b, backend.Spec{})
-	// The start is held at its goroutine's first step, yet Create has
-	// returned with the init's lock taken: nothing can start another.
+	// The start is held at its goroutine's first step (FailStartSoon), yet
+	// Create has returned with the init's lock taken: nothing can start
+	// another.
 	if sb := known(t, b, id); sb.initMu.TryLock() {
 		sb.initMu.Unlock()
 		t.Fatal("Create returned with the init's lock free: a command could start a second init")
@@ -178,7 +182,8 @@ func TestBwrapFirstCommandWaitsForTheStart(t *testing.T) {
 	go func() {
 		res, err := b.Exec(context.Background(), id, backend.ExecRequest{Command: "cat /proc/1/comm", Timeout: 20 * time.Second})
 		if err != nil {
-			t.Error(err)
+			done <- err.Error()
+			return
 		}
 		done <- string(res.Stdout)
 	}()
@@ -238,6 +243,9 @@ func TestBwrapDestroyDuringTheStart(t *testing.T) {
 				t.Fatal("the destroy never returned")
 			}
 			await(t, w.ended, "the end of the init's start")
+			if !w.cancelled.Load() {
+				t.Error("the start went on after the destroy had cancelled it")
+			}
 			if pids := initPIDs(b, id); len(pids) != 0 {
 				t.Errorf("inits of a destroyed sandbox: %v", pids)
 			}
@@ -252,12 +260,20 @@ func TestBwrapCloseDuringTheStart(t *testing.T) {
 	b, w := newStartWatch(t, daemonUID, true)
 	id := create(t, b, backend.Spec{})
 	await(t, w.reached, "the init's start")
+	sb := known(t, b, id)
 	closed := make(chan error, 1)
 	go func() { closed <- b.Close() }()
-	sb := known(t, b, id)
 	deadline := time.Now().Add(20 * time.Second)
 	for !sb.ops.Destroying() && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
+	}
+	if !sb.ops.Destroying() {
+		t.Fatal("Close never cancelled the sandbox's operations")
+	}
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned (%v) while the start it cancelled was held", err)
+	case <-time.After(100 * time.Millisecond):
 	}
 	w.let()
 	select {
@@ -269,6 +285,9 @@ func TestBwrapCloseDuringTheStart(t *testing.T) {
 		t.Fatal("Close never returned")
 	}
 	await(t, w.ended, "the end of the init's start")
+	if !w.cancelled.Load() {
+		t.Error("the start went on after Close had cancelled it")
+	}
 	if pids := initPIDs(b, id); len(pids) != 0 {
 		t.Errorf("inits after Close: %v", pids)
 	}

@@ -66,7 +66,9 @@ func Become(where string) error {
 // SIGQUIT, SIGILL, SIGTRAP, SIGABRT, SIGSTKFLT and SIGSYS make it exit with
 // a stack dump; SIGBUS, SIGFPE and SIGSEGV, sent by kill, do the same.
 // Those twelve are shielded. The runtime catches every other signal and
-// does nothing with it (SIGUSR1, SIGPIPE, SIGALRM, SIGWINCH...), or leaves
+// does nothing with it (SIGUSR1, SIGPIPE, SIGALRM, SIGWINCH...; but a
+// write to fd 1 or 2 that fails with EPIPE still ends the program, so an
+// init writes to the daemon through another descriptor), or leaves
 // it at the system's default (SIGTSTP, SIGTTIN, SIGTTOU, SIGCONT), which
 // the kernel never delivers to a PID namespace's pid 1 from inside it.
 // SIGKILL and SIGSTOP it never delivers from inside either.
@@ -80,7 +82,8 @@ func Become(where string) error {
 // SIGABRT and SIGTERM; before, also SIGUSR1, SIGPIPE, the job-control
 // signals and ten others) through a round trip to a locked thread of its
 // own, and 19 such round trips were 1 ms of every init's start on a 2-vCPU
-// VM (docs/benchmarks.md, "Init shields the twelve signals that end it").
+// VM (docs/benchmarks.md, "2026-12-02, 05:41–06:20 UTC: a cold create's
+// first result, traced").
 func ShieldedSignals() []os.Signal {
 	return []os.Signal{
 		syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGILL, syscall.SIGTRAP, syscall.SIGABRT,

@@ -91,7 +91,16 @@ func runInit() int {
 	// system call while it waits, so the Go runtime's monitor thread goes
 	// to sleep instead of polling every 20 µs, each poll a system call the
 	// sentry serves (docs/benchmarks.md, "gVisor: where a command's time goes").
-	stdin, stdout := pollable(0, os.Stdin), pollable(1, os.Stdout)
+	// The daemon's pipe is written through a descriptor of its own above
+	// 2: a write to fd 1 or 2 that fails with EPIPE ends a Go program that
+	// has not asked for SIGPIPE (os/signal), which init does not shield
+	// (initproc.ShieldedSignals); through another descriptor it is the
+	// error it should be.
+	outFD, err := unix.FcntlInt(1, unix.F_DUPFD_CLOEXEC, 3)
+	if err != nil {
+		return initFail("cannot take the daemon's pipe off fd 1: %v", err)
+	}
+	stdin, stdout := pollable(0, os.Stdin.Name(), os.Stdin), pollable(outFD, "daemon-pipe", nil)
 	st := &initState{out: bufio.NewWriterSize(stdout, gvwire.MaxChunk+gvwire.FrameHeaderSize), files: fileOps{sock: -1}, chld: make(chan os.Signal, 1)}
 	signal.Notify(st.chld, unix.SIGCHLD)
 	if err := st.send(gvwire.KindReady, gvwire.U32s(gvwire.Protocol)); err != nil {
@@ -419,21 +428,28 @@ func childPipe(parentReads, empty bool) (*os.File, int, error) {
 	return os.NewFile(uintptr(parent), "pipe"), child, nil
 }
 
-// pollable returns descriptor fd (the daemon's pipes are init's 0 and 1)
-// as a non-blocking file in the runtime's poller, or as it is when epoll
-// refuses it: a non-blocking file the poller does not hold would fail its
-// reads with EAGAIN.
-func pollable(fd int, def *os.File) *os.File {
+// pollable returns descriptor fd (the daemon's pipes: init's 0, and its
+// 1 moved above 2) as a non-blocking file in the runtime's poller, or as it
+// is when epoll refuses it: a non-blocking file the poller does not hold
+// would fail its reads with EAGAIN. It makes one *os.File for fd, or
+// returns def: a second one, dropped, would close fd when collected.
+func pollable(fd int, name string, def *os.File) *os.File {
+	asIs := func() *os.File {
+		if def != nil {
+			return def
+		}
+		return os.NewFile(uintptr(fd), name)
+	}
 	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
-		return def
+		return asIs()
 	}
 	err = unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT, Fd: int32(fd)})
 	_ = unix.Close(ep)
 	if err != nil || unix.SetNonblock(fd, true) != nil {
-		return def
+		return asIs()
 	}
-	return os.NewFile(uintptr(fd), def.Name())
+	return os.NewFile(uintptr(fd), name)
 }
 
 func truncate(s string, n int) string {
