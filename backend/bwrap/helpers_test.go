@@ -230,7 +230,17 @@ func waitNoProcessContaining(t *testing.T, limit time.Duration, s string) {
 // the process carrying both the init flag and the sandbox's marker.
 func initPID(t *testing.T, b *Backend, id string) int {
 	t.Helper()
-	dir := b.sandboxDir(id)
+	if pids := initPIDs(b, id); len(pids) > 0 {
+		return pids[0]
+	}
+	return 0
+}
+
+// initPIDs returns the pids of every init of sandbox id: processes with
+// the init's variable and the sandbox's marker in their environment.
+func initPIDs(b *Backend, id string) []int {
+	want := []string{bwwire.InitEnv + "=1", markerEnv + "=" + marker(b.sandboxDir(id))}
+	var pids []int
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
@@ -242,11 +252,11 @@ func initPID(t *testing.T, b *Backend, id string) int {
 			continue
 		}
 		vars := strings.Split(string(env), "\x00")
-		if slices.Contains(vars, bwwire.InitEnv+"=1") && slices.Contains(vars, markerEnv+"="+marker(dir)) {
-			return pid
+		if slices.Contains(vars, want[0]) && slices.Contains(vars, want[1]) {
+			pids = append(pids, pid)
 		}
 	}
-	return 0
+	return pids
 }
 
 // sleepToken returns an argument for sleep that no other test uses, so

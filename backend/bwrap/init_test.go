@@ -786,8 +786,11 @@ func TestBwrapInitSleepsThroughALongCommand(t *testing.T) {
 		t.Fatalf("sleep 3: %+v", res)
 	}
 	// The reap interval and the runtime's own threads wake it a few
-	// times; waiting the raw way throughout, ~150.
-	if woke > 10 {
+	// times (up to 12 seen under the whole suite's load, where the
+	// runtime's monitor retakes more often); waiting the raw way
+	// throughout, ~150.
+	t.Logf("init woke %d times in a second of a running command", woke)
+	if woke > 40 {
 		t.Errorf("init woke %d times in a second of a running command", woke)
 	}
 }

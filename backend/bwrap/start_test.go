@@ -7,14 +7,12 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
-	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap/bwwire"
 )
 
 // startWatch arms the failpoints of Create's background init start
@@ -96,29 +94,6 @@ func await(t *testing.T, ch <-chan struct{}, what string) {
 	case <-time.After(20 * time.Second):
 		t.Fatalf("%s never came", what)
 	}
-}
-
-// initPIDs returns the pids of every init of sandbox id: processes with
-// the init's variable and the sandbox's marker in their environment.
-func initPIDs(b *Backend, id string) []int {
-	want := []string{bwwire.InitEnv + "=1", markerEnv + "=" + marker(b.sandboxDir(id))}
-	var pids []int
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
-		if err != nil {
-			continue
-		}
-		vars := strings.Split(string(env), "\x00")
-		if slices.Contains(vars, want[0]) && slices.Contains(vars, want[1]) {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
 }
 
 // leftNothing fails t if anything of sandbox id is left: a process, its
