@@ -184,6 +184,46 @@ func TestBwrapFirstCommandWaitsForTheStart(t *testing.T) {
 	}
 }
 
+// stopDuringTheStart runs stop (a destroy, Close) while sandbox id's init
+// start is held, lets the start go once stop has cancelled the sandbox's
+// operations, and checks that stop waited for the start, that the start
+// spawned nothing, and that no init runs.
+func stopDuringTheStart(t *testing.T, b *Backend, w *startWatch, id, what string, stop func() error) {
+	t.Helper()
+	await(t, w.reached, "the init's start")
+	sb := known(t, b, id)
+	stopped := make(chan error, 1)
+	go func() { stopped <- stop() }()
+	deadline := time.Now().Add(20 * time.Second)
+	for !sb.ops.Destroying() && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if !sb.ops.Destroying() {
+		t.Fatalf("%s never cancelled the sandbox's operations", what)
+	}
+	select {
+	case err := <-stopped:
+		t.Fatalf("%s returned (%v) while the start it cancelled was held", what, err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	w.let()
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("%s never returned", what)
+	}
+	await(t, w.ended, "the end of the init's start")
+	if !w.cancelled.Load() {
+		t.Errorf("the start went on after %s had cancelled it", what)
+	}
+	if pids := initPIDs(b, id); len(pids) != 0 {
+		t.Errorf("inits after %s: %v", what, pids)
+	}
+}
+
 // A destroy during the start (forced: the start held until the destroy has
 // cancelled the sandbox's operations) cancels it and waits for it: no init
 // is started, nothing is left.
@@ -192,38 +232,7 @@ func TestBwrapDestroyDuringTheStart(t *testing.T) {
 		t.Run(m.name, func(t *testing.T) {
 			b, w := newStartWatch(t, m, true)
 			id := create(t, b, backend.Spec{})
-			await(t, w.reached, "the init's start")
-			sb := known(t, b, id)
-			destroyed := make(chan error, 1)
-			go func() { destroyed <- b.Destroy(context.Background(), id) }()
-			deadline := time.Now().Add(20 * time.Second)
-			for !sb.ops.Destroying() && time.Now().Before(deadline) {
-				time.Sleep(time.Millisecond)
-			}
-			if !sb.ops.Destroying() {
-				t.Fatal("the destroy never cancelled the sandbox's operations")
-			}
-			select {
-			case err := <-destroyed:
-				t.Fatalf("the destroy returned (%v) while the start it cancelled was held", err)
-			default:
-			}
-			w.let()
-			select {
-			case err := <-destroyed:
-				if err != nil {
-					t.Fatal(err)
-				}
-			case <-time.After(20 * time.Second):
-				t.Fatal("the destroy never returned")
-			}
-			await(t, w.ended, "the end of the init's start")
-			if !w.cancelled.Load() {
-				t.Error("the start went on after the destroy had cancelled it")
-			}
-			if pids := initPIDs(b, id); len(pids) != 0 {
-				t.Errorf("inits of a destroyed sandbox: %v", pids)
-			}
+			stopDuringTheStart(t, b, w, id, "the destroy", func() error { return b.Destroy(context.Background(), id) })
 			leftNothing(t, b, id)
 		})
 	}
@@ -234,38 +243,7 @@ func TestBwrapDestroyDuringTheStart(t *testing.T) {
 func TestBwrapCloseDuringTheStart(t *testing.T) {
 	b, w := newStartWatch(t, daemonUID, true)
 	id := create(t, b, backend.Spec{})
-	await(t, w.reached, "the init's start")
-	sb := known(t, b, id)
-	closed := make(chan error, 1)
-	go func() { closed <- b.Close() }()
-	deadline := time.Now().Add(20 * time.Second)
-	for !sb.ops.Destroying() && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
-	if !sb.ops.Destroying() {
-		t.Fatal("Close never cancelled the sandbox's operations")
-	}
-	select {
-	case err := <-closed:
-		t.Fatalf("Close returned (%v) while the start it cancelled was held", err)
-	case <-time.After(100 * time.Millisecond):
-	}
-	w.let()
-	select {
-	case err := <-closed:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("Close never returned")
-	}
-	await(t, w.ended, "the end of the init's start")
-	if !w.cancelled.Load() {
-		t.Error("the start went on after Close had cancelled it")
-	}
-	if pids := initPIDs(b, id); len(pids) != 0 {
-		t.Errorf("inits after Close: %v", pids)
-	}
+	stopDuringTheStart(t, b, w, id, "Close", b.Close)
 }
 
 // A start that fails (forced: the workspace bubblewrap binds is moved away
