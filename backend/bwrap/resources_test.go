@@ -454,6 +454,16 @@ func TestInitThatFailsAtOnceSaysWhy(t *testing.T) {
 	m := testCgroups(t)
 	b := newTestBackend(t, rangeUID, withCgroups(m, limits.Limits{MemoryBytes: 128 << 20, PIDs: 64}))
 	id := create(t, b, backend.Spec{})
+	// Create started an init; stop it as a daemon restart would, so that
+	// the command starts the next one, after the chmod below.
+	if err := b.Warm(t.Context(), id); err != nil {
+		t.Fatal(err)
+	}
+	sb := known(t, b, id)
+	sb.initMu.Lock()
+	b.stopInit(sb.init)
+	sb.init = nil
+	sb.initMu.Unlock()
 	if err := os.Chmod(b.cfg.Dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
