@@ -308,10 +308,11 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	sb := newSandbox(id, dir, saved, lim)
 	b.setIDs(sb, saved)
 	if err := sb.readImageRoot(); err != nil {
+		b.freeUID(saved.UID)
 		return backend.Info{}, err
 	}
 	if err := os.Mkdir(dir, 0o700); err != nil {
-		b.releaseUID(id, saved.UID)
+		b.freeUID(saved.UID)
 		if errors.Is(err, fs.ErrExist) {
 			return backend.Info{}, fmt.Errorf("sandbox %q already exists; destroy it first or choose another id: %w", id, err)
 		}

@@ -351,3 +351,48 @@ func TestBwrapCreateLosingToALoaderStopsItsStart(t *testing.T) {
 		t.Errorf("inits: %v, want one", pids)
 	}
 }
+
+// A destroy of a sandbox whose Create has not returned (forced: at
+// FailCreateStarting, its start begun) removes it and releases its host
+// uid; the Create then fails, and its cleanup must not release that uid
+// again: the range may have handed it to another sandbox meanwhile (here
+// taken by hand). Nothing of the sandbox is left, its init included.
+func TestBwrapDestroyDuringItsCreateKeepsTheUIDItReleased(t *testing.T) {
+	b, w := newStartWatch(t, rangeUID, false)
+	idSeq++
+	id := "destroyed-mid-create-" + strconv.Itoa(idSeq)
+	var uid uint32
+	var taken bool
+	w.atCreate = func() {
+		b.mu.Lock()
+		u, ok := b.uidOf[id]
+		b.mu.Unlock()
+		if !ok {
+			t.Error("no uid recorded for the sandbox being created")
+			return
+		}
+		uid = u
+		if err := b.Destroy(context.Background(), id); err != nil {
+			t.Errorf("the destroy: %v", err)
+		}
+		taken = b.uids.Reserve(uid) // another sandbox's now
+		if !taken {
+			t.Errorf("the destroy did not release uid %d", uid)
+		}
+	}
+	if _, err := b.Create(context.Background(), id, backend.Spec{}); err == nil {
+		_ = b.Destroy(context.Background(), id)
+		t.Fatal("Create succeeded after its sandbox was destroyed under it")
+	}
+	await(t, w.ended, "the end of the init's start")
+	if taken {
+		if b.uids.Reserve(uid) {
+			t.Errorf("the failed Create released uid %d, which another sandbox held", uid)
+		}
+		b.uids.Release(uid)
+	}
+	if pids := initPIDs(b, id); len(pids) != 0 {
+		t.Errorf("inits of a sandbox destroyed during its create: %v", pids)
+	}
+	leftNothing(t, b, id)
+}

@@ -93,17 +93,31 @@ func (b *Backend) checkAdoptedUID(id string, uid uint32) error {
 	return nil
 }
 
-// releaseUID returns uid (nil: none) to the range, forgetting it as id's.
+// releaseUID returns uid (nil: none) to the range and forgets it as id's,
+// if it is still id's: a destroy that removed a half-made sandbox under
+// its Create has released it already, and the range may have handed it to
+// another sandbox since.
 func (b *Backend) releaseUID(id string, uid *uint32) {
 	if uid == nil || b.uids == nil {
 		return
 	}
 	b.mu.Lock()
-	if got, ok := b.uidOf[id]; ok && got == *uid {
+	got, ok := b.uidOf[id]
+	if ok && got == *uid {
 		delete(b.uidOf, id)
 	}
 	b.mu.Unlock()
-	b.uids.Release(*uid)
+	if ok && got == *uid {
+		b.uids.Release(*uid)
+	}
+}
+
+// freeUID returns uid (nil: none), allocated by a Create that fails
+// before it recorded it as its sandbox's, to the range.
+func (b *Backend) freeUID(uid *uint32) {
+	if uid != nil && b.uids != nil {
+		b.uids.Release(*uid)
+	}
 }
 
 // prepareSandboxDir sets the mode (and, for a uid of its own, the group) of
