@@ -236,10 +236,20 @@ func initPID(t *testing.T, b *Backend, id string) int {
 	return 0
 }
 
+// forgetInit stops sb's init as a daemon restart would: the sandbox is
+// left without one, not terminated, and its next command or Warm starts
+// another.
+func forgetInit(b *Backend, sb *sandbox) {
+	sb.initMu.Lock()
+	defer sb.initMu.Unlock()
+	b.stopInit(sb.init)
+	sb.init = nil
+}
+
 // initPIDs returns the pids of every init of sandbox id: processes with
 // the init's variable and the sandbox's marker in their environment.
 func initPIDs(b *Backend, id string) []int {
-	want := []string{bwwire.InitEnv + "=1", markerEnv + "=" + marker(b.sandboxDir(id))}
+	flag, mark := bwwire.InitEnv+"=1", markerEnv+"="+marker(b.sandboxDir(id))
 	var pids []int
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
@@ -252,7 +262,7 @@ func initPIDs(b *Backend, id string) []int {
 			continue
 		}
 		vars := strings.Split(string(env), "\x00")
-		if slices.Contains(vars, want[0]) && slices.Contains(vars, want[1]) {
+		if slices.Contains(vars, flag) && slices.Contains(vars, mark) {
 			pids = append(pids, pid)
 		}
 	}

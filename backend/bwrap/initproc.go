@@ -910,8 +910,9 @@ func (b *Backend) startSoon(sb *sandbox) (stop func()) {
 // claimed. A new sandbox's init is already starting (Create's startSoon):
 // Warm waits for that start. It leaves the init free for a command: an
 // Exec that arrives meanwhile waits for the start rather than starting
-// another, and is never refused as busy because of it. A sandbox whose init died is left for its next
-// command to report as terminated; Warm says it is gone.
+// another, and is never refused as busy because of it. A sandbox whose
+// init died is left for its next command to report as terminated; Warm
+// says it is gone.
 func (b *Backend) Warm(ctx context.Context, id string) error {
 	sb, err := b.lookup(id)
 	if err != nil {

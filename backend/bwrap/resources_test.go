@@ -459,11 +459,7 @@ func TestInitThatFailsAtOnceSaysWhy(t *testing.T) {
 	if err := b.Warm(t.Context(), id); err != nil {
 		t.Fatal(err)
 	}
-	sb := known(t, b, id)
-	sb.initMu.Lock()
-	b.stopInit(sb.init)
-	sb.init = nil
-	sb.initMu.Unlock()
+	forgetInit(b, known(t, b, id))
 	if err := os.Chmod(b.cfg.Dir, 0o700); err != nil {
 		t.Fatal(err)
 	}

@@ -44,27 +44,24 @@ func newStartWatch(t *testing.T, mode testMode, hold bool) (*Backend, *startWatc
 			if !w.armed.Load() {
 				return
 			}
+			step := func(f func()) {
+				if f != nil {
+					f()
+				}
+			}
 			switch name {
 			case FailCreateStarting:
-				if w.atCreate != nil {
-					w.atCreate()
-				}
+				step(w.atCreate)
 			case FailStartSoon:
-				if w.atStart != nil {
-					w.atStart()
-				}
+				step(w.atStart)
 				w.reachedOnce.Do(func() { close(w.reached) })
 				if w.hold {
 					<-w.release
 				}
 			case FailCreateSaved:
-				if w.atSaved != nil {
-					w.atSaved()
-				}
+				step(w.atSaved)
 			case FailStartStopping:
-				if w.atStopping != nil {
-					w.atStopping()
-				}
+				step(w.atStopping)
 			case FailStartSoonCancelled:
 				w.cancelled.Store(true)
 			case FailStartSoonEnded:

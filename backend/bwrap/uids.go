@@ -103,11 +103,12 @@ func (b *Backend) releaseUID(id string, uid *uint32) {
 	}
 	b.mu.Lock()
 	got, ok := b.uidOf[id]
-	if ok && got == *uid {
+	held := ok && got == *uid
+	if held {
 		delete(b.uidOf, id)
 	}
 	b.mu.Unlock()
-	if ok && got == *uid {
+	if held {
 		b.uids.Release(*uid)
 	}
 }

@@ -100,7 +100,7 @@ func runInit() int {
 	if err != nil {
 		return initFail("cannot take the daemon's pipe off fd 1: %v", err)
 	}
-	stdin, stdout := pollable(0, os.Stdin.Name(), os.Stdin), pollable(outFD, "daemon-pipe", nil)
+	stdin, stdout := pollable(0, "daemon-in"), pollable(outFD, "daemon-out")
 	st := &initState{out: bufio.NewWriterSize(stdout, gvwire.MaxChunk+gvwire.FrameHeaderSize), files: fileOps{sock: -1}, chld: make(chan os.Signal, 1)}
 	signal.Notify(st.chld, unix.SIGCHLD)
 	if err := st.send(gvwire.KindReady, gvwire.U32s(gvwire.Protocol)); err != nil {
@@ -431,23 +431,16 @@ func childPipe(parentReads, empty bool) (*os.File, int, error) {
 // pollable returns descriptor fd (the daemon's pipes: init's 0, and its
 // 1 moved above 2) as a non-blocking file in the runtime's poller, or as it
 // is when epoll refuses it: a non-blocking file the poller does not hold
-// would fail its reads with EAGAIN. It makes one *os.File for fd, or
-// returns def: a second one, dropped, would close fd when collected.
-func pollable(fd int, name string, def *os.File) *os.File {
-	asIs := func() *os.File {
-		if def != nil {
-			return def
+// would fail its reads with EAGAIN. It is the one *os.File init makes for
+// fd, kept for init's life: a second one, dropped, would close fd when
+// collected.
+func pollable(fd int, name string) *os.File {
+	if ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC); err == nil {
+		err = unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT, Fd: int32(fd)})
+		_ = unix.Close(ep)
+		if err == nil {
+			_ = unix.SetNonblock(fd, true)
 		}
-		return os.NewFile(uintptr(fd), name)
-	}
-	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
-	if err != nil {
-		return asIs()
-	}
-	err = unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT, Fd: int32(fd)})
-	_ = unix.Close(ep)
-	if err != nil || unix.SetNonblock(fd, true) != nil {
-		return asIs()
 	}
 	return os.NewFile(uintptr(fd), name)
 }
