@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -106,10 +107,18 @@ func TestBudget(t *testing.T) {
 
 // budgetHandler answers "big" with args.n bytes after reserving room for
 // them, counting how many results exist at once; "hold" sleeps args.ms
-// with its args held.
+// with its args held, noting when each hold starts and ends.
 type budgetHandler struct {
 	testHandler
 	live, peak atomic.Int64
+	mu         sync.Mutex
+	holds      []string
+}
+
+func (h *budgetHandler) note(s string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.holds = append(h.holds, s)
 }
 
 func (h *budgetHandler) Handle(ctx context.Context, peer *Peer, req *Request) (any, error) {
@@ -125,8 +134,11 @@ func (h *budgetHandler) Handle(ctx context.Context, peer *Peer, req *Request) (a
 		defer h.live.Add(-1)
 		return map[string]any{"data": make([]byte, n)}, nil
 	case "hold":
+		ms := req.Args.Int("ms", 0, 0, 60000)
+		h.note(fmt.Sprintf("start %d", ms))
+		defer h.note(fmt.Sprintf("end %d", ms))
 		select {
-		case <-time.After(time.Duration(req.Args.Int("ms", 0, 0, 60000)) * time.Millisecond):
+		case <-time.After(time.Duration(ms) * time.Millisecond):
 		case <-ctx.Done():
 		}
 		return map[string]any{}, nil
@@ -174,14 +186,19 @@ func TestRequestBudgetMakesFramesWait(t *testing.T) {
 	require.Eventually(t, func() bool { req, _ := s.Held(); return req > 0 }, 5*time.Second, time.Millisecond)
 	c2 := rawConn(t, path)
 	sendReq(t, c2, 1, "hold", map[string]any{"ms": 0, "pad": pad})
-	first := make(chan string, 2)
+	// The order the handler saw, not the order two readers happen to be
+	// scheduled in: the waiting frame is handled only after the held one
+	// was answered (its budget comes back once its response is written).
 	var wg sync.WaitGroup
-	for name, c := range map[string]net.Conn{"held": c1, "waiting": c2} {
+	for _, c := range []net.Conn{c1, c2} {
 		wg.Add(1)
-		go func() { defer wg.Done(); readResp(t, c); first <- name }()
+		go func() { defer wg.Done(); readResp(t, c) }()
 	}
 	wg.Wait()
-	assert.Equal(t, "held", <-first, "the second frame was read only once the first was answered")
+	h.mu.Lock()
+	holds := slices.Clone(h.holds)
+	h.mu.Unlock()
+	assert.Equal(t, []string{"start 400", "end 400", "start 0", "end 0"}, holds, "the second frame was read only once the first was answered")
 	assert.Eventually(t, func() bool { req, _ := s.Held(); return req == 0 }, 5*time.Second, time.Millisecond)
 }
 
