@@ -184,6 +184,10 @@ const (
 	// FailCreateSaved: Create has written the new sandbox's settings and
 	// not yet recorded it as known (an operation may load it first).
 	FailCreateSaved = "bwrap-create-saved"
+	// FailInitSpawned: the bwrap of a sandbox's init runs; its first
+	// process is neither in its cgroup nor let go (on cgroup v1 it waits
+	// at the --block-fd gate).
+	FailInitSpawned = "bwrap-init-spawned"
 	// FailStartStopping: a Create that failed after startSoon has
 	// cancelled the start and is about to wait for it.
 	FailStartStopping = "bwrap-start-stopping"

@@ -46,6 +46,10 @@ const (
 	initDeathWait = 500 * time.Millisecond
 	// initReapWait bounds the wait for a killed init's bwrap to be reaped.
 	initReapWait = 5 * time.Second
+	// initHangUpWait is how long a stopped init's control socket may take
+	// to hang up before stopInit looks for what holds it (a parent-death
+	// signal takes well under a millisecond).
+	initHangUpWait = 100 * time.Millisecond
 	// initStderrBytes caps what is read of init's stderr for a log line.
 	initStderrBytes = 4 << 10
 	// initDrainGrace is how long output is read after a command ended.
@@ -87,6 +91,7 @@ type initProc struct {
 
 	egress *egressPath // network "allowlist": its namespace and netstack
 	oom    *oomCounter // the sandbox's OOM-kill counter, held for every command
+	dir    string      // the sandbox's directory, whose marker its processes carry
 }
 
 // waited returns a channel closed once init's bwrap has been reaped,
@@ -192,7 +197,7 @@ func (b *Backend) startInit(ctx context.Context, sb *sandbox, deadline time.Time
 		ctrl.Close()
 		return nil, fmt.Errorf("%w: start the init of sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
 	}
-	ip := &initProc{ctrl: ctrl, stderr: stderr, oom: &oomCounter{cg: sb.cg}}
+	ip := &initProc{ctrl: ctrl, stderr: stderr, oom: &oomCounter{cg: sb.cg}, dir: sb.dir}
 	// Closed after stopInit (defers run last-first): on v1 closing the
 	// gate unreleased lets bwrap go on, so it must be dead by then.
 	place := sb.placement()
@@ -235,6 +240,12 @@ func (b *Backend) startInit(ctx context.Context, sb *sandbox, deadline time.Time
 	// Only bwrap and init hold the other end now: when they are gone, the
 	// control socket hangs up.
 	ctrlInit.Close()
+	b.failpoint(FailInitSpawned)
+	if err := ctx.Err(); err != nil {
+		// Destroyed (or the backend closed) while bwrap started: its
+		// first process is not let go into a sandbox that is going away.
+		return nil, fmt.Errorf("the init of sandbox %s was not started: %w", sb.id, err)
+	}
 	if err := place.started(); err != nil {
 		if errors.Is(err, syscall.ESRCH) {
 			// bwrap was gone before it could be placed: it failed at
@@ -343,16 +354,35 @@ func (ip *initProc) alive() bool {
 }
 
 // waitDead waits up to limit for the control socket to hang up and
-// reports whether it did.
+// reports whether it did. It waits in poll(2), so it returns as soon as
+// init's last descriptor closes (a destroy used to sleep in 5 ms steps
+// for it, most of a destroy's time).
 func (ip *initProc) waitDead(limit time.Duration) bool {
-	deadline := time.Now().Add(limit)
-	for ip.alive() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(5 * time.Millisecond)
+	rc, err := ip.ctrl.SyscallConn()
+	if err != nil {
+		return true // closed: as alive says
 	}
-	return true
+	deadline := time.Now().Add(limit)
+	dead := false
+	_ = rc.Control(func(fd uintptr) {
+		for {
+			left := max(time.Until(deadline), 0)
+			fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+			n, err := unix.Poll(fds, int((left+time.Millisecond-1)/time.Millisecond))
+			switch {
+			case errors.Is(err, unix.EINTR): // the runtime's preemption signal: again, for what is left
+			case err != nil:
+				dead = true // as alive says of a socket poll cannot look at
+				return
+			case n == 0:
+				return // still up at the deadline
+			default:
+				dead = fds[0].Revents&(unix.POLLHUP|unix.POLLRDHUP|unix.POLLERR|unix.POLLNVAL) != 0
+				return
+			}
+		}
+	})
+	return dead
 }
 
 // send hands init one run message (with the request when inline is not
@@ -422,7 +452,13 @@ func (ip *initProc) stderrTail() string {
 // stopInit kills init, reaps its bwrap within initReapWait and closes the
 // daemon's descriptors. Killing bwrap's process group takes init with it
 // (its parent-death signal), and with init, as pid 1, every process of the
-// sandbox.
+// sandbox. Not always: bwrap's first process has no parent-death signal
+// until it has read its --block-fd (on cgroup v1 the daemon holds it there
+// until it is in its cgroup) and set one, so a bwrap killed before then
+// leaves it running, re-parented, still holding init's end of the control
+// socket. So when the socket has not hung up within initHangUpWait, every
+// process still carrying the sandbox's marker is killed (a scan of the
+// host's processes, paid only then), and the wait goes on.
 func (b *Backend) stopInit(ip *initProc) {
 	if ip.cmd != nil && ip.cmd.Process != nil {
 		if !ip.reaping.Load() {
@@ -434,8 +470,13 @@ func (b *Backend) stopInit(ip *initProc) {
 		_ = ip.cmd.Process.Kill() // through its pidfd: safe whatever happened
 		b.reapInit(ip)
 		// Init dies of its parent-death signal, a moment after bwrap.
-		if !ip.waitDead(initReapWait) {
-			b.log.Warn("a sandbox's init is still alive after its bwrap was killed", "bwrap_pid", ip.cmd.Process.Pid)
+		if !ip.waitDead(initHangUpWait) {
+			if left := b.findMarked(ip.dir, false); len(left) > 0 {
+				b.log.Warn("killed processes of a sandbox that outlived its init's bwrap", "dir", ip.dir, "count", killMarked(left))
+			}
+			if !ip.waitDead(initReapWait) {
+				b.log.Warn("a sandbox's init is still alive after its bwrap was killed", "bwrap_pid", ip.cmd.Process.Pid)
+			}
 		}
 	}
 	_ = ip.ctrl.Close()

@@ -526,7 +526,7 @@ func benchScale(o options, rep *report) error {
 		rss, fds := d.status("VmRSS"), d.fds()
 		// On top of them: creates (each destroyed again) and commands in
 		// the live ones, in turn.
-		var creates, cmds []time.Duration
+		var creates, destroys, cmds []time.Duration
 		for i := range nSample {
 			start := time.Now()
 			id, err := create(c, map[string]any{"ttl_s": 3600})
@@ -534,9 +534,11 @@ func benchScale(o options, rep *report) error {
 				return err
 			}
 			creates = append(creates, time.Since(start))
+			start = time.Now()
 			if err := call(c, ipc.OpDestroy, map[string]any{"sandbox": id}, nil); err != nil {
 				return err
 			}
+			destroys = append(destroys, time.Since(start))
 			start = time.Now()
 			if _, err := runCmd(c, ids[i%len(ids)], []string{"/bin/true"}); err != nil {
 				return err
@@ -546,8 +548,9 @@ func benchScale(o options, rep *report) error {
 		rep.add("scale", fmt.Sprintf("%d live sandboxes (each ran a command)", level), map[string]float64{
 			"rss_KiB": rss, "KiB_per_sandbox": (rss - rss0) / float64(level), "fds": fds, "fds_per_sandbox": (fds - fds0) / float64(level),
 			"create_p50_ms": ms(percentile(creates, 50)), "create_p99_ms": ms(percentile(creates, 99)),
+			"destroy_p50_ms": ms(percentile(destroys, 50)), "destroy_p99_ms": ms(percentile(destroys, 99)),
 			"cmd_p50_ms": ms(percentile(cmds, 50)), "cmd_p99_ms": ms(percentile(cmds, 99))},
-			fmt.Sprintf("%d creates and %d commands at this level; cgroups, no disk caps; target ≤ 64 KiB each", nSample, nSample))
+			fmt.Sprintf("%d creates (each destroyed at once) and %d commands at this level; cgroups, no disk caps; target ≤ 64 KiB each", nSample, nSample))
 	}
 	rss1 := d.status("VmRSS")
 
