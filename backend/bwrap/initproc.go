@@ -49,7 +49,7 @@ const (
 	// initHangUpWait is how long a stopped init's control socket may take
 	// to hang up before stopInit looks for what holds it (a parent-death
 	// signal takes well under a millisecond).
-	initHangUpWait = 100 * time.Millisecond
+	initHangUpWait = 20 * time.Millisecond
 	// initStderrBytes caps what is read of init's stderr for a log line.
 	initStderrBytes = 4 << 10
 	// initDrainGrace is how long output is read after a command ended.
