@@ -471,8 +471,10 @@ func (b *Backend) stopInit(ip *initProc) {
 		b.reapInit(ip)
 		// Init dies of its parent-death signal, a moment after bwrap.
 		if !ip.waitDead(initHangUpWait) {
-			if left := b.findMarked(ip.dir, false); len(left) > 0 {
-				b.log.Warn("killed processes of a sandbox that outlived its init's bwrap", "dir", ip.dir, "count", killMarked(left))
+			if ip.dir != "" {
+				if left := b.findMarked(ip.dir, false); len(left) > 0 {
+					b.log.Warn("killed processes of a sandbox that outlived its init's bwrap", "dir", ip.dir, "count", killMarked(left))
+				}
 			}
 			if !ip.waitDead(initReapWait) {
 				b.log.Warn("a sandbox's init is still alive after its bwrap was killed", "bwrap_pid", ip.cmd.Process.Pid)
