@@ -392,12 +392,17 @@ func (st *initState) finish(ws unix.WaitStatus) {
 	// usual case, and then the kill is skipped: it walks every process of
 	// the host (the kernel's kill(-1) has no per-namespace list), ~8 µs
 	// per command with a thousand host processes, under the lock every
-	// fork on the host takes.
-	if st.alone() {
-		st.children = false
-	} else {
+	// fork on the host takes. Reaping what else has ended says whether anything is left: with no
+	// child, init is the only process of its namespace. Every other one
+	// descends from init (its pid 1; nothing joins the namespace from
+	// outside, and an orphan is re-parented to init, or to a subreaper
+	// that is itself a live descendant, before its parent can be reaped),
+	// so none is left, nor anything to fork one.
+	// TestBwrapBackgroundProcessesEndWithTheirCommand checks the other case.
+	st.children = true // unless reap sees ECHILD
+	st.reap()          // st.cmd is nil: this does not come back here
+	if st.children {
 		killAllButInit()
-		st.children = true
 	}
 	st.dropOpener() // killed too: the next open starts another
 	m := bwwire.Msg{Kind: bwwire.MsgExited, C: c.timed}
@@ -413,31 +418,6 @@ func (st *initState) finish(ws unix.WaitStatus) {
 	_ = unix.Close(c.status)
 	if c.pidfd >= 0 {
 		_ = unix.Close(c.pidfd)
-	}
-}
-
-// alone reaps every child that has ended and reports whether none is
-// left, in which case init is the only process of its namespace: every
-// other one descends from init (its pid 1; nothing joins the namespace
-// from outside, and an orphan is re-parented to init or to a subreaper
-// that is itself a live descendant, before its parent can be reaped), so
-// with no child there is none, and nothing is left to fork one.
-// TestBwrapBackgroundProcessesEndWithTheirCommand checks the other case.
-func (st *initState) alone() bool {
-	for {
-		var ws unix.WaitStatus
-		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG|unix.WALL, nil)
-		switch {
-		case errors.Is(err, unix.EINTR):
-			continue
-		case errors.Is(err, unix.ECHILD):
-			return true
-		case err != nil || pid == 0:
-			return false
-		}
-		if pid == st.opener.pid {
-			st.dropOpener()
-		}
 	}
 }
 
