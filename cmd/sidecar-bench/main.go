@@ -17,6 +17,7 @@ import (
 	"runtime"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -65,6 +66,31 @@ func main() {
 	}
 }
 
+// benchOpenFiles is the descriptor limit the daemons of a run get, as a
+// systemd unit's would (systemd's default hard limit is 524288): each live
+// sandbox holds ~4 of the daemon's descriptors (the scale rows'
+// fds_per_sandbox), and the recovery scenario makes 10,000 of them.
+const benchOpenFiles = 1 << 19
+
+// raiseOpenFiles raises this process's descriptor limit to benchOpenFiles
+// (the hard one too, as root), which the daemons it starts inherit: a
+// shell's limit (20,000 on some machines) ends the recovery scenario with
+// "too many open files". Setting it also keeps os/exec from handing the
+// children the soft limit this process started with.
+func raiseOpenFiles() {
+	var l syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l); err != nil {
+		return
+	}
+	if l.Max < benchOpenFiles && os.Geteuid() == 0 {
+		l.Max = benchOpenFiles
+	}
+	l.Cur = min(l.Max, benchOpenFiles)
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l); err != nil {
+		fmt.Fprintf(os.Stderr, "sidecar-bench: could not raise the open-files limit to %d (%v); the recovery scenario may run out\n", l.Cur, err)
+	}
+}
+
 func run(o options) error {
 	if o.daemonBin == "" && o.socket == "" {
 		if _, err := os.Stat("bin/sandbox-sidecar"); err == nil {
@@ -75,6 +101,7 @@ func run(o options) error {
 			return fmt.Errorf("no daemon binary: build it (make build) or pass --daemon-bin or --socket")
 		}
 	}
+	raiseOpenFiles()
 	rep := &report{Date: time.Now().UTC().Format("2006-01-02 15:04 MST"), Machine: machine(), Go: runtime.Version(), Quick: o.quick}
 	want := func(s string) bool { return o.only == "" || strings.Contains(","+o.only+",", ","+s+",") }
 	scenarios := []struct {

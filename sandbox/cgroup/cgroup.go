@@ -688,10 +688,21 @@ func (m *Manager) Create(name string, l Limits) (_ *Cgroup, err error) {
 			if w.optional && errors.Is(err, fs.ErrNotExist) {
 				continue
 			}
-			return nil, fmt.Errorf("%w: cannot set %s to %s: %v; this host cannot enforce that limit", ErrUnavailable, w.path, w.value, err)
+			return nil, fmt.Errorf("%w: cannot set %s to %s: %v; %s", ErrUnavailable, w.path, w.value, err, limitWriteHint(err))
 		}
 	}
 	return c, nil
+}
+
+// limitWriteHint says what to do about a limit that could not be written.
+// Out of descriptors is the daemon's own state, not the host's cgroups:
+// each live sandbox holds a few of them (its init's sockets, its OOM
+// counter).
+func limitWriteHint(err error) string {
+	if errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) {
+		return "the daemon is out of file descriptors: raise its limit (LimitNOFILE= in its systemd unit) or lower max_sandboxes"
+	}
+	return "this host cannot enforce that limit"
 }
 
 // remakeBase recreates a base directory that disappeared.

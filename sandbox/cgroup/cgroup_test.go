@@ -592,3 +592,13 @@ func TestKeyedReadsOneKeyAsParseKeyedDoes(t *testing.T) {
 		assert.Equal(t, parseKeyed([]byte(text))["oom_kill"], keyed([]byte(text), "oom_kill"), "%q", text)
 	}
 }
+
+// A limit that cannot be written because the daemon ran out of
+// descriptors says so, rather than blaming the host's cgroups (seen when
+// 10,000 live sandboxes met a 20,000-descriptor limit).
+func TestLimitWriteHintNamesTheDaemonsDescriptors(t *testing.T) {
+	emfile := &os.PathError{Op: "open", Path: "/sys/fs/cgroup/memory/x/memory.limit_in_bytes", Err: syscall.EMFILE}
+	assert.Contains(t, limitWriteHint(emfile), "out of file descriptors")
+	assert.Contains(t, limitWriteHint(fmt.Errorf("write: %w", syscall.ENFILE)), "LimitNOFILE")
+	assert.Equal(t, "this host cannot enforce that limit", limitWriteHint(&os.PathError{Op: "write", Path: "x", Err: syscall.EINVAL}))
+}
