@@ -336,22 +336,7 @@ func earliest(a, b time.Time) time.Time {
 
 // alive reports whether init still holds its end of the control socket:
 // once it and its bwrap are gone, the socket hangs up.
-func (ip *initProc) alive() bool {
-	rc, err := ip.ctrl.SyscallConn()
-	if err != nil {
-		return false
-	}
-	up := false
-	_ = rc.Control(func(fd uintptr) {
-		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
-		n, err := unix.Poll(fds, 0)
-		for errors.Is(err, unix.EINTR) { // the runtime's preemption signal
-			n, err = unix.Poll(fds, 0)
-		}
-		up = err == nil && (n == 0 || fds[0].Revents&(unix.POLLHUP|unix.POLLRDHUP|unix.POLLERR|unix.POLLNVAL) == 0)
-	})
-	return up
-}
+func (ip *initProc) alive() bool { return !ip.waitDead(0) }
 
 // waitDead waits up to limit for the control socket to hang up and
 // reports whether it did. It waits in poll(2), so it returns as soon as
@@ -452,13 +437,13 @@ func (ip *initProc) stderrTail() string {
 // stopInit kills init, reaps its bwrap within initReapWait and closes the
 // daemon's descriptors. Killing bwrap's process group takes init with it
 // (its parent-death signal), and with init, as pid 1, every process of the
-// sandbox. Not always: bwrap's first process has no parent-death signal
-// until it has read its --block-fd (on cgroup v1 the daemon holds it there
-// until it is in its cgroup) and set one, so a bwrap killed before then
-// leaves it running, re-parented, still holding init's end of the control
-// socket. So when the socket has not hung up within initHangUpWait, every
-// process still carrying the sandbox's marker is killed (a scan of the
-// host's processes, paid only then), and the wait goes on.
+// sandbox. Not always: the parent-death signal does not cover every moment
+// of bwrap's first process's setup, and one killed in such a moment after
+// it has left bwrap's process group (--new-session) outlives the kill,
+// re-parented, still holding init's end of the control socket. So when the
+// socket has not hung up within initHangUpWait, every process still
+// carrying the sandbox's marker is killed (a scan of the host's processes,
+// paid only then), and the wait goes on.
 func (b *Backend) stopInit(ip *initProc) {
 	if ip.cmd != nil && ip.cmd.Process != nil {
 		if !ip.reaping.Load() {

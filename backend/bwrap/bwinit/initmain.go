@@ -388,16 +388,16 @@ func (st *initState) finish(ws unix.WaitStatus) {
 	st.arm(0)
 	// A command's processes end with it: background jobs, setsid and
 	// double-fork escapees alike. Only init and its children were in the
-	// namespace before it started. A command that left nothing is the
-	// usual case, and then the kill is skipped: it walks every process of
-	// the host (the kernel's kill(-1) has no per-namespace list), ~8 µs
-	// per command with a thousand host processes, under the lock every
-	// fork on the host takes. Reaping what else has ended says whether anything is left: with no
-	// child, init is the only process of its namespace. Every other one
-	// descends from init (its pid 1; nothing joins the namespace from
-	// outside, and an orphan is re-parented to init, or to a subreaper
-	// that is itself a live descendant, before its parent can be reaped),
-	// so none is left, nor anything to fork one.
+	// namespace before it started. Reaping what else has ended says whether
+	// any is left: with no child, init is the only process of its
+	// namespace. Every other one descends from init (its pid 1; nothing
+	// joins the namespace from outside, and an orphan is re-parented to
+	// init, or to a subreaper that is itself a live descendant, before its
+	// parent can be reaped), so none is left, nor anything to fork one.
+	// Then the kill is skipped, as it is after most commands: kill(-1)
+	// walks every process of the host (the kernel has no per-namespace
+	// list), ~8 µs per command with a thousand host processes, under the
+	// lock every fork on the host takes.
 	// TestBwrapBackgroundProcessesEndWithTheirCommand checks the other case.
 	st.children = true // unless reap sees ECHILD
 	st.reap()          // st.cmd is nil: this does not come back here
