@@ -827,8 +827,12 @@ func TestGVisorBootCutShortLeavesNoProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The stray is one process (sh blocked opening a FIFO nobody writes)
-	// whose arguments carry --root= and --bundle= as runsc's do.
+	// whose arguments carry --root= and --bundle= as runsc's do. It makes
+	// its ready file only once it is that sh (after setsid's exec of it),
+	// and the wrapper hangs only then: a scan never meets it mid-exec,
+	// when its command line is setsid's or, for a moment, empty.
 	wrapper := filepath.Join(tmp, "runsc")
+	ready1 := filepath.Join(tmp, "stray-ready")
 	script := `#!/bin/sh
 mode=; prev=; root=; bundle=
 for a in "$@"; do
@@ -837,7 +841,8 @@ for a in "$@"; do
   prev="$a"
 done
 if [ "$mode" = run ]; then
-  setsid sh -c 'read x <"$1"' runsc-sandbox ` + fifo + ` "$root" "$bundle" </dev/null >/dev/null 2>&1 &
+  setsid sh -c ': >"$2"; read x <"$1"' runsc-sandbox ` + fifo + ` ` + ready1 + ` "$root" "$bundle" </dev/null >/dev/null 2>&1 &
+  while [ ! -e ` + ready1 + ` ]; do sleep 0.01; done
   exec sleep 600
 fi
 exec ` + runsc + ` "$@"
@@ -882,17 +887,29 @@ exec ` + runsc + ` "$@"
 	_ = b.Close()
 
 	// A daemon killed mid-boot leaves the same: the next New kills it.
-	cmd := exec.Command("setsid", "sh", "-c", `read x <"$1"`, "runsc-sandbox", fifo, "--root="+root, "--bundle="+filepath.Join(dir, "left", "bundle"))
+	// The stand-in is sh itself in a new session (no setsid(1) exec in
+	// between), and it is waited for by its ready file, made after its
+	// only exec, never by the scan: CI once saw the scan find setsid and
+	// the next scan miss the sh it was becoming.
+	ready2 := filepath.Join(tmp, "left-ready")
+	cmd := exec.Command("sh", "-c", `: >"$2"; read x <"$1"`, "runsc-sandbox", fifo, ready2, "--root="+root, "--bundle="+filepath.Join(dir, "left", "bundle"))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	go func() { _ = cmd.Wait() }()
-	deadline := time.Now().Add(5 * time.Second)
-	for len(strays()) == 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(ready2); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the stand-in for a left runsc process did not start in 10 s")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
-	if len(strays()) == 0 {
-		t.Fatal("the stand-in for a left runsc process did not start")
+	if len(strays()) != 1 {
+		t.Fatalf("the scan finds %v for the one stand-in of a left runsc process", strays())
 	}
 	b2, err := New(cfg)
 	if err != nil {

@@ -51,12 +51,31 @@ func readArgv(pid int) ([]string, bool) {
 	return argv, true
 }
 
+// strayPasses bounds the scans of killRunscStrays.
+const strayPasses = 3
+
 // killRunscStrays kills, with SIGKILL, every process runsc started under
 // this backend's root for bundle (every one under the root, with bundle
 // ""), and waits a little for each to exit. Each is pinned by a pidfd and
 // its command line read again through it before the signal, so a pid
-// reused in between is never signalled. It returns how many it killed.
+// reused in between is never signalled. A process in the middle of an
+// execve reads as an empty command line (runsc re-executes itself for its
+// sandbox and gofer), so one scan can miss it: the scan is repeated, up to
+// strayPasses times, until one finds nothing. It returns how many it
+// killed.
 func (b *Backend) killRunscStrays(bundle string) int {
+	total := 0
+	for range strayPasses {
+		n := b.killRunscStraysOnce(bundle)
+		total += n
+		if n == 0 {
+			break
+		}
+	}
+	return total
+}
+
+func (b *Backend) killRunscStraysOnce(bundle string) int {
 	root := b.runscRoot()
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
