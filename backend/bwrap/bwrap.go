@@ -39,6 +39,7 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/statedir"
 	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/disk"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/egress"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/hostids"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
@@ -217,6 +218,9 @@ type Backend struct {
 	uids    *hostids.Allocator
 	viaCaps bool
 
+	// disks makes the disks of sandboxes with a cap (nil without DiskCaps).
+	disks *disk.Templates
+
 	boxes *registry.Registry[*sandbox] // known sandboxes, loaded lazily from Dir
 	mu    sync.Mutex
 	uidOf map[string]uint32 // guarded by mu: the own uid of each sandbox in Dir that has one
@@ -353,6 +357,14 @@ func New(cfg Config) (*Backend, error) {
 	if probes, _ := filepath.Glob(filepath.Join(cfg.Dir, probeDirPrefix+"*")); len(probes) > 0 {
 		for _, p := range probes {
 			_ = statedir.RemoveAll(p)
+		}
+	}
+	if cfg.DiskCaps {
+		// Every disk of one shape is a copy of one formatted once per
+		// daemon (disk.Templates).
+		if b.disks, err = disk.NewTemplates(filepath.Join(cfg.Dir, diskTemplatesDir)); err != nil {
+			exe.Close()
+			return nil, fmt.Errorf("bwrap backend: %w; check the state directory's permissions", err)
 		}
 	}
 	return b, nil

@@ -28,7 +28,10 @@ import (
 // which holds work/ and tmp/.
 const (
 	diskImageName = "disk.img"
-	diskMountName = "vol"
+	// diskTemplatesDir, in Dir, holds the formatted images new disks are
+	// copied from; never a valid sandbox id.
+	diskTemplatesDir = ".disk-templates"
+	diskMountName    = "vol"
 )
 
 // Named bounds.
@@ -220,7 +223,7 @@ func (b *Backend) makeDisk(ctx context.Context, sb *sandbox) error {
 	if b.cfg.Failpoint != nil {
 		o.Formatting = func(int) { b.failpoint(FailDiskFormatting) }
 	}
-	if err := disk.Create(ctx, img, o); err != nil {
+	if err := b.disks.Create(ctx, img, o); err != nil {
 		return fmt.Errorf("%w: cannot make the disk of sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
 	}
 	if err := os.Mkdir(sb.dataDir(), 0o755); err != nil {

@@ -290,6 +290,21 @@ func TestDiskCap(t *testing.T) {
 			if !strings.Contains(out, "No space left on device") || strings.Count(out, "rc=1") != 2 {
 				t.Errorf("filling past a 32 MiB cap (workspace, then /tmp on the same cap): %q", out)
 			}
+			// A second sandbox's disk is a copy of the same template: a
+			// filesystem of its own, and the template is no sandbox.
+			id2 := create(t, b, backend.Spec{})
+			if got := runOK(t, b, id2, "ls /workspace; df -k /workspace | tail -1 | awk '{print $3}'"); strings.Contains(got, "fill") || strings.Contains(got, "kept") {
+				t.Errorf("the second sandbox's disk shows the first one's files: %q", got)
+			}
+			if tpl, _ := filepath.Glob(filepath.Join(dir, diskTemplatesDir, "*")); len(tpl) != 1 {
+				t.Errorf("templates after two creates of one shape: %v", tpl)
+			}
+			if ids, err := b.List(context.Background()); err != nil || len(ids) != 2 {
+				t.Errorf("List: %v %v", ids, err)
+			}
+			if err := b.Destroy(context.Background(), id2); err != nil {
+				t.Fatal(err)
+			}
 			sb := mustLookup(t, b, id)
 			if fi, err := os.Stat(filepath.Join(sb.workDir(), "fill")); err != nil || fi.Size() > 32<<20 {
 				t.Errorf("the host holds %v of the fill (%v)", fi, err)

@@ -155,7 +155,15 @@ func Create(ctx context.Context, path string, o Options) (err error) {
 
 	// No journal: a sandbox's files are scratch, and a journal would cost
 	// a few MiB of every cap. No reserved blocks: the guest gets all of it.
-	ext := []string{"nodiscard", "lazy_itable_init=0", "lazy_journal_init=0"}
+	// A sparse image is discarded (on a regular file mkfs punches it,
+	// which reads back as zeros, so it marks the inode tables zeroed
+	// instead of writing them: the image stays sparse, and the kernel has
+	// no tables to zero after the mount). A preallocated one must keep its
+	// blocks, so its tables are written now, never lazily under a guest.
+	ext := []string{"discard"}
+	if o.Preallocate {
+		ext = []string{"nodiscard", "lazy_itable_init=0", "lazy_journal_init=0"}
+	}
 	if o.UID >= 0 && o.GID >= 0 {
 		ext = append(ext, fmt.Sprintf("root_owner=%d:%d", o.UID, o.GID))
 	}
