@@ -25,6 +25,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -182,6 +183,9 @@ const (
 	// FailStartSoonCancelled: that start found itself cancelled before it
 	// began, and spawns nothing.
 	FailStartSoonCancelled = "bwrap-start-soon-cancelled"
+	// FailStartSoonQueued: that start waits for one of the backend's
+	// start slots (startSlots), every one being in use.
+	FailStartSoonQueued = "bwrap-start-soon-queued"
 	// FailCreateSaved: Create has written the new sandbox's settings and
 	// not yet recorded it as known (an operation may load it first).
 	FailCreateSaved = "bwrap-create-saved"
@@ -220,6 +224,12 @@ type Backend struct {
 
 	// disks makes the disks of sandboxes with a cap (nil without DiskCaps).
 	disks *disk.Templates
+	// startSlots bounds the background starts of new sandboxes' inits
+	// running at once (startSoon): a burst of creates answers at once and
+	// queues its starts here, holding nothing, instead of spawning
+	// hundreds of bwraps that hold ~10 descriptors each while they fight
+	// for the CPUs.
+	startSlots chan struct{}
 
 	boxes *registry.Registry[*sandbox] // known sandboxes, loaded lazily from Dir
 	mu    sync.Mutex
@@ -339,6 +349,9 @@ func New(cfg Config) (*Backend, error) {
 		uids:      uids,
 		viaCaps:   viaCaps,
 		uidOf:     make(map[string]uint32),
+		// Two per CPU: a start is mostly waiting on the kernel (clone,
+		// mounts, exec), so one per CPU would leave CPUs idle.
+		startSlots: make(chan struct{}, max(2, 2*runtime.GOMAXPROCS(0))),
 	}
 	b.boxes = registry.New(b.registryHooks())
 	b.logLimits()

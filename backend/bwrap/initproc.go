@@ -895,7 +895,9 @@ func (b *Backend) converse(opCtx context.Context, ip *initProc, status *os.File,
 // waits for it. A failed start is only logged: the sandbox stays, and its
 // first command starts the init again and reports what is wrong. The
 // returned stop, for a Create that fails after this, cancels the start,
-// waits for it and kills what it started.
+// waits for it and kills what it started. At most cap(startSlots) such
+// starts run at once; the others wait their turn holding nothing but the
+// init lock (a destroy meanwhile cancels the wait).
 func (b *Backend) startSoon(sb *sandbox) (stop func()) {
 	opCtx, done, err := sb.begin(context.Background())
 	if err != nil {
@@ -908,6 +910,19 @@ func (b *Backend) startSoon(sb *sandbox) (stop func()) {
 		defer b.failpoint(FailStartSoonEnded)
 		defer done()
 		defer sb.initMu.Unlock()
+		slots := b.startSlots
+		select {
+		case slots <- struct{}{}:
+		default:
+			b.failpoint(FailStartSoonQueued)
+			select {
+			case slots <- struct{}{}:
+			case <-opCtx.Done():
+				b.failpoint(FailStartSoonCancelled)
+				return
+			}
+		}
+		defer func() { <-slots }()
 		b.failpoint(FailStartSoon)
 		if opCtx.Err() != nil {
 			// Destroyed, or the backend closed, before it began: spawn

@@ -27,6 +27,7 @@ type startWatch struct {
 	atCreate func() // at FailCreateStarting, in Create
 	atStart  func() // at FailStartSoon, in the start, before any hold
 	atSaved  func() // at FailCreateSaved, in Create
+	atQueued func() // at FailStartSoonQueued: the start waits for a slot
 	// atStopping runs at FailStartStopping: a failed Create has cancelled
 	// the start and waits for it.
 	atStopping func()
@@ -60,6 +61,8 @@ func newStartWatch(t *testing.T, mode testMode, hold bool) (*Backend, *startWatc
 				}
 			case FailCreateSaved:
 				step(w.atSaved)
+			case FailStartSoonQueued:
+				step(w.atQueued)
 			case FailStartStopping:
 				step(w.atStopping)
 			case FailStartSoonCancelled:
@@ -392,4 +395,66 @@ func TestBwrapDestroyDuringItsCreateKeepsTheUIDItReleased(t *testing.T) {
 		t.Errorf("inits of a sandbox destroyed during its create: %v", pids)
 	}
 	leftNothing(t, b, id)
+}
+
+// A burst of creates does not spawn a bwrap per create at once: past the
+// backend's start slots (forced to one here, and held), a new sandbox's
+// start waits holding nothing (no process, no init), a destroy cancels
+// such a wait at once, and the start runs when a slot frees.
+func TestBwrapCreateStartsWaitForASlot(t *testing.T) {
+	b, w := newStartWatch(t, daemonUID, true)
+	b.startSlots = make(chan struct{}, 1)
+	queued := make(chan string, 4)
+	var creating atomic.Value
+	w.atQueued = func() { queued <- fmt.Sprint(creating.Load()) }
+	createAs := func(id string) {
+		creating.Store(id)
+		if _, err := b.Create(context.Background(), id, backend.Spec{}); err != nil {
+			t.Fatalf("create %s: %v", id, err)
+		}
+	}
+	createAs("slot-a")
+	await(t, w.reached, "the first start at its slot")
+	createAs("slot-b")
+	select {
+	case <-queued:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the second start never waited for a slot")
+	}
+	if pids := initPIDs(b, "slot-b"); len(pids) != 0 {
+		t.Errorf("a start waiting for a slot runs inits %v", pids)
+	}
+	if left := b.findMarked(b.sandboxDir("slot-b"), false); len(left) > 0 {
+		t.Errorf("a start waiting for a slot has processes: %+v", left)
+	}
+	createAs("slot-c")
+	select {
+	case <-queued:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the third start never waited for a slot")
+	}
+	done := make(chan error, 1)
+	go func() { done <- b.Destroy(context.Background(), "slot-c") }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("destroy of a sandbox whose start waits: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the destroy waited for a start slot")
+	}
+	if !w.cancelled.Load() {
+		t.Error("the destroyed sandbox's start was not cancelled")
+	}
+	leftNothing(t, b, "slot-c")
+
+	w.let()
+	for _, id := range []string{"slot-a", "slot-b"} {
+		if out := runOK(t, b, id, "echo ok"); out != "ok\n" {
+			t.Errorf("%s: %q", id, out)
+		}
+		if pids := initPIDs(b, id); len(pids) != 1 {
+			t.Errorf("inits of %s: %v, want one", id, pids)
+		}
+	}
 }
