@@ -85,18 +85,7 @@ func TestRealCapStopsWritesAndFiles(t *testing.T) {
 	require.Equal(t, uint32(65534), fi.Sys().(*syscall.Stat_t).Uid, "the root of the cap belongs to the sandbox uid")
 
 	// Bytes: at most 64 MiB written into a 32 MiB cap, so the loop is bounded.
-	f, err := os.Create(filepath.Join(mnt, "fill"))
-	require.NoError(t, err)
-	chunk := make([]byte, 1<<20)
-	var werr error
-	for i := 0; i < 64 && werr == nil; i++ {
-		_, werr = f.Write(chunk)
-	}
-	if werr == nil {
-		werr = f.Sync()
-	}
-	f.Close()
-	require.ErrorIs(t, werr, unix.ENOSPC)
+	require.ErrorIs(t, fill(t, mnt), unix.ENOSPC)
 	u, err := UsageOf(mnt)
 	require.NoError(t, err)
 	require.LessOrEqual(t, u.TotalBytes, int64(32<<20))
@@ -167,4 +156,20 @@ func TestRealCapInsideBubblewrap(t *testing.T) {
 	require.NotContains(t, s, "rc=0")
 	require.Contains(t, s, "nosuid")
 	require.Contains(t, s, "nodev")
+}
+
+// fill writes at most 64 MiB of zeros to dir/fill (so the loop is bounded
+// against a smaller cap) and returns the error that stopped it, if any.
+func fill(t *testing.T, dir string) error {
+	t.Helper()
+	f, err := os.Create(filepath.Join(dir, "fill"))
+	require.NoError(t, err)
+	defer f.Close()
+	chunk := make([]byte, 1<<20)
+	for range 64 {
+		if _, err := f.Write(chunk); err != nil {
+			return err
+		}
+	}
+	return f.Sync()
 }

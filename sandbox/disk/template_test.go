@@ -85,18 +85,7 @@ func TestTemplatesFormatOnceAndCopiesAreCapsOfTheirOwn(t *testing.T) {
 	assert.ErrorIs(t, err, os.ErrNotExist, "a file written to one copy is not in its sibling")
 
 	// Bytes and files are capped as on a formatted image (bounded loops).
-	f, err := os.Create(filepath.Join(b, "fill"))
-	require.NoError(t, err)
-	chunk := make([]byte, 1<<20)
-	var werr error
-	for i := 0; i < 64 && werr == nil; i++ {
-		_, werr = f.Write(chunk)
-	}
-	if werr == nil {
-		werr = f.Sync()
-	}
-	f.Close()
-	require.ErrorIs(t, werr, unix.ENOSPC)
+	require.ErrorIs(t, fill(t, b), unix.ENOSPC)
 	require.NoError(t, os.Remove(filepath.Join(b, "fill")))
 	var cerr error
 	for i := 0; i < 1000 && cerr == nil; i++ {
