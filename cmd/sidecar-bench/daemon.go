@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -119,9 +120,67 @@ func (d *daemon) stop() {
 	os.RemoveAll(d.dir)
 }
 
-func (d *daemon) kill9() {
+// kill9 kills the daemon with SIGKILL, as a crash would, and then does
+// what systemd does before it restarts the unit: it kills every process
+// the daemon left (KillMode=mixed sends the unit's remaining processes
+// SIGKILL once its main process is gone) and waits for them to end (the
+// unit's cgroup to empty; RestartSec=2s comes after). Without it the
+// restart would compete with the kernel's teardown of every sandbox the
+// killed daemon had, and a bubblewrap caught in its setup by the kill can
+// wait forever for a parent that is gone. It returns how long that took
+// (at most two minutes).
+func (d *daemon) kill9() time.Duration {
 	d.cmd.Process.Signal(syscall.SIGKILL)
 	<-d.done
+	begin := time.Now()
+	killOrphans(begin.Add(2 * time.Minute))
+	return time.Since(begin)
+}
+
+// subreaper makes this process the one a killed daemon's processes are
+// re-parented to, so that killOrphans finds them.
+var subreaper sync.Once
+
+// killOrphans kills and reaps this process's children until it has none
+// or the deadline passes. It must run only while no child this process
+// still means to wait for (a running daemon, a command) exists.
+func killOrphans(deadline time.Time) {
+	for time.Now().Before(deadline) {
+		for _, pid := range children() {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		for {
+			pid, err := syscall.Wait4(-1, nil, syscall.WNOHANG, nil)
+			if err == syscall.ECHILD {
+				return
+			}
+			if err == syscall.EINTR {
+				continue
+			}
+			if err != nil || pid == 0 {
+				break
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// children lists this process's children (every thread's).
+func children() []int {
+	var out []int
+	tasks, _ := os.ReadDir("/proc/self/task")
+	for _, t := range tasks {
+		b, err := os.ReadFile(filepath.Join("/proc/self/task", t.Name(), "children"))
+		if err != nil {
+			continue
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				out = append(out, pid)
+			}
+		}
+	}
+	return out
 }
 
 func (d *daemon) client() (*ipc.Client, error) {
