@@ -202,9 +202,14 @@ func (b *Backend) startInit(ctx context.Context, sb *sandbox, deadline time.Time
 	// gate unreleased lets bwrap go on, so it must be dead by then.
 	place := sb.placement()
 	defer place.close()
+	flagged := false // sb's start flag is written (startFlag)
 	defer func() {
+		gone := true
 		if err != nil {
-			b.stopInit(ip)
+			gone = b.stopInit(ip)
+		}
+		if flagged && gone {
+			clearStartFlag(sb.dir, b.log)
 		}
 	}()
 
@@ -233,6 +238,13 @@ func (b *Backend) startInit(ctx context.Context, sb *sandbox, deadline time.Time
 			return nil, err
 		}
 	}
+	if err := writeStartFlag(sb.dir); err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("the init of sandbox %s was not started: %w", sb.id, ctx.Err())
+		}
+		return nil, fmt.Errorf("%w: not starting the init of sandbox %s: %v; check the state directory's disk", backend.ErrUnavailable, sb.id, err)
+	}
+	flagged = true
 	if err := spawnIn(cmd, ip.egress.netns()); err != nil {
 		return nil, fmt.Errorf("%w: bwrap could not be started for sandbox %s (%v); check that %s is installed and executable", backend.ErrUnavailable, sb.id, err, b.bwrap)
 	}
@@ -443,8 +455,10 @@ func (ip *initProc) stderrTail() string {
 // re-parented, still holding init's end of the control socket. So when the
 // socket has not hung up within initHangUpWait, every process still
 // carrying the sandbox's marker is killed (a scan of the host's processes,
-// paid only then), and the wait goes on.
-func (b *Backend) stopInit(ip *initProc) {
+// paid only then), and the wait goes on. It reports whether every process
+// of the init is known to be gone.
+func (b *Backend) stopInit(ip *initProc) (gone bool) {
+	gone = true
 	if ip.cmd != nil && ip.cmd.Process != nil {
 		if !ip.reaping.Load() {
 			// Unreaped, bwrap's pid (its group's id) cannot be anyone
@@ -462,6 +476,7 @@ func (b *Backend) stopInit(ip *initProc) {
 				}
 			}
 			if !ip.waitDead(initReapWait) {
+				gone = false
 				b.log.Warn("a sandbox's init is still alive after its bwrap was killed", "bwrap_pid", ip.cmd.Process.Pid)
 			}
 		}
@@ -470,6 +485,7 @@ func (b *Backend) stopInit(ip *initProc) {
 	_ = ip.stderr.Close()
 	ip.oom.close()
 	ip.egress.close(b.log)
+	return gone
 }
 
 // reapInit waits (boundedly) for init's bwrap to exit and reports whether

@@ -85,11 +85,62 @@ func findMarked(dir string, prefix bool) []markedProcess {
 	return out
 }
 
+// startFlagName is the file in a sandbox's directory that says its init's
+// start is under way: written before bwrap is, removed once the init is
+// ready (or, on a failed start, once everything of it is known dead).
+//
+// Only such a start can leave a stray of a daemon that died: a ready
+// init and everything it runs die with their bwrap (the parent-death
+// signal, and the kernel's kill of a PID namespace whose init ends), and
+// a stop that finds a survivor kills it before it returns (stopInit).
+// So a daemon's start-up, which must end every stray of a sandbox it may
+// adopt before that sandbox's next init starts, needs to look only where
+// a flag is left. That matters to a non-root daemon, which looks once per
+// uid (findMarked below), not once: with thousands of sandboxes a walk of
+// the host's processes per sandbox took seconds before serving. A flag a
+// crash left stays until that sandbox's next start: every daemon start
+// until then looks for its strays again, which finds none and costs one
+// walk.
+const startFlagName = "init-starting"
+
+// writeStartFlag marks sandbox dir's init start as under way. No fsync:
+// what it guards against (a stray) cannot outlive the host, only the
+// daemon, and the page cache outlives the daemon.
+// One a crash left is made again (whoever owns it: the directory is the
+// daemon's).
+func writeStartFlag(dir string) error {
+	p := filepath.Join(dir, startFlagName)
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY|unix.O_CLOEXEC, 0o600)
+	if errors.Is(err, os.ErrExist) {
+		if err = os.Remove(p); err == nil {
+			f, err = os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY|unix.O_CLOEXEC, 0o600)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("cannot mark its start under way: %w", err)
+	}
+	return f.Close()
+}
+
+// clearStartFlag removes sandbox dir's start flag.
+func clearStartFlag(dir string, log interface{ Warn(string, ...any) }) {
+	if err := os.Remove(filepath.Join(dir, startFlagName)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		log.Warn("cannot remove a sandbox's start flag; the next daemon start looks for its strays again", "dir", dir, "error", err)
+	}
+}
+
+// startFlagged reports whether sandbox dir's start flag is left.
+func startFlagged(dir string) bool {
+	_, err := os.Lstat(filepath.Join(dir, startFlagName))
+	return err == nil
+}
+
 // findMarked is the package's findMarked for this backend. A non-root
 // daemon looks again as each sandbox's uid (sandbox dir's, or with prefix
-// every sandbox's it knows): the kernel shows it the processes of another
-// uid, and their environment, only with that uid as its filesystem uid
-// (hidepid, ProtectProc=, and the ptrace check of /proc/PID/environ).
+// every sandbox's it knows whose start flag is left, startFlagName): the
+// kernel shows it the processes of another uid, and their environment,
+// only with that uid as its filesystem uid (hidepid, ProtectProc=, and
+// the ptrace check of /proc/PID/environ).
 func (b *Backend) findMarked(dir string, prefix bool) []markedProcess {
 	out := findMarked(dir, prefix)
 	if !b.viaCaps {
@@ -98,7 +149,7 @@ func (b *Backend) findMarked(dir string, prefix bool) []markedProcess {
 	var uids []uint32
 	b.mu.Lock()
 	for id, uid := range b.uidOf {
-		if prefix || id == filepath.Base(dir) {
+		if prefix && startFlagged(filepath.Join(dir, id)) || !prefix && id == filepath.Base(dir) {
 			uids = append(uids, uid)
 		}
 	}

@@ -2,12 +2,14 @@ package bwrap
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -121,5 +123,59 @@ func TestMarkerNamesNoHostPath(t *testing.T) {
 	}
 	if !strings.HasPrefix(m, markerPrefix(filepath.Dir(dir))) || strings.HasPrefix(m, markerPrefix(dir+"x")) {
 		t.Errorf("marker prefixes do not separate directories: %q", m)
+	}
+}
+
+// A sandbox's start flag (startFlagName) is in its directory from before
+// bwrap is spawned until its init is ready, and only then: a daemon's
+// start-up looks for strays (as a non-root daemon, once per uid) only
+// where one is left.
+func TestStartFlagMarksOnlyAStartUnderWay(t *testing.T) {
+	var atSpawn atomic.Int32 // flags present when bwrap had just been spawned
+	var dir atomic.Value
+	b := newTestBackend(t, daemonUID, func(c *Config) {
+		c.Failpoint = func(name string) {
+			if d, ok := dir.Load().(string); ok && name == FailInitSpawned {
+				if startFlagged(d) {
+					atSpawn.Add(1)
+				}
+			}
+		}
+	})
+	dir.Store(b.sandboxDir("flagged"))
+	if _, err := b.Create(t.Context(), "flagged", backend.Spec{}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := b.Exec(t.Context(), "flagged", backend.ExecRequest{Command: "true", Timeout: 10 * time.Second})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("exec: %v %+v", err, res)
+	}
+	if got := atSpawn.Load(); got != 1 {
+		t.Fatalf("the start flag was there at %d of 1 spawns", got)
+	}
+	if startFlagged(b.sandboxDir("flagged")) {
+		t.Fatal("the start flag outlived a start that ended with the init ready")
+	}
+	// A flag a crash left (the start was under way) stays until the
+	// sandbox's next start, which removes it once its init is ready.
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeStartFlag(b.sandboxDir("flagged")); err != nil {
+		t.Fatal(err)
+	}
+	b2 := newTestBackend(t, daemonUID, func(c *Config) { c.Dir = b.cfg.Dir })
+	t.Cleanup(func() { b2.Destroy(context.Background(), "flagged") })
+	if !startFlagged(b2.sandboxDir("flagged")) {
+		t.Fatal("a new backend removed the flag of a start it never saw end")
+	}
+	if err := b2.Adopt(t.Context(), "flagged"); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := b2.Exec(t.Context(), "flagged", backend.ExecRequest{Command: "true", Timeout: 10 * time.Second}); err != nil || res.ExitCode != 0 {
+		t.Fatalf("exec after adopt: %v %+v", err, res)
+	}
+	if startFlagged(b2.sandboxDir("flagged")) {
+		t.Fatal("the adopted sandbox's next start left the flag")
 	}
 }

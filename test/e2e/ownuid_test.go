@@ -179,8 +179,11 @@ func TestNonRootDaemonGivesSandboxesUIDsOfTheirOwn(t *testing.T) {
 	// A crash and a restart: both sandboxes (expiring ones, journaled with
 	// their uids) come back with the same uids.
 	// And a process of the first sandbox's uid, carrying its marker, that
-	// outlived the daemon: the restarted daemon must find it (it can read
-	// that uid's /proc/PID/environ only as that uid) and kill it.
+	// outlived the daemon, as one caught in bubblewrap's set-up by the
+	// crash would (its start flag left): the restarted daemon must find it
+	// (it can read that uid's /proc/PID/environ only as that uid) and kill
+	// it. It looks as that uid because of the flag: a non-root daemon's
+	// start looks once per flagged sandbox, not once per sandbox.
 	var markerVar string
 	for pid, st := range inits {
 		if realUID(st) != uids[ids[0]] {
@@ -196,6 +199,9 @@ func TestNonRootDaemonGivesSandboxesUIDsOfTheirOwn(t *testing.T) {
 	}
 	require.NotEmpty(t, markerVar, "the init carries no marker")
 	d.kill9()
+	flag := filepath.Join(d.stateDir, "bwrap", ids[0], "init-starting")
+	require.NoError(t, os.WriteFile(flag, nil, 0o600))
+	require.NoError(t, os.Chown(flag, daemonUID, daemonUID))
 	stray := exec.Command("/bin/sleep", "600")
 	stray.Env = []string{markerVar}
 	stray.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uids[ids[0]]), Gid: uint32(uids[ids[0]]), Groups: []uint32{}}, Setsid: true}
@@ -217,6 +223,8 @@ func TestNonRootDaemonGivesSandboxesUIDsOfTheirOwn(t *testing.T) {
 		res := run(t, c, id, "cat secret")
 		require.Equal(t, "secret\n", string(res.Stdout), "stderr: %s", res.Stderr)
 	}
+	_, err = os.Lstat(flag)
+	require.True(t, os.IsNotExist(err), "the first sandbox's next start left its start flag: %v", err)
 	seen = map[int]bool{}
 	for _, st := range processesInRange(t, "sandbox-init", r) {
 		seen[realUID(st)] = true
