@@ -218,6 +218,7 @@ type record struct {
 	claimed        bool          // a destroy is under way (claimForDestroy)
 	recovering     bool          // a victim of start-up recovery, not yet destroyed: hidden from List
 	adopted        chan struct{} // non-nil while recovery's background adopt of it is pending; closed when done
+	adoptTaken     bool          // that adopt has begun (in recovery's queue, or for a client that needs it: awaitAdopted)
 	retryAt        time.Time     // when the reaper retries a failed destroy
 	adoptTries     int           // failed adopts of a quarantined sandbox
 	adoptRetryAt   time.Time     // when its next adopt is tried

@@ -280,7 +280,13 @@ func (m *Manager) Recover(ctx context.Context, dryRun bool) (RecoveryReport, err
 func (m *Manager) adoptKept(kept []*record, now time.Time) {
 	sem := make(chan struct{}, recoveryWorkers)
 	var wg sync.WaitGroup
-	defer wg.Wait()
+	var elsewhere []chan struct{}
+	defer func() {
+		wg.Wait()
+		for _, ch := range elsewhere {
+			<-ch
+		}
+	}()
 	for i, r := range kept {
 		stopped := false
 		select {
@@ -296,57 +302,100 @@ func (m *Manager) adoptKept(kept []*record, now time.Time) {
 		if stopped {
 			m.mu.Lock()
 			for _, left := range kept[i:] {
-				close(left.adopted)
-				left.adopted = nil
+				if left.adopted != nil && !left.adoptTaken {
+					close(left.adopted)
+					left.adopted = nil
+				}
 			}
 			m.mu.Unlock()
 			return
 		}
+		if taken, ch := m.takeAdopt(r); !taken {
+			// A client that needed it first adopts it (awaitAdopted): the
+			// queue's work is done when that adopt is.
+			<-sem
+			if ch != nil {
+				elsewhere = append(elsewhere, ch)
+			}
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			err := m.adopt(r.ID)
-			log := m.log.With("sandbox", r.ID, "owner", r.Owner)
-			m.mu.Lock()
-			m.recovery.Pending--
-			gone := false
-			switch adoptDecision(err) {
-			case adoptGone:
-				log.Warn("the backend cannot adopt a journaled sandbox: it is gone; destroying its record", "error", err)
-				gone = m.claimForDestroy(r) // unless a client or the reaper got it first
-				if gone {
-					r.recovering = true
-				}
-			case adoptQuarantine:
-				m.recovery.AdoptFailed++
-				log.Error("the backend cannot adopt a journaled sandbox; it is quarantined (kept, retried in the background)", "error", err)
-				if !r.claimed {
-					m.quarantine(r, err)
-				}
-			default:
-				m.recovery.Adopted++
-			}
-			close(r.adopted)
-			r.adopted = nil
-			m.mu.Unlock()
-			if gone {
-				err := m.destroyNow(r, "recovery", log)
-				m.mu.Lock()
-				if err != nil {
-					r.recovering = false
-				}
-				tally(&m.recovery, true, err)
-				m.mu.Unlock()
-			}
+			m.adoptRecovered(r)
 		}()
+	}
+}
+
+// takeAdopt claims r's pending background adopt for the caller, which
+// then runs it (adoptRecovered). Not taken, ch is the adopt's done channel
+// (nil: none is pending).
+func (m *Manager) takeAdopt(r *record) (taken bool, ch chan struct{}) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if r.adopted == nil || r.adoptTaken {
+		return false, r.adopted
+	}
+	r.adoptTaken = true
+	return true, r.adopted
+}
+
+// adoptRecovered adopts r, which recovery kept, and settles its fate
+// from the backend's answer; the caller took the adopt (takeAdopt).
+func (m *Manager) adoptRecovered(r *record) {
+	err := m.adopt(r.ID)
+	log := m.log.With("sandbox", r.ID, "owner", r.Owner)
+	m.mu.Lock()
+	m.recovery.Pending--
+	gone := false
+	switch adoptDecision(err) {
+	case adoptGone:
+		log.Warn("the backend cannot adopt a journaled sandbox: it is gone; destroying its record", "error", err)
+		gone = m.claimForDestroy(r) // unless a client or the reaper got it first
+		if gone {
+			r.recovering = true
+		}
+	case adoptQuarantine:
+		m.recovery.AdoptFailed++
+		log.Error("the backend cannot adopt a journaled sandbox; it is quarantined (kept, retried in the background)", "error", err)
+		if !r.claimed {
+			m.quarantine(r, err)
+		}
+	default:
+		m.recovery.Adopted++
+	}
+	close(r.adopted)
+	r.adopted = nil
+	m.mu.Unlock()
+	if gone {
+		err := m.destroyNow(r, "recovery", log)
+		m.mu.Lock()
+		if err != nil {
+			r.recovering = false
+		}
+		tally(&m.recovery, true, err)
+		m.mu.Unlock()
 	}
 }
 
 // awaitAdopted waits until r, which a recovery left to adopt in the
 // background, is adopted (or its adoption will not happen): a use or a
-// destroy must not reach the backend before its Adopt. m.mu must not be
-// held. The wait is bounded by the adopt's own timeout.
+// destroy must not reach the backend before its Adopt. An adopt that
+// recovery's queue has not begun is done here and now, so a client's first
+// use after a restart waits for its own sandbox's adopt, not for the
+// thousands queued before it. m.mu must not be held. The wait is bounded
+// by the adopt's own timeout.
 func (m *Manager) awaitAdopted(r *record) {
+	select {
+	case <-m.stop:
+		// Stopping: the queue starts no more adopts and lets go of the
+		// ones it will not do.
+	default:
+		if taken, _ := m.takeAdopt(r); taken {
+			m.adoptRecovered(r)
+			return
+		}
+	}
 	m.mu.Lock()
 	ch := r.adopted
 	m.mu.Unlock()

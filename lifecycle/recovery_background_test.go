@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -287,4 +288,70 @@ func TestRecoveryBackgroundWorkSharesNothingWithItsReport(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return n.m.Stats().Recovery.Adopted == 1 }, 10*time.Second, time.Millisecond)
 	assert.GreaterOrEqual(t, rep.Pending+rep.Adopted, 1)
+}
+
+// holdAdopts holds the Adopt of every sandbox in hold until gate closes
+// and lets every other one through at once.
+type holdAdopts struct {
+	backend.Backend
+	hold    map[string]bool
+	gate    chan struct{}
+	entered chan string
+}
+
+func (h *holdAdopts) Adopt(ctx context.Context, id string) error {
+	if h.hold[id] {
+		h.entered <- id
+		<-h.gate
+	}
+	return h.Backend.Adopt(ctx, id)
+}
+
+// A client's first use of a sandbox whose background adopt recovery's
+// queue has not begun adopts it there and then: it does not wait behind
+// the adopts queued before it (at 10,000 records, seconds of them). The
+// queue, held at its first recoveryWorkers adopts, never reaches the last
+// sandbox, whose command still runs; the queue then skips it.
+func TestRecoveryUseAdoptsItsSandboxFirst(t *testing.T) {
+	e := newEnv(t, withJournal())
+	var ids []string
+	for range recoveryWorkers + 1 {
+		ids = append(ids, e.create(alice, CreateRequest{TTL: time.Hour}).ID)
+	}
+	slices.Sort(ids) // the journal's order, and so the queue's
+	last := ids[len(ids)-1]
+	h := &holdAdopts{hold: map[string]bool{}, gate: make(chan struct{}), entered: make(chan string, len(ids))}
+	for _, id := range ids[:recoveryWorkers] {
+		h.hold[id] = true
+	}
+	n := e.restart(func(c *Config) {
+		h.Backend = c.Backend
+		c.Backend = h
+		c.RecoverWithin = time.Millisecond
+	})
+	release := sync.OnceFunc(func() { close(h.gate) })
+	defer release()
+	rep := recoverWithin(t, n.m, 10*time.Second)
+	require.Equal(t, len(ids), rep.Pending)
+	var entered []string
+	for range recoveryWorkers {
+		entered = append(entered, <-h.entered)
+	}
+	require.ElementsMatch(t, ids[:recoveryWorkers], entered, "the queue began with the first sandboxes in the journal")
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := n.m.Exec(context.Background(), alice, last, backend.ExecRequest{Command: "true", Timeout: 10 * time.Second})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("a command waited for the adopts queued before its sandbox's")
+	}
+	assert.Equal(t, recoveryWorkers, n.m.Stats().Recovery.Pending, "only the command's adopt is done")
+	release()
+	require.Eventually(t, func() bool { return n.m.Stats().Recovery.Pending == 0 }, 10*time.Second, time.Millisecond)
+	assert.Equal(t, len(ids), n.m.Stats().Recovery.Adopted, "every sandbox adopted once")
 }
