@@ -386,19 +386,21 @@ func (m *Manager) adoptRecovered(r *record) {
 // thousands queued before it. m.mu must not be held. The wait is bounded
 // by the adopt's own timeout.
 func (m *Manager) awaitAdopted(r *record) {
+	var ch chan struct{}
 	select {
 	case <-m.stop:
 		// Stopping: the queue starts no more adopts and lets go of the
 		// ones it will not do.
+		m.mu.Lock()
+		ch = r.adopted
+		m.mu.Unlock()
 	default:
-		if taken, _ := m.takeAdopt(r); taken {
+		var taken bool
+		if taken, ch = m.takeAdopt(r); taken {
 			m.adoptRecovered(r)
 			return
 		}
 	}
-	m.mu.Lock()
-	ch := r.adopted
-	m.mu.Unlock()
 	if ch != nil {
 		<-ch
 	}

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
 
@@ -123,7 +124,7 @@ func writeStartFlag(dir string) error {
 }
 
 // clearStartFlag removes sandbox dir's start flag.
-func clearStartFlag(dir string, log interface{ Warn(string, ...any) }) {
+func clearStartFlag(dir string, log hclog.Logger) {
 	if err := os.Remove(filepath.Join(dir, startFlagName)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		log.Warn("cannot remove a sandbox's start flag; the next daemon start looks for its strays again", "dir", dir, "error", err)
 	}
@@ -146,14 +147,20 @@ func (b *Backend) findMarked(dir string, prefix bool) []markedProcess {
 	if !b.viaCaps {
 		return out
 	}
-	var uids []uint32
+	known := map[string]uint32{}
 	b.mu.Lock()
 	for id, uid := range b.uidOf {
-		if prefix && startFlagged(filepath.Join(dir, id)) || !prefix && id == filepath.Base(dir) {
-			uids = append(uids, uid)
+		if prefix || id == filepath.Base(dir) {
+			known[id] = uid
 		}
 	}
 	b.mu.Unlock()
+	var uids []uint32
+	for id, uid := range known {
+		if !prefix || startFlagged(filepath.Join(dir, id)) {
+			uids = append(uids, uid)
+		}
+	}
 	seen := make(map[int]bool, len(out))
 	for _, p := range out {
 		seen[p.pid] = true

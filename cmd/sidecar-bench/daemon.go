@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
 )
 
@@ -137,9 +139,18 @@ func (d *daemon) kill9() time.Duration {
 	return time.Since(begin)
 }
 
-// subreaper makes this process the one a killed daemon's processes are
-// re-parented to, so that killOrphans finds them.
 var subreaper sync.Once
+
+// becomeSubreaper makes this process the one a killed daemon's processes
+// are re-parented to, so that kill9 finds them (killOrphans). Call it
+// before starting a daemon that kill9 will kill.
+func becomeSubreaper() {
+	subreaper.Do(func() {
+		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+			fmt.Fprintf(os.Stderr, "sidecar-bench: cannot become a subreaper (%v): restarts after a kill -9 will not wait for the killed daemon's sandboxes to end\n", err)
+		}
+	})
+}
 
 // killOrphans kills and reaps this process's children until it has none
 // or the deadline passes. It must run only while no child this process

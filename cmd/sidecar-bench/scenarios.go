@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
-	"golang.org/x/sys/unix"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc/api"
@@ -727,11 +726,7 @@ func liveSandboxesHeld() (n int, why string) {
 // connection-bound half is live at the measured kill. The journal then
 // holds the same n records; the row says how many restarts made them.
 func recoveryRun(o options, rep *report, n int) error {
-	subreaper.Do(func() {
-		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
-			fmt.Fprintf(os.Stderr, "sidecar-bench: cannot become a subreaper (%v): restarts after a kill -9 will not wait for the killed daemon's sandboxes to end\n", err)
-		}
-	})
+	becomeSubreaper()
 	count := fmt.Sprint(n + 100)
 	d, err := startDaemon(o, "--limit-disk-caps", "off", "--max-sandboxes", count, "--max-sandboxes-per-uid", count)
 	if err != nil {
