@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/ipc/api"
 )
 
 // DefaultPieceBytes is how much ExportFile and ImportFile move per request:
@@ -19,15 +21,8 @@ const DefaultPieceBytes = 1 << 20
 // while it was being copied.
 var ErrFileChanged = errors.New("the file changed while it was exported")
 
-type rangeResult struct {
-	Data []byte `msgpack:"data"`
-	Size int64  `msgpack:"size_bytes"`
-}
-
-func (c *Client) readRange(ctx context.Context, sandbox, path string, offset, length int64) (rangeResult, error) {
-	var r rangeResult
-	err := c.Call(ctx, OpReadFile, map[string]any{"sandbox": sandbox, "path": path, "offset": offset, "length": length}, &r)
-	return r, err
+func (c *Client) readRange(ctx context.Context, sandbox, path string, offset, length int64) (api.ReadFileResult, error) {
+	return c.ReadFile(ctx, api.ReadFileRequest{Sandbox: sandbox, Path: path, Offset: &offset, Length: &length})
 }
 
 // ExportFile copies the regular file at path in sandbox to w with ranged
@@ -44,7 +39,7 @@ func (c *Client) ExportFile(ctx context.Context, sandbox, path string, w io.Writ
 	if err != nil {
 		return 0, err
 	}
-	size := first.Size
+	size := first.SizeBytes
 	tooLarge := func(n int64) error {
 		return Errorf(CodeFileTooLarge, "%s is %d bytes, more than the %d allowed", path, n, maxBytes).
 			With("size_bytes", n).With("max_bytes", maxBytes)
@@ -58,11 +53,11 @@ func (c *Client) ExportFile(ctx context.Context, sandbox, path string, w io.Writ
 		if err != nil {
 			return written, err
 		}
-		if r.Size != size || len(r.Data) == 0 {
-			if r.Size > maxBytes {
-				return written, tooLarge(r.Size)
+		if r.SizeBytes != size || len(r.Data) == 0 {
+			if r.SizeBytes > maxBytes {
+				return written, tooLarge(r.SizeBytes)
 			}
-			return written, fmt.Errorf("%w: %s was %d bytes, then %d", ErrFileChanged, path, size, r.Size)
+			return written, fmt.Errorf("%w: %s was %d bytes, then %d", ErrFileChanged, path, size, r.SizeBytes)
 		}
 		n, err := w.Write(r.Data)
 		written += int64(n)
@@ -76,11 +71,11 @@ func (c *Client) ExportFile(ctx context.Context, sandbox, path string, w io.Writ
 	if err != nil {
 		return written, err
 	}
-	if last.Size != size {
-		if last.Size > maxBytes {
-			return written, tooLarge(last.Size)
+	if last.SizeBytes != size {
+		if last.SizeBytes > maxBytes {
+			return written, tooLarge(last.SizeBytes)
 		}
-		return written, fmt.Errorf("%w: %s was %d bytes, then %d", ErrFileChanged, path, size, last.Size)
+		return written, fmt.Errorf("%w: %s was %d bytes, then %d", ErrFileChanged, path, size, last.SizeBytes)
 	}
 	return written, nil
 }

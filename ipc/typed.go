@@ -58,7 +58,7 @@ func (c *Client) Destroy(ctx context.Context, sandbox string) error {
 
 // List lists the sandboxes the peer may see, optionally of one owner.
 func (c *Client) List(ctx context.Context, owner string) (api.ListResult, error) {
-	return call[api.ListResult](ctx, c, OpList, api.OwnerRequest{Owner: owner})
+	return call[api.ListResult](ctx, c, OpList, api.ListRequest{Owner: owner})
 }
 
 // Renew extends an expiring sandbox's life.
@@ -88,7 +88,7 @@ func (c *Client) WriteTags(ctx context.Context, req api.WriteTagsRequest) (api.T
 
 // DestroyRun destroys every sandbox of owner the peer may destroy.
 func (c *Client) DestroyRun(ctx context.Context, owner string) (api.DestroyRunResult, error) {
-	return call[api.DestroyRunResult](ctx, c, OpDestroyRun, api.OwnerRequest{Owner: owner})
+	return call[api.DestroyRunResult](ctx, c, OpDestroyRun, api.DestroyRunRequest{Owner: owner})
 }
 
 // GC sweeps orphans and reaps now (admins only).

@@ -63,6 +63,7 @@ fuzz FuzzHandle 150000x ./service
 fuzz FuzzLoadConfig 40000x ./cmd/sandbox-sidecar
 fuzz FuzzCheckShape 150000x ./ipc
 fuzz FuzzDecodeWire 150000x ./ipc
+fuzz FuzzDecodeRequestTypes 100000x ./ipc
 
 # The .deb is built for 32-bit hosts too, where a 32-bit length in a frame
 # overflows an int: the frame walk's tests run there as well (this kernel

@@ -66,7 +66,7 @@ func TestTypedClientRoundTrip(t *testing.T) {
 	assert.Equal(t, "n", string(res.Stdout), "the tail is kept")
 	assert.True(t, res.StdoutTruncated)
 
-	w, err := c.WriteFile(ctx, api.WriteFileRequest{Sandbox: created.Sandbox, Path: "d/caf\xe9.txt", Data: []byte("hello"), Mode: 0o600})
+	w, err := c.WriteFile(ctx, api.WriteFileRequest{Sandbox: created.Sandbox, Path: "d/caf\xe9.txt", Data: []byte("hello"), Mode: new(0o600)})
 	require.NoError(t, err)
 	assert.Equal(t, 5, w.BytesWritten)
 	ls, err := c.ListDirectory(ctx, api.ListDirectoryRequest{Sandbox: created.Sandbox, Path: "d"})

@@ -85,10 +85,7 @@ func (s *Service) imageInfo(im backend.Image, counts map[string]int) api.ImageIn
 	return info
 }
 
-func (s *Service) imageLs(args *ipc.Args) (any, error) {
-	if err := args.Done("argument"); err != nil {
-		return nil, err
-	}
+func (s *Service) imageLs() (any, error) {
 	counts := s.m.ImageUse()
 	out := []api.ImageInfo{}
 	for _, im := range s.m.ImageList() {
@@ -97,11 +94,8 @@ func (s *Service) imageLs(args *ipc.Args) (any, error) {
 	return api.ImageListResult{Images: out}, nil
 }
 
-func (s *Service) imageInspect(args *ipc.Args, a *audit) (any, error) {
-	name := args.String("name", true)
-	if err := args.Done("argument"); err != nil {
-		return nil, err
-	}
+func (s *Service) imageInspect(r api.ImageRequest, a *audit) (any, error) {
+	name := r.Name
 	a.add("image", name)
 	im, err := s.m.ResolveImage(name)
 	if err != nil {
@@ -110,11 +104,8 @@ func (s *Service) imageInspect(args *ipc.Args, a *audit) (any, error) {
 	return api.ImageInspectResult{Image: s.imageInfo(im, s.m.ImageUse())}, nil
 }
 
-func (s *Service) imageRm(c lifecycle.Caller, args *ipc.Args, a *audit) (any, error) {
-	name := args.String("name", true)
-	if err := args.Done("argument"); err != nil {
-		return nil, err
-	}
+func (s *Service) imageRm(c lifecycle.Caller, r api.ImageRequest, a *audit) (any, error) {
+	name := r.Name
 	if err := s.imageAdmin(c, "image_rm"); err != nil {
 		return nil, err
 	}
@@ -141,11 +132,8 @@ func (s *Service) imageAdmin(c lifecycle.Caller, op string) error {
 	return nil
 }
 
-func (s *Service) imageImportBegin(c lifecycle.Caller, peer *ipc.Peer, args *ipc.Args, a *audit) (any, error) {
-	name := args.String("name", true)
-	if err := args.Done("argument"); err != nil {
-		return nil, err
-	}
+func (s *Service) imageImportBegin(c lifecycle.Caller, peer *ipc.Peer, r api.ImageImportBeginRequest, a *audit) (any, error) {
+	name := r.Name
 	if err := s.imageAdmin(c, "image_import"); err != nil {
 		return nil, err
 	}
@@ -199,13 +187,8 @@ func (s *Service) uploadFor(peer *ipc.Peer, id string) (*upload, error) {
 	return u, nil
 }
 
-func (s *Service) imageImportData(ctx context.Context, c lifecycle.Caller, peer *ipc.Peer, args *ipc.Args) (any, error) {
-	id := args.String("upload", true)
-	offset := args.Int("offset", 0, 0, 1<<62)
-	data, _ := args.Bytes("data", true)
-	if err := args.Done("argument"); err != nil {
-		return nil, err
-	}
+func (s *Service) imageImportData(ctx context.Context, c lifecycle.Caller, peer *ipc.Peer, r api.ImageImportDataRequest) (any, error) {
+	id, offset, data := r.Upload, r.Offset, r.Data
 	if err := s.imageAdmin(c, "image_import"); err != nil {
 		return nil, err
 	}
@@ -236,12 +219,8 @@ func (s *Service) imageImportData(ctx context.Context, c lifecycle.Caller, peer 
 	return api.ImageImportDataResult{ReceivedBytes: u.received}, nil
 }
 
-func (s *Service) imageImportEnd(ctx context.Context, c lifecycle.Caller, peer *ipc.Peer, args *ipc.Args, a *audit) (any, error) {
-	id := args.String("upload", true)
-	abort := args.Bool("abort", false)
-	if err := args.Done("argument"); err != nil {
-		return nil, err
-	}
+func (s *Service) imageImportEnd(ctx context.Context, c lifecycle.Caller, peer *ipc.Peer, r api.ImageImportEndRequest, a *audit) (any, error) {
+	id, abort := r.Upload, r.Abort
 	if err := s.imageAdmin(c, "image_import"); err != nil {
 		return nil, err
 	}

@@ -11,17 +11,10 @@ import (
 
 // The run-scoped ops: renew, attach/release, tags, destroy_run, gc.
 
-func (s *Service) renew(ctx context.Context, c lifecycle.Caller, args *ipc.Args, a *audit) (any, error) {
-	id := args.String("sandbox", true)
-	ttl := args.Float("ttl_s", 0)
-	if args.Err() == nil && ttl <= 0 {
-		args.Failf(`argument "ttl_s" is required and must be greater than 0`)
-	}
-	if err := args.Done("argument"); err != nil {
-		return nil, err
-	}
+func (s *Service) renew(ctx context.Context, c lifecycle.Caller, r api.RenewRequest, a *audit) (any, error) {
+	id := r.Sandbox
 	a.sandbox(id)
-	sb, err := s.m.Renew(ctx, c, id, seconds(ttl))
+	sb, err := s.m.Renew(ctx, c, id, seconds(r.TTLS))
 	if err != nil {
 		return nil, err
 	}
@@ -29,13 +22,8 @@ func (s *Service) renew(ctx context.Context, c lifecycle.Caller, args *ipc.Args,
 	return api.RenewResult{ExpiresAt: unixSeconds(sb.ExpiresAt), RemainingS: max(time.Until(sb.ExpiresAt).Seconds(), 0)}, nil
 }
 
-func (s *Service) attach(ctx context.Context, c lifecycle.Caller, args *ipc.Args, a *audit) (any, error) {
-	id := args.String("sandbox", true)
-	owner := args.String("owner", true)
-	holder := args.String("holder", true)
-	if err := args.Done("argument"); err != nil {
-		return nil, err
-	}
+func (s *Service) attach(ctx context.Context, c lifecycle.Caller, r api.AttachRequest, a *audit) (any, error) {
+	id, owner, holder := r.Sandbox, r.Owner, r.Holder
 	a.sandbox(id)
 	a.add("attach_owner", owner, "attach_holder", holder)
 	sb, err := s.m.Attach(ctx, c, id, owner, holder)
@@ -51,12 +39,8 @@ func (s *Service) attach(ctx context.Context, c lifecycle.Caller, args *ipc.Args
 	}, nil
 }
 
-func (s *Service) release(ctx context.Context, c lifecycle.Caller, args *ipc.Args, a *audit) (any, error) {
-	id := args.String("sandbox", true)
-	holder := args.String("holder", true)
-	if err := args.Done("argument"); err != nil {
-		return nil, err
-	}
+func (s *Service) release(ctx context.Context, c lifecycle.Caller, r api.ReleaseRequest, a *audit) (any, error) {
+	id, holder := r.Sandbox, r.Holder
 	a.sandbox(id)
 	a.add("release_holder", holder)
 	released, err := s.m.Release(ctx, c, id, holder)
@@ -67,11 +51,8 @@ func (s *Service) release(ctx context.Context, c lifecycle.Caller, args *ipc.Arg
 	return api.ReleaseResult{Released: released}, nil
 }
 
-func (s *Service) readTags(ctx context.Context, c lifecycle.Caller, args *ipc.Args, a *audit) (any, error) {
-	id := args.String("sandbox", true)
-	if err := args.Done("argument"); err != nil {
-		return nil, err
-	}
+func (s *Service) readTags(ctx context.Context, c lifecycle.Caller, r api.SandboxRequest, a *audit) (any, error) {
+	id := r.Sandbox
 	a.sandbox(id)
 	tags, err := s.m.ReadTags(ctx, c, id)
 	if err != nil {
@@ -80,15 +61,8 @@ func (s *Service) readTags(ctx context.Context, c lifecycle.Caller, args *ipc.Ar
 	return api.TagsResult{Tags: tags}, nil
 }
 
-func (s *Service) writeTags(ctx context.Context, c lifecycle.Caller, args *ipc.Args, a *audit) (any, error) {
-	id := args.String("sandbox", true)
-	tags := args.StringMap("tags", lifecycle.MaxTags)
-	if args.Err() == nil && tags == nil {
-		args.Failf(`argument "tags" (a map of strings) is required`)
-	}
-	if err := args.Done("argument"); err != nil {
-		return nil, err
-	}
+func (s *Service) writeTags(ctx context.Context, c lifecycle.Caller, r api.WriteTagsRequest, a *audit) (any, error) {
+	id, tags := r.Sandbox, r.Tags
 	a.sandbox(id)
 	a.add("tags", tags)
 	out, err := s.m.WriteTags(ctx, c, id, tags)
@@ -98,11 +72,8 @@ func (s *Service) writeTags(ctx context.Context, c lifecycle.Caller, args *ipc.A
 	return api.TagsResult{Tags: out}, nil
 }
 
-func (s *Service) destroyRun(ctx context.Context, c lifecycle.Caller, args *ipc.Args, a *audit) (any, error) {
-	owner := args.String("owner", true)
-	if err := args.Done("argument"); err != nil {
-		return nil, err
-	}
+func (s *Service) destroyRun(ctx context.Context, c lifecycle.Caller, r api.DestroyRunRequest, a *audit) (any, error) {
+	owner := r.Owner
 	a.add("owner", owner)
 	ids, err := s.m.DestroyRun(ctx, c, owner)
 	a.add("destroyed", ids)
@@ -116,11 +87,8 @@ func (s *Service) destroyRun(ctx context.Context, c lifecycle.Caller, args *ipc.
 }
 
 // gc sweeps orphans and reaps expired sandboxes now; admins only.
-func (s *Service) gc(ctx context.Context, c lifecycle.Caller, args *ipc.Args, a *audit) (any, error) {
-	dryRun := args.Bool("dry_run", false)
-	if err := args.Done("argument"); err != nil {
-		return nil, err
-	}
+func (s *Service) gc(ctx context.Context, c lifecycle.Caller, r api.GCRequest, a *audit) (any, error) {
+	dryRun := r.DryRun
 	if !c.Admin {
 		return nil, ipc.Errorf(ipc.CodeUnauthorized, "gc is for admins (root, the daemon's user, or an admin group)")
 	}

@@ -30,14 +30,6 @@ const (
 	DefaultTimeout            = 2 * time.Minute
 	DefaultMaxListEntries     = 10000
 	DefaultHealthCheckTimeout = 5 * time.Second
-	maxEnv                    = 256
-	maxArgv                   = 4096
-	maxEgress                 = 256
-	// maxCPUs and maxPIDs bound what a create's resources may name at
-	// all (the backend refuses more than the daemon allows): more CPUs
-	// than a kernel supports, more processes than PID_MAX_LIMIT.
-	maxCPUs = 8192
-	maxPIDs = 1 << 22
 )
 
 // Features lists what this daemon speaks beyond version 1 as first
@@ -231,72 +223,71 @@ func (s *Service) dispatch(ctx context.Context, c lifecycle.Caller, peer *ipc.Pe
 	args := &req.Args
 	switch req.Op {
 	case ipc.OpHello:
-		return s.hello(c, peer, args)
+		return with(args, func(r api.HelloRequest) (any, error) { return s.hello(c, peer, r) })
 	case ipc.OpHealth:
-		if err := args.Done("argument"); err != nil {
-			return nil, err
-		}
-		return s.healthFor(ctx, c), nil
+		return with(args, func(api.NoArgs) (any, error) { return s.healthFor(ctx, c), nil })
 	case ipc.OpCreate:
-		return s.create(ctx, c, args, a)
+		return with(args, func(r api.CreateRequest) (any, error) { return s.create(ctx, c, r, a) })
 	case ipc.OpRunCommand:
-		return s.runCommand(ctx, c, req, a)
+		return with(args, func(r api.RunCommandRequest) (any, error) { return s.runCommand(ctx, c, req, r, a) })
 	case ipc.OpReadFile:
-		return s.readFile(ctx, c, req, a)
+		return with(args, func(r api.ReadFileRequest) (any, error) { return s.readFile(ctx, c, req, r, a) })
 	case ipc.OpWriteFile:
-		return s.writeFile(ctx, c, args, a)
+		return with(args, func(r api.WriteFileRequest) (any, error) { return s.writeFile(ctx, c, r, a) })
 	case ipc.OpListDirectory:
-		return s.listDirectory(ctx, c, req, a)
+		return with(args, func(r api.ListDirectoryRequest) (any, error) { return s.listDirectory(ctx, c, req, r, a) })
 	case ipc.OpDestroy:
-		id := args.String("sandbox", true)
-		if err := args.Done("argument"); err != nil {
-			return nil, err
-		}
-		a.sandbox(id)
-		return api.DestroyResult{}, s.m.Destroy(ctx, c, id)
+		return with(args, func(r api.SandboxRequest) (any, error) {
+			a.sandbox(r.Sandbox)
+			return api.DestroyResult{}, s.m.Destroy(ctx, c, r.Sandbox)
+		})
 	case ipc.OpList:
-		return s.list(c, args)
+		return with(args, func(r api.ListRequest) (any, error) { return s.list(c, r), nil })
 	case ipc.OpRenew:
-		return s.renew(ctx, c, args, a)
+		return with(args, func(r api.RenewRequest) (any, error) { return s.renew(ctx, c, r, a) })
 	case ipc.OpAttach:
-		return s.attach(ctx, c, args, a)
+		return with(args, func(r api.AttachRequest) (any, error) { return s.attach(ctx, c, r, a) })
 	case ipc.OpRelease:
-		return s.release(ctx, c, args, a)
+		return with(args, func(r api.ReleaseRequest) (any, error) { return s.release(ctx, c, r, a) })
 	case ipc.OpReadTags:
-		return s.readTags(ctx, c, args, a)
+		return with(args, func(r api.SandboxRequest) (any, error) { return s.readTags(ctx, c, r, a) })
 	case ipc.OpWriteTags:
-		return s.writeTags(ctx, c, args, a)
+		return with(args, func(r api.WriteTagsRequest) (any, error) { return s.writeTags(ctx, c, r, a) })
 	case ipc.OpDestroyRun:
-		return s.destroyRun(ctx, c, args, a)
+		return with(args, func(r api.DestroyRunRequest) (any, error) { return s.destroyRun(ctx, c, r, a) })
 	case ipc.OpGC:
-		return s.gc(ctx, c, args, a)
+		return with(args, func(r api.GCRequest) (any, error) { return s.gc(ctx, c, r, a) })
 	case ipc.OpImageLs:
-		return s.imageLs(args)
+		return with(args, func(api.NoArgs) (any, error) { return s.imageLs() })
 	case ipc.OpImageInspect:
-		return s.imageInspect(args, a)
+		return with(args, func(r api.ImageRequest) (any, error) { return s.imageInspect(r, a) })
 	case ipc.OpImageRm:
-		return s.imageRm(c, args, a)
+		return with(args, func(r api.ImageRequest) (any, error) { return s.imageRm(c, r, a) })
 	case ipc.OpImageImportBegin:
-		return s.imageImportBegin(c, peer, args, a)
+		return with(args, func(r api.ImageImportBeginRequest) (any, error) { return s.imageImportBegin(c, peer, r, a) })
 	case ipc.OpImageImportData:
-		return s.imageImportData(ctx, c, peer, args)
+		return with(args, func(r api.ImageImportDataRequest) (any, error) { return s.imageImportData(ctx, c, peer, r) })
 	case ipc.OpImageImportEnd:
-		return s.imageImportEnd(ctx, c, peer, args, a)
+		return with(args, func(r api.ImageImportEndRequest) (any, error) { return s.imageImportEnd(ctx, c, peer, r, a) })
 	}
 	return nil, ipc.Errorf(ipc.CodeUnknownOp, "unknown op %q; see docs/protocol.md for the ops this daemon speaks", req.Op)
 }
 
-func (s *Service) hello(c lifecycle.Caller, peer *ipc.Peer, args *ipc.Args) (any, error) {
-	_ = args.String("client", false)
-	if args.Has("versions") {
-		versions := args.IntList("versions", 16)
-		if args.Err() == nil && !slices.Contains(versions, ipc.ProtocolVersion) {
-			return nil, ipc.Errorf(ipc.CodeUnsupported, "none of the offered protocol versions %v is spoken here; this daemon speaks version %d", versions, ipc.ProtocolVersion).
-				With("versions", []int{ipc.ProtocolVersion})
-		}
-	}
-	if err := args.Done("argument"); err != nil {
+// with decodes a request's arguments into its ipc/api type, once, and
+// hands it to the op's handler; a request that does not decode is refused
+// with Decode's bad_request before the handler sees it.
+func with[R any](args *ipc.Args, handle func(R) (any, error)) (any, error) {
+	var r R
+	if err := ipc.Decode(args, &r); err != nil {
 		return nil, err
+	}
+	return handle(r)
+}
+
+func (s *Service) hello(c lifecycle.Caller, peer *ipc.Peer, r api.HelloRequest) (any, error) {
+	if r.Versions != nil && !slices.Contains(r.Versions, ipc.ProtocolVersion) {
+		return nil, ipc.Errorf(ipc.CodeUnsupported, "none of the offered protocol versions %v is spoken here; this daemon speaks version %d", r.Versions, ipc.ProtocolVersion).
+			With("versions", []int{ipc.ProtocolVersion})
 	}
 	return api.HelloResult{
 		Version:       ipc.ProtocolVersion,
@@ -472,36 +463,23 @@ func (s *Service) InlineUntilRelease(req *ipc.Request) bool {
 	return req.Op == ipc.OpRunCommand && !req.Args.Has("stream") && s.m.InlineExec()
 }
 
-func (s *Service) create(ctx context.Context, c lifecycle.Caller, args *ipc.Args, a *audit) (any, error) {
+func (s *Service) create(ctx context.Context, c lifecycle.Caller, r api.CreateRequest, a *audit) (any, error) {
 	var req lifecycle.CreateRequest
-	spec := args.Sub("spec")
-	req.Spec.Env = spec.StringMap("env", maxEnv)
-	req.Spec.BlockNetwork = spec.OptBool("block_network")
-	req.Spec.AllowEgressTo = spec.StringList("allow_egress_to", maxEgress)
-	req.Spec.AllowEgressToCIDRs = spec.StringList("allow_egress_to_cidrs", maxEgress)
-	req.Owner = spec.String("owner", false)
-	if err := spec.Done("spec field"); err != nil {
-		return nil, err
+	if sp := r.Spec; sp != nil {
+		req.Spec.Env = sp.Env
+		req.Spec.BlockNetwork = sp.BlockNetwork
+		req.Spec.AllowEgressTo = sp.AllowEgressTo
+		req.Spec.AllowEgressToCIDRs = sp.AllowEgressToCIDRs
+		req.Owner = sp.Owner
 	}
-	req.Image = args.String("image", false)
-	res, rerr := resourcesArg(args)
-	if rerr != nil {
-		return nil, rerr
+	req.Image = r.Image
+	if res := r.Resources; res != nil {
+		req.Spec.Resources = backend.Resources{MemoryBytes: res.MemoryBytes, CPUs: res.CPUs, PIDs: res.PIDs, DiskBytes: res.DiskBytes}
 	}
-	req.Spec.Resources = res
-	req.Labels = args.StringMap("labels", lifecycle.MaxLabels)
-	if args.Has("ttl_s") {
-		ttl := args.Float("ttl_s", 0)
-		if args.Err() == nil && ttl <= 0 {
-			args.Failf("argument \"ttl_s\" must be greater than 0, got %v", ttl)
-		}
-		req.TTL = seconds(ttl)
-	}
-	if err := args.Done("argument"); err != nil {
-		return nil, err
-	}
+	req.Labels = r.Labels
+	req.TTL = seconds(r.TTLS)
 	a.add("owner", req.Owner, "labels", req.Labels, "image", req.Image)
-	if !res.IsZero() {
+	if res := req.Spec.Resources; !res.IsZero() {
 		a.add("resources", resourcesMap(res))
 	}
 	sb, err := s.m.Create(ctx, c, req)
@@ -517,53 +495,6 @@ func (s *Service) create(ctx context.Context, c lifecycle.Caller, args *ipc.Args
 		ConnBound: sb.ConnBound,
 		Image:     sb.Image,
 	}, nil
-}
-
-// resourcesArg reads create's optional resources map. Every key is
-// optional and, when given, must be positive: leaving it out (or null)
-// takes the daemon's default; 0 is refused rather than read as "default"
-// or "unlimited", which a client may mean by it.
-func resourcesArg(args *ipc.Args) (backend.Resources, *ipc.Error) {
-	var r backend.Resources
-	if !args.Has("resources") {
-		return r, nil
-	}
-	sub := args.Sub("resources")
-	if err := args.Err(); err != nil {
-		return r, err // not a map
-	}
-	r.MemoryBytes = positiveInt(sub, "memory_bytes", math.MaxInt64, "a number of bytes")
-	if sub.Err() == nil && sub.Has("cpus") {
-		r.CPUs = sub.Float("cpus", 0)
-		if sub.Err() == nil && (r.CPUs <= 0 || r.CPUs > maxCPUs) {
-			sub.Failf(`"cpus" must be greater than 0 and at most %d (a number of CPUs; 0.5 is half of one), got %v; leave it out for the daemon's default`, maxCPUs, r.CPUs)
-		}
-	}
-	r.PIDs = positiveInt(sub, "pids", maxPIDs, "a number of processes and threads")
-	r.DiskBytes = positiveInt(sub, "disk_bytes", math.MaxInt64, "a number of bytes")
-	if sub.Err() != nil {
-		return backend.Resources{}, ipc.Errorf(ipc.CodeBadRequest, "in \"resources\": %s", sub.Err().Message)
-	}
-	if err := sub.Done("resources key"); err != nil {
-		return backend.Resources{}, ipc.Errorf(ipc.CodeBadRequest, "%s; resources takes memory_bytes, cpus, pids and disk_bytes", err.Message)
-	}
-	return r, nil
-}
-
-// positiveInt reads one integer key of resources, 1 to max.
-func positiveInt(sub *ipc.Args, key string, max int64, what string) int64 {
-	if sub.Err() != nil || !sub.Has(key) {
-		return 0
-	}
-	n := sub.Int(key, 0, math.MinInt64, math.MaxInt64)
-	if sub.Err() == nil && (n <= 0 || n > max) {
-		bound := ""
-		if max < math.MaxInt64 {
-			bound = fmt.Sprintf(" and at most %d", max)
-		}
-		sub.Failf(`%q must be greater than 0%s (%s), got %d; leave it out for the daemon's default`, key, bound, what, n)
-	}
-	return n
 }
 
 // resourcesMap is resources in the audit trail (api.Resources on the wire): the
@@ -585,42 +516,37 @@ func resourcesMap(r backend.Resources) map[string]any {
 	return m
 }
 
-func (s *Service) runCommand(ctx context.Context, c lifecycle.Caller, r *ipc.Request, a *audit) (any, error) {
-	args := &r.Args
-	id := args.String("sandbox", true)
-	var req backend.ExecRequest
-	hasCmd, hasArgv := args.Has("command"), args.Has("argv")
+// execRequest is the backend's request for a command as run_command
+// asks for it: exactly one of command and argv; timeout_s and
+// max_output_bytes within the daemon's limits, their defaults when left
+// out.
+func (s *Service) execRequest(command string, argv []string, env map[string]string, cwd string, stdin []byte, timeoutS float64, maxOut *int) (backend.ExecRequest, error) {
+	req := backend.ExecRequest{Command: command, Argv: argv, Env: env, Cwd: cwd, Stdin: stdin}
 	switch {
-	case hasCmd && hasArgv:
-		args.Failf(`give either "command" or "argv", not both`)
-	case hasCmd:
-		req.Command = args.String("command", true)
-	case hasArgv:
-		req.Argv = args.StringList("argv", maxArgv)
-		if args.Err() == nil && len(req.Argv) == 0 {
-			args.Failf(`argument "argv" must not be empty`)
-		}
-	default:
-		args.Failf(`argument "command" (a shell string) or "argv" (a list of strings) is required`)
+	case command != "" && argv != nil:
+		return req, ipc.Errorf(ipc.CodeBadRequest, `give either "command" or "argv", not both`)
+	case command == "" && argv == nil:
+		return req, ipc.Errorf(ipc.CodeBadRequest, `argument "command" (a shell string) or "argv" (a list of strings) is required`)
 	}
-	req.Stdin, _ = args.Bytes("stdin", false)
-	req.Env = args.StringMap("env", maxEnv)
-	req.Cwd = pathArg(args, "cwd", false)
-	timeout := args.Float("timeout_s", s.lim.DefaultTimeout.Seconds())
-	if args.Err() == nil && timeout <= 0 {
-		args.Failf(`argument "timeout_s" must be greater than 0, got %v`, timeout)
+	timeout := s.lim.DefaultTimeout
+	if timeoutS > 0 {
+		timeout = seconds(timeoutS)
 	}
-	maxOut := args.Int("max_output_bytes", int64(s.lim.DefaultOutputBytes), 0, math.MaxInt32)
-	stream := args.Bool("stream", false)
-	send := ipc.Events(ctx)
-	if stream && send == nil {
-		args.Failf(`"stream" needs a connection that can carry events`)
-	}
-	if err := args.Done("argument"); err != nil {
+	req.Timeout = min(timeout, s.lim.MaxTimeout)
+	req.MaxOutputBytes = min(deref(maxOut, s.lim.DefaultOutputBytes), s.lim.MaxOutputBytes)
+	return req, nil
+}
+
+func (s *Service) runCommand(ctx context.Context, c lifecycle.Caller, r *ipc.Request, w api.RunCommandRequest, a *audit) (any, error) {
+	id := w.Sandbox
+	req, err := s.execRequest(w.Command, w.Argv, w.Env, w.Cwd, w.Stdin, w.TimeoutS, w.MaxOutputBytes)
+	if err != nil {
 		return nil, err
 	}
-	req.Timeout = min(seconds(timeout), s.lim.MaxTimeout)
-	req.MaxOutputBytes = int(min(maxOut, int64(s.lim.MaxOutputBytes)))
+	send := ipc.Events(ctx)
+	if w.Stream && send == nil {
+		return nil, ipc.Errorf(ipc.CodeBadRequest, `"stream" needs a connection that can carry events`)
+	}
 	if err := r.ReserveResponse(ctx, runCommandReservation(req.MaxOutputBytes)); err != nil {
 		return nil, err
 	}
@@ -632,7 +558,7 @@ func (s *Service) runCommand(ctx context.Context, c lifecycle.Caller, r *ipc.Req
 	a.sandbox(id)
 	a.add("command", truncateRunes(cmdText, 200))
 	var out *outputStream
-	if stream {
+	if w.Stream {
 		// The window is response memory too: reserved like the output.
 		if err := r.ReserveResponse(ctx, streamWindowBytes); err != nil {
 			return nil, err
@@ -671,20 +597,13 @@ func (s *Service) runCommand(ctx context.Context, c lifecycle.Caller, r *ipc.Req
 	return result, nil
 }
 
-func (s *Service) readFile(ctx context.Context, c lifecycle.Caller, req *ipc.Request, a *audit) (any, error) {
-	args := &req.Args
-	id := args.String("sandbox", true)
-	path := pathArg(args, "path", true)
-	maxBytes := args.Int("max_bytes", s.lim.MaxFileBytes, 0, math.MaxInt64)
-	ranged := args.Has("offset") || args.Has("length")
-	offset := args.Int("offset", 0, 0, math.MaxInt64)
-	length := args.Int("length", s.lim.MaxFileBytes, 0, math.MaxInt64)
-	if ranged && args.Has("max_bytes") {
-		args.Failf("max_bytes bounds a whole read and offset/length a ranged one; give one or the other")
+func (s *Service) readFile(ctx context.Context, c lifecycle.Caller, req *ipc.Request, r api.ReadFileRequest, a *audit) (any, error) {
+	id, path := r.Sandbox, r.Path
+	ranged := r.Offset != nil || r.Length != nil
+	if ranged && r.MaxBytes != nil {
+		return nil, ipc.Errorf(ipc.CodeBadRequest, "max_bytes bounds a whole read and offset/length a ranged one; give one or the other")
 	}
-	if err := args.Done("argument"); err != nil {
-		return nil, err
-	}
+	maxBytes, offset, length := deref(r.MaxBytes, s.lim.MaxFileBytes), deref(r.Offset, 0), deref(r.Length, s.lim.MaxFileBytes)
 	a.sandbox(id)
 	a.add("path", truncateRunes(path, 200))
 	if ranged {
@@ -715,23 +634,16 @@ func (s *Service) readFile(ctx context.Context, c lifecycle.Caller, req *ipc.Req
 	return api.ReadFileResult{Data: nonNil(data), SizeBytes: int64(len(data))}, nil
 }
 
-func (s *Service) writeFile(ctx context.Context, c lifecycle.Caller, args *ipc.Args, a *audit) (any, error) {
-	id := args.String("sandbox", true)
-	path := pathArg(args, "path", true)
-	data, _ := args.Bytes("data", true)
-	mode := args.Int("mode", 0o644, 0, 0o777)
-	appendTo := args.Bool("append", false)
-	offset := args.Int("offset", -1, 0, math.MaxInt64)
-	ranged := appendTo || args.Has("offset")
+func (s *Service) writeFile(ctx context.Context, c lifecycle.Caller, r api.WriteFileRequest, a *audit) (any, error) {
+	id, path, data := r.Sandbox, r.Path, r.Data
+	ranged := r.Append || r.Offset != nil
 	switch {
-	case appendTo && args.Has("offset"):
-		args.Failf("append writes at the end and offset at a given place; give one or the other")
-	case ranged && args.Has("mode"):
-		args.Failf("mode applies to a whole write_file that makes the file; a write with append or offset keeps the file's mode")
+	case r.Append && r.Offset != nil:
+		return nil, ipc.Errorf(ipc.CodeBadRequest, "append writes at the end and offset at a given place; give one or the other")
+	case ranged && r.Mode != nil:
+		return nil, ipc.Errorf(ipc.CodeBadRequest, "mode applies to a whole write_file that makes the file; a write with append or offset keeps the file's mode")
 	}
-	if err := args.Done("argument"); err != nil {
-		return nil, err
-	}
+	mode, offset := deref(r.Mode, 0o644), deref(r.Offset, -1)
 	if int64(len(data)) > s.lim.MaxFileBytes {
 		return nil, ipc.Errorf(ipc.CodeFileTooLarge, "%d bytes is more than the %d this daemon accepts in one write_file", len(data), s.lim.MaxFileBytes).
 			With("size_bytes", len(data)).With("max_bytes", s.lim.MaxFileBytes)
@@ -752,13 +664,8 @@ func (s *Service) writeFile(ctx context.Context, c lifecycle.Caller, args *ipc.A
 	return api.WriteFileResult{BytesWritten: len(data)}, nil
 }
 
-func (s *Service) listDirectory(ctx context.Context, c lifecycle.Caller, req *ipc.Request, a *audit) (any, error) {
-	args := &req.Args
-	id := args.String("sandbox", true)
-	path := pathArg(args, "path", true)
-	if err := args.Done("argument"); err != nil {
-		return nil, err
-	}
+func (s *Service) listDirectory(ctx context.Context, c lifecycle.Caller, req *ipc.Request, r api.ListDirectoryRequest, a *audit) (any, error) {
+	id, path := r.Sandbox, r.Path
 	if err := req.ReserveResponse(ctx, listDirectoryReservation(s.lim.MaxListEntries)); err != nil {
 		return nil, err
 	}
@@ -777,11 +684,8 @@ func (s *Service) listDirectory(ctx context.Context, c lifecycle.Caller, req *ip
 	return api.ListDirectoryResult{Entries: out}, nil
 }
 
-func (s *Service) list(c lifecycle.Caller, args *ipc.Args) (any, error) {
-	owner := args.String("owner", false)
-	if err := args.Done("argument"); err != nil {
-		return nil, err
-	}
+func (s *Service) list(c lifecycle.Caller, r api.ListRequest) api.ListResult {
+	owner := r.Owner
 	now := time.Now()
 	boxes := s.m.List(c, owner)
 	out := make([]api.SandboxInfo, len(boxes))
@@ -809,7 +713,7 @@ func (s *Service) list(c lifecycle.Caller, args *ipc.Args) (any, error) {
 			out[i].Quarantine = b.Quarantine
 		}
 	}
-	return api.ListResult{Sandboxes: out}, nil
+	return api.ListResult{Sandboxes: out}
 }
 
 // toWire maps a domain error to its stable code.
@@ -882,14 +786,12 @@ func (s *Service) toWire(err error) *ipc.Error {
 	return ipc.AsError(err)
 }
 
-// pathArg reads a path given as a string or, for names that are not
-// UTF-8 (as list_directory returns them), as bytes.
-func pathArg(args *ipc.Args, key string, required bool) string {
-	b, ok := args.Bytes(key, required)
-	if ok && required && len(b) == 0 {
-		args.Failf("argument %q must not be empty", key)
+// deref is *p, or def when p is nil (an argument left out).
+func deref[T any](p *T, def T) T {
+	if p == nil {
+		return def
 	}
-	return string(b)
+	return *p
 }
 
 func seconds(f float64) time.Duration {

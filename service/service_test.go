@@ -233,8 +233,8 @@ func TestCreateRefusesMalformedResources(t *testing.T) {
 		{map[string]any{"cpus": 0}, []string{`"cpus" must be greater than 0`}},
 		{map[string]any{"cpus": 1e9}, []string{`"cpus" must be greater than 0 and at most 8192`}},
 		{map[string]any{"cpus": "2"}, []string{`"cpus" must be a number`, "got a string"}},
-		{map[string]any{"memory": 1 << 30}, []string{`unknown resources key "memory"`, "memory_bytes, cpus, pids and disk_bytes"}},
-		{map[string]any{"memory_bytes": 1 << 20, "Cpus": 1}, []string{`unknown resources key "Cpus"`}},
+		{map[string]any{"memory": 1 << 30}, []string{`unknown resources field "memory"`, `"resources" takes cpus, disk_bytes, memory_bytes, pids`}},
+		{map[string]any{"memory_bytes": 1 << 20, "Cpus": 1}, []string{`unknown resources field "Cpus"`}},
 	}
 	for _, c := range cases {
 		t.Run(fmt.Sprint(c.resources), func(t *testing.T) {

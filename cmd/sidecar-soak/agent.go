@@ -14,6 +14,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
+	"github.com/sandbox-sidecar/sandbox-sidecar/ipc/api"
 )
 
 // agent is one agent process: it works on its owned sandbox, and on
@@ -83,7 +84,7 @@ func (a *agent) record(format string, args ...any) {
 // It returns false when the daemon could not answer (restarting, stopped,
 // shutting down, quarantine, quota): the agent just goes on. A request that
 // outlives requestTimeout is a hang.
-func (a *agent) call(op string, args map[string]any, out any) (ok bool, err error) {
+func (a *agent) call(op string, args any, out any) (ok bool, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 	defer cancel()
 	if a.c == nil {
@@ -132,7 +133,7 @@ func (a *agent) step(seq int) {
 		content := fmt.Sprintf("%d-%d", a.pid, seq)
 		a.record("intent %s %s", path, content)
 		a.pending[path] = append(a.pending[path], content)
-		ok, err := a.call(ipc.OpWriteFile, map[string]any{"sandbox": a.sandbox, "path": path, "data": []byte(content)}, nil)
+		ok, err := a.call(ipc.OpWriteFile, api.WriteFileRequest{Sandbox: a.sandbox, Path: path, Data: []byte(content)}, nil)
 		a.owned("write_file", err)
 		if ok {
 			a.record("file %s %s", path, content)
@@ -141,10 +142,8 @@ func (a *agent) step(seq int) {
 		}
 	case n < 12:
 		for path, want := range a.acked {
-			var res struct {
-				Data []byte `msgpack:"data"`
-			}
-			ok, err := a.call(ipc.OpReadFile, map[string]any{"sandbox": a.sandbox, "path": path}, &res)
+			var res api.ReadFileResult
+			ok, err := a.call(ipc.OpReadFile, api.ReadFileRequest{Sandbox: a.sandbox, Path: path}, &res)
 			a.owned("read_file", err)
 			if ok && string(res.Data) != want && !contains(a.pending[path], string(res.Data)) {
 				a.violation("acknowledged file %s in %s holds %q, want %q", path, a.sandbox, res.Data, want)
@@ -152,12 +151,8 @@ func (a *agent) step(seq int) {
 			break
 		}
 	case n < 16:
-		var res struct {
-			ExitCode          int    `msgpack:"exit_code"`
-			Stdout            []byte `msgpack:"stdout"`
-			SandboxTerminated bool   `msgpack:"sandbox_terminated"`
-		}
-		ok, err := a.call(ipc.OpRunCommand, map[string]any{"sandbox": a.sandbox, "command": "echo " + strconv.Itoa(seq), "timeout_s": 30}, &res)
+		var res api.RunCommandResult
+		ok, err := a.call(ipc.OpRunCommand, api.RunCommandRequest{Sandbox: a.sandbox, Command: "echo " + strconv.Itoa(seq), TimeoutS: 30}, &res)
 		a.owned("run_command", err)
 		switch {
 		case ok && res.SandboxTerminated:
@@ -172,30 +167,26 @@ func (a *agent) step(seq int) {
 			return
 		}
 		body, _ := msgpack.Marshal(map[string]any{"v": 1, "id": 1, "op": ipc.OpRunCommand,
-			"args": map[string]any{"sandbox": a.sandbox, "command": "sleep 5", "timeout_s": 30}})
+			"args": api.RunCommandRequest{Sandbox: a.sandbox, Command: "sleep 5", TimeoutS: 30}})
 		_ = ipc.WriteFrame(conn, body, 1<<20)
 		time.Sleep(time.Duration(rand.IntN(5)) * time.Millisecond)
 		conn.Close()
 	default:
 		// A connection-bound sandbox on the agent's connection, left to
 		// die with it (or destroyed).
-		var res struct {
-			Sandbox string `msgpack:"sandbox"`
-		}
+		var res api.CreateResult
 		if ok, _ := a.call(ipc.OpCreate, nil, &res); !ok {
 			return
 		}
 		a.record("created %s", res.Sandbox)
-		var out struct {
-			Stdout []byte `msgpack:"stdout"`
-		}
-		if ok, err := a.call(ipc.OpRunCommand, map[string]any{"sandbox": res.Sandbox, "command": "echo hi", "timeout_s": 30}, &out); ok && string(out.Stdout) != "hi\n" {
+		var out api.RunCommandResult
+		if ok, err := a.call(ipc.OpRunCommand, api.RunCommandRequest{Sandbox: res.Sandbox, Command: "echo hi", TimeoutS: 30}, &out); ok && string(out.Stdout) != "hi\n" {
 			a.violation("echo hi in %s printed %q", res.Sandbox, out.Stdout)
 		} else if ipc.IsCode(err, ipc.CodeNotFound) {
 			a.violation("a connection-bound sandbox vanished while its connection lived: %v", err)
 		}
 		if rand.IntN(2) == 0 {
-			a.call(ipc.OpDestroy, map[string]any{"sandbox": res.Sandbox}, nil)
+			a.call(ipc.OpDestroy, api.SandboxRequest{Sandbox: res.Sandbox}, nil)
 		}
 	}
 }

@@ -39,6 +39,7 @@ import (
 	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
+	"github.com/sandbox-sidecar/sandbox-sidecar/ipc/api"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/disk"
 )
 
@@ -155,7 +156,7 @@ func (d *daemon) stop() error {
 	}
 }
 
-func (d *daemon) call(op string, args map[string]any, out any) error {
+func (d *daemon) call(op string, args any, out any) error {
 	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 	defer cancel()
 	c, err := ipc.Dial(ctx, d.socket)
@@ -164,14 +165,6 @@ func (d *daemon) call(op string, args map[string]any, out any) error {
 	}
 	defer c.Close()
 	return c.Call(ctx, op, args, out)
-}
-
-type listed struct {
-	Sandboxes []struct {
-		Sandbox string `msgpack:"sandbox"`
-		State   string `msgpack:"state"`
-		Owner   string `msgpack:"owner"`
-	} `msgpack:"sandboxes"`
 }
 
 func soak(o options) (violations []string, err error) {
@@ -206,10 +199,8 @@ func soak(o options) (violations []string, err error) {
 	// Each agent owns one sandbox for the whole soak.
 	owned := make([]string, o.agents)
 	for i := range owned {
-		var res struct {
-			Sandbox string `msgpack:"sandbox"`
-		}
-		if err := d.call(ipc.OpCreate, map[string]any{"spec": map[string]any{"owner": fmt.Sprintf("soak/agent-%d", i)}, "ttl_s": 3600}, &res); err != nil {
+		var res api.CreateResult
+		if err := d.call(ipc.OpCreate, api.CreateRequest{Spec: &api.Spec{Owner: fmt.Sprintf("soak/agent-%d", i)}, TTLS: 3600}, &res); err != nil {
 			return nil, fmt.Errorf("create the owned sandbox of agent %d: %w", i, err)
 		}
 		owned[i] = res.Sandbox
@@ -307,7 +298,7 @@ func soak(o options) (violations []string, err error) {
 		ownedSet[id] = true
 	}
 	settled := func() (string, bool) {
-		var l listed
+		var l api.ListResult
 		if err := d.call(ipc.OpList, nil, &l); err != nil {
 			return err.Error(), false
 		}
@@ -346,10 +337,8 @@ func soak(o options) (violations []string, err error) {
 			continue
 		}
 		for path, may := range acks {
-			var res struct {
-				Data []byte `msgpack:"data"`
-			}
-			if err := d.call(ipc.OpReadFile, map[string]any{"sandbox": id, "path": path}, &res); err != nil {
+			var res api.ReadFileResult
+			if err := d.call(ipc.OpReadFile, api.ReadFileRequest{Sandbox: id, Path: path}, &res); err != nil {
 				bad("sandbox %s: acknowledged file %s: %v", id, path, err)
 				continue
 			}
@@ -373,7 +362,7 @@ func soak(o options) (violations []string, err error) {
 		return violations, err
 	}
 	for _, id := range owned {
-		if err := d.call(ipc.OpDestroy, map[string]any{"sandbox": id}, nil); err != nil {
+		if err := d.call(ipc.OpDestroy, api.SandboxRequest{Sandbox: id}, nil); err != nil {
 			bad("destroy %s at the end: %v", id, err)
 		}
 	}

@@ -5,10 +5,9 @@
 // tool decode into them, so a field added here appears everywhere, and
 // TestDocumented holds docs/protocol.md against it.
 //
-// The daemon reads requests with ipc.Args, whose accessors give the exact
-// bad_request messages; service's TestOpsReadTheRequestTypesKeys holds the
-// keys it reads against the request types below, so the names still come
-// from one place. This package imports nothing of the project.
+// The daemon decodes each request into the request types below (ipc.Decode,
+// driven by their msgpack and wire tags), so a request's keys and bounds are
+// written once, here. This package imports nothing of the project.
 package api
 
 import (
@@ -146,10 +145,10 @@ type CreateResult struct {
 // Resources are create's resources as asked; a key left out is the
 // daemon's default.
 type Resources struct {
-	MemoryBytes int64   `msgpack:"memory_bytes,omitempty"`
-	CPUs        float64 `msgpack:"cpus,omitempty"`
-	PIDs        int64   `msgpack:"pids,omitempty"`
-	DiskBytes   int64   `msgpack:"disk_bytes,omitempty"`
+	MemoryBytes int64   `msgpack:"memory_bytes,omitempty" wire:"positive"`
+	CPUs        float64 `msgpack:"cpus,omitempty" wire:"positive,max=8192"`
+	PIDs        int64   `msgpack:"pids,omitempty" wire:"positive,max=4194304"`
+	DiskBytes   int64   `msgpack:"disk_bytes,omitempty" wire:"positive"`
 }
 
 // RunCommandResult is run_command's result.
@@ -389,24 +388,44 @@ var Results = map[string]any{
 	"image_import_end":   ImageImportEndResult{},
 }
 
-// Requests, as a Go client sends them. The daemon reads them with
-// ipc.Args (for its exact bad_request messages); these types name the
-// same keys, and TestDocumented holds them against docs/protocol.md too.
-// A field left at its zero value is left out, so the daemon's default
-// applies.
+// Requests, as a Go client sends them and as the daemon decodes them
+// (ipc.Decode, once, at the boundary): one type per op, whose fields are
+// the op's only arguments. A field left at its zero value is left out, so
+// the daemon's default applies; a pointer is for an argument whose zero
+// means something else than its absence. The `wire` tags say what the
+// daemon requires of a value beyond its type (ipc.Decode's comment lists
+// them); TestDocumented holds the keys against docs/protocol.md.
+
+// Bounds the daemon applies to requests' lists and maps (the wire tags
+// below spell the same numbers; TestWireTagsUseTheBounds holds them).
+const (
+	MaxEnv    = 256
+	MaxArgv   = 4096
+	MaxEgress = 256
+	MaxLabels = 16
+	MaxTags   = 32
+	// MaxCPUs and MaxPIDs bound what a create's resources may name at
+	// all: more CPUs than a kernel supports, more processes than
+	// PID_MAX_LIMIT.
+	MaxCPUs = 8192
+	MaxPIDs = 1 << 22
+)
 
 // HelloRequest is hello's arguments.
 type HelloRequest struct {
-	Versions []int  `msgpack:"versions,omitempty"`
+	Versions []int  `msgpack:"versions,omitempty" wire:"max=16"`
 	Client   string `msgpack:"client,omitempty"`
 }
+
+// NoArgs is the arguments of an op that takes none (health, image_ls).
+type NoArgs struct{}
 
 // CreateRequest is create's arguments.
 type CreateRequest struct {
 	Spec      *Spec             `msgpack:"spec,omitempty"`
 	Resources *Resources        `msgpack:"resources,omitempty"`
-	Labels    map[string]string `msgpack:"labels,omitempty"`
-	TTLS      float64           `msgpack:"ttl_s,omitempty"`
+	Labels    map[string]string `msgpack:"labels,omitempty" wire:"max=16"`
+	TTLS      float64           `msgpack:"ttl_s,omitempty" wire:"positive"`
 	// Image names the image to run on (hello's images); left out, the
 	// daemon's default.
 	Image string `msgpack:"image,omitempty"`
@@ -414,25 +433,25 @@ type CreateRequest struct {
 
 // Spec is what create's spec may ask.
 type Spec struct {
-	Env                map[string]string `msgpack:"env,omitempty"`
+	Env                map[string]string `msgpack:"env,omitempty" wire:"max=256"`
 	BlockNetwork       *bool             `msgpack:"block_network,omitempty"`
-	AllowEgressTo      []string          `msgpack:"allow_egress_to,omitempty"`
-	AllowEgressToCIDRs []string          `msgpack:"allow_egress_to_cidrs,omitempty"`
+	AllowEgressTo      []string          `msgpack:"allow_egress_to,omitempty" wire:"max=256"`
+	AllowEgressToCIDRs []string          `msgpack:"allow_egress_to_cidrs,omitempty" wire:"max=256"`
 	Owner              string            `msgpack:"owner,omitempty"`
 }
 
 // RunCommandRequest is run_command's arguments: exactly one of Command
 // and Argv.
 type RunCommandRequest struct {
-	Sandbox  string            `msgpack:"sandbox"`
+	Sandbox  string            `msgpack:"sandbox" wire:"required"`
 	Command  string            `msgpack:"command,omitempty"`
-	Argv     []string          `msgpack:"argv,omitempty"`
+	Argv     []string          `msgpack:"argv,omitempty" wire:"max=4096,nonempty"`
 	Stdin    []byte            `msgpack:"stdin,omitempty"`
-	Env      map[string]string `msgpack:"env,omitempty"`
-	Cwd      string            `msgpack:"cwd,omitempty"`
-	TimeoutS float64           `msgpack:"timeout_s,omitempty"`
-	// MaxOutputBytes: nil (or 0) for the daemon's default.
-	MaxOutputBytes *int `msgpack:"max_output_bytes,omitempty"`
+	Env      map[string]string `msgpack:"env,omitempty" wire:"max=256"`
+	Cwd      string            `msgpack:"cwd,omitempty" wire:"path"`
+	TimeoutS float64           `msgpack:"timeout_s,omitempty" wire:"positive"`
+	// MaxOutputBytes: nil for the daemon's default.
+	MaxOutputBytes *int `msgpack:"max_output_bytes,omitempty" wire:"min=0,max=2147483647"`
 	// Stream asks for the output as stdout/stderr events while the
 	// command runs (ipc.Client.CallStream).
 	Stream bool `msgpack:"stream,omitempty"`
@@ -440,68 +459,72 @@ type RunCommandRequest struct {
 
 // ReadFileRequest is read_file's arguments.
 type ReadFileRequest struct {
-	Sandbox string `msgpack:"sandbox"`
-	Path    string `msgpack:"path"`
+	Sandbox string `msgpack:"sandbox" wire:"required"`
+	Path    string `msgpack:"path" wire:"required,path"`
 	// MaxBytes: nil for the daemon's cap.
-	MaxBytes *int64 `msgpack:"max_bytes,omitempty"`
+	MaxBytes *int64 `msgpack:"max_bytes,omitempty" wire:"min=0"`
 	// Offset and Length make it a ranged read (instead of MaxBytes): at
 	// most Length bytes (nil: the daemon's cap) from Offset.
-	Offset *int64 `msgpack:"offset,omitempty"`
-	Length *int64 `msgpack:"length,omitempty"`
+	Offset *int64 `msgpack:"offset,omitempty" wire:"min=0"`
+	Length *int64 `msgpack:"length,omitempty" wire:"min=0"`
 }
 
 // WriteFileRequest is write_file's arguments.
 type WriteFileRequest struct {
-	Sandbox string `msgpack:"sandbox"`
-	Path    string `msgpack:"path"`
-	Data    []byte `msgpack:"data"`
-	// Mode: 0 for 0o644.
-	Mode int `msgpack:"mode,omitempty"`
+	Sandbox string `msgpack:"sandbox" wire:"required"`
+	Path    string `msgpack:"path" wire:"required,path"`
+	Data    []byte `msgpack:"data" wire:"required"`
+	// Mode: nil for 0o644.
+	Mode *int `msgpack:"mode,omitempty" wire:"min=0,max=0o777"`
 	// Append, or an Offset, writes into the existing file instead of
 	// replacing it (and keeps its mode).
 	Append bool   `msgpack:"append,omitempty"`
-	Offset *int64 `msgpack:"offset,omitempty"`
+	Offset *int64 `msgpack:"offset,omitempty" wire:"min=0"`
 }
 
 // ListDirectoryRequest is list_directory's arguments.
 type ListDirectoryRequest struct {
-	Sandbox string `msgpack:"sandbox"`
-	Path    string `msgpack:"path"`
+	Sandbox string `msgpack:"sandbox" wire:"required"`
+	Path    string `msgpack:"path" wire:"required,path"`
 }
 
 // SandboxRequest is the arguments of destroy and read_tags.
 type SandboxRequest struct {
-	Sandbox string `msgpack:"sandbox"`
+	Sandbox string `msgpack:"sandbox" wire:"required"`
 }
 
 // RenewRequest is renew's arguments.
 type RenewRequest struct {
-	Sandbox string  `msgpack:"sandbox"`
-	TTLS    float64 `msgpack:"ttl_s"`
+	Sandbox string  `msgpack:"sandbox" wire:"required"`
+	TTLS    float64 `msgpack:"ttl_s" wire:"required,positive"`
 }
 
 // AttachRequest is attach's arguments.
 type AttachRequest struct {
-	Sandbox string `msgpack:"sandbox"`
-	Owner   string `msgpack:"owner"`
-	Holder  string `msgpack:"holder"`
+	Sandbox string `msgpack:"sandbox" wire:"required"`
+	Owner   string `msgpack:"owner" wire:"required"`
+	Holder  string `msgpack:"holder" wire:"required"`
 }
 
 // ReleaseRequest is release's arguments.
 type ReleaseRequest struct {
-	Sandbox string `msgpack:"sandbox"`
-	Holder  string `msgpack:"holder"`
+	Sandbox string `msgpack:"sandbox" wire:"required"`
+	Holder  string `msgpack:"holder" wire:"required"`
 }
 
 // WriteTagsRequest is write_tags's arguments.
 type WriteTagsRequest struct {
-	Sandbox string            `msgpack:"sandbox"`
-	Tags    map[string]string `msgpack:"tags"`
+	Sandbox string            `msgpack:"sandbox" wire:"required"`
+	Tags    map[string]string `msgpack:"tags" wire:"required,max=32"`
 }
 
-// OwnerRequest is the arguments of destroy_run (Owner required) and list
-// (an optional filter).
-type OwnerRequest struct {
+// DestroyRunRequest is destroy_run's arguments.
+type DestroyRunRequest struct {
+	Owner string `msgpack:"owner" wire:"required"`
+}
+
+// ListRequest is list's arguments: an optional filter.
+type ListRequest struct {
 	Owner string `msgpack:"owner,omitempty"`
 }
 
@@ -512,34 +535,34 @@ type GCRequest struct {
 
 // ImageRequest is the arguments of image_inspect and image_rm.
 type ImageRequest struct {
-	Name string `msgpack:"name"`
+	Name string `msgpack:"name" wire:"required"`
 }
 
 // ImageImportBeginRequest is image_import_begin's arguments: the name the
 // image gets.
 type ImageImportBeginRequest struct {
-	Name string `msgpack:"name"`
+	Name string `msgpack:"name" wire:"required"`
 }
 
 // ImageImportDataRequest is image_import_data's arguments: the next piece
 // of the archive, at Offset (the bytes sent so far).
 type ImageImportDataRequest struct {
-	Upload string `msgpack:"upload"`
-	Offset int64  `msgpack:"offset"`
-	Data   []byte `msgpack:"data"`
+	Upload string `msgpack:"upload" wire:"required"`
+	Offset int64  `msgpack:"offset" wire:"min=0,max=0x4000000000000000"`
+	Data   []byte `msgpack:"data" wire:"required"`
 }
 
 // ImageImportEndRequest is image_import_end's arguments: the archive is
 // whole (or, with Abort, given up).
 type ImageImportEndRequest struct {
-	Upload string `msgpack:"upload"`
+	Upload string `msgpack:"upload" wire:"required"`
 	Abort  bool   `msgpack:"abort,omitempty"`
 }
 
 // Requests maps each op to its arguments' type.
 var Requests = map[string]any{
 	"hello":          HelloRequest{},
-	"health":         struct{}{},
+	"health":         NoArgs{},
 	"create":         CreateRequest{},
 	"run_command":    RunCommandRequest{},
 	"read_file":      ReadFileRequest{},
@@ -551,11 +574,11 @@ var Requests = map[string]any{
 	"release":        ReleaseRequest{},
 	"read_tags":      SandboxRequest{},
 	"write_tags":     WriteTagsRequest{},
-	"destroy_run":    OwnerRequest{},
-	"list":           OwnerRequest{},
+	"destroy_run":    DestroyRunRequest{},
+	"list":           ListRequest{},
 	"gc":             GCRequest{},
 
-	"image_ls":           struct{}{},
+	"image_ls":           NoArgs{},
 	"image_inspect":      ImageRequest{},
 	"image_rm":           ImageRequest{},
 	"image_import_begin": ImageImportBeginRequest{},

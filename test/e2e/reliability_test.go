@@ -17,6 +17,7 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap"
 	"github.com/sandbox-sidecar/sandbox-sidecar/internal/failpoint"
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
+	"github.com/sandbox-sidecar/sandbox-sidecar/ipc/api"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/disk"
 )
 
@@ -132,26 +133,18 @@ func (d *daemon) attachments(t *testing.T, id string) int {
 	return len(ls)
 }
 
-type lsEntry struct {
-	Sandbox    string `msgpack:"sandbox"`
-	State      string `msgpack:"state"`
-	Quarantine string `msgpack:"quarantine"`
-}
-
-func stateOf(t *testing.T, d *daemon, id string) lsEntry {
+func stateOf(t *testing.T, d *daemon, id string) api.SandboxInfo {
 	t.Helper()
 	c := d.client(t)
 	defer c.Close()
-	var res struct {
-		Sandboxes []lsEntry `msgpack:"sandboxes"`
-	}
-	require.NoError(t, c.Call(context.Background(), ipc.OpList, nil, &res))
+	res, err := c.List(context.Background(), "")
+	require.NoError(t, err)
 	for _, s := range res.Sandboxes {
 		if s.Sandbox == id {
 			return s
 		}
 	}
-	return lsEntry{}
+	return api.SandboxInfo{}
 }
 
 // After kill -9, a process that outlived the daemon in its mount

@@ -124,7 +124,7 @@ func TestResourcesOverTheWire(t *testing.T) {
 	}{
 		{map[string]any{"memory_bytes": -1}, ipc.CodeBadRequest, `"memory_bytes" must be greater than 0`},
 		{map[string]any{"cpus": "two"}, ipc.CodeBadRequest, `"cpus" must be a number`},
-		{map[string]any{"swap_bytes": 1}, ipc.CodeBadRequest, `unknown resources key "swap_bytes"`},
+		{map[string]any{"swap_bytes": 1}, ipc.CodeBadRequest, `unknown resources field "swap_bytes"`},
 		{[]any{1}, ipc.CodeBadRequest, `"resources" must be a map`},
 		{map[string]any{"memory_bytes": int64(1) << 50}, ipc.CodeSpecUnenforceable, ""},
 	} {

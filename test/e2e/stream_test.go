@@ -13,15 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
+	"github.com/sandbox-sidecar/sandbox-sidecar/ipc/api"
 )
-
-type streamedResult struct {
-	ExitCode        int    `msgpack:"exit_code"`
-	Stdout          []byte `msgpack:"stdout"`
-	StdoutTruncated bool   `msgpack:"stdout_truncated"`
-	StdoutDropped   *int64 `msgpack:"stdout_stream_dropped"`
-	StderrDropped   *int64 `msgpack:"stderr_stream_dropped"`
-}
 
 func TestStreamedOutputArrivesAsItComes(t *testing.T) {
 	d := startDaemon(t, "")
@@ -31,7 +24,7 @@ func TestStreamedOutputArrivesAsItComes(t *testing.T) {
 	var arrivals []time.Duration
 	var got strings.Builder
 	start := time.Now()
-	var res streamedResult
+	var res api.RunCommandResult
 	err := c.CallStream(context.Background(), ipc.OpRunCommand, map[string]any{
 		"sandbox": id, "command": "for i in 1 2 3 4 5 6 7 8 9 10; do echo line $i; echo err $i >&2; sleep 1; done", "timeout_s": 60, "stream": true,
 	}, &res, func(event string, data []byte) {
@@ -50,8 +43,8 @@ func TestStreamedOutputArrivesAsItComes(t *testing.T) {
 	}
 	assert.Equal(t, want, got.String(), "every line streamed, in order")
 	assert.Equal(t, want, string(res.Stdout), "the final response still carries the output")
-	require.NotNil(t, res.StdoutDropped)
-	assert.Zero(t, *res.StdoutDropped)
+	require.NotNil(t, res.StdoutStreamDropped)
+	assert.Zero(t, *res.StdoutStreamDropped)
 	require.NotEmpty(t, arrivals)
 	t.Logf("a 10 s command: first line after %v, last after %v, answered after %v (%d stdout events)", arrivals[0], arrivals[len(arrivals)-1], took, len(arrivals))
 	// The lines came while the command ran, not all at its end.
@@ -131,22 +124,22 @@ func TestA1GiBFloodStreamsAtCaptureSpeed(t *testing.T) {
 	const flood = "head -c 1073741824 /dev/zero"
 	args := map[string]any{"sandbox": id, "command": flood, "timeout_s": 300, "max_output_bytes": 65536}
 	start := time.Now()
-	var plain streamedResult
+	var plain api.RunCommandResult
 	require.NoError(t, c.Call(context.Background(), ipc.OpRunCommand, args, &plain))
 	plainTook := time.Since(start)
 
 	args["stream"] = true
 	var streamed int64
-	var res streamedResult
+	var res api.RunCommandResult
 	start = time.Now()
 	require.NoError(t, c.CallStream(context.Background(), ipc.OpRunCommand, args, &res, func(_ string, data []byte) {
 		streamed += int64(len(data))
 	}))
 	streamTook := time.Since(start)
-	require.NotNil(t, res.StdoutDropped)
+	require.NotNil(t, res.StdoutStreamDropped)
 	t.Logf("1 GiB: %v without a stream, %v streamed (ratio %.2f; the machine is shared); %d bytes streamed, %d dropped",
-		plainTook, streamTook, streamTook.Seconds()/plainTook.Seconds(), streamed, *res.StdoutDropped)
-	assert.EqualValues(t, 1<<30, streamed+*res.StdoutDropped, "every byte streamed or counted")
+		plainTook, streamTook, streamTook.Seconds()/plainTook.Seconds(), streamed, *res.StdoutStreamDropped)
+	assert.EqualValues(t, 1<<30, streamed+*res.StdoutStreamDropped, "every byte streamed or counted")
 	assert.True(t, res.StdoutTruncated)
 	assert.Equal(t, 0, res.ExitCode)
 }

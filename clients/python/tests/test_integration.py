@@ -455,7 +455,7 @@ def test_the_daemon_refuses_malformed_resources_and_announces_them(sidecar_daemo
     with SidecarClient(sidecar_daemon.socket) as client:
         assert "create_resources" in client.hello()["features"]
         cases = [
-            ({"memory": 1}, 'unknown resources key "memory"'),
+            ({"memory": 1}, 'unknown resources field "memory"'),
             ({"cpus": float("nan")}, '"cpus" must be a finite number'),
             ({"pids": -1}, '"pids" must be greater than 0'),
             ({"memory_bytes": 1.5}, '"memory_bytes" must be an integer'),
