@@ -146,8 +146,8 @@ func (s *Streams) Close() { s.p.closeAll() }
 // Why: a command that ends within microseconds of starting (most of an
 // agent's) otherwise costs the daemon the registration of three
 // descriptors in the poller, two drain goroutines and a poller wake-up
-// for every event (docs/benchmarks.md, "the daemon's side of a short
-// command"). The price is one thread blocked in ppoll for at most wait,
+// for every event (docs/benchmarks-history.md, "A command in a bwrap
+// sandbox"). The price is one thread blocked in ppoll for at most wait,
 // and a cancellation noticed only after it.
 func (s *Streams) Hot(status int, wait time.Duration, w Watch, onStatus func(msg []byte) (last bool)) bool {
 	p := s.p

@@ -11,7 +11,7 @@ import (
 // without a decoder: every frame, the daemon's requests and the clients'
 // responses, is walked once before it is decoded, and a walk through the
 // decoder's reader interface cost a lone health call a tenth of its time
-// (docs/benchmarks.md, "the Go client's health").
+// (docs/benchmarks-history.md, "The RPC floor and the Go client").
 
 var (
 	errTruncated   = errors.New("truncated msgpack value")

@@ -25,7 +25,7 @@ export PATH="$PATH:/usr/local/go/bin"
 # serves the "go" branch, which is the one that builds with go build), from
 # 2026-09; internal/runscpin names the same one for the tests. (Until
 # 2026-12 it was v0.0.0-20250205023644-9414b50a5633, built with go1.23.6:
-# this one runs a command in half the time here, docs/benchmarks.md.)
+# this one runs a command in half the time here, docs/benchmarks-history.md.)
 RUNSC_VERSION="${RUNSC_VERSION:-v0.0.0-20260905035102-160fafc42237}"
 # The Go toolchain runsc is built with. gVisor reads fields of the Go
 # runtime's own structures (pkg/goid: a goroutine's id at a fixed offset in

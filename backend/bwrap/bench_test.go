@@ -23,7 +23,8 @@ import (
 // It reports the p50 and p99 of each in milliseconds and init's p50 and
 // p99 as a multiple of the host's. (Until every command went through init,
 // a third way, a bubblewrap of its own per command, was measured too:
-// docs/benchmarks.md keeps those numbers.) Run it with a fixed count, for example
+// docs/benchmarks-history.md keeps the outcome.) Run it with a fixed count,
+// for example
 //
 //	CI=true go test -run '^$' -bench ExecInterleaved -benchtime 300x ./backend/bwrap
 func BenchmarkExecInterleaved(b *testing.B) {

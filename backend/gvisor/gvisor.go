@@ -140,7 +140,8 @@ type Config struct {
 	// controller decides when it does), or never does
 	// (--systrap-disable-fast-path). Auto is off on a host with two CPUs
 	// or fewer, where the spinning takes the CPU the command, its init and
-	// the daemon need (docs/benchmarks.md), and runsc's choice otherwise.
+	// the daemon need (docs/benchmarks.md, "gVisor: where a command's time
+	// goes"), and runsc's choice otherwise.
 	SystrapFastPath string
 	// KillGrace is how long a command has between the SIGTERM and the
 	// SIGKILL its init sends at its budget (default DefaultKillGrace).

@@ -82,8 +82,7 @@ func Become(where string) error {
 // SIGABRT and SIGTERM; before, also SIGUSR1, SIGPIPE, the job-control
 // signals and ten others) through a round trip to a locked thread of its
 // own, and 19 such round trips were 1 ms of every init's start on a 2-vCPU
-// VM (docs/benchmarks.md, "2026-12-02, 05:41–06:20 UTC: a cold create's
-// first result, traced").
+// VM (docs/benchmarks-history.md, "A create and its first command").
 func ShieldedSignals() []os.Signal {
 	return []os.Signal{
 		syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGILL, syscall.SIGTRAP, syscall.SIGABRT,

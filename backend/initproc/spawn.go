@@ -44,8 +44,8 @@ type Cred struct{ UID, GID uint32 }
 // installed, ~60 rt_sigaction calls between the fork and the exec, and
 // reports the exec's result through a pipe of its own. Inside gVisor each
 // system call is a round trip into the sentry (~20 µs on a loaded VM), so
-// that was ~1.2 ms of every command (docs/benchmarks.md, "gVisor: a spawn
-// without the signal resets"). Spawn's child makes only the calls the
+// that was ~1.2 ms of every command (docs/benchmarks-history.md,
+// "gVisor"). Spawn's child makes only the calls the
 // command needs (setsid, setgroups/setgid/setuid, chdir, three dup3, the
 // signal mask, execve) and reports a failure in memory it shares with
 // init. Where the assembly child is not written (any GOARCH but amd64)

@@ -25,8 +25,8 @@ const sysmonEnv = "SANDBOX_SIDECAR_SYSMON_AWAKE"
 // P is idle, and wakes it at the next system call with its polling reset
 // to every 20 µs for the next millisecond: for a daemon that idles between
 // short requests, that is ~50 wake-ups of a thread during every command,
-// on the two CPUs the command needs (docs/benchmarks.md, "the daemon's
-// side of a short command": 50–70 µs of a 1.1 ms `/bin/true`). A
+// on the two CPUs the command needs (50–70 µs of a 1.1 ms `/bin/true`:
+// docs/benchmarks-history.md, "A command in a bwrap sandbox"). A
 // schedtrace period keeps sysmon out of deep sleep, so it settles at its
 // slowest polling (every 10 ms) and stays there; the period itself (about
 // 24 days) means no trace is ever printed. The runtime reads this setting

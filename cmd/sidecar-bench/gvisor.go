@@ -86,7 +86,8 @@ func gvisorSteady(o options, rep *report, runsc string, gvFlags, bwFlags []strin
 	}
 	// The bare runsc exec runs in a sandbox of its own: a command right
 	// after a runsc exec into the same sandbox costs gVisor 1.5–2 ms more
-	// (docs/benchmarks.md), which a fixed order would charge to one side.
+	// (docs/benchmarks.md, "gVisor: where a command's time goes"), which a
+	// fixed order would charge to one side.
 	rid, err := create(gc, map[string]any{"ttl_s": 3600})
 	if err != nil {
 		return err
@@ -114,7 +115,13 @@ func gvisorSteady(o options, rep *report, runsc string, gvFlags, bwFlags []strin
 		rep.add("gvisor", fmt.Sprintf("run_command %v, gvisor backend", argv), map[string]float64{"p50_ms": ms(g50), "p99_ms": ms(percentile(gv, 99))}, "through the daemon and the sandbox's init")
 		rep.add("gvisor", fmt.Sprintf("run_command %v, bwrap backend", argv), map[string]float64{"p50_ms": ms(b50), "p99_ms": ms(percentile(bw, 99))}, "same run, interleaved")
 		rep.add("gvisor", fmt.Sprintf("bare runsc exec %v", argv), map[string]float64{"p50_ms": ms(r50), "p99_ms": ms(percentile(bare, 99))}, "in the gvisor daemon's sandbox, no daemon")
-		rep.add("gvisor", fmt.Sprintf("ratio gvisor/bare runsc exec %v", argv), map[string]float64{"p50_ratio": float64(g50) / float64(r50)}, "target ≤ 0.5")
+		// As for bwrap, the target is a short command's; the
+		// interpreter's start inside gVisor dominates the other.
+		var ts []target
+		if argv[0] == "/bin/true" {
+			ts = append(ts, atMost("p50_ratio", 0.5))
+		}
+		rep.add("gvisor", fmt.Sprintf("ratio gvisor/bare runsc exec %v", argv), map[string]float64{"p50_ratio": float64(g50) / float64(r50)}, "", ts...)
 		rep.add("gvisor", fmt.Sprintf("ratio gvisor/bwrap %v", argv), map[string]float64{"p50_ratio": float64(g50) / float64(b50)}, "what gVisor's kernel costs a command")
 	}
 	return nil
@@ -127,15 +134,15 @@ func gvisorSteady(o options, rep *report, runsc string, gvFlags, bwFlags []strin
 func gvisorProvision(o options, rep *report, gvFlags, bwFlags []string) error {
 	const poolSize = 2
 	variants := []struct {
-		name   string
-		pool   int
-		flags  []string
-		target string
+		name    string
+		pool    int
+		flags   []string
+		targets []target
 	}{
-		{"gvisor, cold (no pool)", 0, gvFlags, ""},
-		{fmt.Sprintf("gvisor, warm pool of %d", poolSize), poolSize, gvFlags, "target ≤ 50 ms"},
-		{"bwrap, cold (no pool)", 0, bwFlags, ""},
-		{fmt.Sprintf("bwrap, warm pool of %d", poolSize), poolSize, bwFlags, ""},
+		{"gvisor, cold (no pool)", 0, gvFlags, nil},
+		{fmt.Sprintf("gvisor, warm pool of %d", poolSize), poolSize, gvFlags, []target{atMost("p50_ms", 50)}},
+		{"bwrap, cold (no pool)", 0, bwFlags, nil},
+		{fmt.Sprintf("bwrap, warm pool of %d", poolSize), poolSize, bwFlags, nil},
 	}
 	clients := make([]*ipc.Client, len(variants))
 	for i, v := range variants {
@@ -175,7 +182,7 @@ func gvisorProvision(o options, rep *report, gvFlags, bwFlags []string) error {
 	}
 	for i, v := range variants {
 		rep.add("gvisor", "create, "+v.name, map[string]float64{"p50_ms": ms(percentile(creates[i], 50)), "p99_ms": ms(percentile(creates[i], 99))}, "")
-		rep.add("gvisor", "create → first command result, "+v.name, map[string]float64{"p50_ms": ms(percentile(firsts[i], 50)), "p99_ms": ms(percentile(firsts[i], 99))}, v.target)
+		rep.add("gvisor", "create → first command result, "+v.name, map[string]float64{"p50_ms": ms(percentile(firsts[i], 50)), "p99_ms": ms(percentile(firsts[i], 99))}, "", v.targets...)
 	}
 	return nil
 }

@@ -38,6 +38,8 @@ type result struct {
 	Scenario string             `json:"scenario"`
 	Name     string             `json:"name"`
 	Values   map[string]float64 `json:"values"`
+	Targets  []target           `json:"targets,omitempty"`
+	Met      *bool              `json:"met,omitempty"` // every target met; nil without targets
 	Note     string             `json:"note,omitempty"`
 }
 
@@ -141,8 +143,16 @@ func run(o options) error {
 	return nil
 }
 
-func (r *report) add(scenario, name string, values map[string]float64, note string) {
-	r.Results = append(r.Results, result{Scenario: scenario, Name: name, Values: values, Note: note})
+// add records a row; targets, if any, are what the row is held to (each
+// must bound one of values), and the report says whether the run met them.
+func (r *report) add(scenario, name string, values map[string]float64, note string, targets ...target) {
+	checkTargets(name, values, targets)
+	met := metAll(targets, values)
+	r.Results = append(r.Results, result{Scenario: scenario, Name: name, Values: values, Targets: targets, Met: met, Note: note})
+	if met != nil {
+		fmt.Fprintf(os.Stderr, "   %-48s %s  [%s: %s]\n", name, formatValues(values), targetText(targets), plainMet(met))
+		return
+	}
 	fmt.Fprintf(os.Stderr, "   %-48s %s\n", name, formatValues(values))
 }
 

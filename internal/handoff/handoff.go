@@ -6,7 +6,7 @@
 // read while it runs (the next request, a hang-up that cancels it). Starting
 // that goroutine wakes a second thread of the Go runtime, which on a small
 // host costs a short command a measurable part of its time
-// (docs/benchmarks.md, "a short command on the goroutine that read it"). A
+// (docs/benchmarks-history.md, "A command in a bwrap sandbox"). A
 // request that ipc runs inline instead carries a *Conn in its context, and
 // whatever would wait on its path calls Release first: the connection is
 // then read by a new goroutine while the request goes on where it is. A

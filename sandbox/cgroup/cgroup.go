@@ -604,7 +604,8 @@ func (m *Manager) enable(dir, controllers string) error {
 // validName is what a sandbox or base name may look like: it becomes a
 // directory name. Compiled on first use, not at start: its bounded
 // repetition makes it 0.2 ms of every process that links this package,
-// a sandbox's init among them (docs/benchmarks.md).
+// a sandbox's init among them (docs/benchmarks-history.md, "A create and
+// its first command").
 var validName = sync.OnceValue(func() *regexp.Regexp {
 	return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 })

@@ -14,9 +14,10 @@ import (
 
 // Formatting a filesystem is most of what a capped disk costs at create:
 // mkfs.ext4 is a process to start, and it fsyncs the image before it
-// exits (14-26 ms on a 1 GiB image here, docs/benchmarks.md). Sandboxes
-// with the same cap get the same empty filesystem, so Templates formats
-// each shape once per daemon and gives every new sandbox a copy: a reflink
+// exits (14-26 ms on a 1 GiB image here: docs/benchmarks.md, "bwrap: a
+// cold create's first result"). Sandboxes with the same cap get the same
+// empty filesystem, so Templates formats each shape once per daemon and
+// gives every new sandbox a copy: a reflink
 // where the host's filesystem has them (xfs, btrfs), otherwise a copy of
 // the template's data only. mkfs leaves the image sparse (it punches the
 // whole file, which reads back as zeros, and marks the inode tables zeroed

@@ -600,7 +600,8 @@ func (st *initState) start(req bwwire.RunRequest, status int, stdio []int) {
 	// Spawn, not syscall.ForkExec: its child makes only the calls the
 	// command needs, not the Go runtime's ~60 signal-handler resets and
 	// its error pipe, all of them between the fork and the exec, which
-	// init waits for (docs/benchmarks.md, "the command path, second cut").
+	// init waits for (docs/benchmarks-history.md, "A command in a bwrap
+	// sandbox").
 	pid, err := initproc.Spawn(prog, req.Argv, initproc.SpawnAttr{
 		Dir: req.Cwd, Env: req.Env, Stdio: [3]int{stdio[0], stdio[1], stdio[2]}, PidFD: &pidfd,
 	})
