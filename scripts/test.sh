@@ -64,6 +64,8 @@ fuzz FuzzLoadConfig 40000x ./cmd/sandbox-sidecar
 fuzz FuzzCheckShape 150000x ./ipc
 fuzz FuzzDecodeWire 150000x ./ipc
 fuzz FuzzDecodeRequestTypes 100000x ./ipc
+fuzz FuzzReadAt 30000x ./backend/proclog
+fuzz FuzzDecodeRequest 50000x ./backend/agent
 
 # The .deb is built for 32-bit hosts too, where a 32-bit length in a frame
 # overflows an int: the frame walk's tests run there as well. As a 386
