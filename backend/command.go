@@ -133,3 +133,13 @@ func MergeEnv(base, sandboxEnv, requestEnv map[string]string) ([]string, error) 
 	}
 	return env, nil
 }
+
+// CheckProcessRequest checks a durable process's request as
+// CheckExecRequest checks a command's (a timeout of 0 is none) and
+// returns its argv and working directory.
+func CheckProcessRequest(req ProcessRequest, workdir string) (argv []string, cwd string, err error) {
+	if req.Timeout < 0 || req.Timeout > MaxTimeout {
+		return nil, "", fmt.Errorf("%w: the timeout must be between 0 (none) and %v, got %v", ErrInvalidArgument, MaxTimeout, req.Timeout)
+	}
+	return CheckExecRequest(ExecRequest{Command: req.Command, Argv: req.Argv, Env: req.Env, Cwd: req.Cwd, Timeout: time.Second}, workdir)
+}

@@ -34,6 +34,12 @@ const (
 	OpImageImportBegin = "image_import_begin"
 	OpImageImportData  = "image_import_data"
 	OpImageImportEnd   = "image_import_end"
+	// Durable processes (docs/protocol.md, "Durable processes").
+	OpStartCommand  = "start_command"
+	OpReadOutput    = "read_output"
+	OpWaitProcess   = "wait_process"
+	OpSignalProcess = "signal_process"
+	OpListProcesses = "list_processes"
 )
 
 // Error codes: stable strings a client may switch on. docs/protocol.md says
@@ -65,6 +71,9 @@ const (
 	CodeBadImage          = "bad_image"
 	CodeImageTooLarge     = "image_too_large"
 	CodeNoShell           = "no_shell"
+	CodeProcessNotFound   = "process_not_found"
+	CodeProcessEnded      = "process_ended"
+	CodeNotSupported      = "not_supported"
 )
 
 // Error is an error response: a stable code for machines, a sentence for

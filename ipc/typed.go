@@ -110,3 +110,29 @@ func (c *Client) ImageInspect(ctx context.Context, name string) (api.ImageInspec
 func (c *Client) ImageRemove(ctx context.Context, name string) (api.ImageRemoveResult, error) {
 	return call[api.ImageRemoveResult](ctx, c, OpImageRm, api.ImageRequest{Name: name})
 }
+
+// StartCommand starts a durable process (or finds it by its name).
+func (c *Client) StartCommand(ctx context.Context, req api.StartCommandRequest) (api.StartCommandResult, error) {
+	return call[api.StartCommandResult](ctx, c, OpStartCommand, req)
+}
+
+// ReadOutput reads one stream of a durable process from an offset.
+func (c *Client) ReadOutput(ctx context.Context, req api.ReadOutputRequest) (api.ReadOutputResult, error) {
+	return call[api.ReadOutputResult](ctx, c, OpReadOutput, req)
+}
+
+// WaitProcess waits for a durable process's end, up to req.TimeoutS.
+func (c *Client) WaitProcess(ctx context.Context, req api.WaitProcessRequest) (api.ProcessInfo, error) {
+	return call[api.ProcessInfo](ctx, c, OpWaitProcess, req)
+}
+
+// SignalProcess sends a signal to a durable process's group.
+func (c *Client) SignalProcess(ctx context.Context, req api.SignalProcessRequest) error {
+	_, err := call[api.SignalProcessResult](ctx, c, OpSignalProcess, req)
+	return err
+}
+
+// ListProcesses lists a sandbox's durable processes.
+func (c *Client) ListProcesses(ctx context.Context, sandbox string) (api.ListProcessesResult, error) {
+	return call[api.ListProcessesResult](ctx, c, OpListProcesses, api.SandboxRequest{Sandbox: sandbox})
+}

@@ -25,6 +25,9 @@ const (
 	DefaultMaxPerUID      = 32
 	DefaultMaxPerOwner    = 16
 	DefaultMaxCmdsPerHost = 32
+	// DefaultMaxProcsPerHost bounds the durable processes running at once
+	// on the host; per uid the same share applies as for commands.
+	DefaultMaxProcsPerHost = 256
 	// The per-uid command limit defaults to this share of the host's
 	// (DefaultMaxCmdsPerUID), so that one uid cannot take every command
 	// slot while a single-uid host (every Airflow task as one user) loses
@@ -65,6 +68,10 @@ type Config struct {
 	// DefaultMaxCmdsPerUID of MaxCmdsPerHost); it is never above
 	// MaxCmdsPerHost.
 	MaxCmdsPerUID int
+	// MaxProcsPerHost and MaxProcsPerUID cap the durable processes
+	// running at once (0: DefaultMaxProcsPerHost, and the same share of
+	// it per uid as for commands). A sandbox's own bound is its backend's.
+	MaxProcsPerHost, MaxProcsPerUID int
 	// PoolSize is how many ready sandboxes of DefaultImage to keep for
 	// creates that a plain sandbox can serve (0: no pool).
 	PoolSize int
@@ -252,6 +259,10 @@ type Manager struct {
 
 	hostCmds chan struct{}  // concurrent commands across the host
 	uidCmds  map[uint32]int // concurrent commands per uid; guarded by mu
+	// procs is how many durable processes each sandbox ran when last
+	// counted (a start adds one; guarded by mu): an upper bound, since
+	// processes end without telling; counted again when a bound is met.
+	procs map[string]int
 
 	stop     chan struct{}
 	reaperWG sync.WaitGroup
@@ -296,6 +307,9 @@ func New(cfg Config) (*Manager, error) {
 	defInt(&cfg.MaxCmdsPerHost, DefaultMaxCmdsPerHost)
 	defInt(&cfg.MaxCmdsPerUID, DefaultMaxCmdsPerUID(cfg.MaxCmdsPerHost))
 	cfg.MaxCmdsPerUID = min(cfg.MaxCmdsPerUID, cfg.MaxCmdsPerHost)
+	defInt(&cfg.MaxProcsPerHost, DefaultMaxProcsPerHost)
+	defInt(&cfg.MaxProcsPerUID, DefaultMaxCmdsPerUID(cfg.MaxProcsPerHost))
+	cfg.MaxProcsPerUID = min(cfg.MaxProcsPerUID, cfg.MaxProcsPerHost)
 	cfg.DefaultTTL = min(cfg.DefaultTTL, cfg.MaxLifetime)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -315,6 +329,7 @@ func New(cfg Config) (*Manager, error) {
 		boxes:    map[string]*record{},
 		hostCmds: make(chan struct{}, cfg.MaxCmdsPerHost),
 		uidCmds:  map[uint32]int{},
+		procs:    map[string]int{},
 		stop:     make(chan struct{}),
 		poolKick: make(chan struct{}, 1),
 

@@ -33,6 +33,8 @@ type Observer interface {
 	// first is set for the first command of a sandbox made (source) by
 	// this daemon; oomKills are the kernel's OOM kills during it.
 	CommandDone(outcome string, took time.Duration, first bool, source string, oomKills uint64)
+	// ProcessStarted: a durable process was started.
+	ProcessStarted()
 }
 
 // How a sandbox was made, for Observer.Created and CommandDone.
@@ -69,3 +71,4 @@ func (nopObserver) PoolClaim(bool)                                          {}
 func (nopObserver) Destroyed(string)                                        {}
 func (nopObserver) DestroyFailed(string)                                    {}
 func (nopObserver) CommandDone(string, time.Duration, bool, string, uint64) {}
+func (nopObserver) ProcessStarted()                                         {}

@@ -44,6 +44,7 @@ func (o *recordingObserver) DestroyFailed(reason string) { o.add("destroy failed
 func (o *recordingObserver) CommandDone(outcome string, took time.Duration, first bool, source string, oomKills uint64) {
 	o.add("command %s first=%v source=%s oom=%d", outcome, first, source, oomKills)
 }
+func (o *recordingObserver) ProcessStarted() { o.add("process started") }
 
 func TestObserverSeesCreatesCommandsAndDestroys(t *testing.T) {
 	obs := &recordingObserver{}

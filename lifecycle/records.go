@@ -48,6 +48,7 @@ func (m *Manager) forget(rec *record) {
 	m.mu.Lock()
 	if m.boxes[rec.ID] == rec {
 		delete(m.boxes, rec.ID)
+		m.forgetProcesses(rec.ID)
 	}
 	m.mu.Unlock()
 	if err := m.unjournal(rec); err != nil {

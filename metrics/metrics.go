@@ -82,6 +82,7 @@ type Metrics struct {
 	destroyFails   *prometheus.CounterVec
 	commandSeconds *prometheus.HistogramVec
 	oomKills       prometheus.Counter
+	procsStarted   prometheus.Counter
 	poolClaims     *prometheus.CounterVec
 	quotaRefusals  *prometheus.CounterVec
 	rpcRequests    *prometheus.CounterVec
@@ -117,6 +118,8 @@ func New() *Metrics {
 	m.commandSeconds = histogram("command_duration_seconds", "Duration of commands, by outcome (exited, timed_out, oom_killed, sandbox_terminated, error).", commandBuckets, "outcome")
 	m.oomKills = prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Name: "oom_kills_total", Help: "Processes of sandboxes the kernel's OOM killer killed during commands."})
 	m.reg.MustRegister(m.oomKills)
+	m.procsStarted = prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Name: "processes_started_total", Help: "Durable processes started (start_command)."})
+	m.reg.MustRegister(m.procsStarted)
 	m.poolClaims = counter("pool_claims_total", "Creates the warm pool could serve, by result (hit: a ready member was claimed; miss: none was ready).", "result")
 	m.quotaRefusals = counter("quota_refusals_total", "Requests refused with quota_exceeded, by scope (host, uid, owner, commands_per_sandbox, commands_per_host, ...).", "scope")
 	m.rpcRequests = counter("rpc_requests_total", "RPC requests answered, by op and code (ok for success).", "op", "code")
@@ -218,6 +221,8 @@ func (o observer) CommandDone(outcome string, took time.Duration, first bool, so
 		o.m.oomKills.Add(float64(oomKills))
 	}
 }
+
+func (o observer) ProcessStarted() { o.m.procsStarted.Inc() }
 
 // sampled are the metrics read from the daemon's state at scrape time.
 type sampled struct {

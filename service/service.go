@@ -38,6 +38,17 @@ const (
 // image, and the image ops exist.
 var Features = []string{"create_resources", "images"}
 
+// features is what this daemon's hello says it speaks: Features, and
+// "processes" (start_command and the ops on durable processes) when its
+// backend runs them.
+func (s *Service) features() []string {
+	out := slices.Clone(Features)
+	if _, ok := s.m.Backend().(backend.Processes); ok {
+		out = append(out, "processes")
+	}
+	return out
+}
+
 // Limits bound what one request may ask for.
 type Limits struct {
 	// MaxOutputBytes caps max_output_bytes (per stream).
@@ -269,6 +280,16 @@ func (s *Service) dispatch(ctx context.Context, c lifecycle.Caller, peer *ipc.Pe
 		return with(args, func(r api.ImageImportDataRequest) (any, error) { return s.imageImportData(ctx, c, peer, r) })
 	case ipc.OpImageImportEnd:
 		return with(args, func(r api.ImageImportEndRequest) (any, error) { return s.imageImportEnd(ctx, c, peer, r, a) })
+	case ipc.OpStartCommand:
+		return with(args, func(r api.StartCommandRequest) (any, error) { return s.startCommand(ctx, c, r, a) })
+	case ipc.OpReadOutput:
+		return with(args, func(r api.ReadOutputRequest) (any, error) { return s.readOutput(ctx, c, req, r, a) })
+	case ipc.OpWaitProcess:
+		return with(args, func(r api.WaitProcessRequest) (any, error) { return s.waitProcess(ctx, c, r, a) })
+	case ipc.OpSignalProcess:
+		return with(args, func(r api.SignalProcessRequest) (any, error) { return s.signalProcess(ctx, c, r, a) })
+	case ipc.OpListProcesses:
+		return with(args, func(r api.SandboxRequest) (any, error) { return s.listProcesses(ctx, c, r, a) })
 	}
 	return nil, ipc.Errorf(ipc.CodeUnknownOp, "unknown op %q; see docs/protocol.md for the ops this daemon speaks", req.Op)
 }
@@ -295,7 +316,7 @@ func (s *Service) hello(c lifecycle.Caller, peer *ipc.Peer, r api.HelloRequest) 
 		Backend:       s.m.Backend().Name(),
 		Node:          s.node,
 		Admin:         c.Admin,
-		Features:      Features,
+		Features:      s.features(),
 		Peer:          api.Peer{UID: peer.UID, GID: peer.GID, PID: peer.PID},
 		Limits: api.HelloLimits{
 			MaxFrameBytes:      s.lim.MaxFrame,
@@ -748,6 +769,10 @@ func (s *Service) toWire(err error) *ipc.Error {
 	if errors.As(err, &noImage) {
 		return ipc.Errorf(ipc.CodeImageNotFound, "%v", err).With("images", noImage.Known)
 	}
+	var procQuota *backend.ProcessQuotaError
+	if errors.As(err, &procQuota) {
+		return ipc.Errorf(ipc.CodeQuotaExceeded, "%v", err).With("limit", procQuota.Limit).With("scope", "processes_per_sandbox")
+	}
 	var inUse *backend.ImageInUseError
 	if errors.As(err, &inUse) {
 		return ipc.Errorf(ipc.CodeImageInUse, "%v", err).With("sandboxes", nonNilList(inUse.Sandboxes)).With("pool", inUse.Pool)
@@ -771,6 +796,9 @@ func (s *Service) toWire(err error) *ipc.Error {
 		{backend.ErrBadImage, ipc.CodeBadImage},
 		{backend.ErrImageTooLarge, ipc.CodeImageTooLarge},
 		{backend.ErrNoShell, ipc.CodeNoShell},
+		{backend.ErrProcessNotFound, ipc.CodeProcessNotFound},
+		{backend.ErrProcessEnded, ipc.CodeProcessEnded},
+		{backend.ErrUnsupported, ipc.CodeNotSupported},
 		{lifecycle.ErrInvalid, ipc.CodeBadRequest},
 		{lifecycle.ErrShuttingDown, ipc.CodeShuttingDown},
 		{lifecycle.ErrJournal, ipc.CodeInternal},

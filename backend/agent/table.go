@@ -48,7 +48,8 @@ type Files struct {
 	OOM int
 }
 
-func (f Files) close() {
+// Close closes every descriptor of f.
+func (f Files) Close() {
 	for _, fd := range []int{f.Stdin, f.Stdout, f.Stderr, f.Exit, f.Request, f.OOM} {
 		if fd >= 0 {
 			_ = unix.Close(fd)
@@ -65,7 +66,7 @@ var ErrUnknown = errors.New("no such running process")
 // Start starts a keeper for process id with files; started is called
 // from Handle once it says the process started (or ended at once).
 func (t *Table) Start(id string, files Files, started func(pid int)) error {
-	defer files.close()
+	defer files.Close()
 	if t.byPid == nil {
 		t.byPid = map[int]*entry{}
 	}

@@ -74,6 +74,9 @@ type Options struct {
 	// KillSandboxInit, when set, kills sandbox id's long-lived process (an
 	// init, a VM) the way a crash would.
 	KillSandboxInit func(b backend.Backend, id string) error
+	// Processes says the backend runs durable processes
+	// (backend.Processes), and the suite holds it to their contract.
+	Processes bool
 	// Reopen, when set, returns a new instance of the backend on b's state,
 	// as a restarted daemon makes it (b is abandoned, not closed). Without
 	// it the Adopt checks adopt on b itself.
@@ -161,6 +164,9 @@ func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend, opts Optio
 		{"AdoptAfterRestart", testAdopt},
 		{"AdoptRefusesWhatIsGone", testAdoptGone},
 		{"CancelledCommandsNeverEndTheSandbox", testCancelledExec},
+	}
+	if opts.Processes {
+		tests = append(tests, processTests...)
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -36,6 +36,7 @@ import (
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc/initexe"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/procstore"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/registry"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/statedir"
 	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
@@ -75,6 +76,8 @@ const Name = "bwrap"
 
 // Config configures a Backend.
 type Config struct {
+	// Processes bounds each sandbox's durable processes (procstore).
+	Processes procstore.Limits
 	// Dir is the backend's state directory; sandbox <id> lives in Dir/<id>.
 	// It is created mode 0700, or 0711 when sandboxes run as other uids
 	// (SandboxUID or UIDRange) so they can traverse it to their workspace;
@@ -232,8 +235,10 @@ type Backend struct {
 	startSlots chan struct{}
 
 	boxes *registry.Registry[*sandbox] // known sandboxes, loaded lazily from Dir
-	mu    sync.Mutex
-	uidOf map[string]uint32 // guarded by mu: the own uid of each sandbox in Dir that has one
+	// watcher wakes reads that wait for a durable process's output.
+	watcher procstore.Watcher
+	mu      sync.Mutex
+	uidOf   map[string]uint32 // guarded by mu: the own uid of each sandbox in Dir that has one
 
 	healthMu     sync.Mutex
 	healthyUntil time.Time

@@ -53,6 +53,7 @@ func TestBwrapConformance(t *testing.T) {
 				// and init ends everything when it ends.
 				KillsEscapeesAtTimeout: true,
 				HostProcesses:          processesContaining,
+				Processes:              true,
 				KillSandboxInit: func(b backend.Backend, id string) error {
 					return syscall.Kill(initPID(t, b.(*Backend), id), syscall.SIGKILL)
 				},

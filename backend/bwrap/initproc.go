@@ -397,7 +397,11 @@ func (ip *initProc) send(inline []byte, fds []int, deadline time.Time, beforeWai
 // fails) only while an init that stopped reading has a full queue.
 // beforeWait, if set, runs before it waits: for another send, or for room.
 func (ip *initProc) sendKind(kind uint32, payload []byte, fds []int, deadline time.Time, beforeWait func()) error {
-	msg := append(bwwire.Msg{Kind: kind, A: uint32(len(payload))}.Encode(), payload...)
+	return ip.sendEncoded(append(bwwire.Msg{Kind: kind, A: uint32(len(payload))}.Encode(), payload...), fds, deadline, beforeWait)
+}
+
+// sendEncoded sends one message, a header and what follows it, with fds.
+func (ip *initProc) sendEncoded(msg []byte, fds []int, deadline time.Time, beforeWait func()) error {
 	if beforeWait == nil {
 		beforeWait = func() {}
 	}

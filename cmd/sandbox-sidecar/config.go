@@ -15,6 +15,8 @@ import (
 	"github.com/pelletier/go-toml/v2"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/gvisor"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/proclog"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/procstore"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/sbx"
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/lifecycle"
@@ -41,6 +43,24 @@ type Config struct {
 	Metrics   MetricsSection   `toml:"metrics"`
 	Airflow   AirflowSection   `toml:"airflow"`
 	Images    ImagesSection    `toml:"images"`
+	Processes ProcessesSection `toml:"processes"`
+}
+
+// ProcessesSection bounds durable processes (start_command) per sandbox
+// (docs/operations.md, "Durable processes").
+type ProcessesSection struct {
+	// LogBytes is each stream's ring: the last log_bytes of a process's
+	// stdout and of its stderr are kept on the host.
+	LogBytes Size `toml:"log_bytes"`
+	// MaxRunning bounds the processes running in one sandbox at once;
+	// MaxEnded the records of ended ones it keeps (the oldest are dropped).
+	MaxRunning int `toml:"max_running"`
+	MaxEnded   int `toml:"max_ended"`
+}
+
+// procLimits are the backends' per-sandbox bounds of durable processes.
+func (p ProcessesSection) procLimits() procstore.Limits {
+	return procstore.Limits{LogBytes: int64(p.LogBytes), MaxRunning: p.MaxRunning, MaxEnded: p.MaxEnded}
 }
 
 // ImagesSection configures the image store and the images sandboxes run
@@ -142,7 +162,11 @@ type LifecycleSection struct {
 	// MaxCommandsPerUID caps one uid's running commands (0: three
 	// quarters of max_commands), so one uid cannot take every slot.
 	MaxCommandsPerUID int `toml:"max_commands_per_uid"`
-	PoolSize          int `toml:"pool_size"`
+	// MaxProcesses and MaxProcessesPerUID cap the durable processes
+	// running at once on the host and per uid (0: three quarters).
+	MaxProcesses       int `toml:"max_processes"`
+	MaxProcessesPerUID int `toml:"max_processes_per_uid"`
+	PoolSize           int `toml:"pool_size"`
 }
 
 type LimitsSection struct {
@@ -312,8 +336,9 @@ func defaultConfig() Config {
 			DefaultTTL: Duration(lifecycle.DefaultTTL), IdleTimeout: Duration(30 * time.Minute),
 			ReapInterval: Duration(lifecycle.DefaultReapInterval), MaxSandboxes: lifecycle.DefaultMaxPerHost,
 			MaxSandboxesPerUID: lifecycle.DefaultMaxPerUID, MaxSandboxesPerOwner: lifecycle.DefaultMaxPerOwner,
-			MaxCommands: lifecycle.DefaultMaxCmdsPerHost,
+			MaxCommands: lifecycle.DefaultMaxCmdsPerHost, MaxProcesses: lifecycle.DefaultMaxProcsPerHost,
 		},
+		Processes: ProcessesSection{LogBytes: Size(procstore.DefaultLogBytes), MaxRunning: procstore.DefaultMaxRunning, MaxEnded: procstore.DefaultMaxEnded},
 		Limits: LimitsSection{
 			MaxOutputBytes: Size(service.DefaultMaxOutputBytes), MaxFileBytes: Size(service.DefaultMaxFileBytes),
 			MaxTimeout: Duration(service.DefaultMaxTimeout), DefaultTimeout: Duration(service.DefaultTimeout),
@@ -554,6 +579,9 @@ func (c *Config) validate() error {
 		"lifecycle.max_sandboxes_per_uid":   int64(c.Lifecycle.MaxSandboxesPerUID),
 		"lifecycle.max_sandboxes_per_owner": int64(c.Lifecycle.MaxSandboxesPerOwner),
 		"lifecycle.max_commands":            int64(c.Lifecycle.MaxCommands),
+		"lifecycle.max_processes":           int64(c.Lifecycle.MaxProcesses),
+		"processes.max_running":             int64(c.Processes.MaxRunning),
+		"processes.max_ended":               int64(c.Processes.MaxEnded),
 		"limits.max_output_bytes":           int64(c.Limits.MaxOutputBytes),
 		"limits.max_file_bytes":             int64(c.Limits.MaxFileBytes),
 		"limits.max_timeout":                int64(c.Limits.MaxTimeout),
@@ -577,6 +605,12 @@ func (c *Config) validate() error {
 	}
 	if c.Lifecycle.MaxCommandsPerUID < 0 || c.Lifecycle.MaxCommandsPerUID > c.Lifecycle.MaxCommands {
 		bad("lifecycle.max_commands_per_uid must be between 0 (three quarters of lifecycle.max_commands) and lifecycle.max_commands")
+	}
+	if c.Lifecycle.MaxProcessesPerUID < 0 || c.Lifecycle.MaxProcessesPerUID > c.Lifecycle.MaxProcesses {
+		bad("lifecycle.max_processes_per_uid must be between 0 (three quarters of lifecycle.max_processes) and lifecycle.max_processes")
+	}
+	if c.Processes.LogBytes < proclog.MinCap || c.Processes.LogBytes > 1<<40 {
+		bad("processes.log_bytes %s: between %s and 1 TiB", c.Processes.LogBytes, Size(proclog.MinCap))
 	}
 	if c.Lifecycle.IdleTimeout < 0 {
 		bad("lifecycle.idle_timeout must not be negative (0 disables it)")

@@ -90,6 +90,7 @@ func openDaemon(cfg Config, log hclog.Logger, mode daemonMode) (_ *daemonParts, 
 		ConnGrace: lc.ConnGrace.D(), MaxLifetime: lc.MaxLifetime.D(), DefaultTTL: lc.DefaultTTL.D(), IdleTimeout: idle,
 		ReapInterval: lc.ReapInterval.D(), MaxPerHost: lc.MaxSandboxes, MaxPerUID: lc.MaxSandboxesPerUID,
 		MaxPerOwner: lc.MaxSandboxesPerOwner, MaxCmdsPerHost: lc.MaxCommands, MaxCmdsPerUID: lc.MaxCommandsPerUID,
+		MaxProcsPerHost: lc.MaxProcesses, MaxProcsPerUID: lc.MaxProcessesPerUID,
 		PoolSize: lc.PoolSize, CreateTimeout: createTimeout, Observer: mode.observer,
 		Images: d.images.list, DefaultImage: cfg.Images.Default, ImagePools: cfg.Images.Pools,
 		// Offline gc serves nothing: it decides and destroys, and adopts

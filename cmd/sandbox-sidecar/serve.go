@@ -480,6 +480,7 @@ func newBackend(cfg Config, log hclog.Logger, enf *enforcement) (backend.Backend
 			Logger:           log.Named("bwrap"),
 			Failpoint:        failpointFromEnv(log),
 			InitPath:         sandboxInit(log),
+			Processes:        cfg.Processes.procLimits(),
 		}
 		if os.Geteuid() == 0 {
 			bc.SandboxUID, bc.SandboxGID = cfg.Bwrap.SandboxUID, cfg.Bwrap.SandboxGID

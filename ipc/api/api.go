@@ -360,6 +360,55 @@ type GCResult struct {
 	DryRun bool     `msgpack:"dry_run"`
 }
 
+// StartCommandResult is start_command's result: the process, started now
+// or (Existing) found by its name.
+type StartCommandResult struct {
+	Process  string `msgpack:"process"`
+	Name     string `msgpack:"name"`
+	Existing bool   `msgpack:"existing"`
+	// Running: it runs (false for an existing one that ended, or a
+	// program that could not be run: its exit code says why).
+	Running bool `msgpack:"running"`
+}
+
+// ProcessInfo is one durable process as wait_process and list_processes
+// describe it. ExitCode, Reason and EndedAt once it ended.
+type ProcessInfo struct {
+	Process     string   `msgpack:"process"`
+	Name        string   `msgpack:"name"`
+	Command     string   `msgpack:"command,omitempty"`
+	Argv        []string `msgpack:"argv,omitempty"`
+	Running     bool     `msgpack:"running"`
+	ExitCode    *int     `msgpack:"exit_code,omitempty"`
+	Reason      string   `msgpack:"reason,omitempty"`
+	StartedAt   float64  `msgpack:"started_at"`
+	EndedAt     *float64 `msgpack:"ended_at,omitempty"`
+	StdoutBytes int64    `msgpack:"stdout_bytes"`
+	StderrBytes int64    `msgpack:"stderr_bytes"`
+}
+
+// ReadOutputResult is read_output's result: Data is the stream's bytes
+// from Offset (the offset asked for, or the oldest byte still kept; Dropped
+// bytes between them are gone); the next read asks for NextOffset. Running,
+// and once ended ExitCode and Reason, as after the read.
+type ReadOutputResult struct {
+	Data       []byte `msgpack:"data"`
+	Offset     int64  `msgpack:"offset"`
+	Dropped    int64  `msgpack:"dropped"`
+	NextOffset int64  `msgpack:"next_offset"`
+	Running    bool   `msgpack:"running"`
+	ExitCode   *int   `msgpack:"exit_code,omitempty"`
+	Reason     string `msgpack:"reason,omitempty"`
+}
+
+// ListProcessesResult is list_processes's result, oldest first.
+type ListProcessesResult struct {
+	Processes []ProcessInfo `msgpack:"processes"`
+}
+
+// SignalProcessResult is signal_process's result: nothing.
+type SignalProcessResult struct{}
+
 // Results maps each op to its result type, for the documentation test and
 // for tools that walk the wire.
 var Results = map[string]any{
@@ -386,6 +435,12 @@ var Results = map[string]any{
 	"image_import_begin": ImageImportBeginResult{},
 	"image_import_data":  ImageImportDataResult{},
 	"image_import_end":   ImageImportEndResult{},
+
+	"start_command":  StartCommandResult{},
+	"read_output":    ReadOutputResult{},
+	"wait_process":   ProcessInfo{},
+	"signal_process": SignalProcessResult{},
+	"list_processes": ListProcessesResult{},
 }
 
 // Requests, as a Go client sends them and as the daemon decodes them
@@ -559,6 +614,49 @@ type ImageImportEndRequest struct {
 	Abort  bool   `msgpack:"abort,omitempty"`
 }
 
+// StartCommandRequest is start_command's arguments: run_command's (without
+// its output's bounds) and a Name that makes the start happen once.
+// Without TimeoutS the process has no budget: it runs until it ends, is
+// signalled or its sandbox ends.
+type StartCommandRequest struct {
+	Sandbox  string            `msgpack:"sandbox" wire:"required"`
+	Command  string            `msgpack:"command,omitempty"`
+	Argv     []string          `msgpack:"argv,omitempty" wire:"max=4096,nonempty"`
+	Stdin    []byte            `msgpack:"stdin,omitempty"`
+	Env      map[string]string `msgpack:"env,omitempty" wire:"max=256"`
+	Cwd      string            `msgpack:"cwd,omitempty" wire:"path"`
+	TimeoutS float64           `msgpack:"timeout_s,omitempty" wire:"positive"`
+	Name     string            `msgpack:"name,omitempty"`
+}
+
+// ReadOutputRequest is read_output's arguments. Stream is "stdout" or
+// "stderr"; MaxBytes nil for the daemon's default output bytes; WaitS how
+// long to wait for bytes (or the end) when there are none at Offset yet.
+type ReadOutputRequest struct {
+	Sandbox  string  `msgpack:"sandbox" wire:"required"`
+	Process  string  `msgpack:"process" wire:"required"`
+	Stream   string  `msgpack:"stream" wire:"required"`
+	Offset   int64   `msgpack:"offset,omitempty" wire:"min=0"`
+	MaxBytes *int    `msgpack:"max_bytes,omitempty" wire:"min=1,max=2147483647"`
+	WaitS    float64 `msgpack:"wait_s,omitempty" wire:"positive"`
+}
+
+// WaitProcessRequest is wait_process's arguments: TimeoutS 0 (left out)
+// answers at once.
+type WaitProcessRequest struct {
+	Sandbox  string  `msgpack:"sandbox" wire:"required"`
+	Process  string  `msgpack:"process" wire:"required"`
+	TimeoutS float64 `msgpack:"timeout_s,omitempty" wire:"positive"`
+}
+
+// SignalProcessRequest is signal_process's arguments: Signal is one of
+// TERM, KILL, INT, HUP, USR1, USR2.
+type SignalProcessRequest struct {
+	Sandbox string `msgpack:"sandbox" wire:"required"`
+	Process string `msgpack:"process" wire:"required"`
+	Signal  string `msgpack:"signal" wire:"required"`
+}
+
 // Requests maps each op to its arguments' type.
 var Requests = map[string]any{
 	"hello":          HelloRequest{},
@@ -584,4 +682,10 @@ var Requests = map[string]any{
 	"image_import_begin": ImageImportBeginRequest{},
 	"image_import_data":  ImageImportDataRequest{},
 	"image_import_end":   ImageImportEndRequest{},
+
+	"start_command":  StartCommandRequest{},
+	"read_output":    ReadOutputRequest{},
+	"wait_process":   WaitProcessRequest{},
+	"signal_process": SignalProcessRequest{},
+	"list_processes": SandboxRequest{},
 }

@@ -83,7 +83,8 @@ func TestEveryOpHasAResult(t *testing.T) {
 	ops := []string{ipc.OpHello, ipc.OpHealth, ipc.OpCreate, ipc.OpRunCommand, ipc.OpReadFile, ipc.OpWriteFile,
 		ipc.OpListDirectory, ipc.OpDestroy, ipc.OpList, ipc.OpRenew, ipc.OpAttach, ipc.OpRelease, ipc.OpReadTags,
 		ipc.OpWriteTags, ipc.OpDestroyRun, ipc.OpGC, ipc.OpImageLs, ipc.OpImageInspect, ipc.OpImageRm,
-		ipc.OpImageImportBegin, ipc.OpImageImportData, ipc.OpImageImportEnd}
+		ipc.OpImageImportBegin, ipc.OpImageImportData, ipc.OpImageImportEnd,
+		ipc.OpStartCommand, ipc.OpReadOutput, ipc.OpWaitProcess, ipc.OpSignalProcess, ipc.OpListProcesses}
 	var missing []string
 	for _, op := range ops {
 		_, res := api.Results[op]

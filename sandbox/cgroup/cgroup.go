@@ -905,6 +905,10 @@ func (c *Cgroup) OOMKills() (uint64, error) {
 	return o.Read()
 }
 
+// OOMCounterPath is the control file that counts the group's OOM kills
+// (an "oom_kill N" line on either version).
+func (c *Cgroup) OOMCounterPath() string { return c.oomCounterPath() }
+
 // oomCounterPath is the control file that counts the group's OOM kills.
 func (c *Cgroup) oomCounterPath() string {
 	if c.version == V1 {

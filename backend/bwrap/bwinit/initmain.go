@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/agent"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap/bwwire"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc"
 )
@@ -43,6 +44,7 @@ func IsInit() bool { return initproc.Is(bwwire.InitEnv) }
 // executable as init. The opener is init's executable again, run by init.
 func Main() {
 	initproc.Main(openerEnv, runOpener)
+	initproc.Main(agent.KeeperEnv, agent.RunKeeper)
 	initproc.Main(bwwire.InitEnv, runInit)
 }
 
@@ -90,10 +92,11 @@ type initState struct {
 	cmd      *initCommand
 	children bool // some child may still be unreaped
 	opener   openerChild
-	ctrlHup  bool      // the control socket hung up while a command ran
-	rbuf     []byte    // receives control messages: a header and an inline request
-	hotUntil time.Time // the end of HotWait after the last command
-	hot      bool      // the message being received came during it
+	ctrlHup  bool        // the control socket hung up while a command ran
+	rbuf     []byte      // receives control messages: a header and an inline request
+	hotUntil time.Time   // the end of HotWait after the last command
+	hot      bool        // the message being received came during it
+	procs    agent.Table // the keepers of durable processes
 }
 
 // initCommand is the command init is running.
@@ -141,7 +144,8 @@ func runInit() int {
 	if err != nil {
 		return initFail("cannot make the timer that keeps commands' budgets: %v", err)
 	}
-	st := &initState{ctrl: bwwire.ControlFD, timer: timer, opener: openerChild{pid: -1, sock: -1}}
+	st := &initState{ctrl: bwwire.ControlFD, timer: timer, opener: openerChild{pid: -1, sock: -1},
+		procs: agent.Table{Exe: "/proc/self/exe", Stderr: 2}}
 	if err := unix.Sendmsg(st.ctrl, bwwire.Msg{Kind: bwwire.MsgReady}.Encode(), nil, nil, unix.MSG_NOSIGNAL); err != nil {
 		return initFail("cannot tell the daemon it is ready: %v", err)
 	}
@@ -210,7 +214,7 @@ func (st *initState) idle() bool {
 	if st.children {
 		timeout = ReapInterval
 	}
-	fds := []unix.PollFd{{Fd: int32(st.ctrl), Events: unix.POLLIN}}
+	fds := st.procs.PollFDs([]unix.PollFd{{Fd: int32(st.ctrl), Events: unix.POLLIN}})
 	poll := unix.Poll
 	st.hot = false
 	if left := time.Until(st.hotUntil); left > 0 {
@@ -223,6 +227,7 @@ func (st *initState) idle() bool {
 		fmt.Fprintf(os.Stderr, "sandbox init: poll: %v\n", err)
 		return true
 	}
+	st.keepersSaid(fds[1:])
 	st.reap()
 	switch ev := fds[0].Revents; {
 	case ev&unix.POLLIN != 0:
@@ -252,6 +257,7 @@ func (st *initState) busy() {
 	if c.timed != bwwire.TimedKill {
 		fds = append(fds, unix.PollFd{Fd: int32(st.timer), Events: unix.POLLIN})
 	}
+	fds = st.procs.PollFDs(fds)
 	timeout := ReapInterval
 	if c.pidfd < 0 {
 		timeout = 20
@@ -285,16 +291,27 @@ func (st *initState) busy() {
 			// same.
 			var buf [bwwire.MsgSize]byte
 			_, _, _ = unix.Recvfrom(c.status, buf[:], unix.MSG_DONTWAIT)
-			killAllButInit()
+			st.killAllButInit()
 			c.killed = true
 		case int(p.Fd) == st.timer && !exited && !c.killed:
 			// (A command that exited as its budget ran out ended in
 			// time: the reap below reports it as it is. One the daemon
 			// had killed is not a timeout of init's.)
 			st.budgetSpent(c)
+		default:
+			st.procs.Handle(int(p.Fd))
 		}
 	}
 	st.reap()
+}
+
+// keepersSaid reads what each keeper whose socket is ready said.
+func (st *initState) keepersSaid(fds []unix.PollFd) {
+	for _, p := range fds {
+		if p.Revents != 0 {
+			st.procs.Handle(int(p.Fd))
+		}
+	}
 }
 
 // rawPoll is poll(2) without telling the Go runtime that a system call
@@ -344,7 +361,7 @@ func (st *initState) budgetSpent(c *initCommand) {
 		fallthrough
 	case bwwire.TimedTerm:
 		c.timed = bwwire.TimedKill
-		killAllButInit()
+		st.killAllButInit()
 	}
 }
 
@@ -374,6 +391,9 @@ func (st *initState) reap() {
 		if pid == st.opener.pid {
 			st.dropOpener()
 		}
+		if st.procs.Reaped(pid) {
+			continue
+		}
 		if st.cmd != nil && pid == st.cmd.pid {
 			st.finish(ws)
 		}
@@ -402,7 +422,7 @@ func (st *initState) finish(ws unix.WaitStatus) {
 	st.children = true // unless reap sees ECHILD
 	st.reap()          // st.cmd is nil: this does not come back here
 	if st.children {
-		killAllButInit()
+		st.killAllButInit()
 	}
 	st.dropOpener() // killed too: the next open starts another
 	m := bwwire.Msg{Kind: bwwire.MsgExited, C: c.timed}
@@ -421,11 +441,20 @@ func (st *initState) finish(ws unix.WaitStatus) {
 	}
 }
 
-// killAllButInit sends SIGKILL to every process of the namespace but init
-// itself. The kernel makes this race-free against fork: a process that is
-// forking when the signal arrives either has its child in the list already
-// or abandons the fork.
-func killAllButInit() { _ = unix.Kill(-1, unix.SIGKILL) }
+// killAllButInit ends every process of the namespace but init itself and,
+// when durable processes run, their keepers and everything under them.
+// Without keepers it is one kill(-1), which the kernel makes race-free
+// against fork: a process that is forking when the signal arrives either
+// has its child in the list already or abandons the fork. With keepers it
+// is agent.Table.KillForeground: every direct child of init but the
+// keepers, pass after pass (a keeper's descendants are never init's).
+func (st *initState) killAllButInit() {
+	if st.procs.Len() == 0 {
+		_ = unix.Kill(-1, unix.SIGKILL)
+		return
+	}
+	st.procs.KillForeground(os.Getpid())
+}
 
 // receive reads one message from the control socket and starts the command
 // it asks for. It reports true when the daemon has gone.
@@ -474,6 +503,15 @@ func (st *initState) receive() bool {
 	case m.Kind == bwwire.MsgOpen && len(fds) == 1 && len(payload) == 0:
 		taken[0] = true
 		st.forwardOpen(fds[0])
+		return false
+	case m.Kind == bwwire.MsgProcStart:
+		for i := range taken {
+			taken[i] = true
+		}
+		st.startProc(m, payload, fds)
+		return false
+	case (m.Kind == bwwire.MsgProcSignal || m.Kind == bwwire.MsgProcList) && len(fds) == 1:
+		st.procRequest(m, payload, fds[0])
 		return false
 	case m.Kind != bwwire.MsgRun:
 		err = fmt.Errorf("%w: kind %d on the control socket", bwwire.ErrBadMessage, m.Kind)

@@ -41,6 +41,20 @@ import (
 //	daemon → init, control:  open + SCM_RIGHTS [reply socket]   (any time, also while a command runs)
 //	daemon → opener, reply:  open request (what, path), queued before the socket is handed over
 //	opener → daemon, reply:  opened (value: errno) + SCM_RIGHTS [the descriptor] when errno is 0
+//	daemon → init, control:  proc start (values: the request's length, 0, whether the OOM counter comes)
+//	                         + the agent.Request + SCM_RIGHTS [status, stdin, stdout log, stderr log,
+//	                         exit file, OOM counter?], or (length 0) with the request in a memfd
+//	                         after the status socket
+//	init → daemon, status:   started (value: the process's pid; 0 when it ended at once, its exit
+//	                         record says how), or failed (value: errno: init could not start it)
+//	daemon → init, control:  proc signal (value B: the signal) + the process's id + SCM_RIGHTS [reply]
+//	daemon → init, control:  proc list + SCM_RIGHTS [reply]
+//	init → daemon, reply:    proc done (value: ProcOK or ProcUnknown; a list's ids follow, one a line)
+//
+// A durable process runs under a keeper of init's (backend/agent), which
+// writes its output into the two logs and its end into the exit file; the
+// daemon made those files and reads them itself, so nothing of a
+// process's output or end passes through this socket.
 //
 // An open request is for a file operation on a path as the guest sees it
 // (opener.go): init hands the reply socket to its opener, a process of the
@@ -58,7 +72,7 @@ import (
 const (
 	MsgSize         = 24
 	Magic           = 0x74696e69 // "init"
-	Protocol        = 3          // 3: a small request travels in the run message itself
+	Protocol        = 4          // 4: durable processes (proc start, signal, list)
 	ControlFD       = 3          // init's end of the control socket
 	ExeFD           = 4          // init's executable (the small static init, or the daemon's own), which bwrap runs
 	RunFDs          = 5          // status, request, stdin, stdout, stderr
@@ -81,6 +95,26 @@ const (
 	MsgFailed  = 5
 	MsgOpen    = 6
 	MsgOpened  = 7
+	// Durable processes (backend/agent).
+	MsgProcStart  = 8
+	MsgProcSignal = 9
+	MsgProcList   = 10
+	MsgProcDone   = 11
+)
+
+// What a proc signal or proc list answers (a proc done's value).
+const (
+	ProcOK      = 0
+	ProcUnknown = 1 // no running process of that id
+)
+
+// Descriptors of a proc start: status, stdin, the two logs and the exit
+// file, then the OOM counter when its third value says so; with the
+// request in a memfd, that comes second.
+const (
+	ProcStartFDs = 5
+	// MaxProcList bounds a proc list's answer.
+	MaxProcList = 64 << 10
 )
 
 // How a command ended (the si_code of waitid).
@@ -131,7 +165,7 @@ func DecodeMsg(buf []byte) (Msg, error) {
 		B:    binary.LittleEndian.Uint32(buf[16:]),
 		C:    binary.LittleEndian.Uint32(buf[20:]),
 	}
-	if m.Kind < MsgReady || m.Kind > MsgOpened {
+	if m.Kind < MsgReady || m.Kind > MsgProcDone {
 		return Msg{}, fmt.Errorf("%w: unknown kind %d", ErrBadMessage, m.Kind)
 	}
 	return m, nil
