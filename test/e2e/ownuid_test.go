@@ -105,9 +105,9 @@ func TestNonRootDaemonGivesSandboxesUIDsOfTheirOwn(t *testing.T) {
 		require.NoError(t, os.Mkdir(dir, 0o700))
 		require.NoError(t, os.Chown(dir, daemonUID, daemonUID))
 	}
-	d.args = []string{"serve", "--socket", d.socket, "--state-dir", d.stateDir, "--log-format", "json",
+	d.args = testdaemon.NoHostConfig([]string{"serve", "--socket", d.socket, "--state-dir", d.stateDir, "--log-format", "json",
 		"--own-uids", "required", "--uid-range-start", fmt.Sprint(r.First), "--uid-range-size", fmt.Sprint(r.Size),
-		"--limit-cgroups", "off", "--limit-disk-caps", "off"}
+		"--limit-cgroups", "off", "--limit-disk-caps", "off"})
 	cmd := exec.Command(daemonBin, d.args...)
 	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + base, "LANG=C"}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
