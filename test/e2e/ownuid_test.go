@@ -82,6 +82,52 @@ func processesInRange(t *testing.T, name string, r hostids.Range) map[int]map[st
 	return out
 }
 
+// unusedID is the first id from from on that no user or group of the host
+// has (in /etc/passwd and /etc/group), nor any running process.
+func unusedID(t *testing.T, from int) int {
+	t.Helper()
+	used := map[int]bool{}
+	for _, f := range []struct {
+		path  string
+		field int
+	}{{"/etc/passwd", 2}, {"/etc/passwd", 3}, {"/etc/group", 2}} {
+		raw, err := os.ReadFile(f.path)
+		require.NoError(t, err)
+		for _, line := range strings.Split(string(raw), "\n") {
+			if fields := strings.Split(line, ":"); len(fields) > f.field {
+				if id, err := strconv.Atoi(fields[f.field]); err == nil {
+					used[id] = true
+				}
+			}
+		}
+	}
+	for id := from; id < from+1000; id++ {
+		if !used[id] && len(processesOf(t, id)) == 0 {
+			return id
+		}
+	}
+	t.Fatalf("no unused id in [%d, %d)", from, from+1000)
+	return -1
+}
+
+// processesOf returns the pids of the host processes whose real uid is uid.
+func processesOf(t *testing.T, uid int) []int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	require.NoError(t, err)
+	var out []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if st, err := procStatus(pid); err == nil && realUID(st) == uid {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
 // The packaged service's way: a daemon that is not root, holding only
 // CAP_SETUID, CAP_SETGID and CAP_KILL (AmbientCapabilities=), gives each
 // sandbox a host uid of its own, neither its own uid nor shared; the
@@ -89,14 +135,7 @@ func processesInRange(t *testing.T, name string, r hostids.Range) map[int]map[st
 // destroy removes everything.
 func TestNonRootDaemonGivesSandboxesUIDsOfTheirOwn(t *testing.T) {
 	requireHost(t)
-	const daemonUID = 61871 // a system-like uid nothing on the test host has
-	for _, f := range []string{"/etc/passwd", "/etc/group"} {
-		raw, err := os.ReadFile(f)
-		require.NoError(t, err)
-		if strings.Contains(string(raw), fmt.Sprintf(":%d:", daemonUID)) {
-			t.Fatalf("uid %d exists in %s; pick another for the test", daemonUID, f)
-		}
-	}
+	daemonUID := unusedID(t, 61871) // a system-like id no account or group of the host has
 	r := hostids.Range{First: hostids.DefaultFirst + 0xA000, Size: 16}
 
 	base := baseDir(t)
@@ -111,7 +150,7 @@ func TestNonRootDaemonGivesSandboxesUIDsOfTheirOwn(t *testing.T) {
 	cmd := exec.Command(daemonBin, d.args...)
 	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + base, "LANG=C"}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Credential:  &syscall.Credential{Uid: daemonUID, Gid: daemonUID, Groups: []uint32{}},
+		Credential:  &syscall.Credential{Uid: uint32(daemonUID), Gid: uint32(daemonUID), Groups: []uint32{}},
 		AmbientCaps: []uintptr{capSetuid, capSetgid, capKill},
 		Setpgid:     true,
 		Pdeathsig:   syscall.SIGKILL,
