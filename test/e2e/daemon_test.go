@@ -69,7 +69,7 @@ func startDaemonEnv(t *testing.T, base string, env []string, extra ...string) *d
 		base = baseDir(t)
 	}
 	d := &daemon{t: t, base: base, socket: filepath.Join(base, "run", "sidecar.sock"), stateDir: filepath.Join(base, "state"), env: env}
-	d.args = append([]string{"serve", "--socket", d.socket, "--state-dir", d.stateDir, "--log-format", "json", "--reap-interval", "200ms"}, extra...)
+	d.args = testdaemon.NoHostConfig(append([]string{"serve", "--socket", d.socket, "--state-dir", d.stateDir, "--log-format", "json", "--reap-interval", "200ms"}, extra...))
 	d.start()
 	t.Cleanup(d.stop)
 	return d

@@ -219,7 +219,7 @@ func TestUnwritableStateDir(t *testing.T) {
 	state := filepath.Join(base, "state")
 	require.NoError(t, os.Mkdir(state, 0o755)) // root's, not writable by nobody
 	cmd := exec.Command("setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", daemonBin,
-		"serve", "--socket", filepath.Join(base, "run", "s.sock"), "--state-dir", state)
+		"serve", "--config", "/dev/null", "--socket", filepath.Join(base, "run", "s.sock"), "--state-dir", state)
 	cmd.Env = []string{"PATH=/usr/bin:/bin"}
 	out, err := cmd.CombinedOutput()
 	require.Error(t, err)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc/api"
+	"github.com/sandbox-sidecar/sandbox-sidecar/test/internal/testdaemon"
 )
 
 // startSbxDaemon runs the daemon with the sbx backend driving the fake
@@ -37,8 +38,8 @@ func startSbxDaemon(t *testing.T, createDelay string, extra ...string) (*daemon,
 	require.NoError(t, err)
 	t.Cleanup(func() { os.RemoveAll(state) })
 	d := &daemon{t: t, base: base, socket: filepath.Join(base, "run", "sidecar.sock"), stateDir: state}
-	d.args = append([]string{"serve", "--backend", "sbx", "--socket", d.socket, "--state-dir", d.stateDir, "--log-format", "json",
-		"--reap-interval", "200ms", "--sbx-path", fake, "--sbx-kvm-device", kvm, "--sbx-host-policy", "deny-all"}, extra...)
+	d.args = testdaemon.NoHostConfig(append([]string{"serve", "--backend", "sbx", "--socket", d.socket, "--state-dir", d.stateDir, "--log-format", "json",
+		"--reap-interval", "200ms", "--sbx-path", fake, "--sbx-kvm-device", kvm, "--sbx-host-policy", "deny-all"}, extra...))
 	d.env = []string{"SBXFAKE_STATE=" + fakeState, "SBXFAKE_CREATE_DELAY=" + createDelay}
 	d.start()
 	t.Cleanup(d.stop)

@@ -17,6 +17,10 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
 )
 
+// systemSocketDir holds the packaged daemon's socket, which the CLI tries
+// before its fallback.
+const systemSocketDir = "/run/sandbox-sidecar"
+
 // Another local user creates the CLI's fallback socket directory
 // ($TMPDIR/sandbox-sidecar-<uid>) before the victim's daemon does, listens
 // there, and answers the victim's CLI with a forged result. The CLI checks
@@ -25,9 +29,6 @@ func TestCLIRefusesASocketAnotherUserPlanted(t *testing.T) {
 	requireHost(t)
 	if _, err := exec.LookPath("setpriv"); err != nil {
 		t.Fatal("needs setpriv (util-linux)")
-	}
-	if _, err := os.Stat("/run/sandbox-sidecar/sidecar.sock"); err == nil {
-		t.Skip("a system daemon's socket exists: the CLI would use it instead of the fallback")
 	}
 	const attacker, victim = "4242", "4343"
 	tmp := filepath.Join(baseDir(t), "tmp")
@@ -74,7 +75,15 @@ while True:
 	require.Contains(t, string(buf[:n]), "listening")
 
 	asVictim := func(args ...string) (string, int) {
-		cmd := exec.Command("setpriv", append([]string{"--reuid", victim, "--regid", victim, "--clear-groups", daemonBin}, args...)...)
+		argv := append([]string{"setpriv", "--reuid", victim, "--regid", victim, "--clear-groups", daemonBin}, args...)
+		if _, err := os.Stat(systemSocketDir); err == nil {
+			// A host running the packaged daemon: the CLI would take its
+			// socket before the fallback, so the CLI runs in a mount
+			// namespace of its own where an empty tmpfs hides it.
+			argv = append([]string{"unshare", "--mount", "--propagation", "private", "/bin/sh", "-c",
+				`mount -t tmpfs -o size=16k,mode=0755 sandbox-sidecar-test "$0" && exec "$@"`, systemSocketDir}, argv...)
+		}
+		cmd := exec.Command(argv[0], argv[1:]...)
 		cmd.Env = []string{"TMPDIR=" + tmp, "PATH=/usr/bin:/bin", "HOME=/nonexistent"}
 		done := make(chan struct{})
 		var b []byte

@@ -195,11 +195,10 @@ func (h *harness) start() {
 	gateR, gateW, err := os.Pipe()
 	require.NoError(t, err)
 	defer gateR.Close()
-	args := []string{"-c", `read _ <&3; exec 3<&-; exec "$0" "$@"`, daemonBin,
-		"serve", "--socket", h.socket, "--state-dir", h.stateDir, "--log-format", "json", "--reap-interval", "200ms",
+	serve := []string{"serve", "--socket", h.socket, "--state-dir", h.stateDir, "--log-format", "json", "--reap-interval", "200ms",
 		// Each sandbox's disk cap must fit in the harness's tmpfs.
 		"--limit-disk", strconv.Itoa(harnessSandboxDisk)}
-	args = append(args, h.extra...)
+	args := append([]string{"-c", `read _ <&3; exec 3<&-; exec "$0" "$@"`, daemonBin}, testdaemon.NoHostConfig(append(serve, h.extra...))...)
 	h.cmd = exec.Command("/bin/sh", args...)
 	h.cmd.ExtraFiles = []*os.File{gateR}
 	h.cmd.Env = os.Environ()

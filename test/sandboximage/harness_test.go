@@ -75,7 +75,7 @@ func startDaemon(t *testing.T, base string, extra ...string) *daemon {
 		t.Cleanup(func() { os.RemoveAll(base) })
 	}
 	d := &daemon{t: t, socket: filepath.Join(base, "run", "sidecar.sock"), stateDir: filepath.Join(base, "state")}
-	d.args = append([]string{"serve", "--socket", d.socket, "--state-dir", d.stateDir, "--log-format", "json", "--reap-interval", "200ms"}, extra...)
+	d.args = testdaemon.NoHostConfig(append([]string{"serve", "--socket", d.socket, "--state-dir", d.stateDir, "--log-format", "json", "--reap-interval", "200ms"}, extra...))
 	d.start()
 	t.Cleanup(d.stop)
 	return d

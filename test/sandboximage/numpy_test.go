@@ -50,9 +50,19 @@ func duBytes(t *testing.T, dir string) int64 {
 	return kb << 10
 }
 
+// TestNumpyImage proves, on a sandbox of each image, which image it runs
+// on by the marker file (imageMarker), which the test image alone carries:
+// no host has it, whatever the host has installed. That numpy imports in
+// the image's sandboxes and not in the host's is shown too where the host
+// lacks numpy; a host whose system Python has numpy (python3-numpy, common
+// on a worker host) cannot show the host half, and says so in the log.
+// Checked on both: this test passed on a Debian 12 host with python3-numpy,
+// python3-pandas and python3-matplotlib installed, and again after they
+// were removed; scripts/test.sh runs it once more with those packages
+// installed (hostNumpyEnv).
 func TestNumpyImage(t *testing.T) {
 	requireSlow(t)
-	hostNumpy := exec.Command("/usr/bin/python3", "-c", "import numpy").Run() == nil
+	hostNumpy := hasHostNumpy(t)
 	layoutDir := numpyLayout(t)
 	d := startDaemon(t, "")
 
@@ -192,7 +202,7 @@ func TestNumpyImage(t *testing.T) {
 	d.args = append(d.args, "--pool-size", "1", "--image-pool", "numpy=1")
 	d.start()
 	c = d.client(t)
-	poolNumbers(t, c)
+	poolNumbers(t, c, hostNumpy)
 	_, errOut, code = d.cli(t, "image", "rm", "numpy")
 	assert.NotEqual(t, 0, code)
 	assert.Contains(t, errOut, "the warm pool", "an image with a pool is in use")
@@ -247,8 +257,9 @@ func waitPooled(t *testing.T, c *ipc.Client, n int) {
 }
 
 // poolNumbers measures creates served by each image's pool and their first
-// command, interleaved, and checks that each image's create got its own.
-func poolNumbers(t *testing.T, c *ipc.Client) {
+// command, interleaved, and checks that each image's create got its own:
+// by the marker file, and by numpy where the host lacks it.
+func poolNumbers(t *testing.T, c *ipc.Client, hostNumpy bool) {
 	const rounds = 3
 	var create, first [2][]time.Duration
 	for i := 0; i < rounds; i++ {
@@ -263,10 +274,31 @@ func poolNumbers(t *testing.T, c *ipc.Client) {
 			start = time.Now()
 			require.Equal(t, 0, run(t, c, sb.Sandbox, "true").ExitCode)
 			first[k] = append(first[k], time.Since(start))
-			res := run(t, c, sb.Sandbox, "python3", "-c", "import numpy")
-			require.Equal(t, img == "numpy", res.ExitCode == 0, "a create of %s got a member of its own image", img)
+			res := run(t, c, sb.Sandbox, "test", "-e", "/"+imageMarker)
+			require.Equal(t, img == "numpy", res.ExitCode == 0, "a create of %s got a member of its own image (the image's marker file)", img)
+			if !hostNumpy {
+				res = run(t, c, sb.Sandbox, "python3", "-c", "import numpy")
+				require.Equal(t, img == "numpy", res.ExitCode == 0, "a create of %s got a member of its own image (numpy)", img)
+			}
 			require.NoError(t, c.Destroy(ctx, sb.Sandbox))
 		}
 	}
 	t.Logf("numbers: pooled create numpy %v host %v; first command numpy %v host %v (interleaved, %d rounds)", create[0], create[1], first[0], first[1], rounds)
+}
+
+// hostNumpyEnv, set to 1, says the host's system Python has numpy: the test
+// then fails unless it does, so a run meant to prove the host-with-numpy
+// case (scripts/test.sh installs python3-numpy for one run) cannot pass
+// without it.
+const hostNumpyEnv = "SANDBOX_SIDECAR_TEST_HOST_NUMPY"
+
+// hasHostNumpy says whether the host's /usr/bin/python3 imports numpy.
+func hasHostNumpy(t *testing.T) bool {
+	t.Helper()
+	has := exec.Command("/usr/bin/python3", "-c", "import numpy").Run() == nil
+	if os.Getenv(hostNumpyEnv) == "1" && !has {
+		t.Fatalf("%s=1, but the host's /usr/bin/python3 cannot import numpy (apt-get install python3-numpy)", hostNumpyEnv)
+	}
+	t.Logf("the host's system Python has numpy: %v", has)
+	return has
 }

@@ -84,8 +84,13 @@ class RunningDaemon:
         os.chmod(self.dir, 0o711)
         self.socket = os.path.join(self.dir, "run", "s.sock")
         self.stderr_lines: List[str] = []
+        # No config file unless the test names one: the host's
+        # /etc/sandbox-sidecar/config.toml (a worker host with the package
+        # installed has one) would give the test's daemon whatever that
+        # host's operator set.
+        config = [] if any(a == "--config" or a.startswith("--config=") for a in extra_args) else ["--config", "/dev/null"]
         self.proc = subprocess.Popen(
-            [binary, "serve", "--socket", self.socket, "--state-dir", os.path.join(self.dir, "state"), *extra_args],
+            [binary, "serve", *config, "--socket", self.socket, "--state-dir", os.path.join(self.dir, "state"), *extra_args],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,

@@ -90,6 +90,25 @@ func RequireHost(t testing.TB, files ...string) {
 	t.Skipf("needs %s", strings.Join(missing, " and "))
 }
 
+// NoHostConfig returns a serve command line (args[0] == "serve") that
+// reads no config file unless it names one: --config /dev/null is added
+// after "serve". Without it a daemon a test starts reads the host's
+// /etc/sandbox-sidecar/config.toml when there is one (a worker host with
+// the package installed), and the test would run with whatever that
+// host's operator set (a warm pool, other limits, egress, another
+// backend).
+func NoHostConfig(args []string) []string {
+	if len(args) == 0 || args[0] != "serve" {
+		panic("testdaemon.NoHostConfig: not a serve command line")
+	}
+	for _, a := range args {
+		if a == "--config" || strings.HasPrefix(a, "--config=") {
+			return args
+		}
+	}
+	return append([]string{"serve", "--config", "/dev/null"}, args[1:]...)
+}
+
 // What Start watches for, and how much of the daemon's stderr it keeps.
 const (
 	readyLine = "is listening on"
