@@ -61,6 +61,8 @@ func newBwrap(t testing.TB, dir string, tweak ...func(*bwrap.Config)) *bwrap.Bac
 	}
 	b, err := bwrap.New(cfg)
 	require.NoError(t, err)
+	// Sandboxes' inits outlive their backend: end the test's with it.
+	t.Cleanup(func() { bwrap.KillSandboxes(cfg.Dir) })
 	if err := b.Health(context.Background()); err != nil {
 		skipOrFail(t, "bubblewrap cannot create sandboxes here: %v", err)
 	}

@@ -95,6 +95,9 @@ type Config struct {
 	// to adopt what it keeps: offline gc, which serves nothing (a disk it
 	// mounted would stay on the host).
 	SkipAdopt bool
+	// DestroyAll makes Recover destroy every sandbox, kept or not (offline
+	// `gc --all`: the processes kept sandboxes still run end too).
+	DestroyAll bool
 	// QuarantineRetryFor bounds how long a quarantined sandbox is retried
 	// (default DefaultQuarantineRetryFor); it is then reported failed.
 	QuarantineRetryFor time.Duration

@@ -332,25 +332,27 @@ func sandboxInit(id string) int {
 	return 0
 }
 
-// A daemon restarted with a warm pool on bwrap: the members it re-adopted
-// get their inits back before a create claims them (the previous daemon's
-// died with it), so the first command of a claimed member runs in an init
-// that was already running, as a member made by this daemon does.
+// A daemon restarted with a warm pool on bwrap: the members' inits outlive
+// the daemon that made them, and the next one re-attaches to them, so a
+// claimed member's first command runs in the init that was already
+// running, as a member made by this daemon does.
 func TestBwrapPoolMembersReadoptedAreWarm(t *testing.T) {
 	e := newPoolEnv(t, 2, nil, withBwrap(), withJournal())
 	members := poolJournaled(t, e)
 	require.Len(t, members, 2)
+	inits := map[string]int{}
 	for _, id := range members {
-		require.NotZero(t, sandboxInit(id), "a member this daemon made is warm")
+		inits[id] = sandboxInit(id)
+		require.NotZero(t, inits[id], "a member this daemon made is warm")
 	}
-	// The daemon stops: its manager keeps the pool (journaled), its
-	// backend's inits die with it.
+	// The daemon stops: its manager keeps the pool (journaled), and the
+	// members' inits go on.
 	closeCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	require.NoError(t, e.m.Close(closeCtx))
 	require.NoError(t, e.bw.Close())
 	for _, id := range members {
-		require.Eventually(t, func() bool { return sandboxInit(id) == 0 }, 10*time.Second, 10*time.Millisecond, "the old init of %s is gone", id)
+		assert.Equal(t, inits[id], sandboxInit(id), "the init of %s outlived its daemon", id)
 	}
 
 	e2 := e.restart(func(c *Config) {
@@ -362,17 +364,11 @@ func TestBwrapPoolMembersReadoptedAreWarm(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 2, rep.Adopted+rep.Pending)
 	e2.m.Start()
-	for _, id := range members {
-		require.Eventually(t, func() bool { return sandboxInit(id) != 0 }, 20*time.Second, 10*time.Millisecond,
-			"re-adopted pool member %s has its init before any command", id)
-	}
-	assert.Equal(t, 2, e2.m.Stats().Pooled, "the re-adopted members are the pool: none made anew")
+	assert.Eventually(t, func() bool { return e2.m.Stats().Pooled == 2 }, 20*time.Second, 10*time.Millisecond, "the re-adopted members are the pool: none made anew")
 
 	s := e2.create(alice, CreateRequest{})
 	require.Contains(t, members, s.ID, "served from the re-adopted pool")
-	before := sandboxInit(s.ID)
-	require.NotZero(t, before, "the claimed member's init runs before its first command")
 	res := e2.exec(alice, s.ID, "cat /proc/1/comm")
 	assert.Equal(t, "sandbox-init\n", string(res.Stdout))
-	assert.Equal(t, before, sandboxInit(s.ID), "the first command ran in the init already running")
+	assert.Equal(t, inits[s.ID], sandboxInit(s.ID), "the first command ran in the init that outlived the previous daemon")
 }

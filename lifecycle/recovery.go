@@ -118,6 +118,9 @@ func (m *Manager) Recover(ctx context.Context, dryRun bool) (RecoveryReport, err
 	for _, jr := range records {
 		known[jr.ID] = true
 		adopt, reason := recoveryDecision(jr, alive[jr.ID] || listErr != nil, now)
+		if m.cfg.DestroyAll {
+			adopt, reason = false, "gc --all: every sandbox is destroyed"
+		}
 		r := fromJournal(jr)
 		if adopt {
 			kept = append(kept, r)

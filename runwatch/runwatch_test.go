@@ -30,8 +30,10 @@ func newManager(t *testing.T) *lifecycle.Manager {
 		}
 		t.Skipf("needs bubblewrap: %v", err)
 	}
-	b, err := bwrap.New(bwrap.Config{Dir: filepath.Join(t.TempDir(), "bwrap"), SandboxUID: -1, SandboxGID: -1})
+	dir := filepath.Join(t.TempDir(), "bwrap")
+	b, err := bwrap.New(bwrap.Config{Dir: dir, SandboxUID: -1, SandboxGID: -1})
 	require.NoError(t, err)
+	t.Cleanup(func() { bwrap.KillSandboxes(dir) })
 	m, err := lifecycle.New(lifecycle.Config{Backend: b})
 	require.NoError(t, err)
 	t.Cleanup(func() {

@@ -24,6 +24,13 @@ const (
 	KeeperOOMEnv = "SANDBOX_SIDECAR_KEEPER_OOM"
 	// KeeperName is a keeper's process name, as ps shows it.
 	KeeperName = "sandbox-keeper"
+	// KeeperFailpointEnv arms, for tests only, the keeper's one failpoint:
+	// "exited" stops every keeper (SIGSTOP to itself, named
+	// KeeperFailpointName) between its process's end and its exit record,
+	// until something on the host sends it SIGCONT. The daemon passes it on
+	// from its own environment (docs/operations.md, "Testing hooks").
+	KeeperFailpointEnv  = "SANDBOX_SIDECAR_KEEPER_FAILPOINT"
+	KeeperFailpointName = "keeper-fp-exit"
 )
 
 // A keeper's descriptors, as its init starts it. 0 is the process's
@@ -130,6 +137,7 @@ func RunKeeper() int {
 	}
 	x := k.run()
 	x.StdoutBytes, x.StderrBytes = k.out[0].log.Written(), k.out[1].log.Written()
+	failpointExited(os.Getenv(KeeperFailpointEnv))
 	if err := proclog.WriteExit(exitFile, x); err != nil {
 		fmt.Fprintf(os.Stderr, "sandbox keeper: process %s: cannot write its exit record: %v\n", req.ID, err)
 	}
@@ -457,6 +465,17 @@ func statOf(pid int) (ppid int, state byte, ok bool) {
 	}
 	ppid, err = strconv.Atoi(f[1])
 	return ppid, f[0][0], err == nil
+}
+
+// failpointExited stops the keeper, when spec arms it ("exited"), in the
+// moment its process has ended and its record is not yet written.
+func failpointExited(spec string) {
+	if spec != "exited" {
+		return
+	}
+	_ = os.WriteFile("/proc/self/comm", []byte(KeeperFailpointName), 0)
+	_ = unix.Kill(os.Getpid(), unix.SIGSTOP)
+	_ = os.WriteFile("/proc/self/comm", []byte(KeeperName), 0)
 }
 
 // readOOMKills reads the oom_kill count of a cgroup's memory.events (v2)

@@ -24,6 +24,9 @@ type Table struct {
 	// MaxRunning bounds the keepers at once (0: 64): the daemon bounds
 	// what it asks, this bounds what init accepts.
 	MaxRunning int
+	// Failpoint, for tests only, is KeeperFailpointEnv's value for every
+	// keeper ("": none).
+	Failpoint string
 }
 
 // entry is one keeper.
@@ -91,6 +94,9 @@ func (t *Table) Start(id string, files Files, started func(pid int)) error {
 	}
 	defer unix.Close(socks[1])
 	env := []string{KeeperEnv + "=1", "GOMAXPROCS=1"}
+	if t.Failpoint != "" {
+		env = append(env, KeeperFailpointEnv+"="+t.Failpoint)
+	}
 	oom := files.OOM
 	if oom >= 0 {
 		env = append(env, KeeperOOMEnv+"=1")

@@ -237,6 +237,10 @@ type Backend struct {
 	boxes *registry.Registry[*sandbox] // known sandboxes, loaded lazily from Dir
 	// watcher wakes reads that wait for a durable process's output.
 	watcher procstore.Watcher
+	// started holds the directories of the sandboxes whose init this
+	// process started and has not stopped: a load of such a sandbox (a
+	// loader racing its Create) never re-attaches to it (reattach.go).
+	started sync.Map
 	mu      sync.Mutex
 	uidOf   map[string]uint32 // guarded by mu: the own uid of each sandbox in Dir that has one
 
@@ -363,10 +367,13 @@ func New(cfg Config) (*Backend, error) {
 	// The sandboxes a previous daemon left keep their uids: none may be
 	// handed to a new sandbox while they exist.
 	b.reserveExistingUIDs()
-	// No command of this backend runs yet, so any process still carrying
-	// the marker of one of its sandboxes was left by a daemon that died.
-	if strays := b.findMarked(cfg.Dir, true); len(strays) > 0 {
-		b.log.Warn("killing sandbox processes left by a previous daemon", "count", killMarked(strays))
+	// No command of this backend runs yet, so every process still carrying
+	// the marker of one of its sandboxes was left by a previous daemon: a
+	// ready init, with its sandbox's processes, that the sandbox's next use
+	// re-attaches to (reattach.go) or its destroy kills; or what a start
+	// the daemon died during left, a stray, killed now.
+	if strays := b.strayStarts(b.findMarked(cfg.Dir, true)); len(strays) > 0 {
+		b.log.Warn("killing sandbox processes a previous daemon left half started", "count", killMarked(strays))
 	}
 	// Nor does any sandbox of this process have a cgroup yet.
 	b.sweepCgroups()

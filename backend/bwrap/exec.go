@@ -164,7 +164,11 @@ func (b *Backend) bwrapOptions(sb *sandbox, env []string, cwd string, firstDataF
 	}
 	o = append(o, "--as-pid-1")
 	o = append(o,
-		"--die-with-parent", "--new-session", "--cap-drop", "ALL",
+		// No --die-with-parent: it ties the sandbox to bwrap's parent,
+		// the daemon, and a sandbox outlives its daemon (reattach.go).
+		// Init ties itself to bwrap instead (a parent-death signal of its
+		// own), so killing bwrap still ends the sandbox.
+		"--new-session", "--cap-drop", "ALL",
 		"--uid", strconv.Itoa(guestUID), "--gid", strconv.Itoa(guestGID),
 		"--hostname", guestHostname,
 		"--clearenv") // before the --setenv options, which it would undo

@@ -88,6 +88,10 @@ func newTestBackend(t *testing.T, mode testMode, tweak ...func(*Config)) *Backen
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A sandbox's init outlives its backend (a restarted daemon
+	// re-attaches to it): what a test's backends leave running ends with
+	// the test.
+	t.Cleanup(func() { KillSandboxes(cfg.Dir) })
 	if err := b.Health(context.Background()); err != nil {
 		skipOrFail(t, "bubblewrap cannot create sandboxes here: %v", err)
 	}

@@ -413,29 +413,54 @@ func TestBwrapLiveSandboxesCostLittle(t *testing.T) {
 	}
 }
 
-func TestBwrapRestartStartsAFreshInit(t *testing.T) {
+// A restarted daemon over the same directory re-attaches to the init the
+// previous one left running (it outlives its daemon), rather than start
+// another; one it cannot reach (here: killed meanwhile) is replaced.
+func TestBwrapRestartReattachesToItsInit(t *testing.T) {
 	first := newTestBackend(t, rangeUID)
 	id := create(t, first, backend.Spec{})
 	runOK(t, first, id, "echo data > f")
 	old := initPID(t, first, id)
-	// A restarted daemon over the same directory: the previous init (here
-	// still alive, as after a daemon that could not kill it) is a stray.
 	second, err := New(first.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for syscall.Kill(old, 0) == nil && processAlive(old) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the previous daemon's init %d survived New", old)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !processAlive(old) {
+		t.Fatalf("the previous daemon's init %d did not survive New", old)
 	}
 	if out := runOK(t, second, id, "cat f"); out != "data\n" {
 		t.Errorf("re-adopted sandbox: %q", out)
 	}
-	if fresh := initPID(t, second, id); fresh == 0 || fresh == old {
-		t.Errorf("init after the restart: %d (before: %d)", fresh, old)
+	if got := initPID(t, second, id); got != old {
+		t.Errorf("init after the restart: %d, want the one re-attached to (%d)", got, old)
+	}
+
+	// The init dies while no daemon holds it: the next start replaces it.
+	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	third, err := New(first.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventuallyDead(t, old)
+	if out := runOK(t, third, id, "cat f"); out != "data\n" {
+		t.Errorf("a sandbox whose init died: %q", out)
+	}
+	if fresh := initPID(t, third, id); fresh == 0 || fresh == old {
+		t.Errorf("init after its death: %d (before: %d)", fresh, old)
+	}
+}
+
+// eventuallyDead waits up to 5 s for pid to be gone (or a zombie).
+func eventuallyDead(t *testing.T, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for processAlive(pid) {
+		if time.Now().After(deadline) {
+			t.Fatalf("process %d still alive", pid)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/agent"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap/bwwire"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/registry"
@@ -92,6 +93,11 @@ type initProc struct {
 	egress *egressPath // network "allowlist": its namespace and netstack
 	oom    *oomCounter // the sandbox's OOM-kill counter, held for every command
 	dir    string      // the sandbox's directory, whose marker its processes carry
+
+	// pidfd is init's own process, for an init a previous daemon started
+	// and this one re-attached to (cmd is nil: its bwrap is not this
+	// process's child); -1 otherwise.
+	pidfd int
 }
 
 // waited returns a channel closed once init's bwrap has been reaped,
@@ -197,7 +203,14 @@ func (b *Backend) startInit(ctx context.Context, sb *sandbox, deadline time.Time
 		ctrl.Close()
 		return nil, fmt.Errorf("%w: start the init of sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
 	}
-	ip := &initProc{ctrl: ctrl, stderr: stderr, oom: &oomCounter{cg: sb.cg}, dir: sb.dir}
+	ip := &initProc{ctrl: ctrl, stderr: stderr, oom: &oomCounter{cg: sb.cg}, dir: sb.dir, pidfd: -1}
+	listener, err := listenAgent(sb.dir)
+	if err != nil {
+		ctrl.Close()
+		stderr.Close()
+		return nil, fmt.Errorf("%w: start the init of sandbox %s: cannot make its socket for a restarted daemon: %v", backend.ErrUnavailable, sb.id, err)
+	}
+	defer listener.Close()
 	// Closed after stopInit (defers run last-first): on v1 closing the
 	// gate unreleased lets bwrap go on, so it must be dead by then.
 	place := sb.placement()
@@ -216,7 +229,10 @@ func (b *Backend) startInit(ctx context.Context, sb *sandbox, deadline time.Time
 	env := []string{"--setenv", markerEnv, marker(sb.dir), "--setenv", bwwire.InitEnv, "1", "--setenv", "GOMAXPROCS", "1",
 		"--setenv", bwwire.RlimitsEnv, bwwire.EncodeRlimits(wireRlimits(b.cfg.Limits.Rlimits())),
 		"--setenv", bwwire.ThreadsEnv, strconv.Itoa(sb.reservedThreads())}
-	const firstDataFD = bwwire.ExeFD + 1
+	if fp := os.Getenv(agent.KeeperFailpointEnv); fp != "" {
+		env = append(env, "--setenv", agent.KeeperFailpointEnv, fp) // tests only
+	}
+	const firstDataFD = bwwire.ListenFD + 1
 	files, err := dataFiles(b.bwrapOptions(sb, env, "/", firstDataFD))
 	if err != nil {
 		return nil, fmt.Errorf("%w: prepare bwrap for sandbox %s: %v; the daemon may be out of memory or file descriptors", backend.ErrUnavailable, sb.id, err)
@@ -224,9 +240,12 @@ func (b *Backend) startInit(ctx context.Context, sb *sandbox, deadline time.Time
 	defer closeFiles(files)
 	cmd := b.command(sb, []string{"--args", fmt.Sprint(firstDataFD), "--", fmt.Sprintf("/proc/self/fd/%d", bwwire.ExeFD)})
 	cmd.Stderr = stderr
-	cmd.ExtraFiles = append([]*os.File{ctrlInit, b.exe}, files...) // fds 3, 4, 5...
+	cmd.ExtraFiles = append([]*os.File{ctrlInit, b.exe, listener}, files...) // fds 3, 4, 5, 6...
+	// No parent-death signal: a sandbox's init outlives its daemon (a
+	// crash, a restart, an upgrade), and its processes with it; the next
+	// daemon re-attaches to it through the listener (adoptInit). A start
+	// the daemon died during is killed by the next one (its start flag).
 	cmd.SysProcAttr.Setpgid = true
-	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
 	if err := place.prepare(cmd); err != nil {
 		return nil, fmt.Errorf("%w: cannot place the init of sandbox %s in its cgroup: %v", backend.ErrUnavailable, sb.id, err)
 	}
@@ -304,6 +323,7 @@ func (b *Backend) startInit(ctx context.Context, sb *sandbox, deadline time.Time
 		return nil, fmt.Errorf("%w: start the init of sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
 	}
 	ip.ctrl = unpolled
+	b.started.Store(sb.dir, ip)
 	return ip, nil
 }
 
@@ -440,6 +460,9 @@ func (ip *initProc) sendEncoded(msg []byte, fds []int, deadline time.Time, befor
 // stderrTail returns the last line or so of what bwrap and init wrote to
 // stderr, for a log line or an error message.
 func (ip *initProc) stderrTail() string {
+	if ip.stderr == nil {
+		return "" // re-attached: its stderr went to the daemon that started it
+	}
 	fi, err := ip.stderr.Stat()
 	if err != nil || fi.Size() == 0 {
 		return ""
@@ -485,11 +508,35 @@ func (b *Backend) stopInit(ip *initProc) (gone bool) {
 			}
 		}
 	}
+	if ip.pidfd >= 0 {
+		// Re-attached: init is not this process's child. Killed, it takes
+		// its namespace with it, and its bwrap then ends too.
+		_ = unix.PidfdSendSignal(ip.pidfd, unix.SIGKILL, nil, 0)
+		if !ip.waitDead(initReapWait) {
+			gone = false
+			b.log.Warn("a re-attached sandbox init is still alive after SIGKILL", "dir", ip.dir)
+		}
+		_ = unix.Close(ip.pidfd)
+		ip.pidfd = -1
+	}
+	ip.detach(b)
+	return gone
+}
+
+// detach closes the daemon's hold on ip without stopping it: the init goes
+// on, and a later daemon re-attaches to it.
+func (ip *initProc) detach(b *Backend) {
+	b.started.CompareAndDelete(ip.dir, ip)
 	_ = ip.ctrl.Close()
-	_ = ip.stderr.Close()
+	if ip.stderr != nil {
+		_ = ip.stderr.Close()
+	}
+	if ip.pidfd >= 0 {
+		_ = unix.Close(ip.pidfd)
+		ip.pidfd = -1
+	}
 	ip.oom.close()
 	ip.egress.close(b.log)
-	return gone
 }
 
 // reapInit waits (boundedly) for init's bwrap to exit and reports whether
@@ -524,7 +571,7 @@ func (b *Backend) acquireInit(ctx context.Context, sb *sandbox, deadline time.Ti
 	if ip := sb.init; ip != nil && !ip.alive() {
 		handoff.Release(ctx)
 		var status any = "unknown"
-		if b.reapInit(ip) {
+		if b.reapInit(ip) && ip.cmd != nil {
 			status = ip.cmd.ProcessState
 		}
 		b.log.With("sandbox", sb.id).Warn("the sandbox's init died; the sandbox is terminated", "bwrap", status, "stderr", ip.stderrTail())
@@ -580,6 +627,32 @@ func (b *Backend) terminate(sb *sandbox, ip *initProc, reported bool, why string
 	b.stopInit(ip)
 	sb.init, sb.initGone = nil, true
 	sb.goneReported = sb.goneReported || reported
+}
+
+// detachInit lets go of sb's init without stopping it, at the daemon's
+// shutdown: a ready init goes on, with its sandbox's processes, until the
+// next daemon re-attaches to it (reattach.go) or destroys the sandbox. It
+// reports whether one was left running. (A start under way was cancelled
+// with the sandbox's operations, and stops what it made.)
+func (b *Backend) detachInit(sb *sandbox) bool {
+	sb.initMu.Lock()
+	defer sb.initMu.Unlock()
+	ip := sb.init
+	if ip == nil {
+		return false
+	}
+	sb.init = nil
+	if !ip.alive() {
+		b.stopInit(ip)
+		return false
+	}
+	ip.detach(b)
+	if ip.cmd != nil {
+		// Its bwrap is this process's child until it exits: reaped then
+		// by whoever inherits it.
+		_ = ip.cmd.Process.Release()
+	}
+	return true
 }
 
 // killInit stops sb's init for good (Destroy, or a sandbox that vanished).

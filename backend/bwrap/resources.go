@@ -459,9 +459,12 @@ func (b *Backend) MemoryInForce() (backend.HostMemory, error) {
 // on the same directory re-adopts them (mounting their disks and making
 // their groups again). The backend must not be used afterwards.
 func (b *Backend) Close() error {
+	live := map[string]bool{} // the cgroups of sandboxes whose init goes on
 	for _, sb := range b.boxes.All() {
 		sb.ops.CancelAll()
-		b.killInit(sb)
+		if b.detachInit(sb) {
+			live[sb.cgroupName()] = true
+		}
 	}
 	var errs []error
 	if b.cfg.Cgroups != nil {
@@ -470,7 +473,9 @@ func (b *Backend) Close() error {
 		ctx, cancel := context.WithTimeout(context.Background(), cgroupWait)
 		defer cancel()
 		for _, name := range names {
-			errs = append(errs, b.cfg.Cgroups.Remove(ctx, name))
+			if !live[name] {
+				errs = append(errs, b.cfg.Cgroups.Remove(ctx, name))
+			}
 		}
 	}
 	if b.cfg.DiskCaps {

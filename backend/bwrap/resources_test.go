@@ -198,12 +198,14 @@ func TestCgroupLifecycle(t *testing.T) {
 	if _, err := m.Open(kept); err != nil {
 		t.Errorf("the re-adopted sandbox has no cgroup: %v", err)
 	}
-	// A daemon that stops leaves no group behind; the sandbox stays.
+	// A daemon that stops leaves the group of a sandbox whose init goes
+	// on (it outlives the daemon), and the next one re-attaches to both.
+	initBefore := initPID(t, b2, kept)
 	if err := b2.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if names, _ := m.List(); len(names) != 0 {
-		t.Errorf("groups left after Close: %v", names)
+	if names, _ := m.List(); !slices.Equal(names, []string{kept}) {
+		t.Errorf("groups left after Close: %v, want the live sandbox's", names)
 	}
 	b3, err := New(Config{Dir: dir, SandboxUID: -1, SandboxGID: -1, Cgroups: m, Limits: lim})
 	if err != nil {
@@ -211,6 +213,9 @@ func TestCgroupLifecycle(t *testing.T) {
 	}
 	if out := runOK(t, b3, kept, "echo again"); out != "again\n" {
 		t.Errorf("after Close and a new start: %q", out)
+	}
+	if got := initPID(t, b3, kept); got != initBefore {
+		t.Errorf("the init after Close and a new start: %d, want the one that went on (%d)", got, initBefore)
 	}
 	if err := b3.Destroy(context.Background(), kept); err != nil {
 		t.Fatal(err)
@@ -326,13 +331,18 @@ func TestDiskCap(t *testing.T) {
 			if got := runOK(t, b2, id, "rm /workspace/fill; cat /workspace/kept; dd if=/dev/zero of=/workspace/f bs=1M count=4 2>/dev/null && echo wrote"); got != "kept\nwrote\n" {
 				t.Errorf("after a remount: %q", got)
 			}
+			// A daemon that stops leaves the sandbox's init running, its
+			// disk mounted in the init's namespace only; the next daemon
+			// re-attaches and mounts that same filesystem again.
 			if err := b2.Close(); err != nil {
 				t.Fatal(err)
 			}
 			if mounted, _ := disk.Mounted(sb.dataDir()); mounted {
 				t.Error("Close left the sandbox's disk mounted")
 			}
-			waitDiskLetGo(t, filepath.Join(sb.dir, diskImageName))
+			if loops, _ := disk.Attached(filepath.Join(sb.dir, diskImageName)); len(loops) != 1 {
+				t.Errorf("the live init's disk after Close: attached to %v, want one device", loops)
+			}
 			b3, err := New(withDisk(mode.config(dir), lim))
 			if err != nil {
 				t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/registry"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/statedir"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/disk"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 )
 
@@ -219,12 +220,19 @@ func (b *Backend) load(id string) (*sandbox, error) {
 	if err := sb.readImageRoot(); err != nil {
 		return nil, err
 	}
-	// Re-adopted (the daemon restarted, or the host rebooted): mount its
-	// disk again and give it a fresh cgroup; New removed the old ones.
-	if err := b.mountDisk(sb); err != nil {
-		return nil, err
+	// Re-adopted (the daemon restarted, or the host rebooted): its init
+	// may still run, with its processes (reattach.go); otherwise mount its
+	// disk again and give it a fresh cgroup.
+	ip := b.adoptLiveInit(sb)
+	if ip == nil {
+		if err := b.mountDisk(sb); err != nil {
+			return nil, err
+		}
 	}
 	if _, err := os.Stat(sb.workDir()); err != nil {
+		if ip != nil {
+			b.stopInit(ip)
+		}
 		if derr := sb.damaged(err); derr != nil {
 			// Recovery quarantines it with this reason, which health
 			// reports.
@@ -232,10 +240,71 @@ func (b *Backend) load(id string) (*sandbox, error) {
 		}
 		return nil, backend.NotFound(id)
 	}
-	if err := b.makeCgroup(context.Background(), sb); err != nil {
-		return nil, err
+	if ip == nil {
+		if err := b.makeCgroup(context.Background(), sb); err != nil {
+			return nil, err
+		}
 	}
+	sb.init = ip
 	return sb, nil
+}
+
+// adoptLiveInit re-attaches to sb's init if a previous daemon left one
+// running, with what it needs of this daemon: its disk mounted here too
+// and its cgroup (as the init left them; its limits are the sandbox's).
+// An init it cannot keep (an egress allow-list, whose user-space network
+// died with the daemon that served it; a disk or cgroup it cannot reach;
+// another version's) is killed, with its processes, and nil returned: the
+// sandbox then starts afresh, as before durable processes.
+func (b *Backend) adoptLiveInit(sb *sandbox) *initProc {
+	if _, ours := b.started.Load(sb.dir); ours {
+		// This process's own start (a load racing the sandbox's Create):
+		// that start's owner stops it (TestBwrapCreateLosingToALoaderStopsItsStart).
+		return nil
+	}
+	log := b.log.With("sandbox", sb.id)
+	ip, err := b.adoptInit(sb)
+	if err != nil {
+		log.Warn("the init a previous daemon left cannot be re-attached; it is replaced and its processes end", "error", err)
+		b.killStrays(sb.dir)
+		return nil
+	}
+	if ip == nil {
+		return nil
+	}
+	drop := func(why string, err error) *initProc {
+		log.Warn("the init a previous daemon left cannot be kept ("+why+"); it is replaced and its processes end", "error", err)
+		b.stopInit(ip)
+		b.killStrays(sb.dir)
+		return nil
+	}
+	if sb.network == networkAllowlist {
+		return drop("its egress allow-list was served by the daemon that died", nil)
+	}
+	if sb.disk {
+		if mounted, err := disk.Mounted(sb.dataDir()); err != nil || !mounted {
+			if err := disk.MountAttached(filepath.Join(sb.dir, diskImageName), sb.dataDir()); err != nil {
+				return drop("its disk", err)
+			}
+		}
+	}
+	if b.cfg.Cgroups != nil {
+		cg, err := b.cfg.Cgroups.Open(sb.cgroupName())
+		if err != nil {
+			return drop("its cgroup", err)
+		}
+		sb.cg = cg
+		ip.oom = &oomCounter{cg: cg}
+	}
+	log.Info("re-attached to the sandbox's init, which outlived the previous daemon")
+	return ip
+}
+
+// killStrays kills every process still carrying sandbox dir's marker.
+func (b *Backend) killStrays(dir string) {
+	if strays := b.findMarked(dir, false); len(strays) > 0 {
+		killMarked(strays)
+	}
 }
 
 func (b *Backend) loadSpec(id string) (persistedSpec, error) {

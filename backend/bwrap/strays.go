@@ -179,6 +179,23 @@ func (b *Backend) findMarked(dir string, prefix bool) []markedProcess {
 	return out
 }
 
+// strayStarts keeps, of the marked processes of every sandbox, those a
+// start under way left (its start flag is there), and those of a sandbox
+// whose directory is gone or of a trial sandbox (Health's): what no
+// sandbox will re-attach to.
+func (b *Backend) strayStarts(procs []markedProcess) []markedProcess {
+	prefix := markerPrefix(b.cfg.Dir)
+	var out []markedProcess
+	for _, p := range procs {
+		id := strings.TrimPrefix(p.marker, prefix)
+		dir := filepath.Join(b.cfg.Dir, id)
+		if _, err := os.Lstat(dir); err != nil || startFlagged(dir) || strings.HasPrefix(id, probeDirPrefix) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 func readMarker(pid int) (string, bool) {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/environ", pid))
 	if err != nil {
@@ -280,3 +297,11 @@ func awaitExits(fds []int, limit time.Duration) {
 		}
 	}
 }
+
+// KillSandboxes kills every process of every sandbox under the backend
+// directory dir: the inits (and so everything they run) that outlive a
+// daemon. It is for what abandons a backend's state without destroying its
+// sandboxes (tests, benchmarks); a daemon's own destroys and offline
+// `gc --all` end sandboxes one by one. It returns how many processes it
+// killed; as root it sees every one, otherwise only the caller's own.
+func KillSandboxes(dir string) int { return killMarked(findMarked(dir, true)) }

@@ -497,7 +497,9 @@ func TestGVisorEgressMeasure(t *testing.T) {
 	gb, _ := egressBackend(t, func(c *Config) {
 		c.InitPath, c.ExtraFlags = init, strings.Fields(os.Getenv("SANDBOX_SIDECAR_GVISOR_FLAGS"))
 	})
-	bb, err := bwrap.New(bwrap.Config{Dir: filepath.Join(t.TempDir(), "bwrap"), SandboxUID: -1, SandboxGID: -1, Egress: gb.cfg.Egress,
+	bdir := filepath.Join(t.TempDir(), "bwrap")
+	t.Cleanup(func() { bwrap.KillSandboxes(bdir) })
+	bb, err := bwrap.New(bwrap.Config{Dir: bdir, SandboxUID: -1, SandboxGID: -1, Egress: gb.cfg.Egress,
 		Limits: limits.Limits{OpenFiles: 1024, FileSizeBytes: 1 << 30}, InitPath: init})
 	if err != nil {
 		t.Fatal(err)

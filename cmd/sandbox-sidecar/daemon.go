@@ -30,6 +30,8 @@ type daemonParts struct {
 // sweep of gc (dry or not).
 type daemonMode struct {
 	offline, dryRun bool
+	// all (offline gc --all) destroys every sandbox, kept ones included.
+	all bool
 	// observer is told what the manager does (serve's metrics); nil: nobody.
 	observer lifecycle.Observer
 }
@@ -95,7 +97,7 @@ func openDaemon(cfg Config, log hclog.Logger, mode daemonMode) (_ *daemonParts, 
 		Images: d.images.list, DefaultImage: cfg.Images.Default, ImagePools: cfg.Images.Pools,
 		// Offline gc serves nothing: it decides and destroys, and adopts
 		// nothing (a disk it mounted would stay on the host).
-		SkipAdopt: mode.offline,
+		SkipAdopt: mode.offline, DestroyAll: mode.all,
 		// The daemon serves while the last of recovery's destroys finish
 		// (docs/design.md); gc waits for them all.
 		RecoverWithin: recoverWithinFor(mode),

@@ -20,16 +20,17 @@ import (
 // directory's lock and runs start-up recovery itself.
 func runGC(args []string, stdout, stderr io.Writer) error {
 	var cf clientFlags
-	var dryRun bool
+	var dryRun, all bool
 	c := defaultConfig()
 	path, explicit := configPathFromArgs(args)
 	if err := loadConfigFile(&c, path, explicit); err != nil {
 		return &exitError{code: 2, err: err}
 	}
-	fs := newFlags("gc", "[--dry-run]", stderr)
+	fs := newFlags("gc", "[--dry-run] [--all]", stderr)
 	fs.String("config", DefaultConfigPath, "config file (for the state directory and backend when no daemon runs)")
 	cf.register(fs, 5*time.Minute)
 	fs.BoolVar(&dryRun, "dry-run", false, "print what would be removed, remove nothing")
+	fs.BoolVar(&all, "all", false, "with no daemon running: destroy every sandbox of the state directory, kept ones too, and end what they still run (a kept sandbox's processes outlive the daemon)")
 	fs.StringVar(&c.Server.StateDir, "state-dir", c.Server.StateDir, "state directory, when no daemon is running")
 	fs.StringVar(&c.Server.Backend, "backend", c.Server.Backend, "backend, when no daemon is running")
 	if err := parseFlags(fs, args); err != nil {
@@ -38,6 +39,11 @@ func runGC(args []string, stdout, stderr io.Writer) error {
 	// Not withDaemon: a daemon that is not there is this command's cue to
 	// recover offline, not an error.
 	cl, ctx, cancel, err := cf.dial()
+	if err == nil && all {
+		cl.Close()
+		cancel()
+		return &exitError{code: 2, err: errors.New("gc --all runs only with the daemon stopped (it would destroy what clients use); stop it first, or destroy sandboxes one by one")}
+	}
 	if err == nil {
 		defer cancel()
 		defer cl.Close()
@@ -64,7 +70,7 @@ func runGC(args []string, stdout, stderr io.Writer) error {
 	if dryRun {
 		log.SetLevel(hclog.Warn)
 	}
-	d, err := openDaemon(c, log, daemonMode{offline: true, dryRun: dryRun})
+	d, err := openDaemon(c, log, daemonMode{offline: true, dryRun: dryRun, all: all})
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap"
 	"io"
 	"os"
 	"os/exec"
@@ -119,18 +120,20 @@ func (d *daemon) stop() {
 		d.cmd.Process.Kill()
 		<-d.done
 	}
+	// A kept sandbox outlives its daemon: end what it still runs.
+	bwrap.KillSandboxes(filepath.Join(d.stateDir, "bwrap"))
 	os.RemoveAll(d.dir)
 }
 
-// kill9 kills the daemon with SIGKILL, as a crash would, and then does
-// what systemd does before it restarts the unit: it kills every process
-// the daemon left (KillMode=mixed sends the unit's remaining processes
-// SIGKILL once its main process is gone) and waits for them to end (the
-// unit's cgroup to empty; RestartSec=2s comes after). Without it the
-// restart would compete with the kernel's teardown of every sandbox the
-// killed daemon had, and a bubblewrap caught in its setup by the kill can
-// wait forever for a parent that is gone. It returns how long that took
-// (at most two minutes).
+// kill9 kills the daemon with SIGKILL, as a crash would, and then kills
+// every process the daemon left and waits for them to end: the recovery
+// rows measure a restart that destroys or adopts sandboxes whose inits are
+// gone (the inits of kept sandboxes outlive a daemon, and a restart that
+// re-attaches to them costs a connect each; this measures the restart
+// that remakes them). Without it the restart would compete with the
+// kernel's teardown of every sandbox the killed daemon had, and a
+// bubblewrap caught in its setup by the kill can wait forever for a parent
+// that is gone. It returns how long that took (at most two minutes).
 func (d *daemon) kill9() time.Duration {
 	d.cmd.Process.Signal(syscall.SIGKILL)
 	<-d.done

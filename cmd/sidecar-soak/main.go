@@ -25,6 +25,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -191,6 +192,9 @@ func soak(o options) (violations []string, err error) {
 		defer os.RemoveAll(work)
 	}
 	d := &daemon{bin: bin, socket: filepath.Join(work, "run", "sidecar.sock"), state: filepath.Join(work, "state"), logPath: filepath.Join(work, "daemon.log")}
+	// A kept sandbox outlives its daemon: what the soak's still run ends
+	// with it (deferred after the removal above, so it runs first).
+	defer bwrap.KillSandboxes(filepath.Join(d.state, "bwrap"))
 	if err := d.start(); err != nil {
 		return nil, err
 	}

@@ -333,3 +333,22 @@ func (l *limitedBuffer) Write(p []byte) (int, error) {
 }
 
 func (l *limitedBuffer) String() string { return l.b.String() }
+
+// MountAttached mounts at dir the loop device the image at path is already
+// attached to, by a mount another mount namespace still holds (a live
+// sandbox a daemon that died left): the kernel gives that device's mounted
+// filesystem a second mount, never a second filesystem on the same image.
+// It refuses an image attached to none or to more than one device.
+func MountAttached(path, dir string) error {
+	held, err := Attached(path)
+	if err != nil {
+		return err
+	}
+	if len(held) != 1 {
+		return fmt.Errorf("disk: %s is attached to %d loop devices (%s), not one", path, len(held), loopPaths(held))
+	}
+	if err := unix.Mount(held[0].Path(), dir, "ext4", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOATIME, "errors=remount-ro"); err != nil {
+		return fmt.Errorf("disk: mount %s (%s, attached) on %s: %w", path, held[0].Path(), dir, err)
+	}
+	return nil
+}

@@ -71,8 +71,15 @@ func startDaemonEnv(t *testing.T, base string, env []string, extra ...string) *d
 	d := &daemon{t: t, base: base, socket: filepath.Join(base, "run", "sidecar.sock"), stateDir: filepath.Join(base, "state"), env: env}
 	d.args = testdaemon.NoHostConfig(append([]string{"serve", "--socket", d.socket, "--state-dir", d.stateDir, "--log-format", "json", "--reap-interval", "200ms"}, extra...))
 	d.start()
-	t.Cleanup(d.stop)
+	t.Cleanup(d.end)
 	return d
+}
+
+// end stops the daemon and then ends what its kept sandboxes still run (a
+// kept sandbox outlives its daemon): nothing of the test is left.
+func (d *daemon) end() {
+	d.stop()
+	testdaemon.EndSandboxes(d.t, daemonBin, d.socket, d.stateDir)
 }
 
 func (d *daemon) start() {

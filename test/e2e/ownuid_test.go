@@ -157,6 +157,9 @@ func TestNonRootDaemonGivesSandboxesUIDsOfTheirOwn(t *testing.T) {
 	}
 	d.proc = testdaemon.Start(t, cmd, 30*time.Second, nil)
 	d.cmd = cmd
+	// After the stop (cleanups run last-first): a kept sandbox outlives its
+	// daemon, so what still runs as one of the range's uids ends here.
+	t.Cleanup(func() { killUIDs(r.First, r.Size) })
 	t.Cleanup(d.stop)
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -290,4 +293,19 @@ func TestNonRootDaemonGivesSandboxesUIDsOfTheirOwn(t *testing.T) {
 		assert.True(t, os.IsNotExist(err), "sandbox %s's directory is left: %v", id, err)
 	}
 	require.Eventually(t, func() bool { return len(processesInRange(t, "sandbox-init", r)) == 0 }, 10*time.Second, 50*time.Millisecond)
+}
+
+// killUIDs kills every process whose real uid is in [first, first+n).
+func killUIDs(first, n uint32) {
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		var st syscall.Stat_t
+		if syscall.Stat(filepath.Join("/proc", e.Name()), &st) == nil && st.Uid >= first && st.Uid < first+n {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
 }

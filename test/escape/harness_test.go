@@ -230,6 +230,8 @@ func (h *harness) stop() {
 		<-h.proc.Done()
 		h.t.Errorf("daemon did not stop within 60s of SIGTERM")
 	}
+	// A kept sandbox outlives its daemon: end what it still runs.
+	testdaemon.EndSandboxes(h.t, daemonBin, h.socket, h.stateDir)
 }
 
 func (h *harness) call(op string, args map[string]any, out any) error {

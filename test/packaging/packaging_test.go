@@ -374,6 +374,7 @@ func checkWatchdog(t *testing.T, c *container) string {
 	}
 	expectEqual(t, "the sandboxed sleep's host capabilities",
 		c.sh("grep CapPrm /proc/$(pgrep -x -f 'sleep 600')/status | cut -f2"), "0000000000000000")
+	initsBefore := strings.Fields(c.sh("pgrep -x sandbox-init | sort"))
 	var doomed string
 	for _, id := range listed(t, c) {
 		if id != kept {
@@ -412,8 +413,15 @@ func checkWatchdog(t *testing.T, c *container) string {
 		t.Errorf("after the restart the daemon lists %v; want %s kept and %s gone", ids, kept, doomed)
 	}
 	c.sh(fmt.Sprintf("test -d %s/bwrap/%s && ! test -e %s/bwrap/%s", stateDir, kept, stateDir, doomed))
-	if code, out := c.exitCode("pgrep -a -x -f 'sleep 600'; pgrep -a bwrap"); code == 0 {
-		t.Errorf("orphans of the killed daemon still run:\n%s", out)
+	if code, out := c.exitCode("pgrep -a -x -f 'sleep 600'"); code == 0 {
+		t.Errorf("the connection-bound sandbox's command outlived its destroy:\n%s", out)
+	}
+	// The kept sandbox's init outlived the killed daemon (KillMode=process)
+	// and is the one the new daemon uses; the doomed one's is gone.
+	c.sh(as(worker, "sandbox-sidecar exec --sandbox "+kept+" -- true"))
+	initsAfter := strings.Fields(c.sh("pgrep -x sandbox-init | sort"))
+	if len(initsAfter) != 1 || !slices.Contains(initsBefore, initsAfter[0]) {
+		t.Errorf("sandbox inits %v after the restart (before: %v); want the kept sandbox's, which outlived the daemon", initsAfter, initsBefore)
 	}
 	if code, _ := c.exitCode("test -d /proc/" + mainPID); code == 0 {
 		t.Errorf("the frozen daemon (pid %s) still exists", mainPID)

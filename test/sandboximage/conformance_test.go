@@ -102,7 +102,7 @@ func TestConformanceOnAnImportedImage(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { _ = b.Close() })
+			t.Cleanup(func() { _ = b.Close(); bwrap.KillSandboxes(dir) })
 			return bwrapOnImage{b, img, dir}
 		}
 		o := opts

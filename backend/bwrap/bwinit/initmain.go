@@ -97,6 +97,10 @@ type initState struct {
 	hotUntil time.Time   // the end of HotWait after the last command
 	hot      bool        // the message being received came during it
 	procs    agent.Table // the keepers of durable processes
+	// listen is the socket a restarted daemon connects to (bwwire.ListenFD),
+	// -1 without one: init then exits when its daemon goes, as it did
+	// before durable processes.
+	listen int
 }
 
 // initCommand is the command init is running.
@@ -110,7 +114,26 @@ type initCommand struct {
 	hotUntil  time.Time     // it came within HotWait of the last one: waits use rawPoll until then
 }
 
+// init ties a sandbox's init to its bwrap: it ends with bwrap (which the
+// daemon kills to stop it) and, as pid 1, takes the sandbox with it; bwrap
+// itself does not end with the daemon, so the sandbox outlives a daemon
+// that dies or restarts. Here, not in runInit: a parent-death signal is an
+// attribute of the thread that sets it, and the kernel looks at the main
+// thread's, which package initialisation alone is sure to run on (the
+// runtime locks the main goroutine to it until main starts).
+func init() {
+	if IsInit() {
+		tiedToBwrap = unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0, 0, 0)
+	}
+}
+
+// tiedToBwrap is what init's parent-death signal's prctl returned.
+var tiedToBwrap error
+
 func runInit() int {
+	if tiedToBwrap != nil {
+		return initFail("cannot tie itself to its bwrap: %v", tiedToBwrap)
+	}
 	// Named, non-dumpable, pid 1, signals shielded (initproc.Become).
 	if err := initproc.Become("the sandbox's PID namespace"); err != nil {
 		return initFail("%v", err)
@@ -126,6 +149,7 @@ func runInit() int {
 	if err := checkControlSocket(bwwire.ControlFD); err != nil {
 		return initFail("fd %d is not the control socket: %v", bwwire.ControlFD, err)
 	}
+	listen := listenerAt(bwwire.ListenFD)
 	// The sandbox's rlimits, before any command: every command inherits
 	// them. (Lowering a limit needs no privilege.)
 	if err := applyOwnRlimits(os.Getenv(bwwire.RlimitsEnv)); err != nil {
@@ -145,19 +169,69 @@ func runInit() int {
 		return initFail("cannot make the timer that keeps commands' budgets: %v", err)
 	}
 	st := &initState{ctrl: bwwire.ControlFD, timer: timer, opener: openerChild{pid: -1, sock: -1},
-		procs: agent.Table{Exe: "/proc/self/exe", Stderr: 2}}
+		procs: agent.Table{Exe: "/proc/self/exe", Stderr: 2, Failpoint: os.Getenv(agent.KeeperFailpointEnv)}, listen: listen}
 	if err := unix.Sendmsg(st.ctrl, bwwire.Msg{Kind: bwwire.MsgReady}.Encode(), nil, nil, unix.MSG_NOSIGNAL); err != nil {
 		return initFail("cannot tell the daemon it is ready: %v", err)
 	}
 	for {
 		if st.cmd == nil {
-			if done := st.idle(); done {
-				return 0
+			if gone := st.idle(); gone {
+				if st.listen < 0 {
+					return 0
+				}
+				// Its daemon went (died, or stopped and left this
+				// sandbox to the next one): init and everything it runs
+				// go on, and the next daemon connects to the listener.
+				st.daemonGone()
 			}
 		} else {
 			st.busy()
 		}
 	}
+}
+
+// listenerAt makes fd, a seqpacket socket the daemon bound in the
+// sandbox's directory, init's listening socket (close-on-exec), or returns
+// -1 when it is not one. Init, not the daemon, calls listen(2): the kernel
+// then gives a connecting daemon init's own pid and credentials as its
+// peer's (SO_PEERCRED), which is how it knows what it reached.
+func listenerAt(fd int) int {
+	if err := checkControlSocket(fd); err != nil {
+		return -1
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, unix.FD_CLOEXEC); err != nil {
+		return -1
+	}
+	if err := unix.Listen(fd, 4); err != nil {
+		return -1
+	}
+	return fd
+}
+
+// daemonGone closes the control socket whose daemon went; until another
+// connects, init serves its processes alone.
+func (st *initState) daemonGone() {
+	if st.ctrl >= 0 {
+		_ = unix.Close(st.ctrl)
+		st.ctrl = -1
+	}
+	st.ctrlHup = true
+}
+
+// reattach takes a new daemon's connection on the listener as the control
+// socket and says it is ready again.
+func (st *initState) reattach() {
+	fd, _, err := unix.Accept4(st.listen, unix.SOCK_CLOEXEC)
+	if err != nil {
+		return
+	}
+	if st.ctrl >= 0 {
+		// A new daemon: the previous one is gone (one daemon per state
+		// directory holds its lock), whatever its socket still says.
+		_ = unix.Close(st.ctrl)
+	}
+	st.ctrl, st.ctrlHup = fd, false
+	_ = unix.Sendmsg(fd, bwwire.Msg{Kind: bwwire.MsgReady, A: 1}.Encode(), nil, nil, unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT)
 }
 
 func initFail(format string, args ...any) int { return initproc.Fail(format, args...) }
@@ -193,7 +267,7 @@ func closeInheritedFDs() error {
 	}
 	for _, name := range names {
 		fd, err := strconv.Atoi(name)
-		if err != nil || fd <= bwwire.ControlFD || fd == dirFD {
+		if err != nil || fd <= bwwire.ControlFD || fd == dirFD || fd == bwwire.ListenFD {
 			continue
 		}
 		flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
@@ -207,14 +281,17 @@ func closeInheritedFDs() error {
 // idle waits for the next command. It reports true when the daemon has
 // gone (its end of the control socket closed), so init should exit.
 func (st *initState) idle() bool {
-	if st.ctrlHup {
+	if st.ctrlHup && st.ctrl >= 0 {
 		return true
 	}
 	timeout := -1
 	if st.children {
 		timeout = ReapInterval
 	}
-	fds := st.procs.PollFDs([]unix.PollFd{{Fd: int32(st.ctrl), Events: unix.POLLIN}})
+	// The control socket first (fds[0]), or a placeholder poll skips
+	// while no daemon is connected; then the listener, then the keepers.
+	fds := []unix.PollFd{{Fd: int32(st.ctrl), Events: unix.POLLIN}, {Fd: int32(st.listen), Events: unix.POLLIN}}
+	fds = st.procs.PollFDs(fds)
 	poll := unix.Poll
 	st.hot = false
 	if left := time.Until(st.hotUntil); left > 0 {
@@ -227,8 +304,12 @@ func (st *initState) idle() bool {
 		fmt.Fprintf(os.Stderr, "sandbox init: poll: %v\n", err)
 		return true
 	}
-	st.keepersSaid(fds[1:])
+	st.keepersSaid(fds[2:])
 	st.reap()
+	if fds[1].Revents != 0 {
+		st.reattach()
+		return false
+	}
 	switch ev := fds[0].Revents; {
 	case ev&unix.POLLIN != 0:
 		return st.receive()
@@ -253,6 +334,9 @@ func (st *initState) busy() {
 	if !st.ctrlHup {
 		// File operations' open requests come while a command runs too.
 		fds = append(fds, unix.PollFd{Fd: int32(st.ctrl), Events: unix.POLLIN})
+	}
+	if st.listen >= 0 {
+		fds = append(fds, unix.PollFd{Fd: int32(st.listen), Events: unix.POLLIN})
 	}
 	if c.timed != bwwire.TimedKill {
 		fds = append(fds, unix.PollFd{Fd: int32(st.timer), Events: unix.POLLIN})
@@ -279,12 +363,14 @@ func (st *initState) busy() {
 	for _, p := range fds {
 		switch {
 		case p.Revents == 0:
-		case int(p.Fd) == st.ctrl:
+		case int(p.Fd) == st.ctrl && !st.ctrlHup:
 			// The daemon gone mid-command (a hang-up) is left to idle,
-			// which exits once the command is over.
+			// once the command is over.
 			if p.Revents&unix.POLLIN == 0 || st.receive() {
 				st.ctrlHup = true
 			}
+		case int(p.Fd) == st.listen:
+			st.reattach()
 		case int(p.Fd) == c.status:
 			// The daemon shut down its side: the command's budget is spent
 			// or its request is gone. Whatever arrived, the answer is the

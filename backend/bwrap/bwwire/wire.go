@@ -30,7 +30,8 @@ import (
 // message when it is at most MaxInlineRequest bytes (the header's first
 // value says how many), and travels in a memfd otherwise.
 //
-//	init → daemon, control:  ready                    once, when init is set up
+//	init → daemon, control:  ready                    when init is set up; again (value 1) on each new
+//	                         control connection a restarted daemon made on ListenFD
 //	daemon → init, control:  run (value: the request's length) + the request + SCM_RIGHTS [status socket, stdin, stdout, stderr], or
 //	                         run (value: 0) + SCM_RIGHTS [status socket, request memfd, stdin, stdout, stderr]
 //	init → daemon, status:   started (value: the command's pid in the sandbox)
@@ -70,13 +71,18 @@ import (
 // dies, the daemon's end of every status socket reads EOF. Both sides check
 // every header they receive and never trust a length they did not bound.
 const (
-	MsgSize         = 24
-	Magic           = 0x74696e69 // "init"
-	Protocol        = 4          // 4: durable processes (proc start, signal, list)
-	ControlFD       = 3          // init's end of the control socket
-	ExeFD           = 4          // init's executable (the small static init, or the daemon's own), which bwrap runs
-	RunFDs          = 5          // status, request, stdin, stdout, stderr
-	InlineFDs       = 4          // status, stdin, stdout, stderr: the request is in the message
+	MsgSize   = 24
+	Magic     = 0x74696e69 // "init"
+	Protocol  = 4          // 4: durable processes (proc start, signal, list)
+	ControlFD = 3          // init's end of the control socket
+	ExeFD     = 4          // init's executable (the small static init, or the daemon's own), which bwrap runs
+	// ListenFD is init's listening socket, bound in the sandbox's
+	// directory on the host (agent.sock, the daemon's alone): a daemon
+	// started after the one that made the sandbox died connects to it and
+	// the connection becomes init's control socket.
+	ListenFD        = 5
+	RunFDs          = 5 // status, request, stdin, stdout, stderr
+	InlineFDs       = 4 // status, stdin, stdout, stderr: the request is in the message
 	MaxRequestBytes = 4 << 20
 	// MaxInlineRequest bounds a request sent in the run message: well
 	// within a seqpacket socket's send buffer, and the buffer init keeps

@@ -83,6 +83,7 @@ class RunningDaemon:
         # traverse to its state directory.
         os.chmod(self.dir, 0o711)
         self.socket = os.path.join(self.dir, "run", "s.sock")
+        self.binary = binary
         self.stderr_lines: List[str] = []
         # No config file unless the test names one: the host's
         # /etc/sandbox-sidecar/config.toml (a worker host with the package
@@ -126,6 +127,15 @@ class RunningDaemon:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        # A kept sandbox outlives its daemon (its init and durable
+        # processes go on for the next one): end them with the test.
+        subprocess.run(
+            [self.binary, "gc", "--all", "--config", "/dev/null", "--socket", self.socket, "--state-dir", os.path.join(self.dir, "state")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=120,
+            check=False,
+        )
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -214,6 +214,17 @@ func Dial(t testing.TB, socket string) *ipc.Client {
 	return c
 }
 
+// EndSandboxes destroys every sandbox of a stopped daemon's state
+// directory (offline `gc --all`), kept ones included, whose inits and
+// durable processes outlive the daemon: a test leaves nothing running.
+func EndSandboxes(t testing.TB, bin, socket, stateDir string) {
+	t.Helper()
+	cmd := exec.Command(bin, "gc", "--all", "--config", "/dev/null", "--socket", socket, "--state-dir", stateDir)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Logf("gc --all after the test: %v\n%s", err, out)
+	}
+}
+
 // CLI runs bin (the daemon's binary) with args as a client of the daemon
 // on socket, and returns what it printed and its exit code.
 func CLI(t testing.TB, bin, socket string, args ...string) (stdout, stderr string, code int) {
