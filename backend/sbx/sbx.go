@@ -48,9 +48,12 @@ const Name = "sbx"
 
 // Defaults for the zero fields of Config.
 const (
-	// DefaultTemplate is the container image a sandbox boots from. It must
-	// have /bin/sh and GNU coreutils (timeout, realpath, stat, head, mktemp).
-	DefaultTemplate = "python:3.12-slim"
+	// DefaultTemplate is the container image a sandbox boots from: the
+	// template sbx documents for its shell agent (Ubuntu, a non-root agent
+	// user, bash, git, a CA store), fully qualified, because sbx does not
+	// resolve a Docker Hub short name. It must have /bin/sh and GNU
+	// coreutils (timeout, realpath, stat, head, mktemp).
+	DefaultTemplate = "docker.io/docker/sandbox-templates:shell"
 	// DefaultMemory is each microVM's memory.
 	DefaultMemory = "2g"
 	// DefaultCreateTimeout bounds sbx create: a first boot pulls the
@@ -205,8 +208,8 @@ func New(cfg Config) (*Backend, error) {
 		cfg.Template = DefaultTemplate
 	}
 	for _, t := range append([]string{cfg.Template}, cfg.Templates...) {
-		if t == "" || strings.HasPrefix(t, "-") || strings.ContainsAny(t, " \t\n\x00") || t == backend.HostImage {
-			return nil, fmt.Errorf("sbx backend: template image %q is not an image reference", t)
+		if err := checkTemplate(t); err != nil {
+			return nil, err
 		}
 	}
 	if cfg.Memory == "" {
@@ -449,6 +452,35 @@ func firstLine(b []byte) string {
 		}
 	}
 	return ""
+}
+
+// checkTemplate refuses a template sbx cannot be given: not an image
+// reference, or a reference without its registry's domain (a Docker Hub
+// short name such as python:3.12-slim), which sbx does not resolve.
+func checkTemplate(t string) error {
+	if t == "" || strings.HasPrefix(t, "-") || strings.ContainsAny(t, " \t\n\x00") || t == backend.HostImage {
+		return fmt.Errorf("sbx backend: template image %q is not an image reference", t)
+	}
+	if !hasRegistryDomain(t) {
+		return fmt.Errorf("sbx backend: template image %q is a short name, and sbx does not resolve short names to Docker Hub; write it fully qualified, with its registry: docker.io/library/python:3.12-slim for an official image, docker.io/%s for another of Docker Hub's, or %s (the default)", t, shortExample(t), DefaultTemplate)
+	}
+	return nil
+}
+
+// hasRegistryDomain reports whether image reference ref names its registry:
+// the part before the first '/' holds a '.' or a ':', or is localhost (the
+// rule Docker's reference grammar uses to tell a registry from a path).
+func hasRegistryDomain(ref string) bool {
+	first, _, ok := strings.Cut(ref, "/")
+	return ok && (strings.ContainsAny(first, ".:") || first == "localhost")
+}
+
+// shortExample is t with the path Docker Hub would give it.
+func shortExample(t string) string {
+	if !strings.Contains(t, "/") {
+		return "library/" + t
+	}
+	return t
 }
 
 // templateFor is the sbx template of a create on image im: the default

@@ -536,6 +536,8 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"marker with dash", func(c *Config) { c.Marker = "a-b" }, "no '-'"},
 		{"marker too long", func(c *Config) { c.Marker = strings.Repeat("a", 25) }, "marker"},
 		{"template flag", func(c *Config) { c.Template = "--privileged" }, "image"},
+		{"template short name", func(c *Config) { c.Template = "python:3.12-slim" }, "docker.io/library/python:3.12-slim"},
+		{"template short path", func(c *Config) { c.Templates = []string{"acme/agent:1"} }, "docker.io/acme/agent:1"},
 		{"env without =", func(c *Config) { c.Env = []string{"NOVALUE"} }, "NAME=value"},
 		{"missing binary", func(c *Config) { c.SbxPath = filepath.Join(t.TempDir(), "sbx") }, "install"},
 	}

@@ -262,3 +262,26 @@ func TestMergeEnv(t *testing.T) {
 		t.Errorf("mergeEnv = %v, %v", env, err)
 	}
 }
+
+// sbx resolves only references that name their registry; a Docker Hub
+// short name is refused at start with the fully qualified form to write.
+func TestTemplatesAreFullyQualified(t *testing.T) {
+	for _, ok := range []string{DefaultTemplate, "docker.io/library/python:3.12-slim", "ghcr.io/acme/agent:1", "localhost/agent:1", "registry:5000/agent", "docker.io/docker/sandbox-templates:shell@sha256:" + strings.Repeat("a", 64)} {
+		if err := checkTemplate(ok); err != nil {
+			t.Errorf("checkTemplate(%q) = %v", ok, err)
+		}
+	}
+	for bad, hint := range map[string]string{
+		"python:3.12-slim":               "docker.io/library/python:3.12-slim",
+		"ubuntu":                         "docker.io/library/ubuntu",
+		"docker/sandbox-templates:shell": "docker.io/docker/sandbox-templates:shell",
+		"acme/agent:1":                   "fully qualified",
+		"--privileged":                   "not an image reference",
+		"host":                           "not an image reference",
+		"a b":                            "not an image reference",
+	} {
+		if err := checkTemplate(bad); err == nil || !strings.Contains(err.Error(), hint) {
+			t.Errorf("checkTemplate(%q) = %v; want an error saying %q", bad, err, hint)
+		}
+	}
+}
