@@ -203,6 +203,43 @@ func (f *fakeHost) calls() [][]string {
 	return out
 }
 
+// envs returns the environment of every fake invocation so far.
+func (f *fakeHost) envs() [][]string {
+	f.t.Helper()
+	data, err := os.ReadFile(filepath.Join(f.state, "calls.log"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	var out [][]string
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		var c struct{ Env []string }
+		if err := json.Unmarshal(sc.Bytes(), &c); err != nil {
+			f.t.Fatalf("calls.log: %v", err)
+		}
+		out = append(out, c.Env)
+	}
+	return out
+}
+
+// checkSbxNeverSaw fails the test if any fake invocation's environment
+// held one of names.
+func (f *fakeHost) checkSbxNeverSaw(names ...string) {
+	f.t.Helper()
+	for _, env := range f.envs() {
+		for _, kv := range env {
+			k, _, _ := strings.Cut(kv, "=")
+			if slices.Contains(names, k) {
+				f.t.Errorf("sbx was run with %s in its environment", kv)
+			}
+		}
+	}
+}
+
 // called reports whether some invocation began with prefix.
 func (f *fakeHost) called(prefix ...string) bool {
 	return slices.ContainsFunc(f.calls(), func(args []string) bool {

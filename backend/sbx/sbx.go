@@ -25,8 +25,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -134,8 +136,9 @@ type Config struct {
 	// SbxPath is the sbx binary: a path, or a bare name looked up on PATH;
 	// empty means "sbx" on PATH.
 	SbxPath string
-	// Env is added to the daemon's environment for every sbx process
-	// ("NAME=value"). sbx needs the daemon user's HOME to find its login.
+	// Env is added to the environment every sbx process gets
+	// ("NAME=value", overriding what sbxEnv took from the daemon's). sbx
+	// never gets the daemon's whole environment (see sbxEnv).
 	Env []string
 	// Template is the image sandboxes boot from (default DefaultTemplate).
 	Template string
@@ -181,6 +184,8 @@ type Backend struct {
 	log         hclog.Logger
 
 	boxes *registry.Registry[*sandbox] // known sandboxes, loaded lazily from Dir
+
+	env []string // every sbx process's whole environment (sbxEnv)
 
 	healthMu     sync.Mutex
 	healthyUntil time.Time
@@ -279,6 +284,7 @@ func New(cfg Config) (*Backend, error) {
 		memory:      memory,
 		memoryBytes: bytes,
 		log:         cfg.Logger.Named(Name),
+		env:         sbxEnv(os.Environ(), cfg.Env),
 	}
 	b.boxes = registry.New(b.registryHooks())
 	return b, nil
@@ -394,13 +400,67 @@ func checkKVM(dev string) error {
 	return fmt.Errorf("%w: cannot check %s: %v", backend.ErrUnavailable, dev, err)
 }
 
-// sbxCommand returns an exec.Cmd for sbx with the daemon's environment plus
-// Config.Env, run from /.
+// sbxCommand returns an exec.Cmd for sbx with the environment sbxEnv made,
+// run from /.
 func (b *Backend) sbxCommand(args []string) *exec.Cmd {
 	cmd := exec.Command(b.sbx, args...)
-	cmd.Env = append(os.Environ(), b.cfg.Env...)
+	cmd.Env = b.env
 	cmd.Dir = "/"
 	return cmd
+}
+
+// defaultPATH is sbx's PATH when the daemon has none.
+const defaultPATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// sbxPassedVars are the daemon's variables sbx gets as they are: the
+// proxies it falls back on for pulls and for its sandboxes' egress, and
+// TMPDIR. sbxPassedPrefixes name its own settings variables
+// (DOCKER_SANDBOXES_PROXY, SANDBOXES_STORAGE_ROOT, SANDBOXD_LOG_LEVEL, ...).
+var (
+	sbxPassedVars = []string{"TMPDIR", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY",
+		"http_proxy", "https_proxy", "no_proxy", "all_proxy"}
+	sbxPassedPrefixes = []string{"DOCKER_SANDBOXES_", "SANDBOXES_", "SANDBOXD_"}
+)
+
+// sbxEnv is the whole environment of every sbx process: PATH, HOME (where
+// sbx keeps its login and state), sbx's own settings variables and the
+// proxies, from the daemon's environment parent, then extra (Config.Env),
+// and nothing else. sbx forwards its caller's SSH agent into every sandbox
+// (the ssh.agentForwardingEnabled setting, on by default), and an
+// operator's credentials in the daemon's environment have no business in
+// a microVM: SSH_AUTH_SOCK and everything not listed here stay out.
+func sbxEnv(parent, extra []string) []string {
+	vars := map[string]string{}
+	for _, kv := range parent {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			continue
+		}
+		pass := k == "PATH" || k == "HOME" || slices.Contains(sbxPassedVars, k)
+		for _, p := range sbxPassedPrefixes {
+			pass = pass || strings.HasPrefix(k, p)
+		}
+		if pass {
+			vars[k] = v
+		}
+	}
+	if vars["PATH"] == "" {
+		vars["PATH"] = defaultPATH
+	}
+	if vars["HOME"] == "" {
+		if u, err := user.Current(); err == nil && u.HomeDir != "" {
+			vars["HOME"] = u.HomeDir
+		}
+	}
+	for _, kv := range extra {
+		k, v, _ := strings.Cut(kv, "=")
+		vars[k] = v
+	}
+	env := make([]string, 0, len(vars))
+	for _, k := range slices.Sorted(maps.Keys(vars)) {
+		env = append(env, k+"="+vars[k])
+	}
+	return env
 }
 
 // runSbx runs sbx with args to completion within limit (and ctx), keeping

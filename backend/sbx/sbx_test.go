@@ -637,3 +637,51 @@ func TestSbxImageIsAnAllowedTemplate(t *testing.T) {
 		t.Fatalf("Images() = %v", names)
 	}
 }
+
+// TestSbxEnvironmentIsOnlyWhatSbxNeeds: sbx runs with PATH, HOME, its own
+// settings variables and the proxies, and nothing else of the daemon's
+// environment: an operator's SSH agent (which sbx would forward into
+// every sandbox) and credentials never reach it, nor a guest.
+func TestSbxEnvironmentIsOnlyWhatSbxNeeds(t *testing.T) {
+	t.Setenv("SSH_AUTH_SOCK", "/run/user/0/ssh-agent.sock")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "daemon-secret-7c1e")
+	t.Setenv("DOCKER_SANDBOXES_PROXY", "http://proxy.internal:3128")
+	t.Setenv("SANDBOXD_LOG_LEVEL", "debug")
+	t.Setenv("HTTPS_PROXY", "http://proxy.internal:3128")
+	t.Setenv("HOME", "/var/lib/sandbox-sidecar")
+	b, f := newFakeBackend(t)
+	id, _ := create(t, b, backend.Spec{})
+	res := run(t, b, id, `printf '%s|%s' "${SSH_AUTH_SOCK-unset}" "${AWS_SECRET_ACCESS_KEY-unset}"`)
+	if got := string(res.Stdout); got != "unset|unset" {
+		t.Errorf("the guest saw %q of the daemon's environment", got)
+	}
+	if err := b.Destroy(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	envs := f.envs()
+	if len(envs) < 3 {
+		t.Fatalf("only %d sbx calls recorded", len(envs))
+	}
+	allowed := func(k string) bool {
+		switch k {
+		case "PATH", "HOME", "HTTPS_PROXY", "SBXFAKE_STATE":
+			return true
+		}
+		return strings.HasPrefix(k, "DOCKER_SANDBOXES_") || strings.HasPrefix(k, "SANDBOXD_")
+	}
+	for i, env := range envs {
+		got := map[string]string{}
+		for _, kv := range env {
+			k, v, _ := strings.Cut(kv, "=")
+			got[k] = v
+			if !allowed(k) {
+				t.Errorf("call %d (%q): sbx was given %s", i, f.calls()[i], kv)
+			}
+		}
+		if got["HOME"] != "/var/lib/sandbox-sidecar" || got["PATH"] != os.Getenv("PATH") ||
+			got["DOCKER_SANDBOXES_PROXY"] != "http://proxy.internal:3128" || got["SANDBOXD_LOG_LEVEL"] != "debug" {
+			t.Errorf("call %d: sbx's environment lacks what it needs: %q", i, env)
+		}
+	}
+	f.checkSbxNeverSaw("SSH_AUTH_SOCK", "AWS_SECRET_ACCESS_KEY")
+}

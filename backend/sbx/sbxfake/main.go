@@ -27,7 +27,8 @@
 // and host paths are the same here. It is not a sandbox: the command runs on
 // the host.
 //
-// Every invocation is appended to $SBXFAKE_STATE/calls.log as a JSON line
+// Its state directory is $SBXFAKE_STATE, else $SANDBOXES_STORAGE_ROOT (sbx's
+// storage root). Every invocation is appended to its calls.log as a JSON line
 // {"args": [...], "env": [...]} (the environment it was given, so a test can
 // see what sbx would), and every env file exec reads to envfiles.log as
 // {"path": ..., "mode": "0600", "uid": ...}. Behaviours are switched by a
@@ -99,6 +100,7 @@ const Version = "v0.55.0"
 
 const (
 	stateEnv     = "SBXFAKE_STATE"
+	storageEnv   = "SANDBOXES_STORAGE_ROOT"
 	hangFor      = time.Hour
 	guestPATH    = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 	tagEnv       = "SBXFAKE_SANDBOX"
@@ -139,7 +141,12 @@ type fake struct {
 func run(args []string) int {
 	state := os.Getenv(stateEnv)
 	if state == "" {
-		fmt.Fprintln(os.Stderr, "sbxfake: set "+stateEnv+" to its state directory")
+		// sbx's own storage-root variable, which reaches sbx through a
+		// daemon that passes sbx nothing else.
+		state = os.Getenv(storageEnv)
+	}
+	if state == "" {
+		fmt.Fprintln(os.Stderr, "sbxfake: set "+stateEnv+" or "+storageEnv+" to its state directory")
 		return 2
 	}
 	f := &fake{state: state}
