@@ -140,6 +140,10 @@ func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 	if !out.TimedOut && looksLikeMissingSandbox(res) {
 		exists, lsErr := b.sbxHas(ctx, sb.name)
 		switch {
+		case errors.Is(lsErr, errSignedOut), errors.Is(lsErr, errNoPolicy):
+			// sbx refused the command itself (the sandbox is not at fault).
+			log.Warn("sbx refused the command", "error", lsErr)
+			return out, fmt.Errorf("command in sandbox %s did not run: %w", id, lsErr)
 		case lsErr != nil:
 			log.Warn("sbx exec failed without output and sbx ls cannot tell whether the sandbox still exists; reporting the exit status as is", "exit_code", res.ExitCode, "error", lsErr)
 		case !exists:
@@ -206,6 +210,8 @@ func (b *Backend) probe(ctx context.Context, name, ws, token string) error {
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return fmt.Errorf("the request ended while checking the new microVM: %w", ctx.Err())
+	case err == nil && operatorNeeded(res) != nil:
+		return operatorNeeded(res)
 	case err != nil || res.TimedOut:
 		return fmt.Errorf("%w: the new microVM did not run a first command (%s); check the sbx daemon's log", backend.ErrUnavailable, failure(res, err, probeTimeout))
 	case res.ExitCode == 90:

@@ -221,7 +221,11 @@ func (b *Backend) runScript(ctx context.Context, id, script string, stdin []byte
 	if i < 0 {
 		// The script never ran: sbx failed, or has no such sandbox.
 		if looksLikeMissingSandbox(res) {
-			if exists, lsErr := b.sbxHas(ctx, sb.name); lsErr == nil && !exists {
+			exists, lsErr := b.sbxHas(ctx, sb.name)
+			switch {
+			case errors.Is(lsErr, errSignedOut), errors.Is(lsErr, errNoPolicy):
+				return scriptResult{}, fmt.Errorf("file operation in sandbox %s did not run: %w", id, lsErr)
+			case lsErr == nil && !exists:
 				return scriptResult{}, vanished(id)
 			}
 		}

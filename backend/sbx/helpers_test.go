@@ -180,8 +180,22 @@ func (f *fakeHost) names() []string {
 	return strings.Fields(out)
 }
 
-// calls returns the argument lists of every fake invocation so far.
+// calls returns the argument lists of every fake invocation so far,
+// without the global flags before the command (--no-input).
 func (f *fakeHost) calls() [][]string {
+	f.t.Helper()
+	var out [][]string
+	for _, args := range f.rawCalls() {
+		for len(args) > 0 && (args[0] == "--no-input" || args[0] == "-D") {
+			args = args[1:]
+		}
+		out = append(out, args)
+	}
+	return out
+}
+
+// rawCalls returns the argument lists of every fake invocation so far.
+func (f *fakeHost) rawCalls() [][]string {
 	f.t.Helper()
 	data, err := os.ReadFile(filepath.Join(f.state, "calls.log"))
 	if errors.Is(err, os.ErrNotExist) {

@@ -339,6 +339,8 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 		return backend.Info{}, fmt.Errorf("sandbox %s was not created: the request ended during sbx create: %w", id, ctx.Err())
 	case res.TimedOut:
 		return backend.Info{}, fmt.Errorf("%w: sbx create of sandbox %s did not finish within %v (a first boot pulls %s); retry, or raise the create timeout on a slow link", backend.ErrUnavailable, id, b.cfg.CreateTimeout, b.cfg.Template)
+	case runErr == nil && operatorNeeded(res) != nil:
+		return backend.Info{}, fmt.Errorf("sandbox %s was not created: %w", id, operatorNeeded(res))
 	case runErr != nil || res.ExitCode != 0:
 		detail := failure(res, runErr, b.cfg.CreateTimeout)
 		hint := "check that sbx is logged in (sbx login), that its policy is initialised (sbx policy init), and the sbx daemon's log"
@@ -352,6 +354,9 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	if len(hosts) > 0 {
 		res, runErr := b.runSbx(ctx, policyTimeout, cliOutputBytes, nil,
 			"policy", "allow", "network", "--sandbox", name, strings.Join(hosts, ","))
+		if need := operatorNeeded(res); runErr == nil && need != nil {
+			return backend.Info{}, fmt.Errorf("sandbox %s was not created: %w", id, need)
+		}
 		if runErr != nil || res.ExitCode != 0 || res.TimedOut {
 			return backend.Info{}, fmt.Errorf("%w: cannot allow sandbox %s to reach %s: sbx policy allow network failed (%s); the sandbox was removed, check sbx policy ls and retry", backend.ErrSpecUnenforceable, id, strings.Join(hosts, ", "), failure(res, runErr, policyTimeout))
 		}
@@ -487,6 +492,8 @@ func (b *Backend) listSbx(ctx context.Context) ([]lsEntry, error) {
 		return nil, fmt.Errorf("sbx ls was stopped because the request ended: %w", ctx.Err())
 	case res.TimedOut:
 		return nil, fmt.Errorf("%w: sbx ls did not answer within %v; the sbx daemon may be stuck (sbx-releases#163): check \"sbx daemon status\" and restart it", backend.ErrUnavailable, limit)
+	case err == nil && operatorNeeded(res) != nil:
+		return nil, operatorNeeded(res)
 	case err != nil || res.ExitCode != 0:
 		return nil, fmt.Errorf("%w: sbx ls failed (%s); check that sbx is logged in (sbx login) and its daemon runs", backend.ErrUnavailable, failure(res, err, limit))
 	case res.StdoutTruncated:

@@ -185,7 +185,9 @@ type Backend struct {
 
 	boxes *registry.Registry[*sandbox] // known sandboxes, loaded lazily from Dir
 
-	env []string // every sbx process's whole environment (sbxEnv)
+	env     []string   // every sbx process's whole environment (sbxEnv)
+	version sbxVersion // what sbx version --json said at start
+	noInput bool       // sbx takes the global --no-input: pass it on every call
 
 	healthMu     sync.Mutex
 	healthyUntil time.Time
@@ -202,8 +204,9 @@ func DefaultMarker(dir string) string {
 	return "sc" + hex.EncodeToString(sum[:5])
 }
 
-// New validates cfg, creates cfg.Dir and finds sbx. It starts nothing;
-// Health asks sbx whether it answers.
+// New validates cfg, creates cfg.Dir, finds sbx and asks its version (sbx
+// version --json, within 30 s): an sbx older than MinVersion is refused.
+// It starts nothing; Health asks sbx whether it answers.
 func New(cfg Config) (*Backend, error) {
 	if cfg.Dir == "" || !filepath.IsAbs(cfg.Dir) {
 		return nil, fmt.Errorf("sbx backend: Dir %q must be an absolute path to the state directory", cfg.Dir)
@@ -287,6 +290,10 @@ func New(cfg Config) (*Backend, error) {
 		env:         sbxEnv(os.Environ(), cfg.Env),
 	}
 	b.boxes = registry.New(b.registryHooks())
+	if err := b.checkVersion(context.Background()); err != nil {
+		return nil, err
+	}
+	b.log.Info("sbx found", "path", bin, "version", b.version, "no_input", b.noInput)
 	return b, nil
 }
 
@@ -472,7 +479,12 @@ func (b *Backend) runSbx(ctx context.Context, limit time.Duration, maxOutput int
 }
 
 // runSbxOutput is runSbx that also hands output to out as it is read.
+// The global --no-input goes first when sbx takes it, so a command that
+// would prompt (a sign-in, a policy preset) fails at once instead.
 func (b *Backend) runSbxOutput(ctx context.Context, limit time.Duration, maxOutput int, stdin []byte, out capture.OutputFunc, args ...string) (capture.Result, error) {
+	if b.noInput {
+		args = append([]string{"--no-input"}, args...)
+	}
 	return capture.Run(ctx, b.sbxCommand(args), capture.Options{
 		Timeout:        limit,
 		KillGrace:      outerKillGrace,

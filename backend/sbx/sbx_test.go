@@ -485,7 +485,7 @@ func TestSbxProbeCatchesAWorkspaceNotVisibleInside(t *testing.T) {
 	// A wrapper whose sandboxes do not see the workspace the host prepared,
 	// as with an sbx that mounted workspaces somewhere else.
 	wrapper := filepath.Join(t.TempDir(), "sbx")
-	script := "#!/bin/sh\nif [ \"$1\" = create ]; then\n\tfor last do :; done\n\trm -f \"$last/.sidecar-probe\"\nfi\nexec " + fakeBin + " \"$@\"\n"
+	script := "#!/bin/sh\nc=$1; [ \"$c\" = --no-input ] && c=$2\nif [ \"$c\" = create ]; then\n\tfor last do :; done\n\trm -f \"$last/.sidecar-probe\"\nfi\nexec " + fakeBin + " \"$@\"\n"
 	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -684,4 +684,166 @@ func TestSbxEnvironmentIsOnlyWhatSbxNeeds(t *testing.T) {
 		}
 	}
 	f.checkSbxNeverSaw("SSH_AUTH_SOCK", "AWS_SECRET_ACCESS_KEY")
+}
+
+// recordNames lists the fake's sandboxes from its records, without
+// asking it (a signed-out fake would not answer).
+func (f *fakeHost) recordNames() []string {
+	f.t.Helper()
+	matches, err := filepath.Glob(filepath.Join(f.state, "sandboxes", "*.json"))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	var out []string
+	for _, m := range matches {
+		out = append(out, strings.TrimSuffix(filepath.Base(m), ".json"))
+	}
+	return out
+}
+
+// TestSbxSignedOutFailsFast: an sbx whose login expired starts an
+// interactive sign-in and waits for it (sbx-releases#109), which held a
+// create for its whole create timeout. With --no-input every call fails
+// at once naming `sbx login`: health says so, create leaves nothing, a
+// command or a file operation fails as backend_unavailable without
+// ending its sandbox, destroy keeps the files to retry. Signed in again,
+// everything works, the sandbox's files intact.
+func TestSbxSignedOutFailsFast(t *testing.T) {
+	b, f := newFakeBackend(t, func(c *Config) { c.ListTimeout = 30 * time.Second })
+	ctx := context.Background()
+	id, _ := create(t, b, backend.Spec{})
+	if err := b.WriteFile(ctx, id, "kept.txt", []byte("kept"), 0); err != nil {
+		t.Fatal(err)
+	}
+	// A command of the agent's that mentions sbx login is only a command.
+	if res := run(t, b, id, "echo 'please run sbx login' >&2; exit 1"); res.ExitCode != 1 || res.SandboxTerminated {
+		t.Fatalf("a failing command that prints 'sbx login': %+v", res)
+	}
+
+	f.set("signed-out", "1")
+	const fast = 10 * time.Second // far below the 10-minute create timeout and 30 s ls
+	for what, call := range map[string]func() error{
+		"Health": func() error { return b.Health(ctx) },
+		"List":   func() error { _, err := b.List(ctx); return err },
+		"Create": func() error { _, err := b.Create(ctx, newID(), backend.Spec{}); return err },
+		"Exec": func() error {
+			res, err := b.Exec(ctx, id, backend.ExecRequest{Command: "echo hi", Timeout: time.Minute})
+			if res.SandboxTerminated || res.TimedOut {
+				t.Errorf("Exec signed out ended the sandbox: %+v", res)
+			}
+			return err
+		},
+		"ReadFile": func() error { _, err := b.ReadFile(ctx, id, "kept.txt", 100); return err },
+		"Destroy":  func() error { return b.Destroy(ctx, id) },
+	} {
+		start := time.Now()
+		err := call()
+		if elapsed := time.Since(start); elapsed > fast {
+			t.Errorf("%s signed out took %v", what, elapsed)
+		}
+		if !errors.Is(err, backend.ErrUnavailable) || !strings.Contains(err.Error(), "sbx needs `sbx login`") || !strings.Contains(err.Error(), "--password-stdin") {
+			t.Errorf("%s signed out: %v; want backend_unavailable saying sbx needs `sbx login` and how", what, err)
+		}
+	}
+	if names := f.recordNames(); len(names) != 1 || names[0] != b.sbxName(id) {
+		t.Errorf("sandboxes after the signed-out calls: %v, want only %s", names, b.sbxName(id))
+	}
+	if _, err := os.Stat(filepath.Join(f.dir, id, specName)); err != nil {
+		t.Errorf("a destroy that sbx refused removed the files that let it be retried: %v", err)
+	}
+	for _, args := range f.rawCalls() {
+		if args[0] != "--no-input" {
+			t.Errorf("an sbx call without --no-input: %q", args)
+		}
+	}
+
+	f.unset("signed-out")
+	if err := b.Health(ctx); err != nil {
+		t.Errorf("Health signed in again: %v", err)
+	}
+	got, err := b.ReadFile(ctx, id, "kept.txt", 100)
+	if err != nil || string(got) != "kept" {
+		t.Errorf("the sandbox's file signed in again: %q, %v", got, err)
+	}
+}
+
+// TestSbxPolicyNeverInitialised: sbx asks for a network preset before it
+// runs a sandbox; with --no-input the create fails at once, saying to run
+// sbx policy init.
+func TestSbxPolicyNeverInitialised(t *testing.T) {
+	b, f := newFakeBackend(t)
+	f.set("policy-uninit", "1")
+	start := time.Now()
+	_, err := b.Create(context.Background(), newID(), backend.Spec{})
+	wantErr(t, err, backend.ErrUnavailable, "sbx policy init")
+	if elapsed := time.Since(start); elapsed > 10*time.Second {
+		t.Errorf("Create with no policy took %v", elapsed)
+	}
+	if names := f.recordNames(); len(names) != 0 {
+		t.Errorf("a refused create left %v", names)
+	}
+}
+
+// TestSbxVersionGate: the backend asks sbx version --json at start and
+// refuses an sbx older than MinVersion; where sbx does not take
+// --no-input, it runs without it.
+func TestSbxVersionGate(t *testing.T) {
+	f := newFakeHost(t)
+	for v, hint := range map[string]string{
+		"v0.41.2": "no \"version --json\"",
+		"v0.42.1": "older than " + MinVersion.String(),
+		"v0.9.0":  "older than",
+	} {
+		f.set("version", v)
+		_, err := New(f.config())
+		wantErr(t, err, backend.ErrUnavailable, hint, "upgrade sbx")
+	}
+	for _, v := range []string{"v0.43.0", "v0.55.0", "v1.0.0-rc1"} {
+		f.set("version", v)
+		b, err := New(f.config())
+		if err != nil {
+			t.Fatalf("sbx %s: %v", v, err)
+		}
+		if got, _ := parseVersion(v); b.version != got || !b.noInput {
+			t.Errorf("sbx %s: version %v, noInput %v", v, b.version, b.noInput)
+		}
+	}
+
+	f.unset("version")
+	f.set("no-input-unsupported", "1")
+	before := len(f.rawCalls())
+	b := f.backend()
+	if b.noInput {
+		t.Fatal("noInput with an sbx that refuses --no-input")
+	}
+	id, _ := create(t, b, backend.Spec{})
+	if got := string(run(t, b, id, "echo ok").Stdout); got != "ok\n" {
+		t.Errorf("a command without --no-input printed %q", got)
+	}
+	for _, args := range f.rawCalls()[before+1:] {
+		if args[0] == "--no-input" {
+			t.Errorf("--no-input passed to an sbx without it: %q", args)
+		}
+	}
+}
+
+func TestVersionFromOutput(t *testing.T) {
+	cases := map[string]string{
+		`{"version":"v0.55.0","commit":"abc"}`:                            "v0.55.0",
+		`{"client":{"version":"0.55.1","goVersion":"go1.26.1"}}`:          "v0.55.1",
+		"Starting sandboxd…\n{\"Version\":\"v0.44.0-rc2\"}":               "v0.44.0",
+		`{"build":{"tag":"v0.50.2"},"api":"1.2.3"}`:                       "v0.50.2",
+		"sbx version: v0.33.0 d7da69cb30eb3000c4d4ef0c848ffe84f32058bf\n": "v0.33.0",
+	}
+	for out, want := range cases {
+		v, ok := versionFromOutput([]byte(out))
+		if !ok || v.String() != want {
+			t.Errorf("versionFromOutput(%q) = %v, %v; want %s", out, v, ok, want)
+		}
+	}
+	for _, bad := range []string{"", "{}", `{"api":"1.2.3"}`, "sbx version unknown", `{"version":"latest"}`} {
+		if v, ok := versionFromOutput([]byte(bad)); ok {
+			t.Errorf("versionFromOutput(%q) = %v", bad, v)
+		}
+	}
 }
