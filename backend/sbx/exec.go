@@ -88,6 +88,20 @@ func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 	}
 	defer done()
 
+	// A stopped microVM is started first, under a deadline of its own: the
+	// boot is not the command's time (autostop.go).
+	switch err := b.ensureRunning(opCtx, sb); {
+	case errors.Is(err, errGone):
+		b.log.Warn("the sandbox's microVM is gone: sbx no longer lists it", "sandbox", id, "sbx_name", sb.name)
+		return backend.ExecResult{SandboxTerminated: true}, nil
+	case err != nil && errors.Is(context.Cause(opCtx), errSandboxDestroyed):
+		return backend.ExecResult{SandboxTerminated: true}, nil
+	case err != nil:
+		return backend.ExecResult{}, fmt.Errorf("command in sandbox %s did not run: %w", id, err)
+	}
+	endSession := sb.session()
+	defer endSession()
+
 	if envAt >= 0 {
 		path, err := writeEnvFile(sb.dir, env)
 		if err != nil {
@@ -129,6 +143,7 @@ func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 		// guest. Only removing the microVM stops whatever still runs.
 		log.Error("sbx exec outlived the command's timeout and grace; destroying the sandbox",
 			"timeout", applied, "kill_after", killAfter, "grace", b.cfg.ExecGrace, "duration", res.Duration)
+		endSession()
 		done()
 		if err := b.Destroy(context.WithoutCancel(ctx), id); err != nil {
 			log.Error("cannot destroy the stuck sandbox; the caller's destroy will retry", "error", err)

@@ -351,3 +351,44 @@ func (f *fakeHost) callsContain(args ...string) bool {
 		return false
 	})
 }
+
+// autoStop makes the fake stop a sandbox grace after its last session and
+// take boot to start it again; the returned tweak tells the backend sbx's
+// grace.
+func (f *fakeHost) autoStop(grace, boot time.Duration) func(*Config) {
+	f.t.Helper()
+	f.set("auto-stop-grace", grace.String())
+	f.set("boot-delay", boot.String())
+	return func(c *Config) { c.AutoStopGrace = grace }
+}
+
+// status is sbx ls --json's status of sandbox name (as the fake sees it
+// now), or "" when it has none.
+func (f *fakeHost) status(name string) string {
+	f.t.Helper()
+	out, code := f.sbx("ls", "--json")
+	if code != 0 {
+		f.t.Fatalf("sbx ls --json exited %d", code)
+	}
+	entries, err := parseLs([]byte(out))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	for _, e := range entries {
+		if e.Name == name {
+			return e.Status
+		}
+	}
+	return ""
+}
+
+// waitStopped waits (up to 10 s) until the fake has stopped sandbox name.
+func (f *fakeHost) waitStopped(name string) {
+	f.t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if f.status(name) == "stopped" {
+			return
+		}
+	}
+	f.t.Fatalf("sandbox %s did not auto-stop", name)
+}

@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -78,6 +79,11 @@ type sandbox struct {
 	network string
 
 	ops registry.Ops // the operations in flight, so Destroy can stop them
+
+	startMu  sync.Mutex // held while ensureRunning starts a stopped microVM
+	mu       sync.Mutex // guards sessions and lastUsed
+	sessions int        // sbx execs running in it (they keep it from stopping)
+	lastUsed time.Time  // when the last one ended, or it was made or started
 }
 
 func newSandbox(id, dir string, spec persistedSpec) *sandbox {
@@ -350,6 +356,8 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 		return backend.Info{}, fmt.Errorf("%w: sbx create of sandbox %s failed (%s); %s", backend.ErrUnavailable, id, detail, hint)
 	}
 	log.Debug("microVM created", "sbx_name", name, "duration", time.Since(start))
+	sb := newSandbox(id, dir, saved)
+	sb.touch() // sbx stops it a grace after create if no session comes
 
 	if len(hosts) > 0 {
 		res, runErr := b.runSbx(ctx, policyTimeout, cliOutputBytes, nil,
@@ -362,12 +370,21 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 		}
 	}
 
-	if err := b.probe(ctx, name, ws, token); err != nil {
+	if err := b.ensureRunning(ctx, sb); err != nil {
+		if errors.Is(err, errGone) {
+			err = fmt.Errorf("%w: sbx no longer lists the new microVM %s", backend.ErrUnavailable, name)
+		}
+		return backend.Info{}, fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	endSession := sb.session()
+	err = b.probe(ctx, name, ws, token)
+	endSession()
+	if err != nil {
 		return backend.Info{}, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	_ = os.Remove(filepath.Join(ws, probeName))
 
-	if err := b.boxes.Created(id, newSandbox(id, dir, saved)); err != nil {
+	if err := b.boxes.Created(id, sb); err != nil {
 		return backend.Info{}, err
 	}
 	log.Info("sandbox created", "sbx_name", name, "network", network, "allowed_hosts", len(hosts), "env_vars", len(spec.Env), "duration", time.Since(start))

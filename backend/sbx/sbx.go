@@ -69,6 +69,12 @@ const (
 	DefaultExecGrace = 10 * time.Second
 	// DefaultListTimeout bounds every sbx ls (known to hang, sbx-releases#163).
 	DefaultListTimeout = 30 * time.Second
+	// DefaultStartTimeout bounds starting a microVM sbx stopped, before a
+	// command or file operation (never counted in the command's budget).
+	DefaultStartTimeout = 3 * time.Minute
+	// DefaultAutoStopGrace is how long sbx keeps a local sandbox running
+	// after its last session ends (sbx-releases#452).
+	DefaultAutoStopGrace = 30 * time.Second
 	// DefaultKVMDevice is the device sbx needs read-write access to.
 	DefaultKVMDevice = "/dev/kvm"
 )
@@ -162,6 +168,16 @@ type Config struct {
 	ExecGrace time.Duration
 	// ListTimeout bounds every sbx ls (default DefaultListTimeout).
 	ListTimeout time.Duration
+	// StartTimeout bounds starting a sandbox sbx stopped (default
+	// DefaultStartTimeout); a command's own budget starts after it.
+	StartTimeout time.Duration
+	// AutoStopGrace is sbx's grace before it stops a sandbox without a
+	// session (default DefaultAutoStopGrace, sbx's own). For half of it
+	// after its last sbx call the backend takes a sandbox to be running;
+	// after that it asks sbx ls before a command, and starts it if it
+	// stopped. A value above sbx's grace would let a boot count against a
+	// command's budget again; a small one (1ms) asks before every command.
+	AutoStopGrace time.Duration
 	// HostPolicy is the network policy the operator initialised sbx with.
 	HostPolicy HostPolicy
 	// Marker starts every sbx sandbox name this backend makes, so that
@@ -242,6 +258,8 @@ func New(cfg Config) (*Backend, error) {
 		{"KillAfter", &cfg.KillAfter, DefaultKillAfter},
 		{"ExecGrace", &cfg.ExecGrace, DefaultExecGrace},
 		{"ListTimeout", &cfg.ListTimeout, DefaultListTimeout},
+		{"StartTimeout", &cfg.StartTimeout, DefaultStartTimeout},
+		{"AutoStopGrace", &cfg.AutoStopGrace, DefaultAutoStopGrace},
 	} {
 		if *d.v < 0 {
 			return nil, fmt.Errorf("sbx backend: %s (%v) must not be negative; use 0 for the default (%v)", d.name, *d.v, d.def)
@@ -358,12 +376,13 @@ func parseMemory(s string) (string, int64, error) {
 func (b *Backend) Name() string { return Name }
 
 // MaxCreateDuration is the longest a Create can take when its context does
-// not end first: sbx create, the per-sandbox network rule and the first
-// check in the new microVM. A caller bounding Create with a deadline should
+// not end first: sbx create, the per-sandbox network rule, a start of the
+// new microVM should sbx have stopped it already, and the first check in
+// it. A caller bounding Create with a deadline should
 // allow at least this much, or slow first boots are cut short (and cleaned
 // up). The cleanup of a failed Create runs detached, under its own deadline.
 func (b *Backend) MaxCreateDuration() time.Duration {
-	return b.cfg.CreateTimeout + policyTimeout + probeTimeout
+	return b.cfg.CreateTimeout + policyTimeout + b.cfg.ListTimeout + b.cfg.StartTimeout + probeTimeout
 }
 
 // Health checks that the sbx binary is there, that the daemon's user may use

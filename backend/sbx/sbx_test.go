@@ -1,6 +1,7 @@
 package sbx
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io/fs"
@@ -554,10 +555,11 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	}
 	b, err := New(f.config(func(c *Config) { c.HostPolicy = "" }))
 	if err != nil || b.cfg.HostPolicy != PolicyUnknown || b.cfg.Template != DefaultTemplate || b.memory != "2g" ||
-		b.cfg.CreateTimeout != DefaultCreateTimeout || b.cfg.Marker != DefaultMarker(f.dir) {
+		b.cfg.CreateTimeout != DefaultCreateTimeout || b.cfg.Marker != DefaultMarker(f.dir) ||
+		b.cfg.StartTimeout != DefaultStartTimeout || b.cfg.AutoStopGrace != DefaultAutoStopGrace {
 		t.Errorf("defaults: %+v, %v", b, err)
 	}
-	if got := b.MaxCreateDuration(); got != DefaultCreateTimeout+policyTimeout+probeTimeout {
+	if got := b.MaxCreateDuration(); got != DefaultCreateTimeout+policyTimeout+b.cfg.ListTimeout+DefaultStartTimeout+probeTimeout {
 		t.Errorf("MaxCreateDuration = %v", got)
 	}
 	if fi, err := os.Stat(f.dir); err != nil || fi.Mode().Perm() != 0o700 {
@@ -846,4 +848,104 @@ func TestVersionFromOutput(t *testing.T) {
 			t.Errorf("versionFromOutput(%q) = %v", bad, v)
 		}
 	}
+}
+
+// TestSbxAutoStoppedSandboxBootsOutsideTheCommandsBudget: sbx stops a
+// sandbox a grace after its last session, and the next sbx exec boots it.
+// With a boot longer than a command's whole budget (timeout + kill grace
+// + exec grace), the command used to time out and the sandbox, files and
+// all, was destroyed as stuck. The backend now starts it first under a
+// deadline of its own: the command runs with its full budget, the files
+// are there; what ran in the background died with the stop.
+func TestSbxAutoStoppedSandboxBootsOutsideTheCommandsBudget(t *testing.T) {
+	const grace, boot = 300 * time.Millisecond, 4 * time.Second
+	f := newFakeHost(t)
+	b := f.backend(f.autoStop(grace, boot), func(c *Config) { c.ExecGrace = time.Second })
+	budget := time.Second + testKillAfter + b.cfg.ExecGrace
+	if boot <= budget {
+		t.Fatalf("the boot (%v) must outlast the command's budget (%v)", boot, budget)
+	}
+	ctx := context.Background()
+	id, _ := create(t, b, backend.Spec{})
+	name := b.sbxName(id)
+	if err := b.WriteFile(ctx, id, "notes.txt", []byte("agent's work"), 0); err != nil {
+		t.Fatal(err)
+	}
+	res := run(t, b, id, "sleep 300 >/dev/null 2>&1 & echo $!")
+	pid := strings.TrimSpace(string(res.Stdout))
+
+	f.waitStopped(name) // the agent thinks for longer than the grace
+	if processRuns(pid) {
+		t.Errorf("background process %s survived the sandbox's stop", pid)
+	}
+	start := time.Now()
+	res, err := b.Exec(ctx, id, backend.ExecRequest{Command: "cat notes.txt", Timeout: time.Second})
+	elapsed := time.Since(start)
+	if err != nil || res.TimedOut || res.SandboxTerminated || res.ExitCode != 0 || string(res.Stdout) != "agent's work" {
+		t.Fatalf("a 1 s command in a stopped sandbox: %+v, %v; want it run in full after the boot", res, err)
+	}
+	if elapsed < boot {
+		t.Errorf("the command came back in %v, before the fake's %v boot: the sandbox did not stop?", elapsed, boot)
+	}
+	if !slices.Contains(f.names(), name) {
+		t.Fatal("the sandbox is gone")
+	}
+	if !f.called("exec", "-w", "/", "--", name, "true") {
+		t.Errorf("no start of the stopped sandbox before the command: %q", f.calls())
+	}
+
+	// File operations start it too.
+	f.waitStopped(name)
+	got, err := b.ReadFile(ctx, id, "notes.txt", 100)
+	if err != nil || string(got) != "agent's work" {
+		t.Errorf("ReadFile in a stopped sandbox: %q, %v", got, err)
+	}
+}
+
+// TestSbxFailedBootKeepsTheSandbox: a start that fails, or does not finish
+// within StartTimeout, is a clear error; the sandbox and its files stay,
+// and the next command starts it.
+func TestSbxFailedBootKeepsTheSandbox(t *testing.T) {
+	const grace = 200 * time.Millisecond
+	f := newFakeHost(t)
+	b := f.backend(f.autoStop(grace, 0), func(c *Config) { c.StartTimeout = time.Second })
+	ctx := context.Background()
+	id, _ := create(t, b, backend.Spec{})
+	name := b.sbxName(id)
+	if err := b.WriteFile(ctx, id, "kept.txt", []byte("kept"), 0); err != nil {
+		t.Fatal(err)
+	}
+
+	f.set("boot-fail", "1")
+	f.waitStopped(name)
+	_, err := b.Exec(ctx, id, backend.ExecRequest{Command: "true", Timeout: time.Second})
+	wantErr(t, err, backend.ErrUnavailable, "could not start it", "files are kept")
+	f.unset("boot-fail")
+
+	f.set("boot-delay", "30s")
+	start := time.Now()
+	_, err = b.ReadFile(ctx, id, "kept.txt", 100)
+	wantErr(t, err, backend.ErrUnavailable, "did not start within 1s", "files are kept")
+	if elapsed := time.Since(start); elapsed > 8*time.Second {
+		t.Errorf("a start past its deadline took %v", elapsed)
+	}
+
+	f.set("boot-delay", "0s")
+	if !slices.Contains(f.names(), name) {
+		t.Fatal("a failed start removed the microVM")
+	}
+	if got := string(run(t, b, id, "cat kept.txt").Stdout); got != "kept" {
+		t.Errorf("after the failed starts the sandbox has %q", got)
+	}
+}
+
+// processRuns reports whether process pid exists and is not a zombie (a
+// killed process may wait for a subreaper to reap it).
+func processRuns(pid string) bool {
+	stat, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(stat, ')')
+	return i < 0 || i+2 >= len(stat) || stat[i+2] != 'Z'
 }
