@@ -29,7 +29,7 @@ func TestSbxCommandLines(t *testing.T) {
 	if !strings.HasPrefix(name, DefaultMarker(f.dir)+"-sc-") {
 		t.Errorf("sbx name %q does not carry the marker", name)
 	}
-	if !f.called("create", "--name", name, "--memory", "1536m", "--cpus", "2", "--template", DefaultTemplate, "shell", ws) {
+	if !f.called("create", "--name", name, "--memory", "1536m", "--cpus", "2", "--deny-network", "**", "--template", DefaultTemplate, "shell", ws) {
 		t.Errorf("no sbx create with the expected arguments in %q", f.calls())
 	}
 
@@ -948,4 +948,107 @@ func processRuns(pid string) bool {
 	}
 	i := bytes.LastIndexByte(stat, ')')
 	return i < 0 || i+2 >= len(stat) || stat[i+2] != 'Z'
+}
+
+// policyCheck asks the fake, as an operator would, whether sandbox name's
+// policy lets target through.
+func (f *fakeHost) policyCheck(name, target string) string {
+	f.t.Helper()
+	out, code := f.sbx("policy", "check", "network", "--sandbox", name, target)
+	if code != 0 {
+		f.t.Fatalf("sbx policy check exited %d", code)
+	}
+	return strings.TrimSpace(out)
+}
+
+// TestSbxNetworkAsSbxHasIt: block_network is a per-sandbox deny of "**"
+// at create, which holds on any host preset, and a sandbox reported with
+// no network gets it too (kits may add allow rules even under deny-all);
+// what is in force is read back with sbx policy check, and a sandbox
+// whose policy says otherwise is refused and removed; an organisation's
+// governance (local allow rules inactive) and a kit's allow rules refuse
+// an allow-list; ours "*.x" (any depth) is sbx's "**.x".
+func TestSbxNetworkAsSbxHasIt(t *testing.T) {
+	ctx := context.Background()
+	block := backend.Spec{BlockNetwork: boolPtr(true)}
+	t.Run("block_network on an allow-all host", func(t *testing.T) {
+		b, f := newFakeBackend(t, func(c *Config) { c.HostPolicy = PolicyAllowAll })
+		f.sbx("policy", "init", "allow-all")
+		id, info := create(t, b, block)
+		name := b.sbxName(id)
+		if info.Network != networkNone || !f.callsContain("--deny-network", "**") {
+			t.Errorf("Info %+v; calls %q", info, f.calls())
+		}
+		if got := f.policyCheck(name, "pypi.org"); got != "Denied: pypi.org" {
+			t.Errorf("the sandbox's policy: %q", got)
+		}
+		if got := f.policyCheck("", "pypi.org"); got != "Allowed: pypi.org" {
+			t.Errorf("the host's policy changed: %q", got)
+		}
+		// Nothing stated on an allow-all host is open, and checked.
+		_, info = create(t, b, backend.Spec{})
+		if info.Network != networkOpen {
+			t.Errorf("nothing stated on an allow-all host: %+v", info)
+		}
+	})
+	t.Run("a deny sbx did not apply", func(t *testing.T) {
+		b, f := newFakeBackend(t, func(c *Config) { c.HostPolicy = PolicyAllowAll })
+		f.sbx("policy", "init", "allow-all")
+		f.set("deny-ignored", "1")
+		_, err := b.Create(ctx, newID(), block)
+		wantErr(t, err, backend.ErrSpecUnenforceable, "allows", "policy check")
+		if names := f.recordNames(); len(names) != 0 {
+			t.Errorf("a sandbox whose policy did not hold was kept: %v", names)
+		}
+	})
+	t.Run("kit allow rules", func(t *testing.T) {
+		b, f := newFakeBackend(t)
+		f.set("kit-allow", "api.openai.com")
+		_, err := b.Create(ctx, newID(), backend.Spec{AllowEgressTo: []string{"pypi.org"}})
+		wantErr(t, err, backend.ErrSpecUnenforceable, "kit adds allow rules", "api.openai.com")
+		if names := f.recordNames(); len(names) != 0 {
+			t.Errorf("a refused allow-list left %v", names)
+		}
+		// No network stays none: the deny of "**" wins over the kit's allow.
+		id, info := create(t, b, backend.Spec{})
+		if got := f.policyCheck(b.sbxName(id), "api.openai.com"); info.Network != networkNone || got != "Denied: api.openai.com" {
+			t.Errorf("no network with a kit's allow rule: %+v, %q", info, got)
+		}
+	})
+	t.Run("governance", func(t *testing.T) {
+		b, f := newFakeBackend(t)
+		f.set("governance", "acme")
+		_, err := b.Create(ctx, newID(), backend.Spec{AllowEgressTo: []string{"pypi.org"}})
+		wantErr(t, err, backend.ErrSpecUnenforceable, "Managed by acme", "inactive")
+		if f.called("create") {
+			t.Errorf("an allow-list under governance reached sbx create: %q", f.calls())
+		}
+		if _, info := create(t, b, block); info.Network != networkNone {
+			t.Errorf("block_network under governance: %+v", info)
+		}
+		// An allow-all host under governance is not open: reported unknown.
+		b2 := f.backend(func(c *Config) { c.HostPolicy = PolicyAllowAll })
+		f.sbx("policy", "init", "allow-all")
+		if _, info := create(t, b2, backend.Spec{}); info.Network != networkUnknown {
+			t.Errorf("nothing stated on a governed allow-all host: %+v", info)
+		}
+		_, err = b2.Create(ctx, newID(), backend.Spec{BlockNetwork: boolPtr(false)})
+		wantErr(t, err, backend.ErrSpecUnenforceable, "denies")
+	})
+	t.Run("wildcards", func(t *testing.T) {
+		b, f := newFakeBackend(t)
+		id, info := create(t, b, backend.Spec{AllowEgressTo: []string{"*.Example.com", "pypi.org:443"}})
+		name := b.sbxName(id)
+		if info.Network != networkAllowList || !f.called("policy", "allow", "network", "--sandbox", name, "**.example.com,pypi.org:443") {
+			t.Fatalf("Info %+v; calls %q", info, f.calls())
+		}
+		for target, want := range map[string]string{
+			"api.example.com": "Allowed", "v2.api.example.com": "Allowed", "example.com": "Denied",
+			"pypi.org": "Allowed", "pypi.org:80": "Denied", "files.pythonhosted.org": "Denied",
+		} {
+			if got := f.policyCheck(name, target); got != want+": "+target {
+				t.Errorf("%s: %q, want %s", target, got, want)
+			}
+		}
+	})
 }
