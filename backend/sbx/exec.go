@@ -205,8 +205,10 @@ func mergeEnv(sandboxEnv, requestEnv map[string]string) ([]string, error) {
 
 // probeScript checks, once per new sandbox, what the backend relies on in
 // the guest: GNU coreutils (timeout --kill-after, realpath -m, stat -c,
-// head -c, mktemp) and the workspace mounted at its host path, shown by
-// printing the token the host wrote there.
+// head -c, mktemp), the workspace mounted at its host path, shown by
+// printing the token the host wrote there, and writable by the guest's
+// user (a file written, read back and removed): a workspace the guest can
+// read but not write fails every write_file and most commands later.
 const probeScript = `w=$1
 missing=
 for c in timeout realpath stat head mktemp mv cat chmod mkdir rm; do
@@ -216,6 +218,9 @@ if [ -n "$missing" ]; then echo "the image lacks:$missing" >&2; exit 90; fi
 realpath -m -- /nonexistent/sidecar >/dev/null 2>&1 || { echo "realpath is not GNU coreutils (no -m)" >&2; exit 90; }
 timeout --kill-after=1 5 true || { echo "timeout is not GNU coreutils (no --kill-after)" >&2; exit 90; }
 cat -- "$w/.sidecar-probe" 2>/dev/null || { echo "the workspace is not at $w inside the sandbox" >&2; exit 91; }
+t=$(mktemp -- "$w/.sidecar-probe-write.XXXXXX" 2>&1) || { echo "$t" >&2; exit 92; }
+printf written >"$t" && [ "$(cat -- "$t")" = written ] || { rm -f -- "$t"; echo "a file written there does not read back" >&2; exit 92; }
+rm -f -- "$t" || exit 92
 `
 
 // probe runs probeScript in the new microVM.
@@ -231,6 +236,8 @@ func (b *Backend) probe(ctx context.Context, name, ws, token string) error {
 		return fmt.Errorf("%w: the new microVM did not run a first command (%s); check the sbx daemon's log", backend.ErrUnavailable, failure(res, err, probeTimeout))
 	case res.ExitCode == 90:
 		return fmt.Errorf("%w: the template image cannot be used: %s; use a Debian- or Ubuntu-based image with GNU coreutils (the default is %s)", backend.ErrUnavailable, firstLine(res.Stderr), DefaultTemplate)
+	case res.ExitCode == 92:
+		return fmt.Errorf("%w: the guest cannot write the workspace %s (%s): sbx mounted it, but not writable for the template's user; check the workspace's owner and mode on the host and the template's user (docs/sbx.md)", backend.ErrUnavailable, ws, firstLine(res.Stderr))
 	case res.ExitCode == 91 || (res.ExitCode == 0 && string(bytes.TrimSpace(res.Stdout)) != token):
 		return fmt.Errorf("%w: sbx did not mount the workspace %s at the same path inside the microVM (%s); this sbx version behaves differently from what the backend expects, see docs/sbx.md", backend.ErrUnavailable, ws, failure(res, nil, probeTimeout))
 	case res.ExitCode != 0:

@@ -287,7 +287,10 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	if plan.deny {
 		args = append(args, "--deny-network", denyAll)
 	}
-	args = append(args, "--template", template, "shell", ws)
+	// --pull missing: the default, always, asks the registry on every
+	// create, so a template pulled once (or by an operator) saves nothing
+	// and a registry outage stops every create.
+	args = append(args, "--pull", "missing", "--template", template, "shell", ws)
 	created = true
 	start := time.Now()
 	res, runErr := b.runSbx(ctx, b.cfg.CreateTimeout, cliOutputBytes, nil, args...)
@@ -559,7 +562,7 @@ func (b *Backend) resourceArgs(r backend.Resources) ([]string, error) {
 	switch {
 	case r.MemoryBytes == 0:
 	case r.MemoryBytes < minMemoryBytes:
-		errs = append(errs, fmt.Sprintf("memory_bytes %d is less than 1 GiB, the smallest microVM sbx runs", r.MemoryBytes))
+		errs = append(errs, fmt.Sprintf("memory_bytes %d is less than 512 MiB, the smallest microVM sbx runs", r.MemoryBytes))
 	case r.MemoryBytes > b.memoryBytes:
 		errs = append(errs, fmt.Sprintf("memory_bytes %d exceeds the daemon's maximum %d", r.MemoryBytes, b.memoryBytes))
 	default:

@@ -79,8 +79,9 @@ const (
 	DefaultKVMDevice = "/dev/kvm"
 )
 
-// minMemoryBytes is sbx's smallest microVM.
-const minMemoryBytes = 1 << 30
+// minMemoryBytes is sbx's smallest microVM (512 MiB since v0.43; it was
+// 1 GiB).
+const minMemoryBytes = 512 << 20
 
 // Named bounds on the backend's own waits and reads.
 const (
@@ -153,7 +154,7 @@ type Config struct {
 	// these, so a client cannot make the host pull what it likes.
 	Templates []string
 	// Memory is each microVM's memory in sbx's notation: "2g", "1536m"
-	// (default DefaultMemory). Less than 1 GiB is refused.
+	// (default DefaultMemory). Less than 512 MiB is refused.
 	Memory string
 	// CPUs is each microVM's CPU count; 0 leaves sbx's default.
 	CPUs int
@@ -244,7 +245,7 @@ func New(cfg Config) (*Backend, error) {
 		return nil, err
 	}
 	if bytes < minMemoryBytes {
-		return nil, fmt.Errorf("sbx backend: memory %q is less than 1 GiB, the smallest microVM sbx runs; use at least 1g (the default is %s)", cfg.Memory, DefaultMemory)
+		return nil, fmt.Errorf("sbx backend: memory %q is less than 512 MiB, the smallest microVM sbx runs; use at least 512m (the default is %s)", cfg.Memory, DefaultMemory)
 	}
 	if cfg.CPUs < 0 {
 		return nil, fmt.Errorf("sbx backend: CPUs %d must not be negative; use 0 for sbx's default", cfg.CPUs)

@@ -29,7 +29,7 @@ func TestSbxCommandLines(t *testing.T) {
 	if !strings.HasPrefix(name, DefaultMarker(f.dir)+"-sc-") {
 		t.Errorf("sbx name %q does not carry the marker", name)
 	}
-	if !f.called("create", "--name", name, "--memory", "1536m", "--cpus", "2", "--deny-network", "**", "--template", DefaultTemplate, "shell", ws) {
+	if !f.called("create", "--name", name, "--memory", "1536m", "--cpus", "2", "--deny-network", "**", "--pull", "missing", "--template", DefaultTemplate, "shell", ws) {
 		t.Errorf("no sbx create with the expected arguments in %q", f.calls())
 	}
 
@@ -528,8 +528,8 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		hint  string
 	}{
 		{"relative dir", func(c *Config) { c.Dir = "state/sbx" }, "absolute"},
-		{"memory below 1 GiB", func(c *Config) { c.Memory = "512m" }, "less than 1 GiB"},
-		{"memory one MiB short", func(c *Config) { c.Memory = "1023m" }, "less than 1 GiB"},
+		{"memory below 512 MiB", func(c *Config) { c.Memory = "256m" }, "less than 512 MiB"},
+		{"memory one MiB short", func(c *Config) { c.Memory = "511m" }, "less than 512 MiB"},
 		{"memory nonsense", func(c *Config) { c.Memory = "lots" }, "not a size"},
 		{"negative cpus", func(c *Config) { c.CPUs = -1 }, "CPUs"},
 		{"negative timeout", func(c *Config) { c.CreateTimeout = -time.Second }, "CreateTimeout"},
@@ -548,7 +548,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 			t.Errorf("%s: err = %v, want it to say %q", tc.name, err, tc.hint)
 		}
 	}
-	for _, ok := range []string{"1g", "1024m", "1G", "1GiB", "2g", "1073741824"} {
+	for _, ok := range []string{"512m", "1g", "1024m", "1G", "1GiB", "2g", "1073741824", "536870912"} {
 		if _, err := New(f.config(func(c *Config) { c.Memory = ok })); err != nil {
 			t.Errorf("memory %q refused: %v", ok, err)
 		}
@@ -574,7 +574,7 @@ func TestSbxSpecResources(t *testing.T) {
 		t.Errorf("a smaller microVM was not asked of sbx: %q", f.calls())
 	}
 	for _, r := range []backend.Resources{
-		{MemoryBytes: 8 << 30}, {MemoryBytes: 512 << 20}, {CPUs: 1.5}, {CPUs: 8}, {PIDs: 64}, {DiskBytes: 1 << 30},
+		{MemoryBytes: 8 << 30}, {MemoryBytes: 511 << 20}, {CPUs: 1.5}, {CPUs: 8}, {PIDs: 64}, {DiskBytes: 1 << 30},
 	} {
 		if _, err := b.Create(context.Background(), "refused", backend.Spec{Resources: r}); !errors.Is(err, backend.ErrSpecUnenforceable) {
 			t.Errorf("Create with %+v: %v, want ErrSpecUnenforceable", r, err)
@@ -1051,4 +1051,43 @@ func TestSbxNetworkAsSbxHasIt(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestSbxSmallestMicroVM: sbx runs a 512 MiB microVM since v0.43.
+func TestSbxSmallestMicroVM(t *testing.T) {
+	b, f := newFakeBackend(t, func(c *Config) { c.Memory = "512m" })
+	id, _ := create(t, b, backend.Spec{Resources: backend.Resources{MemoryBytes: 512 << 20}})
+	if !f.called("create", "--name", b.sbxName(id), "--memory", "512m") {
+		t.Errorf("no 512 MiB microVM asked of sbx: %q", f.calls())
+	}
+}
+
+// TestSbxPullMissing: sbx create pulls its template always by default,
+// which asks the registry on every create; --pull missing uses a template
+// already there, so creates go on while the registry is down.
+func TestSbxPullMissing(t *testing.T) {
+	b, f := newFakeBackend(t)
+	create(t, b, backend.Spec{})
+	f.set("registry-down", "1")
+	create(t, b, backend.Spec{})
+	pulls, err := os.ReadFile(filepath.Join(f.state, "pulls.log"))
+	if err != nil || strings.Count(string(pulls), "\n") != 1 {
+		t.Errorf("pulls of the template: %q, %v; want one", pulls, err)
+	}
+}
+
+// TestSbxProbeWritesTheWorkspace: a workspace the guest can read but not
+// write is refused at create, not found out at the first write_file.
+func TestSbxProbeWritesTheWorkspace(t *testing.T) {
+	b, f := newFakeBackend(t)
+	f.set("workspace-readonly", "1")
+	id := newID()
+	_, err := b.Create(context.Background(), id, backend.Spec{})
+	wantErr(t, err, backend.ErrUnavailable, "cannot write the workspace")
+	if names := f.recordNames(); len(names) != 0 {
+		t.Errorf("a create refused by the probe left %v", names)
+	}
+	if _, statErr := os.Stat(filepath.Join(f.dir, id)); !errors.Is(statErr, fs.ErrNotExist) {
+		t.Errorf("a create refused by the probe left its directory: %v", statErr)
+	}
 }
