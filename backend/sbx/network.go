@@ -9,6 +9,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/internal/hostname"
@@ -41,6 +42,11 @@ const (
 	checkTarget = "sandbox-sidecar-check.invalid"
 	checkPublic = "pypi.org"
 )
+
+// networkCheckTimeout bounds the whole read-back of a new sandbox's policy
+// (a kit listing and one policy check per target, each also bounded by
+// policyTimeout).
+const networkCheckTimeout = 2 * time.Minute
 
 // networkPlan is what a create does for a spec's network.
 type networkPlan struct {
@@ -300,6 +306,8 @@ func (b *Backend) policyAllows(ctx context.Context, name, target string) (bool, 
 // reported "unknown" (an organisation's governance may narrow an
 // allow-all host). It returns the network to report.
 func (b *Backend) verifyNetwork(ctx context.Context, name string, plan networkPlan) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, networkCheckTimeout)
+	defer cancel()
 	want := map[string]bool{}
 	switch plan.network {
 	case networkNone:

@@ -377,13 +377,13 @@ func parseMemory(s string) (string, int64, error) {
 func (b *Backend) Name() string { return Name }
 
 // MaxCreateDuration is the longest a Create can take when its context does
-// not end first: sbx create, the per-sandbox network rule, a start of the
-// new microVM should sbx have stopped it already, and the first check in
-// it. A caller bounding Create with a deadline should
+// not end first: the governance check, sbx create, the per-sandbox network
+// rule, the read-back of the policy, a start of the new microVM should sbx
+// have stopped it already, and the first check in it. A caller bounding Create with a deadline should
 // allow at least this much, or slow first boots are cut short (and cleaned
 // up). The cleanup of a failed Create runs detached, under its own deadline.
 func (b *Backend) MaxCreateDuration() time.Duration {
-	return b.cfg.CreateTimeout + policyTimeout + b.cfg.ListTimeout + b.cfg.StartTimeout + probeTimeout
+	return 2*policyTimeout + b.cfg.CreateTimeout + networkCheckTimeout + b.cfg.ListTimeout + b.cfg.StartTimeout + probeTimeout
 }
 
 // Health checks that the sbx binary is there, that the daemon's user may use

@@ -559,7 +559,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		b.cfg.StartTimeout != DefaultStartTimeout || b.cfg.AutoStopGrace != DefaultAutoStopGrace {
 		t.Errorf("defaults: %+v, %v", b, err)
 	}
-	if got := b.MaxCreateDuration(); got != DefaultCreateTimeout+policyTimeout+b.cfg.ListTimeout+DefaultStartTimeout+probeTimeout {
+	if got := b.MaxCreateDuration(); got != 2*policyTimeout+DefaultCreateTimeout+networkCheckTimeout+b.cfg.ListTimeout+DefaultStartTimeout+probeTimeout {
 		t.Errorf("MaxCreateDuration = %v", got)
 	}
 	if fi, err := os.Stat(f.dir); err != nil || fi.Mode().Perm() != 0o700 {
