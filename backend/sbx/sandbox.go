@@ -191,10 +191,13 @@ func (b *Backend) loadSpec(id string) (persistedSpec, error) {
 }
 
 // Create makes Dir/<id> with its workspace and spec.json, then the microVM:
-// sbx create, a per-sandbox network rule when the spec lists hosts, and a
-// probe that the guest has the tools the backend relies on and sees the
-// workspace at its host path. A failure part-way removes the microVM and
-// the directory before returning.
+// sbx create (with a deny of every destination for no network), a
+// per-sandbox allow rule when the spec lists hosts (refused beforehand
+// under an organisation's governance), a read-back of the policy in force
+// (network.go), a start should sbx have stopped it already, and a probe
+// that the guest has the tools the backend relies on and sees, and can
+// write, the workspace at its host path. A failure part-way removes the
+// microVM and the directory before returning.
 func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ backend.Info, err error) {
 	if !backend.ValidID(id) {
 		return backend.Info{}, fmt.Errorf("%w: sandbox id %q is not a valid id (lowercase letters, digits and '-', at most 63)", backend.ErrInvalidArgument, id)
