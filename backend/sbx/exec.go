@@ -88,6 +88,20 @@ func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 	}
 	defer done()
 
+	// A stopped microVM is started first, under a deadline of its own: the
+	// boot is not the command's time (autostop.go).
+	switch err := b.ensureRunning(opCtx, sb); {
+	case errors.Is(err, errGone):
+		b.log.Warn("the sandbox's microVM is gone: sbx no longer lists it", "sandbox", id, "sbx_name", sb.name)
+		return backend.ExecResult{SandboxTerminated: true}, nil
+	case err != nil && errors.Is(context.Cause(opCtx), errSandboxDestroyed):
+		return backend.ExecResult{SandboxTerminated: true}, nil
+	case err != nil:
+		return backend.ExecResult{}, fmt.Errorf("command in sandbox %s did not run: %w", id, err)
+	}
+	endSession := sb.session()
+	defer endSession()
+
 	if envAt >= 0 {
 		path, err := writeEnvFile(sb.dir, env)
 		if err != nil {
@@ -129,6 +143,7 @@ func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 		// guest. Only removing the microVM stops whatever still runs.
 		log.Error("sbx exec outlived the command's timeout and grace; destroying the sandbox",
 			"timeout", applied, "kill_after", killAfter, "grace", b.cfg.ExecGrace, "duration", res.Duration)
+		endSession()
 		done()
 		if err := b.Destroy(context.WithoutCancel(ctx), id); err != nil {
 			log.Error("cannot destroy the stuck sandbox; the caller's destroy will retry", "error", err)
@@ -140,6 +155,10 @@ func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 	if !out.TimedOut && looksLikeMissingSandbox(res) {
 		exists, lsErr := b.sbxHas(ctx, sb.name)
 		switch {
+		case errors.Is(lsErr, errSignedOut), errors.Is(lsErr, errNoPolicy):
+			// sbx refused the command itself (the sandbox is not at fault).
+			log.Warn("sbx refused the command", "error", lsErr)
+			return out, fmt.Errorf("command in sandbox %s did not run: %w", id, lsErr)
 		case lsErr != nil:
 			log.Warn("sbx exec failed without output and sbx ls cannot tell whether the sandbox still exists; reporting the exit status as is", "exit_code", res.ExitCode, "error", lsErr)
 		case !exists:
@@ -186,8 +205,10 @@ func mergeEnv(sandboxEnv, requestEnv map[string]string) ([]string, error) {
 
 // probeScript checks, once per new sandbox, what the backend relies on in
 // the guest: GNU coreutils (timeout --kill-after, realpath -m, stat -c,
-// head -c, mktemp) and the workspace mounted at its host path, shown by
-// printing the token the host wrote there.
+// head -c, mktemp), the workspace mounted at its host path, shown by
+// printing the token the host wrote there, and writable by the guest's
+// user (a file written, read back and removed): a workspace the guest can
+// read but not write fails every write_file and most commands later.
 const probeScript = `w=$1
 missing=
 for c in timeout realpath stat head mktemp mv cat chmod mkdir rm; do
@@ -197,6 +218,9 @@ if [ -n "$missing" ]; then echo "the image lacks:$missing" >&2; exit 90; fi
 realpath -m -- /nonexistent/sidecar >/dev/null 2>&1 || { echo "realpath is not GNU coreutils (no -m)" >&2; exit 90; }
 timeout --kill-after=1 5 true || { echo "timeout is not GNU coreutils (no --kill-after)" >&2; exit 90; }
 cat -- "$w/.sidecar-probe" 2>/dev/null || { echo "the workspace is not at $w inside the sandbox" >&2; exit 91; }
+t=$(mktemp -- "$w/.sidecar-probe-write.XXXXXX" 2>&1) || { echo "$t" >&2; exit 92; }
+printf written >"$t" && [ "$(cat -- "$t")" = written ] || { rm -f -- "$t"; echo "a file written there does not read back" >&2; exit 92; }
+rm -f -- "$t" || exit 92
 `
 
 // probe runs probeScript in the new microVM.
@@ -206,10 +230,14 @@ func (b *Backend) probe(ctx context.Context, name, ws, token string) error {
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return fmt.Errorf("the request ended while checking the new microVM: %w", ctx.Err())
+	case err == nil && operatorNeeded(res) != nil:
+		return operatorNeeded(res)
 	case err != nil || res.TimedOut:
 		return fmt.Errorf("%w: the new microVM did not run a first command (%s); check the sbx daemon's log", backend.ErrUnavailable, failure(res, err, probeTimeout))
 	case res.ExitCode == 90:
 		return fmt.Errorf("%w: the template image cannot be used: %s; use a Debian- or Ubuntu-based image with GNU coreutils (the default is %s)", backend.ErrUnavailable, firstLine(res.Stderr), DefaultTemplate)
+	case res.ExitCode == 92:
+		return fmt.Errorf("%w: the guest cannot write the workspace %s (%s): sbx mounted it, but not writable for the template's user; check the workspace's owner and mode on the host and the template's user (docs/sbx.md)", backend.ErrUnavailable, ws, firstLine(res.Stderr))
 	case res.ExitCode == 91 || (res.ExitCode == 0 && string(bytes.TrimSpace(res.Stdout)) != token):
 		return fmt.Errorf("%w: sbx did not mount the workspace %s at the same path inside the microVM (%s); this sbx version behaves differently from what the backend expects, see docs/sbx.md", backend.ErrUnavailable, ws, failure(res, nil, probeTimeout))
 	case res.ExitCode != 0:

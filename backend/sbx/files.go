@@ -197,13 +197,23 @@ func (b *Backend) runScript(ctx context.Context, id, script string, stdin []byte
 	}
 	defer done()
 
+	switch err := b.ensureRunning(opCtx, sb); {
+	case errors.Is(err, errGone):
+		return scriptResult{}, vanished(id)
+	case err != nil && errors.Is(context.Cause(opCtx), errSandboxDestroyed):
+		return scriptResult{}, fmt.Errorf("%w: sandbox %q was destroyed during the file operation; create a new one", backend.ErrNotFound, id)
+	case err != nil:
+		return scriptResult{}, fmt.Errorf("file operation in sandbox %s did not run: %w", id, err)
+	}
 	argv := []string{"exec"}
 	if len(stdin) > 0 {
 		argv = append(argv, "-i")
 	}
 	argv = append(argv, "-w", sb.workspace(), "--", sb.name, shellPath, "-c", script, "sidecar-file-op", sb.workspace())
 	argv = append(argv, args...)
+	endSession := sb.session()
 	res, runErr := b.runSbx(opCtx, fileOpTimeout, maxOut+markerSlack, stdin, argv...)
+	endSession()
 	switch {
 	case runErr == nil:
 	case errors.Is(context.Cause(opCtx), errSandboxDestroyed):
@@ -221,7 +231,11 @@ func (b *Backend) runScript(ctx context.Context, id, script string, stdin []byte
 	if i < 0 {
 		// The script never ran: sbx failed, or has no such sandbox.
 		if looksLikeMissingSandbox(res) {
-			if exists, lsErr := b.sbxHas(ctx, sb.name); lsErr == nil && !exists {
+			exists, lsErr := b.sbxHas(ctx, sb.name)
+			switch {
+			case errors.Is(lsErr, errSignedOut), errors.Is(lsErr, errNoPolicy):
+				return scriptResult{}, fmt.Errorf("file operation in sandbox %s did not run: %w", id, lsErr)
+			case lsErr == nil && !exists:
 				return scriptResult{}, vanished(id)
 			}
 		}

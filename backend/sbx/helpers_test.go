@@ -180,8 +180,22 @@ func (f *fakeHost) names() []string {
 	return strings.Fields(out)
 }
 
-// calls returns the argument lists of every fake invocation so far.
+// calls returns the argument lists of every fake invocation so far,
+// without the global flags before the command (--no-input).
 func (f *fakeHost) calls() [][]string {
+	f.t.Helper()
+	var out [][]string
+	for _, args := range f.rawCalls() {
+		for len(args) > 0 && (args[0] == "--no-input" || args[0] == "-D") {
+			args = args[1:]
+		}
+		out = append(out, args)
+	}
+	return out
+}
+
+// rawCalls returns the argument lists of every fake invocation so far.
+func (f *fakeHost) rawCalls() [][]string {
 	f.t.Helper()
 	data, err := os.ReadFile(filepath.Join(f.state, "calls.log"))
 	if errors.Is(err, os.ErrNotExist) {
@@ -201,6 +215,43 @@ func (f *fakeHost) calls() [][]string {
 		out = append(out, c.Args)
 	}
 	return out
+}
+
+// envs returns the environment of every fake invocation so far.
+func (f *fakeHost) envs() [][]string {
+	f.t.Helper()
+	data, err := os.ReadFile(filepath.Join(f.state, "calls.log"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	var out [][]string
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		var c struct{ Env []string }
+		if err := json.Unmarshal(sc.Bytes(), &c); err != nil {
+			f.t.Fatalf("calls.log: %v", err)
+		}
+		out = append(out, c.Env)
+	}
+	return out
+}
+
+// checkSbxNeverSaw fails the test if any fake invocation's environment
+// held one of names.
+func (f *fakeHost) checkSbxNeverSaw(names ...string) {
+	f.t.Helper()
+	for _, env := range f.envs() {
+		for _, kv := range env {
+			k, _, _ := strings.Cut(kv, "=")
+			if slices.Contains(names, k) {
+				f.t.Errorf("sbx was run with %s in its environment", kv)
+			}
+		}
+	}
 }
 
 // called reports whether some invocation began with prefix.
@@ -299,4 +350,45 @@ func (f *fakeHost) callsContain(args ...string) bool {
 		}
 		return false
 	})
+}
+
+// autoStop makes the fake stop a sandbox grace after its last session and
+// take boot to start it again; the returned tweak tells the backend sbx's
+// grace.
+func (f *fakeHost) autoStop(grace, boot time.Duration) func(*Config) {
+	f.t.Helper()
+	f.set("auto-stop-grace", grace.String())
+	f.set("boot-delay", boot.String())
+	return func(c *Config) { c.AutoStopGrace = grace }
+}
+
+// status is sbx ls --json's status of sandbox name (as the fake sees it
+// now), or "" when it has none.
+func (f *fakeHost) status(name string) string {
+	f.t.Helper()
+	out, code := f.sbx("ls", "--json")
+	if code != 0 {
+		f.t.Fatalf("sbx ls --json exited %d", code)
+	}
+	entries, err := parseLs([]byte(out))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	for _, e := range entries {
+		if e.Name == name {
+			return e.Status
+		}
+	}
+	return ""
+}
+
+// waitStopped waits (up to 10 s) until the fake has stopped sandbox name.
+func (f *fakeHost) waitStopped(name string) {
+	f.t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if f.status(name) == "stopped" {
+			return
+		}
+	}
+	f.t.Fatalf("sandbox %s did not auto-stop", name)
 }

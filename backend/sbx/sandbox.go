@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -22,7 +23,6 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/registry"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/statedir"
-	"github.com/sandbox-sidecar/sandbox-sidecar/internal/hostname"
 )
 
 // Layout of Dir/<id>.
@@ -78,6 +78,11 @@ type sandbox struct {
 	network string
 
 	ops registry.Ops // the operations in flight, so Destroy can stop them
+
+	startMu  sync.Mutex // held while ensureRunning starts a stopped microVM
+	mu       sync.Mutex // guards sessions and lastUsed
+	sessions int        // sbx execs running in it (they keep it from stopping)
+	lastUsed time.Time  // when the last one ended, or it was made or started
 }
 
 func newSandbox(id, dir string, spec persistedSpec) *sandbox {
@@ -185,75 +190,14 @@ func (b *Backend) loadSpec(id string) (persistedSpec, error) {
 	return spec, nil
 }
 
-// networkFor decides what network a spec gets on a host with policy p, and
-// the hosts to allow for it, or refuses a spec the host cannot enforce.
-// sbx filters egress by hostname through a proxy on the host, so:
-// allow_egress_to_cidrs is never enforceable; allow_egress_to only on a
-// deny-all host (anywhere else the sandbox would reach more than listed);
-// block_network=true only on a deny-all host; block_network=false only
-// where the sandbox really gets some network.
-func networkFor(p HostPolicy, spec backend.Spec) (string, []string, error) {
-	if len(spec.AllowEgressToCIDRs) > 0 {
-		return "", nil, fmt.Errorf("%w: the sbx backend filters egress by hostname only, so it cannot limit a sandbox to allow_egress_to_cidrs; list hostnames in allow_egress_to instead", backend.ErrSpecUnenforceable)
-	}
-	hosts, err := checkEgressHosts(spec.AllowEgressTo)
-	if err != nil {
-		return "", nil, err
-	}
-	block := spec.BlockNetwork != nil && *spec.BlockNetwork
-	want := spec.BlockNetwork != nil && !*spec.BlockNetwork
-	switch {
-	case len(hosts) > 0 && p != PolicyDenyAll:
-		return "", nil, fmt.Errorf("%w: allow_egress_to needs the host's sbx policy to be deny-all (it is declared %s), otherwise the sandbox could reach more than the listed hosts; an operator must run \"sbx policy init deny-all\" and declare it to the daemon", backend.ErrSpecUnenforceable, p)
-	case len(hosts) > 0:
-		return networkAllowList, hosts, nil
-	case block && p != PolicyDenyAll:
-		return "", nil, fmt.Errorf("%w: block_network=true needs the host's sbx policy to be deny-all (it is declared %s), since sbx cannot block one sandbox's network by itself; an operator must run \"sbx policy init deny-all\" and declare it to the daemon, or drop block_network", backend.ErrSpecUnenforceable, p)
-	case want && p == PolicyDenyAll:
-		return "", nil, fmt.Errorf("%w: block_network=false cannot be met: the host's sbx policy is deny-all, so the sandbox would have no network; list the hosts it needs in allow_egress_to", backend.ErrSpecUnenforceable)
-	case want && p != PolicyAllowAll:
-		return "", nil, fmt.Errorf("%w: block_network=false cannot be guaranteed: the host's sbx policy is not declared, so the sandbox may have no network; list the hosts it needs in allow_egress_to on a deny-all host, or an operator can declare the host's policy", backend.ErrSpecUnenforceable)
-	}
-	switch p {
-	case PolicyDenyAll:
-		return networkNone, nil, nil
-	case PolicyAllowAll:
-		return networkOpen, nil, nil
-	}
-	return networkUnknown, nil, nil
-}
-
-// checkEgressHosts checks allow_egress_to by the same syntax the egress
-// netstack uses (internal/hostname: a hostname, an optional leading "*."
-// and ":port"; no commas, which sbx splits on, no spaces, nothing that
-// reads as a flag) and returns the entries in normal form (lower case, no
-// trailing dot), sorted, each once.
-func checkEgressHosts(hosts []string) ([]string, error) {
-	if len(hosts) > maxEgressHosts {
-		return nil, fmt.Errorf("%w: allow_egress_to lists %d hosts, more than the %d allowed; use wildcards such as *.example.com", backend.ErrInvalidArgument, len(hosts), maxEgressHosts)
-	}
-	var out []string
-	for _, h := range hosts {
-		p, err := hostname.Parse(h)
-		switch {
-		case errors.Is(err, hostname.ErrBadPort):
-			return nil, fmt.Errorf("%w: allow_egress_to entry %s has a bad port (1 to 65535)", backend.ErrInvalidArgument, backend.ShortName(h))
-		case errors.Is(err, hostname.ErrBareWild):
-			return nil, fmt.Errorf("%w: allow_egress_to entry %s: %v", backend.ErrInvalidArgument, backend.ShortName(h), err)
-		case err != nil:
-			return nil, fmt.Errorf("%w: allow_egress_to entry %s is not a hostname (%s)", backend.ErrInvalidArgument, backend.ShortName(h), hostname.Rule)
-		}
-		out = append(out, p.String())
-	}
-	slices.Sort(out)
-	return slices.Compact(out), nil
-}
-
 // Create makes Dir/<id> with its workspace and spec.json, then the microVM:
-// sbx create, a per-sandbox network rule when the spec lists hosts, and a
-// probe that the guest has the tools the backend relies on and sees the
-// workspace at its host path. A failure part-way removes the microVM and
-// the directory before returning.
+// sbx create (with a deny of every destination for no network), a
+// per-sandbox allow rule when the spec lists hosts (refused beforehand
+// under an organisation's governance), a read-back of the policy in force
+// (network.go), a start should sbx have stopped it already, and a probe
+// that the guest has the tools the backend relies on and sees, and can
+// write, the workspace at its host path. A failure part-way removes the
+// microVM and the directory before returning.
 func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ backend.Info, err error) {
 	if !backend.ValidID(id) {
 		return backend.Info{}, fmt.Errorf("%w: sandbox id %q is not a valid id (lowercase letters, digits and '-', at most 63)", backend.ErrInvalidArgument, id)
@@ -261,10 +205,11 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	if err := ctx.Err(); err != nil {
 		return backend.Info{}, fmt.Errorf("sandbox %s was not created: %w", id, err)
 	}
-	network, hosts, err := networkFor(b.cfg.HostPolicy, spec)
+	plan, err := networkFor(b.cfg.HostPolicy, spec)
 	if err != nil {
 		return backend.Info{}, err
 	}
+	network, hosts := plan.network, plan.hosts
 	template, err := b.templateFor(spec.Image)
 	if err != nil {
 		return backend.Info{}, err
@@ -329,8 +274,26 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 		return backend.Info{}, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 
+	if len(hosts) > 0 {
+		// Under an organisation's governance local allow rules are
+		// inactive: an allow-list would be no network at all.
+		org, err := b.governance(ctx)
+		if err != nil {
+			return backend.Info{}, fmt.Errorf("sandbox %s was not created: %w", id, err)
+		}
+		if org != "" {
+			return backend.Info{}, fmt.Errorf("%w: the host's sbx policy is governed by an organisation (%s), which makes local allow rules inactive, so allow_egress_to cannot be granted per sandbox; ask the organisation's admins to allow the hosts, or use block_network", backend.ErrSpecUnenforceable, org)
+		}
+	}
+
 	args := append([]string{"create", "--name", name}, resourceArgs...)
-	args = append(args, "--template", template, "shell", ws)
+	if plan.deny {
+		args = append(args, "--deny-network", denyAll)
+	}
+	// --pull missing: the default, always, asks the registry on every
+	// create, so a template pulled once (or by an operator) saves nothing
+	// and a registry outage stops every create.
+	args = append(args, "--pull", "missing", "--template", template, "shell", ws)
 	created = true
 	start := time.Now()
 	res, runErr := b.runSbx(ctx, b.cfg.CreateTimeout, cliOutputBytes, nil, args...)
@@ -339,6 +302,8 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 		return backend.Info{}, fmt.Errorf("sandbox %s was not created: the request ended during sbx create: %w", id, ctx.Err())
 	case res.TimedOut:
 		return backend.Info{}, fmt.Errorf("%w: sbx create of sandbox %s did not finish within %v (a first boot pulls %s); retry, or raise the create timeout on a slow link", backend.ErrUnavailable, id, b.cfg.CreateTimeout, b.cfg.Template)
+	case runErr == nil && operatorNeeded(res) != nil:
+		return backend.Info{}, fmt.Errorf("sandbox %s was not created: %w", id, operatorNeeded(res))
 	case runErr != nil || res.ExitCode != 0:
 		detail := failure(res, runErr, b.cfg.CreateTimeout)
 		hint := "check that sbx is logged in (sbx login), that its policy is initialised (sbx policy init), and the sbx daemon's log"
@@ -348,21 +313,45 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 		return backend.Info{}, fmt.Errorf("%w: sbx create of sandbox %s failed (%s); %s", backend.ErrUnavailable, id, detail, hint)
 	}
 	log.Debug("microVM created", "sbx_name", name, "duration", time.Since(start))
+	sb := newSandbox(id, dir, saved)
+	sb.touch() // sbx stops it a grace after create if no session comes
 
 	if len(hosts) > 0 {
 		res, runErr := b.runSbx(ctx, policyTimeout, cliOutputBytes, nil,
-			"policy", "allow", "network", "--sandbox", name, strings.Join(hosts, ","))
+			"policy", "allow", "network", "--sandbox", name, strings.Join(sbxPatterns(hosts), ","))
+		if need := operatorNeeded(res); runErr == nil && need != nil {
+			return backend.Info{}, fmt.Errorf("sandbox %s was not created: %w", id, need)
+		}
 		if runErr != nil || res.ExitCode != 0 || res.TimedOut {
 			return backend.Info{}, fmt.Errorf("%w: cannot allow sandbox %s to reach %s: sbx policy allow network failed (%s); the sandbox was removed, check sbx policy ls and retry", backend.ErrSpecUnenforceable, id, strings.Join(hosts, ", "), failure(res, runErr, policyTimeout))
 		}
 	}
 
-	if err := b.probe(ctx, name, ws, token); err != nil {
+	if network, err = b.verifyNetwork(ctx, name, plan); err != nil {
+		return backend.Info{}, fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	if network != saved.Network {
+		saved.Network, sb.network = network, network
+		if err := registry.SaveSpec(dir, saved); err != nil {
+			return backend.Info{}, fmt.Errorf("create sandbox %s: save its settings: %w", id, err)
+		}
+	}
+
+	if err := b.ensureRunning(ctx, sb); err != nil {
+		if errors.Is(err, errGone) {
+			err = fmt.Errorf("%w: sbx no longer lists the new microVM %s", backend.ErrUnavailable, name)
+		}
+		return backend.Info{}, fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	endSession := sb.session()
+	err = b.probe(ctx, name, ws, token)
+	endSession()
+	if err != nil {
 		return backend.Info{}, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	_ = os.Remove(filepath.Join(ws, probeName))
 
-	if err := b.boxes.Created(id, newSandbox(id, dir, saved)); err != nil {
+	if err := b.boxes.Created(id, sb); err != nil {
 		return backend.Info{}, err
 	}
 	log.Info("sandbox created", "sbx_name", name, "network", network, "allowed_hosts", len(hosts), "env_vars", len(spec.Env), "duration", time.Since(start))
@@ -487,6 +476,8 @@ func (b *Backend) listSbx(ctx context.Context) ([]lsEntry, error) {
 		return nil, fmt.Errorf("sbx ls was stopped because the request ended: %w", ctx.Err())
 	case res.TimedOut:
 		return nil, fmt.Errorf("%w: sbx ls did not answer within %v; the sbx daemon may be stuck (sbx-releases#163): check \"sbx daemon status\" and restart it", backend.ErrUnavailable, limit)
+	case err == nil && operatorNeeded(res) != nil:
+		return nil, operatorNeeded(res)
 	case err != nil || res.ExitCode != 0:
 		return nil, fmt.Errorf("%w: sbx ls failed (%s); check that sbx is logged in (sbx login) and its daemon runs", backend.ErrUnavailable, failure(res, err, limit))
 	case res.StdoutTruncated:
@@ -574,7 +565,7 @@ func (b *Backend) resourceArgs(r backend.Resources) ([]string, error) {
 	switch {
 	case r.MemoryBytes == 0:
 	case r.MemoryBytes < minMemoryBytes:
-		errs = append(errs, fmt.Sprintf("memory_bytes %d is less than 1 GiB, the smallest microVM sbx runs", r.MemoryBytes))
+		errs = append(errs, fmt.Sprintf("memory_bytes %d is less than 512 MiB, the smallest microVM sbx runs", r.MemoryBytes))
 	case r.MemoryBytes > b.memoryBytes:
 		errs = append(errs, fmt.Sprintf("memory_bytes %d exceeds the daemon's maximum %d", r.MemoryBytes, b.memoryBytes))
 	default:

@@ -25,8 +25,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -48,9 +50,12 @@ const Name = "sbx"
 
 // Defaults for the zero fields of Config.
 const (
-	// DefaultTemplate is the container image a sandbox boots from. It must
-	// have /bin/sh and GNU coreutils (timeout, realpath, stat, head, mktemp).
-	DefaultTemplate = "python:3.12-slim"
+	// DefaultTemplate is the container image a sandbox boots from: the
+	// template sbx documents for its shell agent (Ubuntu, a non-root agent
+	// user, bash, git, a CA store), fully qualified, because sbx does not
+	// resolve a Docker Hub short name. It must have /bin/sh and GNU
+	// coreutils (timeout, realpath, stat, head, mktemp).
+	DefaultTemplate = "docker.io/docker/sandbox-templates:shell"
 	// DefaultMemory is each microVM's memory.
 	DefaultMemory = "2g"
 	// DefaultCreateTimeout bounds sbx create: a first boot pulls the
@@ -64,12 +69,19 @@ const (
 	DefaultExecGrace = 10 * time.Second
 	// DefaultListTimeout bounds every sbx ls (known to hang, sbx-releases#163).
 	DefaultListTimeout = 30 * time.Second
+	// DefaultStartTimeout bounds starting a microVM sbx stopped, before a
+	// command or file operation (never counted in the command's budget).
+	DefaultStartTimeout = 3 * time.Minute
+	// DefaultAutoStopGrace is how long sbx keeps a local sandbox running
+	// after its last session ends (sbx-releases#452).
+	DefaultAutoStopGrace = 30 * time.Second
 	// DefaultKVMDevice is the device sbx needs read-write access to.
 	DefaultKVMDevice = "/dev/kvm"
 )
 
-// minMemoryBytes is sbx's smallest microVM.
-const minMemoryBytes = 1 << 30
+// minMemoryBytes is sbx's smallest microVM (512 MiB since v0.43; it was
+// 1 GiB).
+const minMemoryBytes = 512 << 20
 
 // Named bounds on the backend's own waits and reads.
 const (
@@ -131,8 +143,9 @@ type Config struct {
 	// SbxPath is the sbx binary: a path, or a bare name looked up on PATH;
 	// empty means "sbx" on PATH.
 	SbxPath string
-	// Env is added to the daemon's environment for every sbx process
-	// ("NAME=value"). sbx needs the daemon user's HOME to find its login.
+	// Env is added to the environment every sbx process gets
+	// ("NAME=value", overriding what sbxEnv took from the daemon's). sbx
+	// never gets the daemon's whole environment (see sbxEnv).
 	Env []string
 	// Template is the image sandboxes boot from (default DefaultTemplate).
 	Template string
@@ -141,7 +154,7 @@ type Config struct {
 	// these, so a client cannot make the host pull what it likes.
 	Templates []string
 	// Memory is each microVM's memory in sbx's notation: "2g", "1536m"
-	// (default DefaultMemory). Less than 1 GiB is refused.
+	// (default DefaultMemory). Less than 512 MiB is refused.
 	Memory string
 	// CPUs is each microVM's CPU count; 0 leaves sbx's default.
 	CPUs int
@@ -156,6 +169,16 @@ type Config struct {
 	ExecGrace time.Duration
 	// ListTimeout bounds every sbx ls (default DefaultListTimeout).
 	ListTimeout time.Duration
+	// StartTimeout bounds starting a sandbox sbx stopped (default
+	// DefaultStartTimeout); a command's own budget starts after it.
+	StartTimeout time.Duration
+	// AutoStopGrace is sbx's grace before it stops a sandbox without a
+	// session (default DefaultAutoStopGrace, sbx's own). For half of it
+	// after its last sbx call the backend takes a sandbox to be running;
+	// after that it asks sbx ls before a command, and starts it if it
+	// stopped. A value above sbx's grace would let a boot count against a
+	// command's budget again; a small one (1ms) asks before every command.
+	AutoStopGrace time.Duration
 	// HostPolicy is the network policy the operator initialised sbx with.
 	HostPolicy HostPolicy
 	// Marker starts every sbx sandbox name this backend makes, so that
@@ -179,6 +202,10 @@ type Backend struct {
 
 	boxes *registry.Registry[*sandbox] // known sandboxes, loaded lazily from Dir
 
+	env     []string   // every sbx process's whole environment (sbxEnv)
+	version sbxVersion // what sbx version --json said at start
+	noInput bool       // sbx takes the global --no-input: pass it on every call
+
 	healthMu     sync.Mutex
 	healthyUntil time.Time
 }
@@ -194,8 +221,9 @@ func DefaultMarker(dir string) string {
 	return "sc" + hex.EncodeToString(sum[:5])
 }
 
-// New validates cfg, creates cfg.Dir and finds sbx. It starts nothing;
-// Health asks sbx whether it answers.
+// New validates cfg, creates cfg.Dir, finds sbx and asks its version (sbx
+// version --json, within 30 s): an sbx older than MinVersion is refused.
+// It starts nothing; Health asks sbx whether it answers.
 func New(cfg Config) (*Backend, error) {
 	if cfg.Dir == "" || !filepath.IsAbs(cfg.Dir) {
 		return nil, fmt.Errorf("sbx backend: Dir %q must be an absolute path to the state directory", cfg.Dir)
@@ -205,8 +233,8 @@ func New(cfg Config) (*Backend, error) {
 		cfg.Template = DefaultTemplate
 	}
 	for _, t := range append([]string{cfg.Template}, cfg.Templates...) {
-		if t == "" || strings.HasPrefix(t, "-") || strings.ContainsAny(t, " \t\n\x00") || t == backend.HostImage {
-			return nil, fmt.Errorf("sbx backend: template image %q is not an image reference", t)
+		if err := checkTemplate(t); err != nil {
+			return nil, err
 		}
 	}
 	if cfg.Memory == "" {
@@ -217,7 +245,7 @@ func New(cfg Config) (*Backend, error) {
 		return nil, err
 	}
 	if bytes < minMemoryBytes {
-		return nil, fmt.Errorf("sbx backend: memory %q is less than 1 GiB, the smallest microVM sbx runs; use at least 1g (the default is %s)", cfg.Memory, DefaultMemory)
+		return nil, fmt.Errorf("sbx backend: memory %q is less than 512 MiB, the smallest microVM sbx runs; use at least 512m (the default is %s)", cfg.Memory, DefaultMemory)
 	}
 	if cfg.CPUs < 0 {
 		return nil, fmt.Errorf("sbx backend: CPUs %d must not be negative; use 0 for sbx's default", cfg.CPUs)
@@ -231,6 +259,8 @@ func New(cfg Config) (*Backend, error) {
 		{"KillAfter", &cfg.KillAfter, DefaultKillAfter},
 		{"ExecGrace", &cfg.ExecGrace, DefaultExecGrace},
 		{"ListTimeout", &cfg.ListTimeout, DefaultListTimeout},
+		{"StartTimeout", &cfg.StartTimeout, DefaultStartTimeout},
+		{"AutoStopGrace", &cfg.AutoStopGrace, DefaultAutoStopGrace},
 	} {
 		if *d.v < 0 {
 			return nil, fmt.Errorf("sbx backend: %s (%v) must not be negative; use 0 for the default (%v)", d.name, *d.v, d.def)
@@ -276,8 +306,13 @@ func New(cfg Config) (*Backend, error) {
 		memory:      memory,
 		memoryBytes: bytes,
 		log:         cfg.Logger.Named(Name),
+		env:         sbxEnv(os.Environ(), cfg.Env),
 	}
 	b.boxes = registry.New(b.registryHooks())
+	if err := b.checkVersion(context.Background()); err != nil {
+		return nil, err
+	}
+	b.log.Info("sbx found", "path", bin, "version", b.version, "no_input", b.noInput)
 	return b, nil
 }
 
@@ -342,12 +377,13 @@ func parseMemory(s string) (string, int64, error) {
 func (b *Backend) Name() string { return Name }
 
 // MaxCreateDuration is the longest a Create can take when its context does
-// not end first: sbx create, the per-sandbox network rule and the first
-// check in the new microVM. A caller bounding Create with a deadline should
+// not end first: the governance check, sbx create, the per-sandbox network
+// rule, the read-back of the policy, a start of the new microVM should sbx
+// have stopped it already, and the first check in it. A caller bounding Create with a deadline should
 // allow at least this much, or slow first boots are cut short (and cleaned
 // up). The cleanup of a failed Create runs detached, under its own deadline.
 func (b *Backend) MaxCreateDuration() time.Duration {
-	return b.cfg.CreateTimeout + policyTimeout + probeTimeout
+	return 2*policyTimeout + b.cfg.CreateTimeout + networkCheckTimeout + b.cfg.ListTimeout + b.cfg.StartTimeout + probeTimeout
 }
 
 // Health checks that the sbx binary is there, that the daemon's user may use
@@ -391,13 +427,67 @@ func checkKVM(dev string) error {
 	return fmt.Errorf("%w: cannot check %s: %v", backend.ErrUnavailable, dev, err)
 }
 
-// sbxCommand returns an exec.Cmd for sbx with the daemon's environment plus
-// Config.Env, run from /.
+// sbxCommand returns an exec.Cmd for sbx with the environment sbxEnv made,
+// run from /.
 func (b *Backend) sbxCommand(args []string) *exec.Cmd {
 	cmd := exec.Command(b.sbx, args...)
-	cmd.Env = append(os.Environ(), b.cfg.Env...)
+	cmd.Env = b.env
 	cmd.Dir = "/"
 	return cmd
+}
+
+// defaultPATH is sbx's PATH when the daemon has none.
+const defaultPATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// sbxPassedVars are the daemon's variables sbx gets as they are: the
+// proxies it falls back on for pulls and for its sandboxes' egress, and
+// TMPDIR. sbxPassedPrefixes name its own settings variables
+// (DOCKER_SANDBOXES_PROXY, SANDBOXES_STORAGE_ROOT, SANDBOXD_LOG_LEVEL, ...).
+var (
+	sbxPassedVars = []string{"TMPDIR", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY",
+		"http_proxy", "https_proxy", "no_proxy", "all_proxy"}
+	sbxPassedPrefixes = []string{"DOCKER_SANDBOXES_", "SANDBOXES_", "SANDBOXD_"}
+)
+
+// sbxEnv is the whole environment of every sbx process: PATH, HOME (where
+// sbx keeps its login and state), sbx's own settings variables and the
+// proxies, from the daemon's environment parent, then extra (Config.Env),
+// and nothing else. sbx forwards its caller's SSH agent into every sandbox
+// (the ssh.agentForwardingEnabled setting, on by default), and an
+// operator's credentials in the daemon's environment have no business in
+// a microVM: SSH_AUTH_SOCK and everything not listed here stay out.
+func sbxEnv(parent, extra []string) []string {
+	vars := map[string]string{}
+	for _, kv := range parent {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			continue
+		}
+		pass := k == "PATH" || k == "HOME" || slices.Contains(sbxPassedVars, k)
+		for _, p := range sbxPassedPrefixes {
+			pass = pass || strings.HasPrefix(k, p)
+		}
+		if pass {
+			vars[k] = v
+		}
+	}
+	if vars["PATH"] == "" {
+		vars["PATH"] = defaultPATH
+	}
+	if vars["HOME"] == "" {
+		if u, err := user.Current(); err == nil && u.HomeDir != "" {
+			vars["HOME"] = u.HomeDir
+		}
+	}
+	for _, kv := range extra {
+		k, v, _ := strings.Cut(kv, "=")
+		vars[k] = v
+	}
+	env := make([]string, 0, len(vars))
+	for _, k := range slices.Sorted(maps.Keys(vars)) {
+		env = append(env, k+"="+vars[k])
+	}
+	return env
 }
 
 // runSbx runs sbx with args to completion within limit (and ctx), keeping
@@ -409,7 +499,12 @@ func (b *Backend) runSbx(ctx context.Context, limit time.Duration, maxOutput int
 }
 
 // runSbxOutput is runSbx that also hands output to out as it is read.
+// The global --no-input goes first when sbx takes it, so a command that
+// would prompt (a sign-in, a policy preset) fails at once instead.
 func (b *Backend) runSbxOutput(ctx context.Context, limit time.Duration, maxOutput int, stdin []byte, out capture.OutputFunc, args ...string) (capture.Result, error) {
+	if b.noInput {
+		args = append([]string{"--no-input"}, args...)
+	}
 	return capture.Run(ctx, b.sbxCommand(args), capture.Options{
 		Timeout:        limit,
 		KillGrace:      outerKillGrace,
@@ -449,6 +544,35 @@ func firstLine(b []byte) string {
 		}
 	}
 	return ""
+}
+
+// checkTemplate refuses a template sbx cannot be given: not an image
+// reference, or a reference without its registry's domain (a Docker Hub
+// short name such as python:3.12-slim), which sbx does not resolve.
+func checkTemplate(t string) error {
+	if t == "" || strings.HasPrefix(t, "-") || strings.ContainsAny(t, " \t\n\x00") || t == backend.HostImage {
+		return fmt.Errorf("sbx backend: template image %q is not an image reference", t)
+	}
+	if !hasRegistryDomain(t) {
+		return fmt.Errorf("sbx backend: template image %q is a short name, and sbx does not resolve short names to Docker Hub; write it fully qualified, with its registry: docker.io/library/python:3.12-slim for an official image, docker.io/%s for another of Docker Hub's, or %s (the default)", t, shortExample(t), DefaultTemplate)
+	}
+	return nil
+}
+
+// hasRegistryDomain reports whether image reference ref names its registry:
+// the part before the first '/' holds a '.' or a ':', or is localhost (the
+// rule Docker's reference grammar uses to tell a registry from a path).
+func hasRegistryDomain(ref string) bool {
+	first, _, ok := strings.Cut(ref, "/")
+	return ok && (strings.ContainsAny(first, ".:") || first == "localhost")
+}
+
+// shortExample is t with the path Docker Hub would give it.
+func shortExample(t string) string {
+	if !strings.Contains(t, "/") {
+		return "library/" + t
+	}
+	return t
 }
 
 // templateFor is the sbx template of a create on image im: the default

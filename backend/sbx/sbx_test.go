@@ -1,6 +1,7 @@
 package sbx
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io/fs"
@@ -28,7 +29,7 @@ func TestSbxCommandLines(t *testing.T) {
 	if !strings.HasPrefix(name, DefaultMarker(f.dir)+"-sc-") {
 		t.Errorf("sbx name %q does not carry the marker", name)
 	}
-	if !f.called("create", "--name", name, "--memory", "1536m", "--cpus", "2", "--template", DefaultTemplate, "shell", ws) {
+	if !f.called("create", "--name", name, "--memory", "1536m", "--cpus", "2", "--deny-network", "**", "--pull", "missing", "--template", DefaultTemplate, "shell", ws) {
 		t.Errorf("no sbx create with the expected arguments in %q", f.calls())
 	}
 
@@ -485,7 +486,7 @@ func TestSbxProbeCatchesAWorkspaceNotVisibleInside(t *testing.T) {
 	// A wrapper whose sandboxes do not see the workspace the host prepared,
 	// as with an sbx that mounted workspaces somewhere else.
 	wrapper := filepath.Join(t.TempDir(), "sbx")
-	script := "#!/bin/sh\nif [ \"$1\" = create ]; then\n\tfor last do :; done\n\trm -f \"$last/.sidecar-probe\"\nfi\nexec " + fakeBin + " \"$@\"\n"
+	script := "#!/bin/sh\nc=$1; [ \"$c\" = --no-input ] && c=$2\nif [ \"$c\" = create ]; then\n\tfor last do :; done\n\trm -f \"$last/.sidecar-probe\"\nfi\nexec " + fakeBin + " \"$@\"\n"
 	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -527,8 +528,8 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		hint  string
 	}{
 		{"relative dir", func(c *Config) { c.Dir = "state/sbx" }, "absolute"},
-		{"memory below 1 GiB", func(c *Config) { c.Memory = "512m" }, "less than 1 GiB"},
-		{"memory one MiB short", func(c *Config) { c.Memory = "1023m" }, "less than 1 GiB"},
+		{"memory below 512 MiB", func(c *Config) { c.Memory = "256m" }, "less than 512 MiB"},
+		{"memory one MiB short", func(c *Config) { c.Memory = "511m" }, "less than 512 MiB"},
 		{"memory nonsense", func(c *Config) { c.Memory = "lots" }, "not a size"},
 		{"negative cpus", func(c *Config) { c.CPUs = -1 }, "CPUs"},
 		{"negative timeout", func(c *Config) { c.CreateTimeout = -time.Second }, "CreateTimeout"},
@@ -536,6 +537,8 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"marker with dash", func(c *Config) { c.Marker = "a-b" }, "no '-'"},
 		{"marker too long", func(c *Config) { c.Marker = strings.Repeat("a", 25) }, "marker"},
 		{"template flag", func(c *Config) { c.Template = "--privileged" }, "image"},
+		{"template short name", func(c *Config) { c.Template = "python:3.12-slim" }, "docker.io/library/python:3.12-slim"},
+		{"template short path", func(c *Config) { c.Templates = []string{"acme/agent:1"} }, "docker.io/acme/agent:1"},
 		{"env without =", func(c *Config) { c.Env = []string{"NOVALUE"} }, "NAME=value"},
 		{"missing binary", func(c *Config) { c.SbxPath = filepath.Join(t.TempDir(), "sbx") }, "install"},
 	}
@@ -545,17 +548,18 @@ func TestNewRejectsBadConfig(t *testing.T) {
 			t.Errorf("%s: err = %v, want it to say %q", tc.name, err, tc.hint)
 		}
 	}
-	for _, ok := range []string{"1g", "1024m", "1G", "1GiB", "2g", "1073741824"} {
+	for _, ok := range []string{"512m", "1g", "1024m", "1G", "1GiB", "2g", "1073741824", "536870912"} {
 		if _, err := New(f.config(func(c *Config) { c.Memory = ok })); err != nil {
 			t.Errorf("memory %q refused: %v", ok, err)
 		}
 	}
 	b, err := New(f.config(func(c *Config) { c.HostPolicy = "" }))
 	if err != nil || b.cfg.HostPolicy != PolicyUnknown || b.cfg.Template != DefaultTemplate || b.memory != "2g" ||
-		b.cfg.CreateTimeout != DefaultCreateTimeout || b.cfg.Marker != DefaultMarker(f.dir) {
+		b.cfg.CreateTimeout != DefaultCreateTimeout || b.cfg.Marker != DefaultMarker(f.dir) ||
+		b.cfg.StartTimeout != DefaultStartTimeout || b.cfg.AutoStopGrace != DefaultAutoStopGrace {
 		t.Errorf("defaults: %+v, %v", b, err)
 	}
-	if got := b.MaxCreateDuration(); got != DefaultCreateTimeout+policyTimeout+probeTimeout {
+	if got := b.MaxCreateDuration(); got != 2*policyTimeout+DefaultCreateTimeout+networkCheckTimeout+b.cfg.ListTimeout+DefaultStartTimeout+probeTimeout {
 		t.Errorf("MaxCreateDuration = %v", got)
 	}
 	if fi, err := os.Stat(f.dir); err != nil || fi.Mode().Perm() != 0o700 {
@@ -570,7 +574,7 @@ func TestSbxSpecResources(t *testing.T) {
 		t.Errorf("a smaller microVM was not asked of sbx: %q", f.calls())
 	}
 	for _, r := range []backend.Resources{
-		{MemoryBytes: 8 << 30}, {MemoryBytes: 512 << 20}, {CPUs: 1.5}, {CPUs: 8}, {PIDs: 64}, {DiskBytes: 1 << 30},
+		{MemoryBytes: 8 << 30}, {MemoryBytes: 511 << 20}, {CPUs: 1.5}, {CPUs: 8}, {PIDs: 64}, {DiskBytes: 1 << 30},
 	} {
 		if _, err := b.Create(context.Background(), "refused", backend.Spec{Resources: r}); !errors.Is(err, backend.ErrSpecUnenforceable) {
 			t.Errorf("Create with %+v: %v, want ErrSpecUnenforceable", r, err)
@@ -633,5 +637,457 @@ func TestSbxImageIsAnAllowedTemplate(t *testing.T) {
 	}
 	if !slices.Equal(names, []string{DefaultTemplate, "ghcr.io/acme/agent:1"}) {
 		t.Fatalf("Images() = %v", names)
+	}
+}
+
+// TestSbxEnvironmentIsOnlyWhatSbxNeeds: sbx runs with PATH, HOME, its own
+// settings variables and the proxies, and nothing else of the daemon's
+// environment: an operator's SSH agent (which sbx would forward into
+// every sandbox) and credentials never reach it, nor a guest.
+func TestSbxEnvironmentIsOnlyWhatSbxNeeds(t *testing.T) {
+	t.Setenv("SSH_AUTH_SOCK", "/run/user/0/ssh-agent.sock")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "daemon-secret-7c1e")
+	t.Setenv("DOCKER_SANDBOXES_PROXY", "http://proxy.internal:3128")
+	t.Setenv("SANDBOXD_LOG_LEVEL", "debug")
+	t.Setenv("HTTPS_PROXY", "http://proxy.internal:3128")
+	t.Setenv("HOME", "/var/lib/sandbox-sidecar")
+	b, f := newFakeBackend(t)
+	id, _ := create(t, b, backend.Spec{})
+	res := run(t, b, id, `printf '%s|%s' "${SSH_AUTH_SOCK-unset}" "${AWS_SECRET_ACCESS_KEY-unset}"`)
+	if got := string(res.Stdout); got != "unset|unset" {
+		t.Errorf("the guest saw %q of the daemon's environment", got)
+	}
+	if err := b.Destroy(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	envs := f.envs()
+	if len(envs) < 3 {
+		t.Fatalf("only %d sbx calls recorded", len(envs))
+	}
+	allowed := func(k string) bool {
+		switch k {
+		case "PATH", "HOME", "HTTPS_PROXY", "SBXFAKE_STATE":
+			return true
+		}
+		return strings.HasPrefix(k, "DOCKER_SANDBOXES_") || strings.HasPrefix(k, "SANDBOXD_")
+	}
+	for i, env := range envs {
+		got := map[string]string{}
+		for _, kv := range env {
+			k, v, _ := strings.Cut(kv, "=")
+			got[k] = v
+			if !allowed(k) {
+				t.Errorf("call %d (%q): sbx was given %s", i, f.calls()[i], kv)
+			}
+		}
+		if got["HOME"] != "/var/lib/sandbox-sidecar" || got["PATH"] != os.Getenv("PATH") ||
+			got["DOCKER_SANDBOXES_PROXY"] != "http://proxy.internal:3128" || got["SANDBOXD_LOG_LEVEL"] != "debug" {
+			t.Errorf("call %d: sbx's environment lacks what it needs: %q", i, env)
+		}
+	}
+	f.checkSbxNeverSaw("SSH_AUTH_SOCK", "AWS_SECRET_ACCESS_KEY")
+}
+
+// recordNames lists the fake's sandboxes from its records, without
+// asking it (a signed-out fake would not answer).
+func (f *fakeHost) recordNames() []string {
+	f.t.Helper()
+	matches, err := filepath.Glob(filepath.Join(f.state, "sandboxes", "*.json"))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	var out []string
+	for _, m := range matches {
+		out = append(out, strings.TrimSuffix(filepath.Base(m), ".json"))
+	}
+	return out
+}
+
+// TestSbxSignedOutFailsFast: an sbx whose login expired starts an
+// interactive sign-in and waits for it (sbx-releases#109), which held a
+// create for its whole create timeout. With --no-input every call fails
+// at once naming `sbx login`: health says so, create leaves nothing, a
+// command or a file operation fails as backend_unavailable without
+// ending its sandbox, destroy keeps the files to retry. Signed in again,
+// everything works, the sandbox's files intact.
+func TestSbxSignedOutFailsFast(t *testing.T) {
+	b, f := newFakeBackend(t, func(c *Config) { c.ListTimeout = 30 * time.Second })
+	ctx := context.Background()
+	id, _ := create(t, b, backend.Spec{})
+	if err := b.WriteFile(ctx, id, "kept.txt", []byte("kept"), 0); err != nil {
+		t.Fatal(err)
+	}
+	// A command of the agent's that mentions sbx login is only a command.
+	if res := run(t, b, id, "echo 'please run sbx login' >&2; exit 1"); res.ExitCode != 1 || res.SandboxTerminated {
+		t.Fatalf("a failing command that prints 'sbx login': %+v", res)
+	}
+
+	f.set("signed-out", "1")
+	const fast = 10 * time.Second // far below the 10-minute create timeout and 30 s ls
+	for what, call := range map[string]func() error{
+		"Health": func() error { return b.Health(ctx) },
+		"List":   func() error { _, err := b.List(ctx); return err },
+		"Create": func() error { _, err := b.Create(ctx, newID(), backend.Spec{}); return err },
+		"Exec": func() error {
+			res, err := b.Exec(ctx, id, backend.ExecRequest{Command: "echo hi", Timeout: time.Minute})
+			if res.SandboxTerminated || res.TimedOut {
+				t.Errorf("Exec signed out ended the sandbox: %+v", res)
+			}
+			return err
+		},
+		"ReadFile": func() error { _, err := b.ReadFile(ctx, id, "kept.txt", 100); return err },
+		"Destroy":  func() error { return b.Destroy(ctx, id) },
+	} {
+		start := time.Now()
+		err := call()
+		if elapsed := time.Since(start); elapsed > fast {
+			t.Errorf("%s signed out took %v", what, elapsed)
+		}
+		if !errors.Is(err, backend.ErrUnavailable) || !strings.Contains(err.Error(), "sbx needs `sbx login`") || !strings.Contains(err.Error(), "--password-stdin") {
+			t.Errorf("%s signed out: %v; want backend_unavailable saying sbx needs `sbx login` and how", what, err)
+		}
+	}
+	if names := f.recordNames(); len(names) != 1 || names[0] != b.sbxName(id) {
+		t.Errorf("sandboxes after the signed-out calls: %v, want only %s", names, b.sbxName(id))
+	}
+	if _, err := os.Stat(filepath.Join(f.dir, id, specName)); err != nil {
+		t.Errorf("a destroy that sbx refused removed the files that let it be retried: %v", err)
+	}
+	for _, args := range f.rawCalls() {
+		if args[0] != "--no-input" {
+			t.Errorf("an sbx call without --no-input: %q", args)
+		}
+	}
+
+	f.unset("signed-out")
+	if err := b.Health(ctx); err != nil {
+		t.Errorf("Health signed in again: %v", err)
+	}
+	got, err := b.ReadFile(ctx, id, "kept.txt", 100)
+	if err != nil || string(got) != "kept" {
+		t.Errorf("the sandbox's file signed in again: %q, %v", got, err)
+	}
+}
+
+// TestSbxPolicyNeverInitialised: sbx asks for a network preset before it
+// runs a sandbox; with --no-input the create fails at once, saying to run
+// sbx policy init.
+func TestSbxPolicyNeverInitialised(t *testing.T) {
+	b, f := newFakeBackend(t)
+	f.set("policy-uninit", "1")
+	start := time.Now()
+	_, err := b.Create(context.Background(), newID(), backend.Spec{})
+	wantErr(t, err, backend.ErrUnavailable, "sbx policy init")
+	if elapsed := time.Since(start); elapsed > 10*time.Second {
+		t.Errorf("Create with no policy took %v", elapsed)
+	}
+	if names := f.recordNames(); len(names) != 0 {
+		t.Errorf("a refused create left %v", names)
+	}
+}
+
+// TestSbxVersionGate: the backend asks sbx version --json at start and
+// refuses an sbx older than MinVersion; where sbx does not take
+// --no-input, it runs without it.
+func TestSbxVersionGate(t *testing.T) {
+	f := newFakeHost(t)
+	for v, hint := range map[string]string{
+		"v0.41.2": "no \"version --json\"",
+		"v0.42.1": "older than " + MinVersion.String(),
+		"v0.9.0":  "older than",
+	} {
+		f.set("version", v)
+		_, err := New(f.config())
+		wantErr(t, err, backend.ErrUnavailable, hint, "upgrade sbx")
+	}
+	for _, v := range []string{"v0.43.0", "v0.55.0", "v1.0.0-rc1"} {
+		f.set("version", v)
+		b, err := New(f.config())
+		if err != nil {
+			t.Fatalf("sbx %s: %v", v, err)
+		}
+		if got, _ := parseVersion(v); b.version != got || !b.noInput {
+			t.Errorf("sbx %s: version %v, noInput %v", v, b.version, b.noInput)
+		}
+	}
+
+	f.unset("version")
+	f.set("no-input-unsupported", "1")
+	before := len(f.rawCalls())
+	b := f.backend()
+	if b.noInput {
+		t.Fatal("noInput with an sbx that refuses --no-input")
+	}
+	id, _ := create(t, b, backend.Spec{})
+	if got := string(run(t, b, id, "echo ok").Stdout); got != "ok\n" {
+		t.Errorf("a command without --no-input printed %q", got)
+	}
+	for _, args := range f.rawCalls()[before+1:] {
+		if args[0] == "--no-input" {
+			t.Errorf("--no-input passed to an sbx without it: %q", args)
+		}
+	}
+}
+
+func TestVersionFromOutput(t *testing.T) {
+	cases := map[string]string{
+		`{"version":"v0.55.0","commit":"abc"}`:                            "v0.55.0",
+		`{"client":{"version":"0.55.1","goVersion":"go1.26.1"}}`:          "v0.55.1",
+		"Starting sandboxd…\n{\"Version\":\"v0.44.0-rc2\"}":               "v0.44.0",
+		`{"build":{"tag":"v0.50.2"},"api":"1.2.3"}`:                       "v0.50.2",
+		"sbx version: v0.33.0 d7da69cb30eb3000c4d4ef0c848ffe84f32058bf\n": "v0.33.0",
+	}
+	for out, want := range cases {
+		v, ok := versionFromOutput([]byte(out))
+		if !ok || v.String() != want {
+			t.Errorf("versionFromOutput(%q) = %v, %v; want %s", out, v, ok, want)
+		}
+	}
+	for _, bad := range []string{"", "{}", `{"api":"1.2.3"}`, "sbx version unknown", `{"version":"latest"}`} {
+		if v, ok := versionFromOutput([]byte(bad)); ok {
+			t.Errorf("versionFromOutput(%q) = %v", bad, v)
+		}
+	}
+}
+
+// TestSbxAutoStoppedSandboxBootsOutsideTheCommandsBudget: sbx stops a
+// sandbox a grace after its last session, and the next sbx exec boots it.
+// With a boot longer than a command's whole budget (timeout + kill grace
+// + exec grace), the command used to time out and the sandbox, files and
+// all, was destroyed as stuck. The backend now starts it first under a
+// deadline of its own: the command runs with its full budget, the files
+// are there; what ran in the background died with the stop.
+func TestSbxAutoStoppedSandboxBootsOutsideTheCommandsBudget(t *testing.T) {
+	const grace, boot = 300 * time.Millisecond, 4 * time.Second
+	f := newFakeHost(t)
+	b := f.backend(f.autoStop(grace, boot), func(c *Config) { c.ExecGrace = time.Second })
+	budget := time.Second + testKillAfter + b.cfg.ExecGrace
+	if boot <= budget {
+		t.Fatalf("the boot (%v) must outlast the command's budget (%v)", boot, budget)
+	}
+	ctx := context.Background()
+	id, _ := create(t, b, backend.Spec{})
+	name := b.sbxName(id)
+	if err := b.WriteFile(ctx, id, "notes.txt", []byte("agent's work"), 0); err != nil {
+		t.Fatal(err)
+	}
+	res := run(t, b, id, "sleep 300 >/dev/null 2>&1 & echo $!")
+	pid := strings.TrimSpace(string(res.Stdout))
+
+	f.waitStopped(name) // the agent thinks for longer than the grace
+	if processRuns(pid) {
+		t.Errorf("background process %s survived the sandbox's stop", pid)
+	}
+	start := time.Now()
+	res, err := b.Exec(ctx, id, backend.ExecRequest{Command: "cat notes.txt", Timeout: time.Second})
+	elapsed := time.Since(start)
+	if err != nil || res.TimedOut || res.SandboxTerminated || res.ExitCode != 0 || string(res.Stdout) != "agent's work" {
+		t.Fatalf("a 1 s command in a stopped sandbox: %+v, %v; want it run in full after the boot", res, err)
+	}
+	if elapsed < boot {
+		t.Errorf("the command came back in %v, before the fake's %v boot: the sandbox did not stop?", elapsed, boot)
+	}
+	if !slices.Contains(f.names(), name) {
+		t.Fatal("the sandbox is gone")
+	}
+	if !f.called("exec", "-w", "/", "--", name, "true") {
+		t.Errorf("no start of the stopped sandbox before the command: %q", f.calls())
+	}
+
+	// File operations start it too.
+	f.waitStopped(name)
+	got, err := b.ReadFile(ctx, id, "notes.txt", 100)
+	if err != nil || string(got) != "agent's work" {
+		t.Errorf("ReadFile in a stopped sandbox: %q, %v", got, err)
+	}
+}
+
+// TestSbxFailedBootKeepsTheSandbox: a start that fails, or does not finish
+// within StartTimeout, is a clear error; the sandbox and its files stay,
+// and the next command starts it.
+func TestSbxFailedBootKeepsTheSandbox(t *testing.T) {
+	const grace = 200 * time.Millisecond
+	f := newFakeHost(t)
+	b := f.backend(f.autoStop(grace, 0), func(c *Config) { c.StartTimeout = time.Second })
+	ctx := context.Background()
+	id, _ := create(t, b, backend.Spec{})
+	name := b.sbxName(id)
+	if err := b.WriteFile(ctx, id, "kept.txt", []byte("kept"), 0); err != nil {
+		t.Fatal(err)
+	}
+
+	f.set("boot-fail", "1")
+	f.waitStopped(name)
+	_, err := b.Exec(ctx, id, backend.ExecRequest{Command: "true", Timeout: time.Second})
+	wantErr(t, err, backend.ErrUnavailable, "could not start it", "files are kept")
+	f.unset("boot-fail")
+
+	f.set("boot-delay", "30s")
+	start := time.Now()
+	_, err = b.ReadFile(ctx, id, "kept.txt", 100)
+	wantErr(t, err, backend.ErrUnavailable, "did not start within 1s", "files are kept")
+	if elapsed := time.Since(start); elapsed > 8*time.Second {
+		t.Errorf("a start past its deadline took %v", elapsed)
+	}
+
+	f.set("boot-delay", "0s")
+	if !slices.Contains(f.names(), name) {
+		t.Fatal("a failed start removed the microVM")
+	}
+	if got := string(run(t, b, id, "cat kept.txt").Stdout); got != "kept" {
+		t.Errorf("after the failed starts the sandbox has %q", got)
+	}
+}
+
+// processRuns reports whether process pid exists and is not a zombie (a
+// killed process may wait for a subreaper to reap it).
+func processRuns(pid string) bool {
+	stat, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(stat, ')')
+	return i < 0 || i+2 >= len(stat) || stat[i+2] != 'Z'
+}
+
+// policyCheck asks the fake, as an operator would, whether sandbox name's
+// policy lets target through.
+func (f *fakeHost) policyCheck(name, target string) string {
+	f.t.Helper()
+	out, code := f.sbx("policy", "check", "network", "--sandbox", name, target)
+	if code != 0 {
+		f.t.Fatalf("sbx policy check exited %d", code)
+	}
+	return strings.TrimSpace(out)
+}
+
+// TestSbxNetworkAsSbxHasIt: block_network is a per-sandbox deny of "**"
+// at create, which holds on any host preset, and a sandbox reported with
+// no network gets it too (kits may add allow rules even under deny-all);
+// what is in force is read back with sbx policy check, and a sandbox
+// whose policy says otherwise is refused and removed; an organisation's
+// governance (local allow rules inactive) and a kit's allow rules refuse
+// an allow-list; ours "*.x" (any depth) is sbx's "**.x".
+func TestSbxNetworkAsSbxHasIt(t *testing.T) {
+	ctx := context.Background()
+	block := backend.Spec{BlockNetwork: boolPtr(true)}
+	t.Run("block_network on an allow-all host", func(t *testing.T) {
+		b, f := newFakeBackend(t, func(c *Config) { c.HostPolicy = PolicyAllowAll })
+		f.sbx("policy", "init", "allow-all")
+		id, info := create(t, b, block)
+		name := b.sbxName(id)
+		if info.Network != networkNone || !f.callsContain("--deny-network", "**") {
+			t.Errorf("Info %+v; calls %q", info, f.calls())
+		}
+		if got := f.policyCheck(name, "pypi.org"); got != "Denied: pypi.org" {
+			t.Errorf("the sandbox's policy: %q", got)
+		}
+		if got := f.policyCheck("", "pypi.org"); got != "Allowed: pypi.org" {
+			t.Errorf("the host's policy changed: %q", got)
+		}
+		// Nothing stated on an allow-all host is open, and checked.
+		_, info = create(t, b, backend.Spec{})
+		if info.Network != networkOpen {
+			t.Errorf("nothing stated on an allow-all host: %+v", info)
+		}
+	})
+	t.Run("a deny sbx did not apply", func(t *testing.T) {
+		b, f := newFakeBackend(t, func(c *Config) { c.HostPolicy = PolicyAllowAll })
+		f.sbx("policy", "init", "allow-all")
+		f.set("deny-ignored", "1")
+		_, err := b.Create(ctx, newID(), block)
+		wantErr(t, err, backend.ErrSpecUnenforceable, "allows", "policy check")
+		if names := f.recordNames(); len(names) != 0 {
+			t.Errorf("a sandbox whose policy did not hold was kept: %v", names)
+		}
+	})
+	t.Run("kit allow rules", func(t *testing.T) {
+		b, f := newFakeBackend(t)
+		f.set("kit-allow", "api.openai.com")
+		_, err := b.Create(ctx, newID(), backend.Spec{AllowEgressTo: []string{"pypi.org"}})
+		wantErr(t, err, backend.ErrSpecUnenforceable, "kit adds allow rules", "api.openai.com")
+		if names := f.recordNames(); len(names) != 0 {
+			t.Errorf("a refused allow-list left %v", names)
+		}
+		// No network stays none: the deny of "**" wins over the kit's allow.
+		id, info := create(t, b, backend.Spec{})
+		if got := f.policyCheck(b.sbxName(id), "api.openai.com"); info.Network != networkNone || got != "Denied: api.openai.com" {
+			t.Errorf("no network with a kit's allow rule: %+v, %q", info, got)
+		}
+	})
+	t.Run("governance", func(t *testing.T) {
+		b, f := newFakeBackend(t)
+		f.set("governance", "acme")
+		_, err := b.Create(ctx, newID(), backend.Spec{AllowEgressTo: []string{"pypi.org"}})
+		wantErr(t, err, backend.ErrSpecUnenforceable, "Managed by acme", "inactive")
+		if f.called("create") {
+			t.Errorf("an allow-list under governance reached sbx create: %q", f.calls())
+		}
+		if _, info := create(t, b, block); info.Network != networkNone {
+			t.Errorf("block_network under governance: %+v", info)
+		}
+		// An allow-all host under governance is not open: reported unknown.
+		b2 := f.backend(func(c *Config) { c.HostPolicy = PolicyAllowAll })
+		f.sbx("policy", "init", "allow-all")
+		if _, info := create(t, b2, backend.Spec{}); info.Network != networkUnknown {
+			t.Errorf("nothing stated on a governed allow-all host: %+v", info)
+		}
+		_, err = b2.Create(ctx, newID(), backend.Spec{BlockNetwork: boolPtr(false)})
+		wantErr(t, err, backend.ErrSpecUnenforceable, "denies")
+	})
+	t.Run("wildcards", func(t *testing.T) {
+		b, f := newFakeBackend(t)
+		id, info := create(t, b, backend.Spec{AllowEgressTo: []string{"*.Example.com", "pypi.org:443"}})
+		name := b.sbxName(id)
+		if info.Network != networkAllowList || !f.called("policy", "allow", "network", "--sandbox", name, "**.example.com,pypi.org:443") {
+			t.Fatalf("Info %+v; calls %q", info, f.calls())
+		}
+		for target, want := range map[string]string{
+			"api.example.com": "Allowed", "v2.api.example.com": "Allowed", "example.com": "Denied",
+			"pypi.org": "Allowed", "pypi.org:80": "Denied", "files.pythonhosted.org": "Denied",
+		} {
+			if got := f.policyCheck(name, target); got != want+": "+target {
+				t.Errorf("%s: %q, want %s", target, got, want)
+			}
+		}
+	})
+}
+
+// TestSbxSmallestMicroVM: sbx runs a 512 MiB microVM since v0.43.
+func TestSbxSmallestMicroVM(t *testing.T) {
+	b, f := newFakeBackend(t, func(c *Config) { c.Memory = "512m" })
+	id, _ := create(t, b, backend.Spec{Resources: backend.Resources{MemoryBytes: 512 << 20}})
+	if !f.called("create", "--name", b.sbxName(id), "--memory", "512m") {
+		t.Errorf("no 512 MiB microVM asked of sbx: %q", f.calls())
+	}
+}
+
+// TestSbxPullMissing: sbx create pulls its template always by default,
+// which asks the registry on every create; --pull missing uses a template
+// already there, so creates go on while the registry is down.
+func TestSbxPullMissing(t *testing.T) {
+	b, f := newFakeBackend(t)
+	create(t, b, backend.Spec{})
+	f.set("registry-down", "1")
+	create(t, b, backend.Spec{})
+	pulls, err := os.ReadFile(filepath.Join(f.state, "pulls.log"))
+	if err != nil || strings.Count(string(pulls), "\n") != 1 {
+		t.Errorf("pulls of the template: %q, %v; want one", pulls, err)
+	}
+}
+
+// TestSbxProbeWritesTheWorkspace: a workspace the guest can read but not
+// write is refused at create, not found out at the first write_file.
+func TestSbxProbeWritesTheWorkspace(t *testing.T) {
+	b, f := newFakeBackend(t)
+	f.set("workspace-readonly", "1")
+	id := newID()
+	_, err := b.Create(context.Background(), id, backend.Spec{})
+	wantErr(t, err, backend.ErrUnavailable, "cannot write the workspace")
+	if names := f.recordNames(); len(names) != 0 {
+		t.Errorf("a create refused by the probe left %v", names)
+	}
+	if _, statErr := os.Stat(filepath.Join(f.dir, id)); !errors.Is(statErr, fs.ErrNotExist) {
+		t.Errorf("a create refused by the probe left its directory: %v", statErr)
 	}
 }

@@ -113,31 +113,67 @@ func TestNetworkFor(t *testing.T) {
 		policy HostPolicy
 		spec   backend.Spec
 		want   string // network, or "" for a refusal
+		deny   bool   // sbx create --deny-network "**"
 	}{
-		{PolicyDenyAll, backend.Spec{}, networkNone},
-		{PolicyDenyAll, backend.Spec{BlockNetwork: yes}, networkNone},
-		{PolicyDenyAll, backend.Spec{BlockNetwork: no}, ""},
-		{PolicyDenyAll, backend.Spec{AllowEgressTo: hosts}, networkAllowList},
-		{PolicyDenyAll, backend.Spec{AllowEgressTo: hosts, BlockNetwork: yes}, networkAllowList},
-		{PolicyDenyAll, backend.Spec{AllowEgressTo: hosts, BlockNetwork: no}, networkAllowList},
-		{PolicyDenyAll, backend.Spec{AllowEgressToCIDRs: []string{"10.0.0.0/8"}}, ""},
-		{PolicyAllowAll, backend.Spec{}, networkOpen},
-		{PolicyAllowAll, backend.Spec{BlockNetwork: no}, networkOpen},
-		{PolicyAllowAll, backend.Spec{BlockNetwork: yes}, ""},
-		{PolicyAllowAll, backend.Spec{AllowEgressTo: hosts}, ""},
-		{PolicyAllowAll, backend.Spec{AllowEgressToCIDRs: []string{"10.0.0.0/8"}}, ""},
-		{PolicyUnknown, backend.Spec{}, networkUnknown},
-		{PolicyUnknown, backend.Spec{BlockNetwork: yes}, ""},
-		{PolicyUnknown, backend.Spec{BlockNetwork: no}, ""},
-		{PolicyUnknown, backend.Spec{AllowEgressTo: hosts}, ""},
+		{PolicyDenyAll, backend.Spec{}, networkNone, true},
+		{PolicyDenyAll, backend.Spec{BlockNetwork: yes}, networkNone, true},
+		{PolicyDenyAll, backend.Spec{BlockNetwork: no}, "", false},
+		{PolicyDenyAll, backend.Spec{AllowEgressTo: hosts}, networkAllowList, false},
+		{PolicyDenyAll, backend.Spec{AllowEgressTo: hosts, BlockNetwork: yes}, networkAllowList, false},
+		{PolicyDenyAll, backend.Spec{AllowEgressTo: hosts, BlockNetwork: no}, networkAllowList, false},
+		{PolicyDenyAll, backend.Spec{AllowEgressToCIDRs: []string{"10.0.0.0/8"}}, "", false},
+		{PolicyAllowAll, backend.Spec{}, networkOpen, false},
+		{PolicyAllowAll, backend.Spec{BlockNetwork: no}, networkOpen, false},
+		{PolicyAllowAll, backend.Spec{BlockNetwork: yes}, networkNone, true},
+		{PolicyAllowAll, backend.Spec{AllowEgressTo: hosts}, "", false},
+		{PolicyAllowAll, backend.Spec{AllowEgressToCIDRs: []string{"10.0.0.0/8"}}, "", false},
+		{PolicyUnknown, backend.Spec{}, networkUnknown, false},
+		{PolicyUnknown, backend.Spec{BlockNetwork: yes}, networkNone, true},
+		{PolicyUnknown, backend.Spec{BlockNetwork: no}, "", false},
+		{PolicyUnknown, backend.Spec{AllowEgressTo: hosts}, "", false},
 	}
 	for _, tc := range cases {
-		got, _, err := networkFor(tc.policy, tc.spec)
+		got, err := networkFor(tc.policy, tc.spec)
 		switch {
 		case tc.want == "" && !errors.Is(err, backend.ErrSpecUnenforceable):
-			t.Errorf("%s %+v: %q, %v; want ErrSpecUnenforceable", tc.policy, tc.spec, got, err)
-		case tc.want != "" && (err != nil || got != tc.want):
-			t.Errorf("%s %+v: %q, %v; want %q", tc.policy, tc.spec, got, err, tc.want)
+			t.Errorf("%s %+v: %+v, %v; want ErrSpecUnenforceable", tc.policy, tc.spec, got, err)
+		case tc.want != "" && (err != nil || got.network != tc.want || got.deny != tc.deny):
+			t.Errorf("%s %+v: %+v, %v; want %q, deny %v", tc.policy, tc.spec, got, err, tc.want, tc.deny)
+		}
+	}
+}
+
+// Ours "*.x" is every subdomain at any depth; sbx's "*." is one level and
+// "**." any depth.
+func TestSbxPatterns(t *testing.T) {
+	got := sbxPatterns([]string{"*.npmjs.org", "pypi.org", "*.example.com:8443", "api.example.com:443"})
+	want := []string{"**.npmjs.org", "pypi.org", "**.example.com:8443", "api.example.com:443"}
+	if !slices.Equal(got, want) {
+		t.Errorf("sbxPatterns = %q, want %q", got, want)
+	}
+	if got := policyProbe("*.example.com:8443"); got != "sidecar-check.sub.example.com:8443" {
+		t.Errorf("policyProbe = %q", got)
+	}
+}
+
+func TestListedRules(t *testing.T) {
+	cases := []struct {
+		out  string
+		want []string
+		ok   bool
+	}{
+		{`{"policies":[]}`, nil, true},
+		{`[]`, nil, true},
+		{`{"governance":"Managed by acme","policies":[{"decision":"allow","resources":["api.openai.com","**.npmjs.org"]}]}`, []string{"**.npmjs.org", "api.openai.com"}, true},
+		{`[{"name":"kit","resource":"x.org"},{"name":"other"}]`, []string{"x.org", "?"}, true},
+		{"Starting sandboxd…\n{\"rules\":[{\"Resources\":\"a.org\"}]}", []string{"a.org"}, true},
+		{"No policies found.", nil, false},
+		{`"text"`, nil, false},
+	}
+	for _, tc := range cases {
+		got, ok := listedRules([]byte(tc.out))
+		if ok != tc.ok || !slices.Equal(got, tc.want) {
+			t.Errorf("listedRules(%q) = %q, %v; want %q, %v", tc.out, got, ok, tc.want, tc.ok)
 		}
 	}
 }
@@ -260,5 +296,28 @@ func TestMergeEnv(t *testing.T) {
 	env, err := mergeEnv(map[string]string{"A": "spec", "B": "spec"}, map[string]string{"B": "req"})
 	if err != nil || !slices.Equal(env, []string{"A=spec", "B=req"}) {
 		t.Errorf("mergeEnv = %v, %v", env, err)
+	}
+}
+
+// sbx resolves only references that name their registry; a Docker Hub
+// short name is refused at start with the fully qualified form to write.
+func TestTemplatesAreFullyQualified(t *testing.T) {
+	for _, ok := range []string{DefaultTemplate, "docker.io/library/python:3.12-slim", "ghcr.io/acme/agent:1", "localhost/agent:1", "registry:5000/agent", "docker.io/docker/sandbox-templates:shell@sha256:" + strings.Repeat("a", 64)} {
+		if err := checkTemplate(ok); err != nil {
+			t.Errorf("checkTemplate(%q) = %v", ok, err)
+		}
+	}
+	for bad, hint := range map[string]string{
+		"python:3.12-slim":               "docker.io/library/python:3.12-slim",
+		"ubuntu":                         "docker.io/library/ubuntu",
+		"docker/sandbox-templates:shell": "docker.io/docker/sandbox-templates:shell",
+		"acme/agent:1":                   "fully qualified",
+		"--privileged":                   "not an image reference",
+		"host":                           "not an image reference",
+		"a b":                            "not an image reference",
+	} {
+		if err := checkTemplate(bad); err == nil || !strings.Contains(err.Error(), hint) {
+			t.Errorf("checkTemplate(%q) = %v; want an error saying %q", bad, err, hint)
+		}
 	}
 }

@@ -301,6 +301,8 @@ type SbxSection struct {
 	KillAfter     Duration `toml:"kill_after"`
 	ExecGrace     Duration `toml:"exec_grace"`
 	ListTimeout   Duration `toml:"list_timeout"`
+	StartTimeout  Duration `toml:"start_timeout"`
+	AutoStopGrace Duration `toml:"auto_stop_grace"`
 	HostPolicy    string   `toml:"host_policy"`
 	Marker        string   `toml:"marker"`
 	KVMDevice     string   `toml:"kvm_device"`
@@ -356,6 +358,7 @@ func defaultConfig() Config {
 			Path: "sbx", Template: sbx.DefaultTemplate, Templates: List{}, Memory: sbx.DefaultMemory,
 			CreateTimeout: Duration(sbx.DefaultCreateTimeout), KillAfter: Duration(sbx.DefaultKillAfter),
 			ExecGrace: Duration(sbx.DefaultExecGrace), ListTimeout: Duration(sbx.DefaultListTimeout),
+			StartTimeout: Duration(sbx.DefaultStartTimeout), AutoStopGrace: Duration(sbx.DefaultAutoStopGrace),
 			HostPolicy: string(sbx.PolicyUnknown), KVMDevice: sbx.DefaultKVMDevice,
 		},
 		Gvisor: GvisorSection{Platform: gvisor.PlatformSystrap, KillGrace: Duration(gvisor.DefaultKillGrace), SystrapFastPath: gvisor.FastPathAuto},
@@ -593,6 +596,8 @@ func (c *Config) validate() error {
 		"sbx.kill_after":                    int64(c.Sbx.KillAfter),
 		"sbx.exec_grace":                    int64(c.Sbx.ExecGrace),
 		"sbx.list_timeout":                  int64(c.Sbx.ListTimeout),
+		"sbx.start_timeout":                 int64(c.Sbx.StartTimeout),
+		"sbx.auto_stop_grace":               int64(c.Sbx.AutoStopGrace),
 		"gvisor.kill_grace":                 int64(c.Gvisor.KillGrace),
 	}
 	for name, v := range positive {

@@ -137,6 +137,8 @@ func serveConfig(args []string, stderr io.Writer) (Config, error) {
 	fs.Var(&sx.CreateTimeout, "sbx-create-timeout", "bound on sbx create (boot plus a first image pull)")
 	fs.Var(&sx.ExecGrace, "sbx-exec-grace", "how long past timeout + kill grace sbx exec may run before the sandbox is destroyed")
 	fs.Var(&sx.ListTimeout, "sbx-list-timeout", "bound on every sbx ls")
+	fs.Var(&sx.StartTimeout, "sbx-start-timeout", "bound on starting a sandbox sbx stopped (auto-stop), before a command's own timeout starts")
+	fs.Var(&sx.AutoStopGrace, "sbx-auto-stop-grace", "how long sbx keeps a sandbox running after its last session (sbx's grace, 30s by default); the daemon asks sbx ls before a command once half of it has passed")
 	fs.StringVar(&sx.HostPolicy, "sbx-host-policy", sx.HostPolicy, "what `sbx policy init` was run with on this host: deny-all, allow-all or unknown")
 	fs.StringVar(&sx.Marker, "sbx-marker", sx.Marker, "prefix of the sbx sandbox names this daemon makes (default: derived from the state directory)")
 	fs.StringVar(&sx.KVMDevice, "sbx-kvm-device", sx.KVMDevice, "the KVM device the health check looks at")
@@ -503,6 +505,7 @@ func newBackend(cfg Config, log hclog.Logger, enf *enforcement) (backend.Backend
 			Dir: filepath.Join(cfg.Server.StateDir, "sbx"), SbxPath: cfg.Sbx.Path, Template: cfg.Sbx.Template, Templates: cfg.Sbx.Templates,
 			Memory: cfg.Sbx.Memory, CPUs: cfg.Sbx.CPUs, CreateTimeout: cfg.Sbx.CreateTimeout.D(),
 			KillAfter: cfg.Sbx.KillAfter.D(), ExecGrace: cfg.Sbx.ExecGrace.D(), ListTimeout: cfg.Sbx.ListTimeout.D(),
+			StartTimeout: cfg.Sbx.StartTimeout.D(), AutoStopGrace: cfg.Sbx.AutoStopGrace.D(),
 			HostPolicy: policy, Marker: cfg.Sbx.Marker, KVMDevice: cfg.Sbx.KVMDevice, Logger: log.Named("sbx"),
 		})
 	case "gvisor":

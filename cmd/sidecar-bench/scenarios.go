@@ -972,7 +972,13 @@ func benchSbx(o options, rep *report) error {
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		d, err := startDaemonEnv(o, []string{"SBXFAKE_STATE=" + fakeState, "SBXFAKE_CREATE_DELAY=" + sbxCreateDelay.String()},
+		// The daemon passes sbx only PATH, HOME and sbx's own variables:
+		// the fake finds its state through sbx's storage root, and its
+		// delay in a file there.
+		if err := os.WriteFile(filepath.Join(fakeState, "create-delay"), []byte(sbxCreateDelay.String()), 0o644); err != nil {
+			return nil, nil, nil, err
+		}
+		d, err := startDaemonEnv(o, []string{"SANDBOXES_STORAGE_ROOT=" + fakeState},
 			"--backend", "sbx", "--sbx-path", fake, "--sbx-kvm-device", kvm, "--sbx-host-policy", "deny-all", "--pool-size", fmt.Sprint(pool))
 		if err != nil {
 			return nil, nil, nil, err

@@ -40,7 +40,11 @@ func startSbxDaemon(t *testing.T, createDelay string, extra ...string) (*daemon,
 	d := &daemon{t: t, base: base, socket: filepath.Join(base, "run", "sidecar.sock"), stateDir: state}
 	d.args = testdaemon.NoHostConfig(append([]string{"serve", "--backend", "sbx", "--socket", d.socket, "--state-dir", d.stateDir, "--log-format", "json",
 		"--reap-interval", "200ms", "--sbx-path", fake, "--sbx-kvm-device", kvm, "--sbx-host-policy", "deny-all"}, extra...))
-	d.env = []string{"SBXFAKE_STATE=" + fakeState, "SBXFAKE_CREATE_DELAY=" + createDelay}
+	// The daemon passes sbx only PATH, HOME and sbx's own variables: the
+	// fake finds its state through sbx's storage root, and its delay in a
+	// file there.
+	d.env = []string{"SANDBOXES_STORAGE_ROOT=" + fakeState}
+	require.NoError(t, os.WriteFile(filepath.Join(fakeState, "create-delay"), []byte(createDelay), 0o644))
 	d.start()
 	t.Cleanup(d.stop)
 	return d, fakeState

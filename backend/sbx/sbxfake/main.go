@@ -1,40 +1,74 @@
 // Command sbxfake stands in for the Docker Sandboxes CLI (sbx) where there is
 // no KVM: the sbx backend's tests build it and point the backend at it.
 //
-// It implements the part of sbx the backend uses, with sbx's observable
-// behaviour, including its sharp edges:
+// It follows sbx as its reference documents it for Version (docs/sbx.md has
+// the table of what was checked against which page), the part the backend
+// uses, with sbx's observable behaviour and its sharp edges:
 //
-//	create [--name N] [-m|--memory M] [--cpus N] [-t|--template I] [-q] AGENT PATH...
-//	exec [-i] [-t] [-d] [-e K=V|-e K]... [--env-file F] [-u U] [-w DIR] SANDBOX CMD [ARG...]
+//	sbx [--no-input] [-D] COMMAND ...
+//	version [--json]
+//	login [--username U --password-stdin]
+//	create [--name N] [-m|--memory M] [--cpus N] [-t|--template I] [--pull P]
+//	       [--deny-network H]... [-q] AGENT PATH...
+//	exec [-i] [-t] [-e K=V|-e K]... [--env-file F] [-u U] [-w DIR] SANDBOX CMD [ARG...]
 //	ls [--json] [-q]
-//	rm [-f] [--all] SANDBOX...
-//	policy allow network [--sandbox N] HOST[,HOST...]
+//	stop SANDBOX...
+//	rm [-f|--force] [--all] SANDBOX...
 //	policy init allow-all|balanced|deny-all
-//	version
+//	policy allow|deny network [--sandbox N] HOST[,HOST...]
+//	policy ls [SANDBOX] [--source S] [--decision D] [--type T] [--json]
+//	policy check network [--sandbox N] [--json] TARGET
 //
 // A "sandbox" is a record in $SBXFAKE_STATE/sandboxes; exec runs the command
 // as a local process (in its own process group, as a command in a microVM is
-// out of the CLI's reach; rm kills it, and everything it started, as
-// removing a microVM does) with the first workspace as its working directory.
-// sbx mounts a workspace at its host path, so guest paths and host paths are
-// the same here. It is not a sandbox: the command runs on the host.
+// out of the CLI's reach; rm and a stop kill it, and everything it started,
+// as removing or stopping a microVM does) with the first workspace as its
+// working directory. sbx mounts a workspace at its host path, so guest paths
+// and host paths are the same here. It is not a sandbox: the command runs on
+// the host.
 //
-// Every invocation is appended to $SBXFAKE_STATE/calls.log as a JSON line
-// {"args": [...]}, and every env file exec reads to envfiles.log as
+// Its state directory is $SBXFAKE_STATE, else $SANDBOXES_STORAGE_ROOT (sbx's
+// storage root). Every invocation is appended to its calls.log as a JSON line
+// {"args": [...], "env": [...]} (the environment it was given, so a test can
+// see what sbx would), and every env file exec reads to envfiles.log as
 // {"path": ..., "mode": "0600", "uid": ...}. Behaviours are switched by a
 // file of that name in the state directory or by an environment variable
 // SBXFAKE_<NAME>:
 //
-//	banner        ls prints "Starting sandboxd daemon…" before its output
-//	ls-hang       ls never answers
-//	create-delay  create takes this long (a duration such as "2s")
-//	create-fail   create registers the sandbox, then fails (exit 1)
-//	exec-hang     exec runs the command, then never exits
-//	rm-fail       rm fails (exit 1) and removes nothing, as when its daemon is down
-//	policy-fail   policy allow network fails (exit 1)
+//	version          the version to report (default Version)
+//	no-input-unsupported  the global --no-input is an unknown flag
+//	signed-out       every command but version, login and policy init starts
+//	                 an interactive sign-in and waits for it, or with
+//	                 --no-input fails at once naming "sbx login"
+//	policy-uninit    create and exec ask for a network preset, or with
+//	                 --no-input fail naming "sbx policy init"
+//	banner           ls prints a three-line daemon start-up banner first
+//	ls-hang          ls never answers
+//	create-delay     create takes this long (a duration such as "2s")
+//	create-fail      create registers the sandbox, then fails (exit 1)
+//	auto-stop-grace  a sandbox stops this long after its last session ended
+//	                 (default 30s, sbx's; "off": never). A stop kills every
+//	                 process of the sandbox; its files stay. It is noticed
+//	                 at the next sbx call (there is no daemon).
+//	boot-delay       exec of a stopped sandbox boots it first, taking this long
+//	boot-fail        that boot fails; the sandbox stays stopped
+//	exec-hang        exec runs the command, then never exits
+//	rm-fail          rm fails (exit 1) and removes nothing, as when its daemon is down
+//	policy-fail      policy allow network fails (exit 1)
+//	governance       an organisation ("Managed by <value>") governs policy:
+//	                 local and kit allow rules are inactive
+//	org-allow        the organisation's allow rules (comma-separated hosts)
+//	kit-allow        allow rules the agent's kit adds to every new sandbox
+//	deny-ignored     create's --deny-network rules are not applied (a broken
+//	                 sbx, for the backend's read-back)
+//	registry-down    pulling an image fails; cached images still work
+//	workspace-readonly  commands cannot write the workspaces (as a guest user
+//	                 the mount does not let write)
 //
 // Like sbx: exec on a missing sandbox exits 1 (as a failing command does),
-// rm of a missing sandbox exits non-zero, and memory below 1 GiB is refused.
+// rm of a missing sandbox exits non-zero, memory below 512 MiB is refused,
+// a template without a registry domain is not resolved, and exec of a
+// stopped sandbox starts it first.
 package main
 
 import (
@@ -43,11 +77,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -55,55 +91,159 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
 )
+
+// Version is the sbx release the fake follows.
+const Version = "v0.55.0"
 
 const (
-	stateEnv   = "SBXFAKE_STATE"
-	bannerText = "Starting sandboxd daemon…"
-	hangFor    = time.Hour
-	guestPATH  = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-	tagEnv     = "SBXFAKE_SANDBOX"
+	stateEnv     = "SBXFAKE_STATE"
+	storageEnv   = "SANDBOXES_STORAGE_ROOT"
+	hangFor      = time.Hour
+	guestPATH    = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	tagEnv       = "SBXFAKE_SANDBOX"
+	defaultGrace = 30 * time.Second
+	// dropCapsArg re-executes the fake as the guest side of an exec that
+	// must not write the workspace (workspace-readonly) when run as root.
+	dropCapsArg = "__sbxfake-guest-without-dac"
 )
 
-func main() { os.Exit(run(os.Args[1:])) }
+// bannerLines is what sbx prints before ls's output when it has to start
+// its daemon first.
+var bannerLines = []string{
+	"Starting sandboxd daemon…",
+	"Waiting for sandboxd to be ready…",
+	"sandboxd is ready.",
+}
 
-type fake struct{ state string }
+// Lines sbx prints when it needs an answer.
+const (
+	loginNeeded  = "ERROR: you are not signed in to Docker (your session expired). Run 'sbx login' to sign in, then retry."
+	deviceCode   = "To sign in, open https://login.docker.com/activate and enter the code WDJB-MJHT\nWaiting for you to finish signing in…"
+	policyNeeded = "ERROR: no network policy is set up. Run 'sbx policy init allow-all|balanced|deny-all' first."
+	policyPrompt = "Initialize the global network policy for your sandboxes:\n  1. Open\n❯ 2. Balanced\n  3. Locked Down"
+)
+
+func main() {
+	if len(os.Args) > 2 && os.Args[1] == dropCapsArg {
+		os.Exit(guestWithoutDAC(os.Args[2:]))
+	}
+	os.Exit(run(os.Args[1:]))
+}
+
+type fake struct {
+	state   string
+	noInput bool
+}
 
 func run(args []string) int {
 	state := os.Getenv(stateEnv)
 	if state == "" {
-		fmt.Fprintln(os.Stderr, "sbxfake: set "+stateEnv+" to its state directory")
+		// sbx's own storage-root variable, which reaches sbx through a
+		// daemon that passes sbx nothing else.
+		state = os.Getenv(storageEnv)
+	}
+	if state == "" {
+		fmt.Fprintln(os.Stderr, "sbxfake: set "+stateEnv+" or "+storageEnv+" to its state directory")
 		return 2
 	}
 	f := &fake{state: state}
-	for _, d := range []string{state, f.path("sandboxes")} {
+	for _, d := range []string{state, f.path("sandboxes"), f.path("sessions")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			fmt.Fprintln(os.Stderr, "sbxfake:", err)
 			return 2
 		}
 	}
 	f.logCall(args)
+	// Global flags come before the command.
+	for len(args) > 0 && strings.HasPrefix(args[0], "-") {
+		switch args[0] {
+		case "--no-input":
+			if f.switchOn("no-input-unsupported") {
+				return fail(1, "unknown flag: --no-input")
+			}
+			f.noInput = true
+		case "-D", "--debug":
+		default:
+			return fail(1, "unknown flag: %s", args[0])
+		}
+		args = args[1:]
+	}
 	if len(args) == 0 {
 		fmt.Fprintln(os.Stderr, "Usage: sbx COMMAND")
 		return 1
 	}
-	switch args[0] {
-	case "create":
-		return f.create(args[1:])
-	case "exec":
-		return f.exec(args[1:])
-	case "ls", "list":
-		return f.ls(args[1:])
-	case "rm", "remove":
-		return f.rm(args[1:])
-	case "policy":
-		return f.policy(args[1:])
-	case "version":
-		fmt.Println("sbx version v0.0.0-sbxfake")
-		return 0
+	cmd, rest := args[0], args[1:]
+	if slices.Contains(rest, "--no-input") && cmd != "exec" {
+		if f.switchOn("no-input-unsupported") {
+			return fail(1, "unknown flag: --no-input")
+		}
+		f.noInput = true
 	}
-	fmt.Fprintf(os.Stderr, "Error: unknown command %q for \"sbx\"\n", args[0])
-	return 1
+	switch cmd {
+	case "version", "login", "exec": // exec asks once it has read its own flags
+	case "policy":
+		if len(rest) == 0 || rest[0] != "init" {
+			if code, stop := f.needsSignIn(); stop {
+				return code
+			}
+		}
+	default:
+		if code, stop := f.needsSignIn(); stop {
+			return code
+		}
+	}
+	switch cmd {
+	case "version":
+		return f.version(rest)
+	case "login":
+		return f.login(rest)
+	case "create":
+		return f.create(rest)
+	case "exec":
+		return f.exec(rest)
+	case "ls", "list":
+		return f.ls(rest)
+	case "stop":
+		return f.stop(rest)
+	case "rm", "remove":
+		return f.rm(rest)
+	case "policy":
+		return f.policy(rest)
+	}
+	return fail(1, "unknown command %q for \"sbx\"", cmd)
+}
+
+// needsSignIn does what sbx does when its login has expired: start an
+// interactive sign-in and wait for it, or with --no-input fail at once.
+func (f *fake) needsSignIn() (int, bool) {
+	if !f.switchOn("signed-out") {
+		return 0, false
+	}
+	if f.noInput {
+		fmt.Fprintln(os.Stderr, loginNeeded)
+		return 1, true
+	}
+	fmt.Fprintln(os.Stderr, deviceCode)
+	time.Sleep(hangFor)
+	return 1, true
+}
+
+// needsPolicy does what sbx does before it runs a sandbox when no network
+// preset was chosen: ask, or with --no-input fail.
+func (f *fake) needsPolicy() (int, bool) {
+	if !f.switchOn("policy-uninit") {
+		return 0, false
+	}
+	if f.noInput {
+		fmt.Fprintln(os.Stderr, policyNeeded)
+		return 1, true
+	}
+	fmt.Fprintln(os.Stderr, policyPrompt)
+	time.Sleep(hangFor)
+	return 1, true
 }
 
 func (f *fake) path(parts ...string) string {
@@ -126,6 +266,31 @@ func (f *fake) switchValue(name string) (value string, found bool) {
 
 func (f *fake) switchOn(name string) bool { _, on := f.switchValue(name); return on }
 
+// switchList is a comma-separated switch's entries.
+func (f *fake) switchList(name string) []string {
+	v, _ := f.switchValue(name)
+	var out []string
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// switchDuration is a duration switch's value, or def when unset.
+func (f *fake) switchDuration(name string, def time.Duration) (time.Duration, error) {
+	v, ok := f.switchValue(name)
+	if !ok {
+		return def, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return 0, fmt.Errorf("sbxfake: %s %q: %v", name, v, err)
+	}
+	return d, nil
+}
+
 // locked runs fn holding the state lock, so concurrent invocations see
 // consistent records.
 func (f *fake) locked(fn func() int) int {
@@ -144,7 +309,7 @@ func (f *fake) locked(fn func() int) int {
 }
 
 func (f *fake) logCall(args []string) {
-	line, _ := json.Marshal(map[string]any{"args": args, "pid": os.Getpid()})
+	line, _ := json.Marshal(map[string]any{"args": args, "pid": os.Getpid(), "env": os.Environ()})
 	f.locked(func() int {
 		lf, err := os.OpenFile(f.path("calls.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 		if err != nil {
@@ -156,16 +321,85 @@ func (f *fake) logCall(args []string) {
 	})
 }
 
+// version prints the version, as text or (since v0.42.0) JSON.
+func (f *fake) version(args []string) int {
+	flags, pos, err := flagSet{"--json": {"json", false}}.parse(args, true)
+	if err != nil {
+		return fail(1, "%v", err)
+	}
+	if len(pos) > 0 {
+		return fail(1, "\"sbx version\" accepts no arguments")
+	}
+	v := Version
+	if s, ok := f.switchValue("version"); ok {
+		v = s
+	}
+	if len(flags["json"]) > 0 {
+		if olderThan(v, 0, 42) {
+			return fail(1, "unknown flag: --json")
+		}
+		b, _ := json.Marshal(map[string]string{"version": v, "commit": "0000000sbxfake", "os": "linux", "arch": "amd64"})
+		fmt.Println(string(b))
+		return 0
+	}
+	fmt.Printf("sbx version: %s 0000000sbxfake\n", v)
+	return 0
+}
+
+// olderThan reports whether version v ("v0.41.2") is before major.minor.
+func olderThan(v string, major, minor int) bool {
+	parts := strings.SplitN(strings.TrimPrefix(v, "v"), ".", 3)
+	if len(parts) < 2 {
+		return true
+	}
+	ma, err1 := strconv.Atoi(parts[0])
+	mi, err2 := strconv.Atoi(parts[1])
+	if err1 != nil || err2 != nil {
+		return true
+	}
+	return ma < major || (ma == major && mi < minor)
+}
+
+// login signs in: non-interactively with --password-stdin (a personal
+// access token on stdin), otherwise through the device-code flow.
+func (f *fake) login(args []string) int {
+	flags, _, err := flagSet{"--username": {"username", true}, "-u": {"username", true}, "--password-stdin": {"password-stdin", false}}.parse(args, true)
+	if err != nil {
+		return fail(1, "%v", err)
+	}
+	if len(flags["password-stdin"]) == 0 {
+		if f.noInput {
+			return fail(1, "signing in needs a browser; pass --username and --password-stdin to sign in without one")
+		}
+		fmt.Fprintln(os.Stderr, deviceCode)
+		time.Sleep(hangFor)
+		return 1
+	}
+	if last(flags["username"]) == "" {
+		return fail(1, "--password-stdin needs --username")
+	}
+	token, _ := io.ReadAll(io.LimitReader(os.Stdin, 64<<10))
+	if len(bytes.TrimSpace(token)) == 0 {
+		return fail(1, "no password on stdin")
+	}
+	_ = os.Remove(f.path("signed-out"))
+	fmt.Println("Login Succeeded")
+	return 0
+}
+
 // record is one sandbox.
 type record struct {
-	Name         string   `json:"name"`
-	Agent        string   `json:"agent"`
-	Status       string   `json:"status"`
-	Workspaces   []string `json:"workspaces"`
-	Template     string   `json:"template,omitempty"`
-	Memory       string   `json:"memory,omitempty"`
-	CPUs         string   `json:"cpus,omitempty"`
-	AllowedHosts []string `json:"allowed_hosts,omitempty"`
+	Name       string    `json:"name"`
+	Agent      string    `json:"agent"`
+	Status     string    `json:"status"` // running, stopped, starting, creating, failed
+	Workspaces []string  `json:"workspaces"`
+	Template   string    `json:"template,omitempty"`
+	Memory     string    `json:"memory,omitempty"`
+	CPUs       string    `json:"cpus,omitempty"`
+	Pull       string    `json:"pull,omitempty"`
+	LastUsed   time.Time `json:"last_used"`
+	BootPID    int       `json:"boot_pid,omitempty"`
+	Rules      []rule    `json:"rules,omitempty"` // scoped to this sandbox
 }
 
 func (f *fake) recordPath(name string) string { return f.path("sandboxes", name+".json") }
@@ -211,6 +445,69 @@ func (f *fake) all() []*record {
 	return out
 }
 
+// grace is how long a sandbox keeps running once its last session ended.
+func (f *fake) grace() (time.Duration, bool) {
+	if v, _ := f.switchValue("auto-stop-grace"); v == "off" {
+		return 0, false
+	}
+	d, err := f.switchDuration("auto-stop-grace", defaultGrace)
+	if err != nil {
+		return defaultGrace, true
+	}
+	return d, true
+}
+
+// sessionPath is the file that marks process pid's session in sandbox name.
+func (f *fake) sessionPath(name string, pid int) string {
+	return f.path("sessions", name+"."+strconv.Itoa(pid))
+}
+
+// liveSessions counts the sessions of sandbox name whose process lives.
+func (f *fake) liveSessions(name string) int {
+	matches, _ := filepath.Glob(f.path("sessions", name+".*"))
+	n := 0
+	for _, m := range matches {
+		pid, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(m), name+"."))
+		if err == nil && alive(pid) {
+			n++
+		} else if err == nil {
+			_ = os.Remove(m)
+		}
+	}
+	return n
+}
+
+func alive(pid int) bool {
+	return pid > 0 && (syscall.Kill(pid, 0) == nil || errors.Is(syscall.Kill(pid, 0), syscall.EPERM))
+}
+
+// refresh applies what sbx's daemon would have done since the record was
+// written: a running sandbox without a session stops once its grace has
+// passed, killing what still ran in it; a boot whose CLI died leaves it
+// stopped. Called holding the lock.
+func (f *fake) refresh(r *record) {
+	switch r.Status {
+	case "starting":
+		if !alive(r.BootPID) {
+			r.Status, r.BootPID = "stopped", 0
+			_ = f.save(r)
+		}
+	case "running":
+		grace, on := f.grace()
+		if !on || f.liveSessions(r.Name) > 0 || time.Since(r.LastUsed) < grace {
+			return
+		}
+		f.stopLocked(r)
+	}
+}
+
+// stopLocked stops sandbox r: every process in it dies, its files stay.
+func (f *fake) stopLocked(r *record) {
+	f.killProcesses(r.Name)
+	r.Status = "stopped"
+	_ = f.save(r)
+}
+
 // flagDef describes one flag: its canonical name and whether it takes a value.
 type flagDef struct {
 	canon string
@@ -222,10 +519,12 @@ type flagSet map[string]flagDef
 // parse reads flags and positional arguments the way sbx's cobra commands
 // do: long flags with "=" or a separate value, combined short flags, "--"
 // ending flags. Unless interspersed, the first positional argument ends the
-// flags too (docker exec: the rest is the command).
+// flags too (docker exec: the rest is the command). The global flags may
+// appear among a command's own.
 func (fs flagSet) parse(args []string, interspersed bool) (map[string][]string, []string, error) {
 	fs["-D"] = flagDef{"debug", false}
 	fs["--debug"] = flagDef{"debug", false}
+	fs["--no-input"] = flagDef{"no-input", false}
 	flags := map[string][]string{}
 	var pos []string
 	for i := 0; i < len(args); i++ {
@@ -286,26 +585,72 @@ func last(vs []string) string {
 }
 
 var (
-	validName   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9.+-]{0,127}$`)
+	validName   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9.+-]{1,127}$`)
 	memoryValue = regexp.MustCompile(`^([0-9]+)([kmgt]?)(i?b)?$`)
 )
 
 func fail(code int, format string, args ...any) int {
-	fmt.Fprintf(os.Stderr, "Error: "+format+"\n", args...)
+	fmt.Fprintf(os.Stderr, "ERROR: "+format+"\n", args...)
 	return code
+}
+
+// hasRegistryDomain reports whether image reference ref names its
+// registry: the part before the first '/' holds a '.' or a ':' or is
+// localhost. sbx resolves only such references.
+func hasRegistryDomain(ref string) bool {
+	first, _, ok := strings.Cut(ref, "/")
+	return ok && (strings.ContainsAny(first, ".:") || first == "localhost")
+}
+
+// pull makes image available as policy says: always contacts the
+// registry, missing only when the image is not cached, never not at all.
+func (f *fake) pull(image, policy string) error {
+	cache := f.path("images")
+	data, _ := os.ReadFile(cache)
+	cached := slices.Contains(strings.Split(string(data), "\n"), image)
+	switch {
+	case policy == "never" && !cached:
+		return fmt.Errorf("image %s is not present locally and --pull=never forbids pulling it", image)
+	case policy == "never", policy == "missing" && cached:
+		return nil
+	}
+	lf, err := os.OpenFile(f.path("pulls.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err == nil {
+		fmt.Fprintln(lf, image)
+		lf.Close()
+	}
+	if !hasRegistryDomain(image) {
+		return fmt.Errorf("failed to resolve image %s: pull access denied, repository does not exist or may require authorization", image)
+	}
+	if f.switchOn("registry-down") {
+		return fmt.Errorf("failed to resolve image %s: dial tcp: connect: connection refused", image)
+	}
+	if !cached {
+		cf, err := os.OpenFile(cache, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			return err
+		}
+		defer cf.Close()
+		fmt.Fprintln(cf, image)
+	}
+	return nil
 }
 
 func (f *fake) create(args []string) int {
 	flags, pos, err := flagSet{
 		"--name": {"name", true}, "-m": {"memory", true}, "--memory": {"memory", true},
 		"--cpus": {"cpus", true}, "-t": {"template", true}, "--template": {"template", true},
-		"-q": {"quiet", false}, "--quiet": {"quiet", false}, "--branch": {"branch", true},
+		"-q": {"quiet", false}, "--quiet": {"quiet", false}, "--pull": {"pull", true},
+		"--deny-network": {"deny-network", true},
 	}.parse(args, true)
 	if err != nil {
 		return fail(1, "%v", err)
 	}
 	if len(pos) < 2 {
 		return fail(1, "requires an agent and at least one workspace path")
+	}
+	if code, stop := f.needsPolicy(); stop {
+		return code
 	}
 	agent, paths := pos[0], pos[1:]
 	var workspaces []string
@@ -324,8 +669,8 @@ func (f *fake) create(args []string) int {
 	if name == "" {
 		name = agent + "-" + filepath.Base(workspaces[0])
 	}
-	if !validName.MatchString(name) {
-		return fail(1, "invalid sandbox name %q: use letters, numbers, hyphens, periods and plus signs", name)
+	if !validName.MatchString(name) || name == "default" {
+		return fail(1, "invalid sandbox name %q: at least two characters, starting with a letter or number, containing only letters, numbers, hyphens and periods", name)
 	}
 	memory := last(flags["memory"])
 	if memory != "" {
@@ -335,8 +680,8 @@ func (f *fake) create(args []string) int {
 		}
 		n, _ := strconv.ParseInt(m[1], 10, 64)
 		shift := map[string]uint{"": 0, "k": 10, "m": 20, "g": 30, "t": 40}[m[2]]
-		if n<<shift < 1<<30 {
-			return fail(1, "memory must be at least 1 GiB, got %s", memory)
+		if n<<shift < 512<<20 {
+			return fail(1, "memory must be at least 512 MiB, got %s", memory)
 		}
 	}
 	if cpus := last(flags["cpus"]); cpus != "" {
@@ -344,8 +689,34 @@ func (f *fake) create(args []string) int {
 			return fail(1, "invalid cpus %q", cpus)
 		}
 	}
+	policy := last(flags["pull"])
+	switch policy {
+	case "":
+		policy = "always"
+	case "always", "missing", "never":
+	default:
+		return fail(1, "invalid --pull %q: always, missing or never", policy)
+	}
+	template := last(flags["template"])
+	if template == "" {
+		template = "docker.io/docker/sandbox-templates:" + agent
+	}
+	var rules []rule
+	if !f.switchOn("deny-ignored") {
+		for _, h := range flags["deny-network"] {
+			for _, p := range splitHosts(h) {
+				if err := checkPattern(p); err != nil {
+					return fail(1, "--deny-network %q: %v", p, err)
+				}
+				rules = append(rules, rule{Decision: "deny", Resource: p, Source: "local", Sandbox: name})
+			}
+		}
+	}
+	for _, h := range f.switchList("kit-allow") {
+		rules = append(rules, rule{Decision: "allow", Resource: h, Source: "kit", Sandbox: name})
+	}
 	r := &record{Name: name, Agent: agent, Status: "creating", Workspaces: workspaces,
-		Template: last(flags["template"]), Memory: memory, CPUs: last(flags["cpus"])}
+		Template: template, Memory: memory, CPUs: last(flags["cpus"]), Pull: policy, Rules: rules}
 	if code := f.locked(func() int {
 		if _, exists := f.load(name); exists {
 			return fail(1, "sandbox %q already exists", name)
@@ -357,18 +728,31 @@ func (f *fake) create(args []string) int {
 	}); code != 0 {
 		return code
 	}
-	if v, ok := f.switchValue("create-delay"); ok {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			return fail(1, "sbxfake: create-delay %q: %v", v, err)
-		}
+	if err := f.pull(template, policy); err != nil {
+		f.setStatus(name, "failed")
+		return fail(1, "create sandbox: %v", err)
+	}
+	if d, err := f.switchDuration("create-delay", 0); err != nil {
+		return fail(1, "%v", err)
+	} else {
 		time.Sleep(d)
 	}
 	if f.switchOn("create-fail") {
 		f.setStatus(name, "failed")
 		return fail(1, "failed to start sandbox %s: microVM exited during boot (sbxfake create-fail)", name)
 	}
-	f.setStatus(name, "running")
+	if f.switchOn("workspace-readonly") {
+		for _, w := range workspaces {
+			_ = os.Chmod(w, 0o555)
+		}
+	}
+	f.locked(func() int {
+		if r, ok := f.load(name); ok {
+			r.Status, r.LastUsed = "running", time.Now()
+			_ = f.save(r)
+		}
+		return 0
+	})
 	if len(flags["quiet"]) == 0 {
 		fmt.Printf("Created sandbox %s\n", name)
 	}
@@ -379,6 +763,91 @@ func (f *fake) setStatus(name, status string) {
 	f.locked(func() int {
 		if r, ok := f.load(name); ok {
 			r.Status = status
+			_ = f.save(r)
+		}
+		return 0
+	})
+}
+
+// startSession makes sure sandbox name runs, booting it when it was stopped
+// (boot-delay), and registers this process's session in it, which keeps it
+// from stopping until endSession. ok false: the message is printed and code
+// is the exit status.
+func (f *fake) startSession(name string) (r *record, code int, ok bool) {
+	deadline := time.Now().Add(hangFor)
+	for time.Now().Before(deadline) {
+		boot := false
+		code = f.locked(func() int {
+			rec, found := f.load(name)
+			if !found {
+				// sbx-releases#504: the same status as a failing command.
+				return fail(1, "sandbox %s not found", name)
+			}
+			f.refresh(rec)
+			switch rec.Status {
+			case "running":
+				r = rec
+				if err := os.WriteFile(f.sessionPath(name, os.Getpid()), nil, 0o644); err != nil {
+					return fail(1, "%v", err)
+				}
+			case "stopped":
+				rec.Status, rec.BootPID = "starting", os.Getpid()
+				if err := f.save(rec); err != nil {
+					return fail(1, "%v", err)
+				}
+				boot = true
+			case "starting":
+			default:
+				return fail(1, "sandbox %s is %s", name, rec.Status)
+			}
+			return 0
+		})
+		switch {
+		case code != 0:
+			return nil, code, false
+		case r != nil:
+			return r, 0, true
+		case boot:
+			if code, ok := f.boot(name); !ok {
+				return nil, code, false
+			}
+		default:
+			time.Sleep(20 * time.Millisecond) // another CLI boots it
+		}
+	}
+	return nil, fail(1, "sandbox %s did not start", name), false
+}
+
+// boot starts stopped sandbox name (marked starting by this process).
+func (f *fake) boot(name string) (int, bool) {
+	delay, err := f.switchDuration("boot-delay", 0)
+	if err != nil {
+		return fail(1, "%v", err), false
+	}
+	time.Sleep(delay)
+	failed := f.switchOn("boot-fail")
+	f.locked(func() int {
+		if r, ok := f.load(name); ok && r.Status == "starting" {
+			r.Status, r.BootPID, r.LastUsed = "running", 0, time.Now()
+			if failed {
+				r.Status = "stopped"
+			}
+			_ = f.save(r)
+		}
+		return 0
+	})
+	if failed {
+		return fail(1, "failed to start sandbox %s: the microVM did not boot (sbxfake boot-fail)", name), false
+	}
+	return 0, true
+}
+
+// endSession ends this process's session in sandbox name: its grace starts.
+func (f *fake) endSession(name string) {
+	f.locked(func() int {
+		_ = os.Remove(f.sessionPath(name, os.Getpid()))
+		if r, ok := f.load(name); ok && r.Status == "running" {
+			r.LastUsed = time.Now()
 			_ = f.save(r)
 		}
 		return 0
@@ -398,22 +867,30 @@ func (f *fake) exec(args []string) int {
 	if err != nil {
 		return fail(1, "%v", err)
 	}
+	if len(flags["no-input"]) > 0 {
+		if f.switchOn("no-input-unsupported") {
+			return fail(1, "unknown flag: --no-input")
+		}
+		f.noInput = true
+	}
+	if code, stop := f.needsSignIn(); stop {
+		return code
+	}
 	if len(pos) < 2 {
 		return fail(1, "\"sbx exec\" requires at least 2 arguments")
 	}
+	if len(flags["detach"]) > 0 {
+		return fail(1, "detached execution (-d) is not supported")
+	}
+	if code, stop := f.needsPolicy(); stop {
+		return code
+	}
 	name, argv := pos[0], pos[1:]
-	r, ok := f.load(name)
+	r, code, ok := f.startSession(name)
 	if !ok {
-		// sbx-releases#504: the same status as a failing command.
-		return fail(1, "sandbox %s not found", name)
+		return code
 	}
-	switch r.Status {
-	case "running":
-	case "stopped":
-		f.setStatus(name, "running")
-	default:
-		return fail(1, "sandbox %s is %s", name, r.Status)
-	}
+	defer f.endSession(name)
 
 	env := []string{f.sandboxTag(name), "PATH=" + guestPATH, "HOME=" + r.Workspaces[0], "LANG=C.UTF-8", "HOSTNAME=" + name}
 	for _, file := range flags["env-file"] {
@@ -446,6 +923,15 @@ func (f *fake) exec(args []string) int {
 	}
 	cmd := exec.Command(bin, argv[1:]...)
 	cmd.Args[0] = argv[0]
+	if f.switchOn("workspace-readonly") && os.Geteuid() == 0 {
+		// Root writes a read-only directory anyway; the guest's user
+		// would not. Run the command without the capabilities that let it.
+		self, err := os.Executable()
+		if err != nil {
+			return fail(1, "%v", err)
+		}
+		cmd = exec.Command(self, append([]string{dropCapsArg, bin}, argv...)...)
+	}
 	cmd.Env = env
 	cmd.Dir = dir
 	if len(flags["interactive"]) > 0 {
@@ -458,11 +944,8 @@ func (f *fake) exec(args []string) int {
 		fmt.Fprintf(os.Stderr, "OCI runtime exec failed: %v\n", err)
 		return 126
 	}
-	if len(flags["detach"]) > 0 {
-		return 0
-	}
 	err = cmd.Wait()
-	code := 0
+	code = 0
 	var exitErr *exec.ExitError
 	if errors.As(err, &exitErr) {
 		if ws, ok := exitErr.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
@@ -471,13 +954,31 @@ func (f *fake) exec(args []string) int {
 			code = exitErr.ExitCode()
 		}
 	} else if err != nil {
-		fmt.Fprintln(os.Stderr, "Error:", err)
+		fmt.Fprintln(os.Stderr, "ERROR:", err)
 		code = 1
 	}
 	if f.switchOn("exec-hang") {
 		time.Sleep(hangFor)
 	}
 	return code
+}
+
+// guestWithoutDAC runs args[0] with args[1:] as its argv after dropping,
+// from the bounding set, the capabilities that let root write where a
+// directory's mode forbids it: what a guest user's exec looks like here.
+func guestWithoutDAC(args []string) int {
+	for _, c := range []uintptr{unix.CAP_DAC_OVERRIDE, unix.CAP_DAC_READ_SEARCH, unix.CAP_FOWNER} {
+		if err := unix.Prctl(unix.PR_CAPBSET_DROP, c, 0, 0, 0); err != nil {
+			fmt.Fprintln(os.Stderr, "sbxfake: drop capability:", err)
+			return 126
+		}
+	}
+	if len(args) < 2 {
+		return 126
+	}
+	err := syscall.Exec(args[0], args[1:], os.Environ())
+	fmt.Fprintln(os.Stderr, "sbxfake:", err)
+	return 126
 }
 
 // lookPath finds file in the guest's PATH, as the runtime inside a microVM
@@ -575,8 +1076,8 @@ func (f *fake) sandboxTag(name string) string {
 }
 
 // killProcesses kills every process carrying sandbox name's tag, as
-// removing a microVM does, in rounds until none is left (one may fork while
-// the first round runs).
+// removing or stopping a microVM does, in rounds until none is left (one
+// may fork while the first round runs).
 func (f *fake) killProcesses(name string) {
 	tag := []byte(f.sandboxTag(name) + "\x00")
 	for round := 0; round < 10; round++ {
@@ -613,12 +1114,21 @@ func (f *fake) ls(args []string) int {
 		return fail(1, "\"sbx ls\" accepts no arguments")
 	}
 	if f.switchOn("banner") {
-		fmt.Println(bannerText)
+		for _, l := range bannerLines {
+			fmt.Println(l)
+		}
 	}
 	if f.switchOn("ls-hang") {
 		time.Sleep(hangFor)
 	}
-	recs := f.all()
+	var recs []*record
+	f.locked(func() int {
+		recs = f.all()
+		for _, r := range recs {
+			f.refresh(r)
+		}
+		return 0
+	})
 	switch {
 	case len(flags["json"]) > 0:
 		type entry struct {
@@ -626,12 +1136,17 @@ func (f *fake) ls(args []string) int {
 			Agent      string   `json:"agent"`
 			Status     string   `json:"status"`
 			Workspaces []string `json:"workspaces"`
+			LastUsed   string   `json:"last_used,omitempty"`
 		}
 		out := struct {
 			Sandboxes []entry `json:"sandboxes"`
 		}{Sandboxes: []entry{}}
 		for _, r := range recs {
-			out.Sandboxes = append(out.Sandboxes, entry{r.Name, r.Agent, r.Status, r.Workspaces})
+			e := entry{Name: r.Name, Agent: r.Agent, Status: r.Status, Workspaces: r.Workspaces}
+			if !r.LastUsed.IsZero() {
+				e.LastUsed = r.LastUsed.UTC().Format(time.RFC3339)
+			}
+			out.Sandboxes = append(out.Sandboxes, e)
 		}
 		b, _ := json.MarshalIndent(out, "", "  ")
 		fmt.Println(string(b))
@@ -648,6 +1163,31 @@ func (f *fake) ls(args []string) int {
 	return 0
 }
 
+// stop stops sandboxes without removing them.
+func (f *fake) stop(args []string) int {
+	_, names, err := flagSet{}.parse(args, true)
+	if err != nil {
+		return fail(1, "%v", err)
+	}
+	if len(names) == 0 {
+		return fail(1, "\"sbx stop\" requires at least 1 argument")
+	}
+	code := 0
+	for _, name := range names {
+		if c := f.locked(func() int {
+			r, ok := f.load(name)
+			if !ok {
+				return fail(1, "sandbox %s not found", name)
+			}
+			f.stopLocked(r)
+			return 0
+		}); c != 0 {
+			code = c
+		}
+	}
+	return code
+}
+
 func (f *fake) rm(args []string) int {
 	flags, names, err := flagSet{
 		"-f": {"force", false}, "--force": {"force", false}, "--all": {"all", false},
@@ -661,6 +1201,17 @@ func (f *fake) rm(args []string) int {
 		}
 	} else if len(names) == 0 {
 		return fail(1, "\"sbx rm\" requires at least 1 argument")
+	}
+	if len(flags["force"]) == 0 {
+		// Since v0.29 rm asks before it deletes.
+		if f.noInput {
+			return fail(1, "removing %s needs confirmation; pass --force", strings.Join(names, ", "))
+		}
+		fmt.Fprintf(os.Stderr, "Remove %s? [y/N] ", strings.Join(names, ", "))
+		line, _ := bufio.NewReader(os.Stdin).ReadString('\n')
+		if strings.TrimSpace(line) != "y" {
+			return fail(1, "not removed")
+		}
 	}
 	if f.switchOn("rm-fail") {
 		return fail(1, "cannot connect to the sandboxd daemon (sbxfake rm-fail)")
@@ -684,58 +1235,4 @@ func (f *fake) rm(args []string) int {
 		}
 	}
 	return code
-}
-
-func (f *fake) policy(args []string) int {
-	if len(args) >= 2 && args[0] == "init" {
-		switch args[1] {
-		case "allow-all", "balanced", "deny-all":
-			_ = os.WriteFile(f.path("policy"), []byte(args[1]), 0o644)
-			return 0
-		}
-		return fail(1, "unknown policy %q", args[1])
-	}
-	if f.switchOn("policy-fail") {
-		return fail(1, "cannot reach the policy service (sbxfake policy-fail)")
-	}
-	if len(args) < 2 || args[0] != "allow" || args[1] != "network" {
-		return fail(1, "sbxfake implements only \"policy init\" and \"policy allow network\"")
-	}
-	flags, pos, err := flagSet{"--sandbox": {"sandbox", true}}.parse(args[2:], true)
-	if err != nil {
-		return fail(1, "%v", err)
-	}
-	var hosts []string
-	for _, p := range pos {
-		for _, h := range strings.Split(p, ",") {
-			if h = strings.TrimSpace(h); h != "" {
-				hosts = append(hosts, h)
-			}
-		}
-	}
-	if len(hosts) == 0 {
-		return fail(1, "requires at least one resource")
-	}
-	name := last(flags["sandbox"])
-	if name == "" {
-		lf, err := os.OpenFile(f.path("global-allow"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-		if err != nil {
-			return fail(1, "%v", err)
-		}
-		defer lf.Close()
-		_, _ = fmt.Fprintln(lf, strings.Join(hosts, ","))
-		return 0
-	}
-	return f.locked(func() int {
-		r, ok := f.load(name)
-		if !ok {
-			return fail(1, "sandbox %s not found", name)
-		}
-		r.AllowedHosts = append(r.AllowedHosts, hosts...)
-		if err := f.save(r); err != nil {
-			return fail(1, "%v", err)
-		}
-		fmt.Printf("Allowed %s for sandbox %s\n", strings.Join(hosts, ","), name)
-		return 0
-	})
 }
