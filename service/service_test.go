@@ -338,3 +338,24 @@ func TestHealthReportsDamagedSandboxesToTheirUID(t *testing.T) {
 	assert.NotContains(t, res, "damaged", "another uid's sandbox is")
 	assert.Len(t, h.svc.Health(context.Background()).Damaged, 1, "the daemon's own view has it")
 }
+
+// A backend without durable processes (sbx, the host test backend): hello
+// does not offer them, and their ops are refused with not_supported.
+func TestProcessesRefusedWhereTheBackendHasNone(t *testing.T) {
+	h := newHarness(t, nil)
+	hello, err := h.call(ipc.OpHello, nil)
+	require.Nil(t, err)
+	assert.NotContains(t, hello["features"], "processes")
+	created, err := h.call(ipc.OpCreate, nil)
+	require.Nil(t, err)
+	id := created["sandbox"]
+	for op, args := range map[string]map[string]any{
+		ipc.OpStartCommand:  {"sandbox": id, "command": "true"},
+		ipc.OpListProcesses: {"sandbox": id},
+		ipc.OpWaitProcess:   {"sandbox": id, "process": "p-000000000000"},
+	} {
+		_, err := h.call(op, args)
+		require.NotNil(t, err, op)
+		assert.Equal(t, ipc.CodeNotSupported, err.Code, op)
+	}
+}
