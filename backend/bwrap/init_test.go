@@ -22,6 +22,7 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/backendtest"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap/bwinit"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap/bwwire"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc/inittest"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 )
@@ -810,7 +811,7 @@ func TestBwrapWarmUpHoldsOffCommandsAndYieldsToDestroy(t *testing.T) {
 }
 
 // In a root without `true` the warm-up runs the init's own executable,
-// which exits 0 at once when bwwire.WarmEnv says it is the warm-up (and
+// which exits 0 at once when initproc.WarmEnv says it is the warm-up (and
 // only then: run by hand, it says what it is and fails).
 func TestBwrapWarmInARootWithoutTrue(t *testing.T) {
 	static := inittest.Init(t, "exe")
@@ -834,7 +835,7 @@ func TestBwrapWarmInARootWithoutTrue(t *testing.T) {
 		}
 		return res
 	}
-	if res := exec(map[string]string{bwwire.WarmEnv: "1"}); res.ExitCode != 0 || len(res.Stderr) != 0 {
+	if res := exec(map[string]string{initproc.WarmEnv: "1"}); res.ExitCode != 0 || len(res.Stderr) != 0 {
 		t.Errorf("the init's executable as the warm-up: exit %d, stderr %q; want 0 and nothing", res.ExitCode, res.Stderr)
 	}
 	if res := exec(nil); res.ExitCode == 0 {

@@ -1030,7 +1030,7 @@ func (b *Backend) Warm(ctx context.Context, id string) error {
 // sandbox that had run one (docs/design.md, "A pool member is ready to
 // run"). The command is `true` from the sandbox's PATH or, in a root
 // without one, init's own executable, which exits at once
-// (bwwire.WarmEnv); its streams are /dev/null. The caller holds sb.initMu.
+// (initproc.WarmEnv); its streams are /dev/null. The caller holds sb.initMu.
 func (b *Backend) warmInit(ctx context.Context, sb *sandbox, ip *initProc) error {
 	ip.oom.read() // opens the counter init keeps for every command
 	null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
@@ -1056,7 +1056,7 @@ func (b *Backend) warmRun(ctx context.Context, sb *sandbox, ip *initProc, argv [
 		}
 		return fmt.Errorf("%w: the init of sandbox %s failed its warm-up command: %s", backend.ErrUnavailable, sb.id, fmt.Sprintf(format, args...))
 	}
-	run := bwwire.RunRequest{Argv: argv, Env: []string{"PATH=" + guestPath, bwwire.WarmEnv + "=1"}, Cwd: guestWorkspace, Timeout: initWarmTimeout}
+	run := bwwire.RunRequest{Argv: argv, Env: []string{"PATH=" + guestPath, initproc.WarmEnv + "=1"}, Cwd: guestWorkspace, Timeout: initWarmTimeout}
 	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
 	if err != nil {
 		return false, failed("socketpair: %v", err)

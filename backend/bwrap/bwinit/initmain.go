@@ -42,9 +42,9 @@ func IsInit() bool { return initproc.Is(bwwire.InitEnv) }
 // does the daemon's, through bwrap.InitMain, for when it runs its own
 // executable as init. The opener is init's executable again, run by init;
 // so is the warm-up command of a pool member whose root has no `true`
-// (bwwire.WarmEnv), which exits 0 at once.
+// (initproc.WarmMain), which exits 0 at once.
 func Main() {
-	initproc.Main(bwwire.WarmEnv, func() int { return 0 })
+	initproc.WarmMain()
 	initproc.Main(openerEnv, runOpener)
 	initproc.Main(bwwire.InitEnv, runInit)
 }

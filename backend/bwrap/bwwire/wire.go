@@ -271,12 +271,6 @@ func DecodeRunRequest(buf []byte) (RunRequest, error) {
 // knows it is init.
 const InitEnv = "SANDBOX_SIDECAR_INIT"
 
-// WarmEnv is set (to "1") in the environment of the warm-up command a
-// pool member's init runs before its first client command when the
-// sandbox's root has no `true` (backend/bwrap's warmInit): that command is
-// the init's own executable, which exits 0 at once when it finds WarmEnv.
-const WarmEnv = "SANDBOX_SIDECAR_INIT_WARM"
-
 // Threads is how many OS threads init starts before any command, so
 // that its runtime finds an idle one whenever it needs one later, when the
 // sandbox's processes and threads are capped (initproc.ReserveThreads).
