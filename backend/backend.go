@@ -170,8 +170,10 @@ type ProblemReporter interface {
 
 // Warmer is implemented by backends whose sandboxes have a long-lived part
 // they would otherwise start at the first command (bwrap's init, in its
-// namespaces and cgroup). Warm starts it now, so that the sandbox's first
-// command costs what any later one does; the lifecycle calls it for every
+// namespaces and cgroup). Warm starts it now, and pays what else a first
+// command would pay once (bwrap's init runs a command of its own), so that
+// the sandbox's first command costs what any later one does; the lifecycle
+// calls it for every
 // warm pool member it makes, before the member can be claimed, and for
 // every member recovery re-adopted (whose part died with the previous
 // daemon), on the pool filler once the daemon serves. (bwrap's Create

@@ -28,6 +28,11 @@ const (
 	// DefaultMaxProcsPerHost bounds the durable processes running at once
 	// on the host; per uid the same share applies as for commands.
 	DefaultMaxProcsPerHost = 256
+	// A claim's refill of the warm pool waits for the host to have run no
+	// command for DefaultPoolRefillQuiet (an agent's commands come back to
+	// back, then it thinks), at most DefaultPoolRefillMaxDelay.
+	DefaultPoolRefillQuiet    = 50 * time.Millisecond
+	DefaultPoolRefillMaxDelay = time.Second
 	// The per-uid command limit defaults to this share of the host's
 	// (DefaultMaxCmdsPerUID), so that one uid cannot take every command
 	// slot while a single-uid host (every Airflow task as one user) loses
@@ -75,6 +80,12 @@ type Config struct {
 	// PoolSize is how many ready sandboxes of DefaultImage to keep for
 	// creates that a plain sandbox can serve (0: no pool).
 	PoolSize int
+	// PoolRefillQuiet and PoolRefillMaxDelay: after a create took a pool
+	// member, its replacement waits until no command has started or ended
+	// for PoolRefillQuiet, at most PoolRefillMaxDelay, unless the pool is
+	// then empty (refillDelay).
+	PoolRefillQuiet    time.Duration
+	PoolRefillMaxDelay time.Duration
 	// Images are the images the operator imported (nil: only the
 	// built-in backend.HostImage); DefaultImage is the image of a create
 	// that names none ("": host); ImagePools is the pool size of other
@@ -274,6 +285,13 @@ type Manager struct {
 	recovery RecoveryReport
 
 	poolKick chan struct{} // wakes the pool filler
+	// lastClaim is when a create last took a pool member, of image
+	// lastClaimImage; lastCommand when a command last started or ended
+	// on the host. The pool filler waits for the host to be quiet after a
+	// claim (refillDelay). Guarded by mu.
+	lastClaim      time.Time
+	lastClaimImage string
+	lastCommand    time.Time
 
 	// removingImages are the images an image rm is removing: no create
 	// may take them meanwhile. Guarded by mu.
@@ -304,6 +322,8 @@ func New(cfg Config) (*Manager, error) {
 	def(&cfg.CreateTimeout, DefaultCreateTimeout)
 	def(&cfg.DestroyTimeout, DefaultDestroyTimeout)
 	def(&cfg.QuarantineRetryFor, DefaultQuarantineRetryFor)
+	def(&cfg.PoolRefillQuiet, DefaultPoolRefillQuiet)
+	def(&cfg.PoolRefillMaxDelay, DefaultPoolRefillMaxDelay)
 	defInt(&cfg.MaxPerHost, DefaultMaxPerHost)
 	defInt(&cfg.MaxPerUID, DefaultMaxPerUID)
 	defInt(&cfg.MaxPerOwner, DefaultMaxPerOwner)

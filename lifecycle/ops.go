@@ -50,6 +50,7 @@ func (m *Manager) Exec(ctx context.Context, c Caller, id string, req backend.Exe
 	m.mu.Lock()
 	first, source := r.commands == 0 && r.source != "", r.source
 	r.commands++
+	m.lastCommand = time.Now()
 	left := r.ExpiresAt.Sub(m.cfg.Now())
 	if len(r.Env) > 0 {
 		// A sandbox claimed from the pool: its spec's env travels with
@@ -72,6 +73,7 @@ func (m *Manager) Exec(ctx context.Context, c Caller, id string, req backend.Exe
 	}
 	took := time.Since(start)
 	m.mu.Lock()
+	m.lastCommand = time.Now()
 	still := m.boxes[id] == r && r.State == StateReady
 	// The backend gave up on the sandbox to stop the command: destroy it,
 	// unless the reaper or a client claimed it first.

@@ -108,6 +108,7 @@ func (m *Manager) claimPooled(c Caller, req CreateRequest) (sb Sandbox, ok bool,
 		life = min(life, m.cfg.MaxLifetime)
 	}
 	r.ExpiresAt = now.Add(life)
+	m.lastClaim, m.lastClaimImage = time.Now(), req.Image
 	m.mu.Unlock()
 	m.kickPool()
 
@@ -131,12 +132,71 @@ func (m *Manager) kickPool() {
 	}
 }
 
+// refillDelay is how long the pool filler waits before it replaces the
+// members claims took, the last at claimed: until the host has run no
+// command (the last started or ended at lastCommand) for quiet since that
+// claim, and at most maxDelay after it; not at all when the claimed
+// image's pool is empty (the next create of it would be a cold one, which
+// costs more than a refill beside a sandbox's first commands) or when no
+// claim is pending (claimed is zero or long past).
+//
+// Making a member (its directories, disk and cgroup, its init's start and
+// warm-up) is tens of milliseconds of work on the CPUs that the claimed
+// sandbox's first commands need: started at the claim, it ran beside them,
+// and the first ten or so commands of a sandbox from the pool took twice
+// as long as later ones (docs/design.md, "A pool member is ready to run").
+func refillDelay(now, claimed, lastCommand time.Time, empty bool, quiet, maxDelay time.Duration) time.Duration {
+	if empty || claimed.IsZero() {
+		return 0
+	}
+	quietSince := claimed
+	if lastCommand.After(quietSince) {
+		quietSince = lastCommand
+	}
+	wait := min(quietSince.Add(quiet).Sub(now), claimed.Add(maxDelay).Sub(now))
+	return max(wait, 0)
+}
+
+// awaitRefill waits until refillDelay says the pool may be refilled. It
+// reports false when the manager is closing.
+func (m *Manager) awaitRefill() bool {
+	for {
+		m.mu.Lock()
+		empty := true
+		for _, r := range m.boxes {
+			if r.State == StatePooled && r.Image == m.lastClaimImage {
+				empty = false
+				break
+			}
+		}
+		wait := refillDelay(time.Now(), m.lastClaim, m.lastCommand, empty, m.cfg.PoolRefillQuiet, m.cfg.PoolRefillMaxDelay)
+		m.mu.Unlock()
+		if wait <= 0 {
+			return true
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-m.stop:
+			t.Stop()
+			return false
+		case <-m.poolKick:
+			// Another claim: its pool may be empty now.
+			t.Stop()
+		case <-t.C:
+		}
+	}
+}
+
 // fillPool keeps the pool at PoolSize until Close, backing off when the
-// backend fails.
+// backend fails. After a claim it waits for the host to be quiet first
+// (awaitRefill).
 func (m *Manager) fillPool() {
 	var fails int
 	for {
 		wait := m.cfg.ReapInterval
+		if !m.awaitRefill() {
+			return
+		}
 		if err := m.topUpPool(); err != nil {
 			fails++
 			wait = backoff(fails)

@@ -372,3 +372,73 @@ func TestBwrapPoolMembersReadoptedAreWarm(t *testing.T) {
 	assert.Equal(t, "sandbox-init\n", string(res.Stdout))
 	assert.Equal(t, inits[s.ID], sandboxInit(s.ID), "the first command ran in the init that outlived the previous daemon")
 }
+
+func TestRefillDelay(t *testing.T) {
+	const quiet, maxDelay = 50 * time.Millisecond, time.Second
+	now := clockStart
+	ago := func(d time.Duration) time.Time { return now.Add(-d) }
+	for _, c := range []struct {
+		name        string
+		claimed     time.Time
+		lastCommand time.Time
+		empty       bool
+		want        time.Duration
+	}{
+		{"no claim yet", time.Time{}, ago(time.Millisecond), false, 0},
+		{"a claim just now, no command since", now, ago(time.Hour), false, quiet},
+		{"a claim just now, its pool empty", now, ago(time.Hour), true, 0},
+		{"a command just ended after the claim", ago(10 * time.Millisecond), now, false, quiet},
+		{"quiet for 20ms after a command", ago(100 * time.Millisecond), ago(20 * time.Millisecond), false, 30 * time.Millisecond},
+		{"quiet long enough", ago(100 * time.Millisecond), ago(60 * time.Millisecond), false, 0},
+		{"a command before the claim counts from the claim", ago(10 * time.Millisecond), ago(30 * time.Millisecond), false, 40 * time.Millisecond},
+		{"never quiet: the bound", ago(990 * time.Millisecond), now, false, 10 * time.Millisecond},
+		{"past the bound", ago(2 * time.Second), now, false, 0},
+		{"a claim long past", ago(time.Hour), ago(time.Hour), false, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			assert.Equal(t, c.want, refillDelay(now, c.claimed, c.lastCommand, c.empty, quiet, maxDelay))
+		})
+	}
+}
+
+// After a claim the pool's refill waits while the host runs commands (the
+// claimed sandbox's first ones, here) and comes once it is quiet.
+func TestPoolRefillWaitsForAQuietHost(t *testing.T) {
+	const quiet = 700 * time.Millisecond
+	e := newPoolEnv(t, 2, func(c *Config) {
+		c.PoolRefillQuiet, c.PoolRefillMaxDelay = quiet, time.Hour
+	})
+	s := e.create(alice, CreateRequest{})
+	require.Equal(t, 1, e.m.Stats().Pooled)
+	// Commands back to back for twice the quiet time: no refill meanwhile
+	// (it would fail only if two commands were a whole quiet time apart).
+	for start := time.Now(); time.Since(start) < 2*quiet; {
+		_, err := e.m.Exec(context.Background(), alice, s.ID, backend.ExecRequest{Argv: []string{"true"}, Timeout: time.Minute})
+		require.NoError(t, err)
+		st := e.m.Stats()
+		require.Equal(t, 1, st.Pooled+st.Creating, "no refill while commands run")
+	}
+	ended := time.Now()
+	waitPool(t, e, 2)
+	assert.GreaterOrEqual(t, time.Since(ended), quiet, "the refill waited for a quiet host")
+}
+
+// A claim that empties its image's pool has it refilled at once: the next
+// create would be a cold one. One that leaves a member waits, at most
+// PoolRefillMaxDelay.
+func TestPoolRefillOfAnEmptyPoolIsAtOnce(t *testing.T) {
+	e := newPoolEnv(t, 2, func(c *Config) {
+		c.PoolRefillQuiet, c.PoolRefillMaxDelay = time.Hour, time.Hour
+	})
+	e.create(alice, CreateRequest{})
+	assert.Never(t, func() bool { st := e.m.Stats(); return st.Pooled+st.Creating > 1 }, 300*time.Millisecond, 10*time.Millisecond,
+		"a claim that leaves a member waits for a quiet host")
+	e.create(bob, CreateRequest{})
+	waitPool(t, e, 2)
+
+	e = newPoolEnv(t, 2, func(c *Config) {
+		c.PoolRefillQuiet, c.PoolRefillMaxDelay = time.Hour, 200*time.Millisecond
+	})
+	e.create(alice, CreateRequest{})
+	waitPool(t, e, 2) // within PoolRefillMaxDelay, though never quiet enough
+}

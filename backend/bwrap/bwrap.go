@@ -199,6 +199,9 @@ const (
 	// FailStartStopping: a Create that failed after startSoon has
 	// cancelled the start and is about to wait for it.
 	FailStartStopping = "bwrap-start-stopping"
+	// FailWarmRunning: Warm has handed init its warm-up command and holds
+	// the init's lock; it has not read init's answer.
+	FailWarmRunning = "bwrap-warm-running"
 )
 
 func (b *Backend) failpoint(name string) {

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/backendtest"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap/bwinit"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap/bwwire"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc/inittest"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 )
@@ -694,6 +696,176 @@ func TestBwrapWarmStartsInitBeforeTheFirstCommand(t *testing.T) {
 			t.Errorf("the warm init (pid %d) is not in the sandbox's cgroup, which holds %v", pid, pids)
 		}
 	})
+}
+
+// reapedFaults is the minor page faults of the children init has reaped
+// (cminflt in /proc/PID/stat): 0 until it has reaped a program it ran.
+func reapedFaults(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// After "pid (comm) ": state ppid pgrp session tty_nr tpgid flags minflt cminflt.
+	fields := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	n, err := strconv.Atoi(fields[8])
+	if err != nil {
+		t.Fatalf("cminflt in %q: %v", b, err)
+	}
+	return n
+}
+
+// A pool member's Warm has its init run a command before any client's (its
+// first receive, spawn and reap, the sandbox's first fork and exec), and
+// opens the OOM-kill counter every command reads; a second Warm, or one
+// after a command, runs nothing more.
+func TestBwrapWarmRunsACommandThroughInit(t *testing.T) {
+	check := func(t *testing.T, b *Backend) string {
+		id := create(t, b, backend.Spec{})
+		sb := known(t, b, id)
+		sb.initMu.Lock() // the start Create began holds it until it ends
+		sb.initMu.Unlock()
+		pid := initPID(t, b, id)
+		if pid == 0 {
+			t.Fatal("no init after Create's start")
+		}
+		if n := reapedFaults(t, pid); n != 0 {
+			t.Fatalf("init reaped a program before Warm (cminflt %d)", n)
+		}
+		if err := b.Warm(context.Background(), id); err != nil {
+			t.Fatalf("Warm: %v", err)
+		}
+		if got := initPID(t, b, id); got != pid {
+			t.Fatalf("Warm started another init: pid %d, then %d", pid, got)
+		}
+		warmed := reapedFaults(t, pid)
+		if warmed == 0 {
+			t.Fatal("Warm ran no program through the init")
+		}
+		if err := b.Warm(context.Background(), id); err != nil {
+			t.Fatalf("Warm again: %v", err)
+		}
+		if n := reapedFaults(t, pid); n != warmed {
+			t.Errorf("a second Warm ran another program (cminflt %d, then %d)", warmed, n)
+		}
+		if out := runOK(t, b, id, "echo ok"); out != "ok\n" {
+			t.Errorf("the first command after Warm: %q", out)
+		}
+		return id
+	}
+	forEachMode(t, func(t *testing.T, b *Backend) { check(t, b) })
+	t.Run("cgroup", func(t *testing.T) {
+		m := testCgroups(t)
+		b := newTestBackend(t, rangeUID, withCgroups(m, limits.Limits{MemoryBytes: 64 << 20, PIDs: 64}))
+		id := create(t, b, backend.Spec{})
+		if err := b.Warm(context.Background(), id); err != nil {
+			t.Fatalf("Warm: %v", err)
+		}
+		if n := oomCounterFDs(t, id); n != 1 {
+			t.Errorf("%d descriptors on the OOM counter after Warm; want the one the init holds", n)
+		}
+		check(t, b)
+	})
+}
+
+// A command that comes during Warm's warm-up (held there) waits for it and
+// then runs; a destroy during it ends it, and leaves nothing.
+func TestBwrapWarmUpHoldsOffCommandsAndYieldsToDestroy(t *testing.T) {
+	var armed atomic.Bool
+	reached, release := make(chan struct{}, 1), make(chan struct{})
+	b := newTestBackend(t, daemonUID, func(c *Config) {
+		c.Failpoint = func(name string) {
+			if name == FailWarmRunning && armed.Load() {
+				reached <- struct{}{}
+				<-release
+			}
+		}
+	})
+	armed.Store(true)
+	t.Cleanup(func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
+	warm := func(id string) chan error {
+		warmed := make(chan error, 1)
+		go func() { warmed <- b.Warm(context.Background(), id) }()
+		await(t, reached, "the warm-up command")
+		return warmed
+	}
+
+	id := create(t, b, backend.Spec{})
+	warmed := warm(id)
+	done := make(chan backend.ExecResult, 1)
+	go func() {
+		res, err := b.Exec(context.Background(), id, backend.ExecRequest{Command: "echo ran", Timeout: 20 * time.Second})
+		if err != nil {
+			res.Stderr = []byte(err.Error())
+		}
+		done <- res
+	}()
+	select {
+	case res := <-done:
+		t.Fatalf("a command ran, or was refused, during the warm-up: %+v", res)
+	case <-time.After(100 * time.Millisecond):
+	}
+	release <- struct{}{}
+	if err := <-warmed; err != nil {
+		t.Fatalf("Warm: %v", err)
+	}
+	if res := <-done; res.ExitCode != 0 || string(res.Stdout) != "ran\n" {
+		t.Errorf("the command held off by the warm-up: exit %d, stdout %q, stderr %q", res.ExitCode, res.Stdout, res.Stderr)
+	}
+
+	id = create(t, b, backend.Spec{})
+	warmed = warm(id)
+	destroyed := make(chan error, 1)
+	go func() { destroyed <- b.Destroy(context.Background(), id) }()
+	sb, deadline := known(t, b, id), time.Now().Add(20*time.Second)
+	for !sb.ops.Destroying() && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	wantErr(t, <-warmed, backend.ErrNotFound)
+	if err := <-destroyed; err != nil {
+		t.Fatalf("Destroy: %v", err)
+	}
+	leftNothing(t, b, id)
+}
+
+// In a root without `true` the warm-up runs the init's own executable,
+// which exits 0 at once when initproc.WarmEnv says it is the warm-up (and
+// only then: run by hand, it says what it is and fails).
+func TestBwrapWarmInARootWithoutTrue(t *testing.T) {
+	static := inittest.Init(t, "exe")
+	b := newTestBackend(t, rangeUID, func(c *Config) { c.InitPath = static })
+	root := busyboxRoot(t)
+	if err := os.RemoveAll(filepath.Join(root, "bin")); err != nil { // no program at all
+		t.Fatal(err)
+	}
+	b.testRoot = root
+	id := create(t, b, backend.Spec{})
+	if err := b.Warm(context.Background(), id); err != nil {
+		t.Fatalf("Warm: %v", err)
+	}
+	if n := reapedFaults(t, initPID(t, b, id)); n == 0 {
+		t.Fatal("Warm ran no program through the init in a root without true")
+	}
+	exec := func(env map[string]string) backend.ExecResult {
+		res, err := b.Exec(context.Background(), id, backend.ExecRequest{Argv: []string{"/proc/self/exe"}, Env: env, Timeout: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	if res := exec(map[string]string{initproc.WarmEnv: "1"}); res.ExitCode != 0 || len(res.Stderr) != 0 {
+		t.Errorf("the init's executable as the warm-up: exit %d, stderr %q; want 0 and nothing", res.ExitCode, res.Stderr)
+	}
+	if res := exec(nil); res.ExitCode == 0 {
+		t.Errorf("the init's executable run by hand exited 0; stderr %q", res.Stderr)
+	}
 }
 
 // An init reserves its threads (initproc.ReserveThreads) only where a fork

@@ -58,6 +58,9 @@ const (
 	// reach EOF at once; the grace only covers a process the kernel is
 	// slow to tear down.
 	initDrainGrace = capture.DefaultDrainGrace
+	// initWarmTimeout bounds Warm's warm-up command (warmInit), which
+	// exits at once, from its hand-over to its end.
+	initWarmTimeout = 10 * time.Second
 	// execHotWait is how long the daemon waits for a command's end in
 	// the goroutine that handed it over, outside the runtime's poller
 	// (capture.Streams.Hot), before it waits the ordinary way.
@@ -84,6 +87,9 @@ type initProc struct {
 	ctrl   *os.File // blocking, out of the runtime's poller once init is ready (outOfPoller)
 	stderr *os.File
 	busy   bool // guarded by the sandbox's initMu
+	// warm: a command, or Warm's warm-up (warmInit), has run through it;
+	// guarded by the sandbox's initMu.
+	warm   bool
 	sendMu sync.Mutex
 
 	waitOnce sync.Once
@@ -594,7 +600,7 @@ func (b *Backend) acquireInit(ctx context.Context, sb *sandbox, deadline time.Ti
 	case sb.init.busy:
 		return nil, errInitBusy
 	}
-	sb.init.busy = true
+	sb.init.busy, sb.init.warm = true, true
 	return sb.init, nil
 }
 
@@ -1040,15 +1046,18 @@ func (b *Backend) startSoon(sb *sandbox) (stop func()) {
 	}
 }
 
-// Warm starts sandbox id's init now, in its namespaces and cgroup, if this
-// process has none for it yet, so that its first command costs what any
-// later one does: the warm pool's members are warmed before they can be
-// claimed. A new sandbox's init is already starting (Create's startSoon):
-// Warm waits for that start. It leaves the init free for a command: an
-// Exec that arrives meanwhile waits for the start rather than starting
-// another, and is never refused as busy because of it. A sandbox whose
-// init died is left for its next command to report as terminated; Warm
-// says it is gone.
+// Warm makes sandbox id ready for its first command to cost what any later
+// one does: the warm pool's members are warmed before they can be claimed.
+// It starts the sandbox's init, in its namespaces and cgroup, if this
+// process has none for it yet (a new sandbox's is already starting,
+// Create's startSoon: Warm waits for that start), and has it run one
+// command before any client's (warmInit). It holds the init's lock
+// throughout: an Exec that arrives meanwhile waits for it rather than
+// starting another init, and is never refused as busy because of it. A
+// sandbox whose init died is left for its next command to report as
+// terminated; Warm says it is gone. An init that fails its warm-up is
+// stopped, as one that failed to start: the next command or Warm starts
+// another.
 func (b *Backend) Warm(ctx context.Context, id string) error {
 	sb, err := b.lookup(id)
 	if err != nil {
@@ -1064,18 +1073,104 @@ func (b *Backend) Warm(ctx context.Context, id string) error {
 	switch {
 	case sb.initGone, sb.init != nil && !sb.init.alive():
 		return fmt.Errorf("%w: sandbox %q was terminated (its init process died); destroy it and create a new one", backend.ErrNotFound, id)
-	case sb.init != nil:
+	case sb.init == nil:
+		ip, err := b.startInit(opCtx, sb, time.Now().Add(initStartTimeout))
+		if err != nil {
+			if registry.Destroyed(opCtx) {
+				return backend.NotFound(id)
+			}
+			return err
+		}
+		sb.init = ip
+	}
+	if sb.init.warm {
 		return nil
 	}
-	ip, err := b.startInit(opCtx, sb, time.Now().Add(initStartTimeout))
-	if err != nil {
+	if err := b.warmInit(opCtx, sb, sb.init); err != nil {
+		b.stopInit(sb.init)
+		sb.init = nil
 		if registry.Destroyed(opCtx) {
 			return backend.NotFound(id)
 		}
 		return err
 	}
-	sb.init = ip
+	sb.init.warm = true
 	return nil
+}
+
+// warmInit has ip run a command before any client's, so that what a
+// sandbox's first command pays once is paid while it waits in the pool:
+// init's first receive, spawn and reap (a dozen page faults of its own),
+// the sandbox's first fork and exec in its cgroups and namespaces, and the
+// daemon's opening of the sandbox's OOM-kill counter. Without it a pool
+// member's first command cost ~0.8 ms more CPU than the same command in a
+// sandbox that had run one (docs/design.md, "A pool member is ready to
+// run"). The command is `true` from the sandbox's PATH or, in a root
+// without one, init's own executable, which exits at once
+// (initproc.WarmEnv); its streams are /dev/null. The caller holds sb.initMu.
+func (b *Backend) warmInit(ctx context.Context, sb *sandbox, ip *initProc) error {
+	ip.oom.read() // opens the counter init keeps for every command
+	null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("%w: warm the init of sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
+	}
+	defer null.Close()
+	for _, argv := range [][]string{{"true"}, {"/proc/self/exe"}} {
+		spawned, err := b.warmRun(ctx, sb, ip, argv, int(null.Fd()))
+		if err != nil || spawned {
+			return err
+		}
+	}
+	return nil
+}
+
+// warmRun has ip run argv with its streams on null, and reports whether
+// init spawned it (it says "started"; a program not found ends without).
+func (b *Backend) warmRun(ctx context.Context, sb *sandbox, ip *initProc, argv []string, null int) (spawned bool, err error) {
+	failed := func(format string, args ...any) error {
+		if ctx.Err() != nil {
+			return fmt.Errorf("the init of sandbox %s was not warmed: %w", sb.id, ctx.Err())
+		}
+		return fmt.Errorf("%w: the init of sandbox %s failed its warm-up command: %s", backend.ErrUnavailable, sb.id, fmt.Sprintf(format, args...))
+	}
+	run := bwwire.RunRequest{Argv: argv, Env: []string{"PATH=" + guestPath, initproc.WarmEnv + "=1"}, Cwd: guestWorkspace, Timeout: initWarmTimeout}
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+	if err != nil {
+		return false, failed("socketpair: %v", err)
+	}
+	// Non-blocking: NewFile puts it in the runtime's poller, for deadlines.
+	status := os.NewFile(uintptr(pair[0]), "sandbox-warm-status")
+	defer status.Close()
+	deadline := time.Now().Add(initWarmTimeout + initKillAnswer)
+	err = ip.send(run.Encode(), []int{pair[1], null, null, null}, deadline, nil)
+	unix.Close(pair[1])
+	if err != nil {
+		return false, failed("%v", err)
+	}
+	b.failpoint(FailWarmRunning)
+	// The deadline first: the wake-up a cancellation sets must not be
+	// overwritten by it.
+	if err := status.SetReadDeadline(deadline); err != nil {
+		return false, failed("%v", err)
+	}
+	stop := context.AfterFunc(ctx, func() { _ = status.SetReadDeadline(time.Now()) })
+	defer stop()
+	buf := make([]byte, 2*bwwire.MsgSize)
+	for {
+		n, err := status.Read(buf)
+		if err != nil {
+			return spawned, failed("%v", err)
+		}
+		m, err := bwwire.DecodeMsg(buf[:n])
+		switch {
+		case err == nil && m.Kind == bwwire.MsgStarted && !spawned:
+			spawned = true
+		case err == nil && (m.Kind == bwwire.MsgExited || m.Kind == bwwire.MsgFailed && !spawned):
+			return spawned, nil
+		default:
+			return spawned, failed("it answered %+v (%v)", m, err)
+		}
+	}
 }
 
 // wireRlimits is rls as bwwire carries them to init.

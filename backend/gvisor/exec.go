@@ -79,6 +79,7 @@ func (b *Backend) execIn(ctx, opCtx context.Context, sb *sandbox, req backend.Ex
 		return backend.ExecResult{}, err
 	}
 	defer sb.releaseInit()
+	c.warm = true
 
 	maxOut := req.MaxOutputBytes
 	if maxOut <= 0 {

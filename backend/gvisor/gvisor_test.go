@@ -18,6 +18,7 @@ import (
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/backendtest"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc/inittest"
 	"github.com/sandbox-sidecar/sandbox-sidecar/internal/runscpin"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
@@ -719,6 +720,64 @@ func TestGVisorStaticInitAndWarm(t *testing.T) {
 	}
 	if err := second.Warm(ctx, "no-such-sandbox"); !errors.Is(err, backend.ErrNotFound) {
 		t.Errorf("Warm of an unknown sandbox: %v, want ErrNotFound", err)
+	}
+}
+
+// A pool member's Warm has its init run `true` from the sandbox's PATH
+// before any client's command, once: here an image's `true` that leaves a
+// trace in /tmp. In a root without `true` the warm-up is the init's own
+// executable, which exits 0 at once under initproc.WarmEnv.
+func TestGVisorWarmRunsACommand(t *testing.T) {
+	ctx := context.Background()
+	b := newTestBackend(t, func(c *Config) { c.InitPath = inittest.Init(t, "exe") })
+	trace := busyboxRoot(t, true)
+	if err := os.WriteFile(filepath.Join(trace, "bin/true"), []byte("#!/bin/sh\necho warm-up >> /tmp/trace\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	img := backend.Image{Name: "busybox", Digest: "sha256:" + strings.Repeat("ef", 32), Root: trace, Env: []string{"PATH=/bin"}}
+	for _, id := range []string{"cold", "warmed"} {
+		if _, err := b.Create(ctx, id, backend.Spec{Image: img}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 2 {
+		if err := b.Warm(ctx, "warmed"); err != nil {
+			t.Fatalf("Warm: %v", err)
+		}
+	}
+	traced := func(id string) string {
+		t.Helper()
+		res, err := b.Exec(ctx, id, backend.ExecRequest{Command: "cat /tmp/trace 2>/dev/null; true", Timeout: 30 * time.Second})
+		if err != nil || res.ExitCode != 0 {
+			t.Fatalf("the trace in %s: %+v, %v", id, res, err)
+		}
+		return string(res.Stdout)
+	}
+	if got := traced("warmed"); got != "warm-up\n" {
+		t.Errorf("the trace of a sandbox warmed twice before its first command: %q, want one warm-up", got)
+	}
+	if got := traced("cold"); got != "" {
+		t.Errorf("the trace of a sandbox not warmed: %q", got)
+	}
+	// A Warm after a command runs nothing (the shell's `true` is its own).
+	if err := b.Warm(ctx, "cold"); err != nil {
+		t.Fatalf("Warm after a command: %v", err)
+	}
+	if got := traced("cold"); got != "" {
+		t.Errorf("a Warm after a command ran the warm-up: trace %q", got)
+	}
+
+	nothing := img
+	nothing.Name, nothing.Digest, nothing.Root = "no-true", "sha256:"+strings.Repeat("fe", 32), busyboxRoot(t, false)
+	if _, err := b.Create(ctx, "no-true", backend.Spec{Image: nothing}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Warm(ctx, "no-true"); err != nil {
+		t.Fatalf("Warm in a root without true: %v", err)
+	}
+	res, err := b.Exec(ctx, "no-true", backend.ExecRequest{Argv: []string{guestInit}, Env: map[string]string{initproc.WarmEnv: "1"}, Timeout: 30 * time.Second})
+	if err != nil || res.ExitCode != 0 || len(res.Stderr) != 0 {
+		t.Errorf("the init's executable as the warm-up: %+v, %v; want exit 0 and nothing", res, err)
 	}
 }
 

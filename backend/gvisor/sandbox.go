@@ -19,6 +19,7 @@ import (
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/gvisor/gvwire"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/registry"
 	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
@@ -97,6 +98,10 @@ type initConn struct {
 	// sandbox, died or was stopped); deadErr says how.
 	dead    chan struct{}
 	deadErr error
+
+	// warm: a command, or Warm's warm-up (warmUp), has run through it;
+	// used holding the sandbox's initSlot.
+	warm bool
 
 	mu  sync.Mutex
 	cur *command // the command frames are for
@@ -456,8 +461,10 @@ var _ backend.Warmer = (*Backend)(nil)
 
 // Warm boots sandbox id's gVisor sandbox and init if this process has none
 // for it yet (Create boots one; a sandbox re-adopted after a restart has
-// none until now), so that its first command costs what any later one
-// does. It waits for a command in flight to end, until ctx does.
+// none until now), and has it run a command before any client's (warmUp),
+// so that its first command costs what any later one does. It waits for a
+// command in flight to end, until ctx does; a command that comes during
+// the warm-up waits for it likewise.
 func (b *Backend) Warm(ctx context.Context, id string) error {
 	sb, err := b.lookup(id)
 	if err != nil {
@@ -468,12 +475,48 @@ func (b *Backend) Warm(ctx context.Context, id string) error {
 		return err
 	}
 	defer done()
-	if _, err := b.acquireInit(opCtx, sb); err != nil {
+	c, err := b.acquireInit(opCtx, sb)
+	if err != nil {
 		if errors.Is(err, errInitDied) {
 			return fmt.Errorf("%w: sandbox %q was terminated (its gVisor sandbox died); destroy it and create a new one", backend.ErrNotFound, id)
 		}
 		return err
 	}
+	warm := c.warm
 	sb.releaseInit()
+	if warm {
+		return nil
+	}
+	return b.warmUp(ctx, opCtx, sb)
+}
+
+// warmTimeout bounds Warm's warm-up command, which exits at once.
+const warmTimeout = 10 * time.Second
+
+// warmUp has sb's init run `true` from the sandbox's PATH or, in a root
+// without one, the init's own executable, which exits at once
+// (initproc.WarmEnv): what a gVisor sandbox's first command pays once (the
+// sentry's first fork and exec, its first walks and loads of the guest's
+// loader and C library through the gofer) is then paid before a client's.
+// Without it a pool member's first command took twice its later ones
+// (docs/design.md, "A pool member is ready to run").
+func (b *Backend) warmUp(ctx, opCtx context.Context, sb *sandbox) error {
+	for _, argv := range [][]string{{"true"}, {guestInit}} {
+		res, err := b.execIn(ctx, opCtx, sb, backend.ExecRequest{Argv: argv, Env: map[string]string{initproc.WarmEnv: "1"}, Timeout: warmTimeout})
+		switch {
+		case registry.Destroyed(opCtx):
+			return backend.NotFound(sb.id)
+		case err != nil:
+			return err
+		case res.SandboxTerminated:
+			return fmt.Errorf("%w: sandbox %q was terminated during its warm-up (its gVisor sandbox died); destroy it and create a new one", backend.ErrNotFound, sb.id)
+		case res.ExitCode != notFoundStatus:
+			return nil
+		}
+	}
 	return nil
 }
+
+// notFoundStatus is the exit status init reports for a program that is
+// not there (initproc.NotRunnableStatus).
+const notFoundStatus = 127

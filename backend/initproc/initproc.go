@@ -35,6 +35,16 @@ func Main(env string, run func() int) {
 	os.Exit(run())
 }
 
+// WarmEnv is set (to "1") in the environment of the warm-up command a
+// pool member's init runs before any client's (the backends' Warm) when
+// the sandbox's root has no `true`: that command is the init's own
+// executable, which exits 0 at once when it finds WarmEnv (WarmMain).
+const WarmEnv = "SANDBOX_SIDECAR_INIT_WARM"
+
+// WarmMain exits 0 at once when this process is such a warm-up command;
+// otherwise it returns and does nothing. Both inits' Main call it first.
+func WarmMain() { Main(WarmEnv, func() int { return 0 }) }
+
 // Fail says why init cannot go on, on its stderr, and returns the status
 // init exits with.
 func Fail(format string, args ...any) int {

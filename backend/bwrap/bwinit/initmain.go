@@ -41,8 +41,11 @@ func IsInit() bool { return initproc.Is(bwwire.InitEnv) }
 // when this process is one; otherwise it returns at once and does nothing.
 // The init's binary (cmd/sandbox-sidecar-init) calls it first thing, and so
 // does the daemon's, through bwrap.InitMain, for when it runs its own
-// executable as init. The opener is init's executable again, run by init.
+// executable as init. The opener is init's executable again, run by init;
+// so is the warm-up command of a pool member whose root has no `true`
+// (initproc.WarmMain), which exits 0 at once.
 func Main() {
+	initproc.WarmMain()
 	initproc.Main(openerEnv, runOpener)
 	initproc.Main(agent.KeeperEnv, agent.RunKeeper)
 	initproc.Main(bwwire.InitEnv, runInit)

@@ -37,8 +37,11 @@ func IsInit() bool { return initproc.Is(gvwire.InitEnv) }
 // when this process is one; otherwise it returns at once. The init's
 // binary (cmd/sandbox-sidecar-init) calls it first thing, and so does the
 // daemon's, through gvisor.InitMain, for when it runs its own executable
-// as init. The opener is init's executable again, run by init.
+// as init. The opener is init's executable again, run by init; so is the
+// warm-up command of a pool member whose root has no `true`
+// (initproc.WarmMain), which exits 0 at once.
 func Main() {
+	initproc.WarmMain()
 	initproc.Main(openerEnv, runOpener)
 	initproc.Main(gvwire.InitEnv, runInit)
 }
