@@ -28,8 +28,15 @@ type clientFlags struct {
 }
 
 func (c *clientFlags) register(fs *flag.FlagSet, timeout time.Duration) {
-	fs.StringVar(&c.socket, "socket", clientSocket(), "daemon socket (env "+SocketEnv+")")
+	c.registerConn(fs)
 	fs.DurationVar(&c.timeout, "timeout", timeout, "give up on the daemon after this long")
+}
+
+// registerConn registers the flags that say which daemon to trust, for a
+// command whose --timeout means something else (wait: how long to wait for
+// the process).
+func (c *clientFlags) registerConn(fs *flag.FlagSet) {
+	fs.StringVar(&c.socket, "socket", clientSocket(), "daemon socket (env "+SocketEnv+")")
 	if v := os.Getenv(DaemonUIDEnv); v != "" {
 		c.daemonUIDs = List(strings.Split(v, ","))
 	}
@@ -340,16 +347,19 @@ func runExec(args []string, stdout, stderr io.Writer) error {
 	var sandbox, shell, cwd, image string
 	var cmdTimeout time.Duration
 	var maxOut int
-	var stdin, stream bool
+	var stdin, stream, detach bool
+	var name string
 	var resources resourceFlags
 	env := envFlag{}
-	fs := newFlags("exec", "[--sandbox ID] [flags] -- COMMAND [ARG...]   (or --sh 'shell string')", stderr)
+	fs := newFlags("exec", "[--sandbox ID] [flags] -- COMMAND [ARG...]   (or --sh 'shell string'; --detach --sandbox ID [--name NAME] starts a durable process)", stderr)
 	cf.register(fs, 0)
 	fs.StringVar(&sandbox, "sandbox", "", "sandbox to run in (default: a throwaway sandbox, destroyed afterwards)")
 	fs.StringVar(&shell, "sh", "", "run this shell string with sh -c instead of an argv")
 	fs.StringVar(&cwd, "cwd", "", "working directory inside the sandbox")
 	fs.StringVar(&image, "image", "", "the image of the throwaway sandbox (default: the daemon's [images] default)")
-	fs.DurationVar(&cmdTimeout, "command-timeout", time.Minute, "the command's timeout")
+	fs.DurationVar(&cmdTimeout, "command-timeout", time.Minute, "the command's timeout (with --detach: none unless given)")
+	fs.BoolVar(&detach, "detach", false, "start a durable process in the --sandbox and print its id: it outlives this command (see ps, logs, wait, kill)")
+	fs.StringVar(&name, "name", "", "with --detach: the process's name in its sandbox; a start whose name is taken starts nothing and prints the process that has it")
 	fs.IntVar(&maxOut, "max-output-bytes", 1<<20, "per-stream output cap (the tail is kept)")
 	fs.BoolVar(&stdin, "stdin", false, "send this process's stdin to the command")
 	fs.BoolVar(&stream, "stream", true, "show output as it comes (false: all of it when the command ends, the last --max-output-bytes per stream)")
@@ -367,6 +377,15 @@ func runExec(args []string, stdout, stderr io.Writer) error {
 	}
 	if (shell == "") == (len(argv) == 0) {
 		return &exitError{code: 2, err: errors.New("give a command after --, or --sh 'string' (not both)")}
+	}
+	if detach {
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		req := api.StartCommandRequest{Sandbox: sandbox, Command: shell, Argv: argv, Env: env, Cwd: cwd, Name: name}
+		return startDetached(cf, set, req, cmdTimeout, stdin, stdout, stderr)
+	}
+	if name != "" {
+		return &exitError{code: 2, err: errors.New("--name names a durable process: give --detach too")}
 	}
 	if cf.timeout == 0 {
 		cf.timeout = cmdTimeout + 2*time.Minute

@@ -32,6 +32,12 @@ func clientCommands(t *testing.T) map[string][]string {
 		"image inspect": {"image", "inspect", "python"},
 		"image rm":      {"image", "rm", "python"},
 		"image import":  {"image", "import", "--name", "x", tarball},
+		"exec --detach": {"exec", "--detach", "--sandbox", "sc-1", "--name", "job", "--", "true"},
+		"ps":            {"ps", "sc-1"},
+		"logs":          {"logs", "sc-1", "p-1"},
+		"logs -f":       {"logs", "-f", "sc-1", "p-1"},
+		"kill":          {"kill", "sc-1", "p-1"},
+		"wait":          {"wait", "sc-1", "p-1"},
 	}
 }
 

@@ -521,6 +521,8 @@ def test_model_fixable_codes_are_exactly_the_documented_ones():
         "not_a_directory",
         "too_many_entries",
         "file_too_large",
+        "process_not_found",
+        "process_ended",
     }
 
 

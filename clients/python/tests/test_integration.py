@@ -542,6 +542,12 @@ def test_a_handle_from_another_host_fails_naming_the_host_it_lives_on(sidecar_bi
                 lambda: backend.release(elsewhere, holder="h"),
                 lambda: backend.read_tags(elsewhere),
                 lambda: backend.export_file(elsewhere, "x", _io.BytesIO(), max_bytes=10),
+                lambda: backend.start_command(elsewhere, "true", name="job"),
+                lambda: backend.read_output(elsewhere, "p-000000000000"),
+                lambda: backend.follow_output(elsewhere, "p-000000000000"),
+                lambda: backend.wait_process(elsewhere, "p-000000000000"),
+                lambda: backend.signal_process(elsewhere, "p-000000000000"),
+                lambda: backend.list_processes(elsewhere),
                 lambda: backend.destroy(elsewhere),
             ]
             for call in calls:

@@ -36,6 +36,7 @@ from .contract import (
     SidecarExecResult,
 )
 from .errors import SidecarConnectionError, SidecarError, SidecarProtocolError, SidecarTimeoutError
+from .processes import OutputFollower, SidecarOutput, SidecarProcess, SidecarProcessInfo
 
 __version__ = "0.1.0"
 
@@ -50,6 +51,7 @@ __all__ = [
     "UPSTREAM",
     "AttachableSandboxBackend",
     "AttachedSandbox",
+    "OutputFollower",
     "SandboxBackend",
     "SandboxError",
     "SandboxExecResult",
@@ -60,6 +62,9 @@ __all__ = [
     "SidecarConnectionError",
     "SidecarError",
     "SidecarExecResult",
+    "SidecarOutput",
+    "SidecarProcess",
+    "SidecarProcessInfo",
     "SidecarProtocolError",
     "SidecarSandboxBackend",
     "SidecarTimeoutError",

@@ -6,7 +6,7 @@ import logging
 import math
 import threading
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .client import SidecarClient, check_timeouts, resolve_socket_path
 from .contract import (
@@ -23,6 +23,17 @@ from .contract import (
     make_sidecar_result,
     read_network_stamp,
     reason_of,
+)
+from .processes import (
+    SIGNALS,
+    STREAMS,
+    OutputFollower,
+    SidecarOutput,
+    SidecarProcess,
+    SidecarProcessInfo,
+    output_from_wire,
+    process_from_wire,
+    process_info_from_wire,
 )
 from .errors import (
     CLIENT_CLOSED,
@@ -65,6 +76,8 @@ ERROR_KINDS: Mapping[str, Tuple[str, str]] = {
     "not_a_directory": (MODEL, "a directory was expected, the path is a file"),
     "too_many_entries": (MODEL, "the directory has more entries than the daemon lists at once"),
     "file_too_large": (MODEL, "the file is over the read (or write) limit; raised as SandboxFileTooLargeError"),
+    "process_not_found": (MODEL, "no such durable process in that sandbox (never started there, or its record was dropped)"),
+    "process_ended": (MODEL, "signal_process: the process has ended; there is nothing to signal"),
     # Nothing the model does can help: the task fails, Airflow retries it.
     "not_found": (TERMINAL, "the sandbox is gone (destroyed, expired, idle too long, or another user's)"),
     "unauthorized": (TERMINAL, "the worker's user may not use the daemon (socket group membership)"),
@@ -84,6 +97,7 @@ ERROR_KINDS: Mapping[str, Tuple[str, str]] = {
     "image_exists": (TERMINAL, "an import's name is taken by another image"),
     "bad_image": (TERMINAL, "an import is not an image, or a hostile one"),
     "image_too_large": (TERMINAL, "an import exceeds the daemon's image caps"),
+    "not_supported": (TERMINAL, "the daemon's backend cannot do this at all (durable processes on sbx)"),
     "frame_too_large": (TERMINAL, "a request or response exceeded the frame limit"),
     "unsupported_version": (TERMINAL, "client and daemon share no protocol version"),
     "unknown_op": (TERMINAL, "the daemon is too old for this operation"),
@@ -175,6 +189,20 @@ def _airflow_task_labels() -> Dict[str, str]:
 
 def _positive_finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+# The longest wait_process (and read_output wait) the daemon makes at once.
+_MAX_PROCESS_WAIT_S = 600.0
+
+
+def _check_process_args(process: Any, stream: str = "stdout", offset: int = 0) -> None:
+    """``SandboxError`` for a process id, stream or offset the daemon would refuse."""
+    if not isinstance(process, str) or not process:
+        raise SandboxError(f"process must be a process id (a non-empty str), got {process!r}")
+    if stream not in STREAMS:
+        raise SandboxError(f"stream must be one of {', '.join(STREAMS)}, got {stream!r}")
+    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+        raise SandboxError(f"offset must be an integer >= 0, got {offset!r}")
 
 
 def _text(value: Any) -> str:
@@ -752,6 +780,175 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
         except SidecarError as exc:
             raise to_sandbox_error(exc, op="list_directory", path=path) from exc
         return [(_name(e.get("name")), bool(e.get("is_dir"))) for e in entries if isinstance(e, Mapping)]
+
+    # -- durable processes -------------------------------------------------------
+
+    def start_command(
+        self,
+        sandbox: str,
+        command: Union[str, Sequence[str]],
+        *,
+        name: Optional[str] = None,
+        timeout: Optional[float] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+    ) -> SidecarProcess:
+        """Start ``command`` (a shell string, or an argv list) as a durable process; answers at once.
+
+        The process outlives this call, the task and the worker, until it
+        ends, is signalled (:meth:`signal_process`) or its sandbox ends;
+        ``timeout`` is its budget in seconds (none by default). With a
+        ``name``, a start whose name already names a process of the sandbox
+        (running or ended) starts nothing and returns that one with
+        ``existing=True``: a retried task that starts its job ``"train"``
+        again gets the first one. Its output is read with :meth:`read_output`
+        or :meth:`follow_output`, its end with :meth:`wait_process`.
+        """
+        if isinstance(command, str):
+            shell, argv = command, None
+        elif isinstance(command, (list, tuple)) and command and all(isinstance(a, str) for a in command):
+            shell, argv = None, list(command)
+        else:
+            raise SandboxError(f"command must be a shell command string or a non-empty list of strings, got {command!r}")
+        if name is not None and (not isinstance(name, str) or not name):
+            raise SandboxError(f"name must be a non-empty string or None, got {name!r}")
+        if timeout is not None and not _positive_finite(timeout):
+            raise SandboxError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+        sandbox = self.sandbox_id(sandbox)
+        try:
+            result = self.client.start_command(
+                sandbox,
+                shell,
+                argv=argv,
+                env=env,
+                cwd=cwd,
+                timeout_s=float(timeout) if timeout is not None else None,
+                name=name,
+            )
+        except SidecarError as exc:
+            raise to_sandbox_error(exc, op="start_command") from exc
+        started = process_from_wire(result)
+        if not started.process:
+            raise SandboxTerminalError("the sandbox-sidecar daemon answered start_command without a process id")
+        return started
+
+    def read_output(
+        self,
+        sandbox: str,
+        process: str,
+        *,
+        stream: str = "stdout",
+        offset: int = 0,
+        max_bytes: Optional[int] = None,
+        wait_s: Optional[float] = None,
+    ) -> SidecarOutput:
+        """One read of a durable process's ``stream`` from byte ``offset`` (counted from its start).
+
+        ``wait_s``: when nothing is there yet and the process runs, wait up
+        to this long for bytes or its end. Bytes the daemon's log no longer
+        holds are skipped: the result's ``offset`` is then past the one asked
+        for, by ``dropped``. Go on at ``next_offset``.
+        """
+        sandbox = self.sandbox_id(sandbox)
+        _check_process_args(process, stream, offset)
+        if max_bytes is not None and (not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes <= 0):
+            raise SandboxError(f"max_bytes must be an integer > 0 or None, got {max_bytes!r}")
+        if wait_s is not None and not _positive_finite(wait_s):
+            raise SandboxError(f"wait_s must be a positive number of seconds or None, got {wait_s!r}")
+        try:
+            result = self.client.read_output(
+                sandbox, process, stream=stream, offset=offset, max_bytes=max_bytes, wait_s=wait_s
+            )
+            return output_from_wire(result, offset)
+        except SidecarError as exc:
+            raise to_sandbox_error(exc, op="read_output") from exc
+
+    def follow_output(
+        self,
+        sandbox: str,
+        process: str,
+        *,
+        stream: str = "stdout",
+        offset: int = 0,
+        wait_s: float = 30.0,
+        reconnect_timeout: float = 60.0,
+        on_dropped: Optional[Callable[[int, int], None]] = None,
+    ) -> OutputFollower:
+        """An iterator over a durable process's ``stream`` from ``offset``: ``bytes`` chunks until it ends.
+
+        Each read waits on the daemon for bytes (no polling). A broken
+        connection, or a daemon away for up to ``reconnect_timeout`` seconds
+        (restarting), is survived: the follower reads again from where it
+        was, so nothing is lost or repeated. Bytes the daemon's log dropped
+        before they were read are logged and counted (``dropped``). Once the
+        iteration ended, its ``exit_code`` and ``reason`` say how the process
+        ended; ``offset`` is where a later follower would go on. Errors are
+        raised as ``SandboxError`` / ``SandboxTerminalError``, as every op's.
+        """
+        sandbox = self.sandbox_id(sandbox)
+        _check_process_args(process, stream, offset)
+        if not _positive_finite(wait_s):
+            raise SandboxError(f"wait_s must be a positive number of seconds, got {wait_s!r}")
+        if not (_positive_finite(reconnect_timeout) or reconnect_timeout == 0):
+            raise SandboxError(f"reconnect_timeout must be a number of seconds >= 0, got {reconnect_timeout!r}")
+        client = self.client
+        return OutputFollower(
+            lambda at, wait: client.read_output(sandbox, process, stream=stream, offset=at, wait_s=wait),
+            offset=offset,
+            wait_s=wait_s,
+            reconnect_timeout=reconnect_timeout,
+            on_dropped=on_dropped,
+            map_error=lambda exc: to_sandbox_error(exc, op="read_output"),
+            what=f"process {process} of sandbox {sandbox} ({stream})",
+        )
+
+    def wait_process(self, sandbox: str, process: str, *, timeout: Optional[float] = None) -> SidecarProcessInfo:
+        """Wait for a durable process's end, up to ``timeout`` seconds (``None``: however long it takes).
+
+        Returns the process; ``running`` is still True when the timeout came
+        first, else ``exit_code`` (128+N for signal N), ``reason``
+        (``exited``, ``killed``, ``timed_out``, ``oom_killed``,
+        ``sandbox_terminated``) and ``ended_at`` say how it ended. Long waits
+        are made of the daemon's waits of at most 600 s each.
+        """
+        sandbox = self.sandbox_id(sandbox)
+        _check_process_args(process)
+        if timeout is not None and not (_positive_finite(timeout) or timeout == 0):
+            raise SandboxError(f"timeout must be a number of seconds >= 0 or None, got {timeout!r}")
+        deadline = None if timeout is None else time.monotonic() + float(timeout)
+        while True:
+            wait = _MAX_PROCESS_WAIT_S if deadline is None else min(_MAX_PROCESS_WAIT_S, deadline - time.monotonic())
+            try:
+                result = self.client.wait_process(sandbox, process, timeout_s=wait if wait > 0 else None)
+            except SidecarError as exc:
+                raise to_sandbox_error(exc, op="wait_process") from exc
+            info = process_info_from_wire(result)
+            if not info.running or (deadline is not None and time.monotonic() >= deadline):
+                return info
+
+    def signal_process(self, sandbox: str, process: str, signal: str = "TERM") -> None:
+        """Send ``signal`` (``TERM``, ``KILL``, ``INT``, ``HUP``, ``USR1`` or ``USR2``) to the process's group.
+
+        A process that has already ended raises ``SandboxError`` with code
+        ``process_ended``.
+        """
+        sandbox = self.sandbox_id(sandbox)
+        _check_process_args(process)
+        if signal not in SIGNALS:
+            raise SandboxError(f"signal must be one of {', '.join(SIGNALS)}, got {signal!r}")
+        try:
+            self.client.signal_process(sandbox, process, signal)
+        except SidecarError as exc:
+            raise to_sandbox_error(exc, op="signal_process") from exc
+
+    def list_processes(self, sandbox: str) -> List[SidecarProcessInfo]:
+        """Every durable process the sandbox keeps a record of (running, and its last ended ones), oldest first."""
+        sandbox = self.sandbox_id(sandbox)
+        try:
+            processes = self.client.list_processes(sandbox)
+        except SidecarError as exc:
+            raise to_sandbox_error(exc, op="list_processes") from exc
+        return [process_info_from_wire(p) for p in processes if isinstance(p, Mapping)]
 
     # -- attaching ---------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from .errors import (
     SidecarProtocolError,
     SidecarTimeoutError,
 )
+from .processes import OutputFollower
 from .framing import (
     DEFAULT_MAX_FRAME_BYTES,
     HEADER_SIZE,
@@ -73,6 +74,9 @@ RETRY_SAFE_OPS = frozenset(
         "read_tags",
         "write_tags",
         "destroy_run",
+        "read_output",
+        "wait_process",
+        "list_processes",
     }
 )
 
@@ -720,6 +724,133 @@ class SidecarClient:
     def list_sandboxes(self, owner: Optional[str] = None) -> List[dict]:
         return list(self.call("list", {"owner": owner}).get("sandboxes") or [])
 
+    # -- durable processes -------------------------------------------------------
+
+    def start_command(
+        self,
+        sandbox: str,
+        command: Optional[str] = None,
+        *,
+        argv: Optional[Sequence[str]] = None,
+        stdin: Optional[Bytes] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        timeout_s: Optional[float] = None,
+        name: Optional[str] = None,
+    ) -> dict:
+        """Start a durable process; return ``process``, ``name``, ``existing`` and ``running``.
+
+        The process outlives this call, this client and its connection, until
+        it ends, is signalled or its sandbox ends; ``timeout_s`` is its budget
+        (none by default). A ``name`` that already names a process of the
+        sandbox (running or ended) starts nothing and returns that process
+        with ``existing`` True. So a start with a name is sent again after a
+        broken connection (it cannot start twice); one without is not.
+        """
+        return self.call(
+            "start_command",
+            {
+                "sandbox": sandbox,
+                "command": command,
+                "argv": list(argv) if argv is not None else None,
+                "stdin": bytes(stdin) if stdin is not None else None,
+                "env": _opt_map(env),
+                "cwd": cwd,
+                "timeout_s": timeout_s,
+                "name": name,
+            },
+            idempotent=name is not None,
+        )
+
+    def read_output(
+        self,
+        sandbox: str,
+        process: str,
+        *,
+        stream: str = "stdout",
+        offset: int = 0,
+        max_bytes: Optional[int] = None,
+        wait_s: Optional[float] = None,
+    ) -> dict:
+        """One stream of a durable process from byte ``offset`` (counted from its start).
+
+        Returns ``data``, ``offset`` (where ``data`` starts: ``offset``, or the
+        oldest byte still kept), ``dropped`` (the bytes between them that are
+        gone), ``next_offset``, ``running``, and once it ended ``exit_code`` and
+        ``reason``. With ``wait_s`` the daemon waits up to that long (at most
+        600 s) for bytes at ``offset`` or the end when there are none yet.
+        """
+        return self.call(
+            "read_output",
+            {
+                "sandbox": sandbox,
+                "process": process,
+                "stream": stream,
+                "offset": offset,
+                "max_bytes": max_bytes,
+                "wait_s": wait_s,
+            },
+            timeout=self.op_timeout + _seconds(wait_s),
+        )
+
+    def follow_output(
+        self,
+        sandbox: str,
+        process: str,
+        *,
+        stream: str = "stdout",
+        offset: int = 0,
+        wait_s: float = 30.0,
+        max_bytes: Optional[int] = None,
+        reconnect_timeout: float = 60.0,
+        on_dropped: Optional[Callable[[int, int], None]] = None,
+    ) -> OutputFollower:
+        """An iterator over ``stream``'s bytes from ``offset`` until the process ends.
+
+        It yields ``bytes`` chunks as the process writes them (each read waits
+        up to ``wait_s`` on the daemon) and stops once the process ended and
+        everything it wrote was read; its ``exit_code`` and ``reason`` then say
+        how it ended. A broken connection, or a daemon away for up to
+        ``reconnect_timeout`` seconds, is survived: the follower reads again
+        from the last ``next_offset``, so nothing is lost or repeated. See
+        :class:`~sandbox_sidecar.processes.OutputFollower`.
+        """
+        return OutputFollower(
+            lambda at, wait: self.read_output(
+                sandbox, process, stream=stream, offset=at, max_bytes=max_bytes, wait_s=wait
+            ),
+            offset=offset,
+            wait_s=wait_s,
+            reconnect_timeout=reconnect_timeout,
+            on_dropped=on_dropped,
+            what=f"process {process} of sandbox {sandbox} ({stream})",
+        )
+
+    def wait_process(self, sandbox: str, process: str, *, timeout_s: Optional[float] = None) -> dict:
+        """Wait up to ``timeout_s`` (at most 600 s; ``None``: not at all) for a durable process's end.
+
+        Returns the process as ``list_processes`` describes one: ``running``
+        still True at the timeout, else ``exit_code`` (128+N for signal N),
+        ``reason``, ``started_at``, ``ended_at``, ``stdout_bytes``, ``stderr_bytes``.
+        """
+        return self.call(
+            "wait_process",
+            {"sandbox": sandbox, "process": process, "timeout_s": timeout_s},
+            timeout=self.op_timeout + _seconds(timeout_s),
+        )
+
+    def signal_process(self, sandbox: str, process: str, signal: str = "TERM") -> None:
+        """Send ``signal`` (``TERM``, ``KILL``, ``INT``, ``HUP``, ``USR1``, ``USR2``) to the process's group.
+
+        A process that has ended is the error ``process_ended``. Not sent again
+        after a broken connection: a second signal is not always harmless.
+        """
+        self.call("signal_process", {"sandbox": sandbox, "process": process, "signal": signal})
+
+    def list_processes(self, sandbox: str) -> List[dict]:
+        """Every durable process the sandbox keeps a record of, oldest first (maps as ``wait_process``'s)."""
+        return list(self.call("list_processes", {"sandbox": sandbox}).get("processes") or [])
+
 
 def check_timeouts(*, connect_timeout: float, op_timeout: float, grace: float) -> None:
     """Raise ValueError unless the timeouts are usable (positive and finite; grace may be 0)."""
@@ -732,6 +863,11 @@ def check_timeouts(*, connect_timeout: float, op_timeout: float, grace: float) -
 
 def _positive_finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _seconds(value: Optional[float]) -> float:
+    """A wait's length as a budget: 0 for none (or nonsense, which the daemon refuses)."""
+    return float(value) if _positive_finite(value) else 0.0
 
 
 def _opt_map(value: Optional[Mapping[str, str]]) -> Optional[Dict[str, str]]:
