@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -473,9 +474,16 @@ func failpointExited(spec string) {
 	if spec != "exited" {
 		return
 	}
-	_ = os.WriteFile("/proc/self/comm", []byte(KeeperFailpointName), 0)
+	setName(KeeperFailpointName) // (non-dumpable: /proc/self/comm is no longer its to write)
 	_ = unix.Kill(os.Getpid(), unix.SIGSTOP)
-	_ = os.WriteFile("/proc/self/comm", []byte(KeeperName), 0)
+	setName(KeeperName)
+}
+
+// setName sets the calling thread's name (the process's, from its main
+// thread), as ps shows it.
+func setName(name string) {
+	b := append([]byte(name), 0)
+	_ = unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(&b[0])), 0, 0, 0)
 }
 
 // readOOMKills reads the oom_kill count of a cgroup's memory.events (v2)

@@ -109,6 +109,9 @@ type Store struct {
 	lim Limits
 	w   *Watcher
 	mu  sync.Mutex // one start (and its prune) at a time
+	// afterState, set by tests only, runs in Read between its look at the
+	// process's state and its read of the log.
+	afterState func()
 }
 
 // New returns the store of the sandbox whose processes live under dir
@@ -405,12 +408,20 @@ func (s *Store) Read(ctx context.Context, ag Agent, id string, stderr bool, offs
 		if wait > 0 && s.w != nil {
 			ch, unsubscribe = s.w.Subscribe(dir)
 		}
-		r, err := s.readOnce(filepath.Join(dir, name), offset, maxBytes)
+		// The state before the bytes: a process that writes and ends
+		// between the two is then reported running with what it wrote,
+		// and the next read finds its end; read the other way round, it
+		// would be reported ended with its last bytes unread, and a
+		// follower stops short of them.
+		p, err := s.Info(id, ag.AgentAlive())
 		if err != nil {
 			unsubscribe()
 			return backend.OutputRead{}, err
 		}
-		p, err := s.Info(id, ag.AgentAlive())
+		if s.afterState != nil {
+			s.afterState()
+		}
+		r, err := s.readOnce(filepath.Join(dir, name), offset, maxBytes)
 		if err != nil {
 			unsubscribe()
 			return backend.OutputRead{}, err

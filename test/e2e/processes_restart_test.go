@@ -185,8 +185,8 @@ func TestDurableProcessExitRecordedAcrossAKill9AtItsEnd(t *testing.T) {
 	assert.Equal(t, "last words\n", out)
 }
 
-// stoppedProcessNamed is the pid of a stopped process whose name is comm,
-// or 0.
+// stoppedProcessNamed is the pid of a stopped process one of whose
+// threads is named comm (a Go program names the thread it runs on), or 0.
 func stoppedProcessNamed(comm string) int {
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
@@ -194,17 +194,25 @@ func stoppedProcessNamed(comm string) int {
 		if err != nil {
 			continue
 		}
+		names, _ := filepath.Glob(filepath.Join("/proc", e.Name(), "task", "*", "comm"))
+		named := false
+		for _, n := range names {
+			if b, err := os.ReadFile(n); err == nil && strings.TrimSpace(string(b)) == comm {
+				named = true
+			}
+		}
+		if !named {
+			continue
+		}
 		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
 		if err != nil {
 			continue
 		}
 		s := string(b)
-		open, close := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
-		if open < 0 || close < open || s[open+1:close] != comm {
-			continue
-		}
-		if f := strings.Fields(s[close+1:]); len(f) > 0 && f[0] == "T" {
-			return pid
+		if i := strings.LastIndexByte(s, ')'); i > 0 {
+			if f := strings.Fields(s[i+1:]); len(f) > 0 && f[0] == "T" {
+				return pid
+			}
 		}
 	}
 	return 0

@@ -19,6 +19,7 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc/api"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/disk"
+	"github.com/sandbox-sidecar/sandbox-sidecar/test/internal/testdaemon"
 )
 
 // A client that goes away during run_command cancels its command, never
@@ -168,6 +169,9 @@ func TestRestartNeverMountsAHeldDiskTwice(t *testing.T) {
 	t.Cleanup(func() { _ = holder.Process.Kill(); _ = holder.Wait() })
 	time.Sleep(200 * time.Millisecond) // it has entered the namespace
 	d.kill9()
+	// The sandbox's init, which would outlive the daemon and be
+	// re-attached with its disk, dies too: only the stray holds the disk.
+	bwrap.KillSandboxes(filepath.Join(d.stateDir, "bwrap"))
 	d.restart()
 
 	assert.Equal(t, 1, d.attachments(t, id), "the restart did not attach the held image again")
@@ -242,7 +246,11 @@ func TestCrashDuringDiskCreateRestartAtOnce(t *testing.T) {
 			return
 		}
 	}
+	// A stopped daemon leaves the kept sandbox's init running, its disk
+	// attached for it alone; once that ends nothing is left.
 	d.stop()
-	assert.Zero(t, d.attachments(t, keeper), "a stopped daemon leaves no loop device attached")
+	assert.Equal(t, 1, d.attachments(t, keeper), "the live init's disk, once")
+	testdaemon.EndSandboxes(t, daemonBin, d.socket, d.stateDir)
+	eventually(t, 10*time.Second, "no loop device attached", func() bool { return d.attachments(t, keeper) == 0 })
 	assert.Zero(t, mountsUnder(t, "/proc/self/mounts", d.stateDir))
 }
