@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
+	"github.com/sandbox-sidecar/sandbox-sidecar/ipc/api"
 	"github.com/sandbox-sidecar/sandbox-sidecar/lifecycle"
 	"github.com/sandbox-sidecar/sandbox-sidecar/metrics/metricstest"
 )
@@ -203,4 +204,22 @@ func TestNilMetricsAreOff(t *testing.T) {
 	h := handlerFunc(func(*ipc.Request) (any, error) { return nil, nil })
 	assert.NotNil(t, m.WrapHandler(h))
 	m.Bind(Sources{}) // no panic
+}
+
+// Every op of the wire is counted by its name, the image and process ops
+// as much as the first ones.
+func TestEveryOpIsALabel(t *testing.T) {
+	m := New()
+	h := m.WrapHandler(handlerFunc(func(*ipc.Request) (any, error) { return nil, nil }))
+	for op := range api.Requests {
+		_, _ = h.Handle(context.Background(), &ipc.Peer{}, &ipc.Request{Op: op})
+	}
+	fams := metricstest.Scrape(t, serveOnLoopback(t, m))
+	for _, op := range []string{ipc.OpStartCommand, ipc.OpReadOutput, ipc.OpWaitProcess, ipc.OpSignalProcess, ipc.OpListProcesses, ipc.OpImageLs, ipc.OpRunCommand} {
+		v, ok := metricstest.Value(fams, "sandbox_sidecar_rpc_requests_total", "op", op, "code", "ok")
+		assert.True(t, ok, op)
+		assert.Equal(t, 1.0, v, op)
+	}
+	_, ok := metricstest.Value(fams, "sandbox_sidecar_rpc_requests_total", "op", "unknown", "code", "ok")
+	assert.False(t, ok, "no op of the wire is unknown")
 }
