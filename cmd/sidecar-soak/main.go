@@ -10,9 +10,9 @@
 //     write the daemon acknowledged reads back intact;
 //   - after the agents are gone, what the daemon lists is exactly the owned
 //     sandboxes, and exactly what is on disk (connection-bound ones reaped);
-//   - after a clean stop: no process of a sandbox, no cgroup of one, no loop
-//     device attached to one of its images, no mount under the state
-//     directory.
+//   - after a clean stop: no process of a sandbox (by the sandboxes' marker
+//     or their cgroups), no cgroup of one, no loop device attached to one
+//     of its images, no mount under the state directory.
 //
 // It needs root, bubblewrap and the loop driver (the daemon's default
 // limits: a cgroup and a disk of its own per sandbox). `make soak` runs it
@@ -40,7 +40,6 @@ import (
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc/api"
-	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/disk"
 )
 
 type options struct {
@@ -351,6 +350,15 @@ func soak(o options) (violations []string, err error) {
 	fmt.Printf("soak: %d acknowledged files checked\n", checked)
 	ids := knownIDs(work, owned)
 
+	// The leak check must see the live sandboxes' processes, by their
+	// marker and by their cgroups, or it would find no leak either.
+	for _, id := range owned {
+		_ = d.call(ipc.OpRunCommand, api.RunCommandRequest{Sandbox: id, Command: "true", TimeoutS: 30}, nil)
+	}
+	if marked, inCgroup := liveMarked(d.state, owned); marked < len(owned) || inCgroup < len(owned) {
+		bad("the leak check is blind: with %d sandboxes running, it finds %d processes by their marker and %d in their cgroups", len(owned), marked, inCgroup)
+	}
+
 	// A clean stop leaves nothing behind but the state directory.
 	if err := d.stop(); err != nil {
 		bad("%v", err)
@@ -445,52 +453,6 @@ func sortedKeys(m map[string]bool) []string {
 		out = append(out, k)
 	}
 	sort.Strings(out)
-	return out
-}
-
-// leaks lists what a stopped daemon left: processes carrying a sandbox's
-// marker, cgroups named after a sandbox, loop devices attached to an image,
-// mounts under the state directory.
-func leaks(state string, ids []string) []string {
-	var out []string
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
-		if err == nil && strings.Contains(string(b), "SANDBOX_SIDECAR_SANDBOX="+state+"/") {
-			cl, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-			out = append(out, fmt.Sprintf("leaked process %s: %q", e.Name(), strings.ReplaceAll(string(cl), "\x00", " ")))
-		}
-	}
-	want := map[string]bool{}
-	for _, id := range ids {
-		want[id] = true
-	}
-	_ = filepath.WalkDir("/sys/fs/cgroup", func(p string, de os.DirEntry, err error) error {
-		if err != nil || !de.IsDir() {
-			return nil
-		}
-		if strings.Count(strings.TrimPrefix(p, "/sys/fs/cgroup"), "/") > 6 {
-			return filepath.SkipDir
-		}
-		if want[de.Name()] {
-			out = append(out, "leaked cgroup "+p)
-			return filepath.SkipDir
-		}
-		return nil
-	})
-	for _, id := range ids {
-		img := filepath.Join(state, "bwrap", id, "disk.img")
-		if ls, err := disk.Attached(img); err == nil && len(ls) > 0 {
-			out = append(out, fmt.Sprintf("sandbox %s's image is still attached to %d loop device(s)", id, len(ls)))
-		}
-	}
-	if b, err := os.ReadFile("/proc/self/mounts"); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			if f := strings.Fields(line); len(f) > 1 && strings.HasPrefix(f[1], state+"/") {
-				out = append(out, "leaked mount "+f[1])
-			}
-		}
-	}
 	return out
 }
 
