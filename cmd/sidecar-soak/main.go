@@ -1,18 +1,32 @@
 // Command sidecar-soak is a chaos soak of a real sandbox-sidecar daemon:
-// concurrent agent processes run commands, write and read back files and
-// make and drop sandboxes, while a controller SIGKILLs agents mid-request,
-// has clients vanish during run_command, SIGKILLs the daemon and restarts it
-// at once on the same state, and SIGSTOPs it for seconds. Then it checks the
-// invariants, and exits 1 if any fails:
+// concurrent agent processes run commands, write and read back files, make
+// and drop sandboxes, and start, follow, signal, wait for and abandon
+// durable processes (start_command & co), while a controller SIGKILLs
+// agents mid-request, has clients vanish during run_command, SIGKILLs the
+// daemon and restarts it at once on the same state, and SIGSTOPs it for
+// seconds. Then it checks the invariants, and exits 1 if any fails:
 //
 //   - no hang: no request of an agent outlived its deadline;
 //   - every owned sandbox survived (never not_found), and every file whose
 //     write the daemon acknowledged reads back intact;
+//   - every durable process whose start the daemon answered is still known
+//     (never lost); each that should have ended has, with an exit code and
+//     reason its kind and the signals sent to it allow; every byte of its
+//     output up to the log's cap reads back as the process wrote it (each
+//     writes numbered lines of a fixed length, so a byte at any offset is
+//     known), and a start by a name taken finds that process;
 //   - after the agents are gone, what the daemon lists is exactly the owned
 //     sandboxes, and exactly what is on disk (connection-bound ones reaped);
 //   - after a clean stop: no process of a sandbox (by the sandboxes' marker
 //     or their cgroups), no cgroup of one, no loop device attached to one
-//     of its images, no mount under the state directory.
+//     of its images, no mount under the state directory; after the final
+//     destroy, no durable process of the soak's left (by their names).
+//
+// Durable processes are meant to survive a daemon's kill -9 (issue #34).
+// With --expect-process-survival=false (for a daemon whose sandboxes'
+// agents still die with it) a process ended as sandbox_terminated, killed
+// by a SIGKILL no agent sent, or reported running past its end is
+// tolerated and counted instead of being a violation.
 //
 // It needs root, bubblewrap and the loop driver (the daemon's default
 // limits: a cgroup and a disk of its own per sandbox). `make soak` runs it
@@ -48,6 +62,7 @@ type options struct {
 	agents    int
 	work      string
 	keep      bool
+	survival  bool
 }
 
 func main() {
@@ -60,6 +75,7 @@ func main() {
 	flag.IntVar(&o.agents, "agents", 8, "concurrent agent processes, each owning one sandbox")
 	flag.StringVar(&o.work, "work", "", "working directory (default: a fresh temporary one)")
 	flag.BoolVar(&o.keep, "keep", false, "keep the working directory (state, logs) afterwards")
+	flag.BoolVar(&o.survival, "expect-process-survival", true, "durable processes survive the daemon's kill -9: one lost with the daemon is a violation (false: tolerated and counted)")
 	flag.Parse()
 	violations, err := soak(o)
 	if err != nil {
@@ -98,10 +114,10 @@ const (
 
 // daemon is the daemon under soak, restarted on the same state.
 type daemon struct {
-	bin, socket, state, logPath string
-	cmd                         *exec.Cmd
-	done                        chan struct{}
-	restarts, kills, stops      int
+	bin, socket, state, logPath, config string
+	cmd                                 *exec.Cmd
+	done                                chan struct{}
+	restarts, kills, stops              int
 }
 
 func (d *daemon) start() error {
@@ -109,7 +125,7 @@ func (d *daemon) start() error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(d.bin, "serve", "--socket", d.socket, "--state-dir", d.state, "--log-format", "json",
+	cmd := exec.Command(d.bin, "serve", "--config", d.config, "--socket", d.socket, "--state-dir", d.state, "--log-format", "json",
 		"--reap-interval", "200ms", "--conn-grace", connGrace.String(), "--limit-disk", strconv.Itoa(diskBytes))
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -189,11 +205,19 @@ func soak(o options) (violations []string, err error) {
 	if !o.keep {
 		defer os.RemoveAll(work)
 	}
-	d := &daemon{bin: bin, socket: filepath.Join(work, "run", "sidecar.sock"), state: filepath.Join(work, "state"), logPath: filepath.Join(work, "daemon.log")}
+	d := &daemon{bin: bin, socket: filepath.Join(work, "run", "sidecar.sock"), state: filepath.Join(work, "state"),
+		logPath: filepath.Join(work, "daemon.log"), config: filepath.Join(work, "config.toml")}
+	conf := fmt.Sprintf("[processes]\nlog_bytes = %d\nmax_ended = %d\n", procLogBytes, procMaxEnded)
+	if err := os.WriteFile(d.config, []byte(conf), 0o644); err != nil {
+		return nil, err
+	}
+	// The run's token names its processes, so the leak check finds any
+	// of them anywhere on the host.
+	token := fmt.Sprintf("sk%08x", rand.Uint32())
 	if err := d.start(); err != nil {
 		return nil, err
 	}
-	fmt.Printf("soak: %d agents for %v; work %s\n", o.agents, o.duration, work)
+	fmt.Printf("soak: %d agents for %v (processes expected to survive kill -9: %v); work %s\n", o.agents, o.duration, o.survival, work)
 
 	// Each agent owns one sandbox for the whole soak.
 	owned := make([]string, o.agents)
@@ -213,7 +237,8 @@ func soak(o options) (violations []string, err error) {
 	var agentsMu sync.Mutex
 	startAgent := func(i int) error {
 		cmd := exec.Command(self, "agent", "-socket", d.socket, "-sandbox", owned[i], "-ack", ackPath(work, i),
-			"-violations", filepath.Join(work, fmt.Sprintf("violations-%d", i)), "-index", strconv.Itoa(i))
+			"-violations", filepath.Join(work, fmt.Sprintf("violations-%d", i)), "-index", strconv.Itoa(i),
+			"-procs", procsPath(work, i), "-token", token, "-expect-process-survival="+strconv.FormatBool(o.survival))
 		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 		if err := cmd.Start(); err != nil {
 			return err
@@ -348,6 +373,9 @@ func soak(o options) (violations []string, err error) {
 		}
 	}
 	fmt.Printf("soak: %d acknowledged files checked\n", checked)
+	procViolations, tally := checkProcesses(d, work, owned, token, o.survival)
+	violations = append(violations, procViolations...)
+	fmt.Printf("soak: %s\n", tally)
 	ids := knownIDs(work, owned)
 
 	// The leak check must see the live sandboxes' processes, by their
@@ -381,6 +409,9 @@ func soak(o options) (violations []string, err error) {
 		bad("%v", err)
 	}
 	violations = append(violations, leaks(d.state, ids)...)
+	for _, p := range processesWhere(func(_, cl, _ string) bool { return strings.Contains(cl, token) }) {
+		bad("a durable process of the soak is left after every sandbox was destroyed: %s", p)
+	}
 	if len(violations) > 0 && !o.keep {
 		fmt.Fprintf(os.Stderr, "soak: the daemon's log (last lines):\n%s\n", tail(d.logPath, 40))
 	}
