@@ -194,11 +194,24 @@ func (a *agent) follow(p *soakProc) {
 		if !r.Running {
 			a.checkEnd(p, r.Reason, r.ExitCode)
 			if len(r.Data) == 0 {
+				a.checkStreamEnd(p, r.NextOffset)
 				return
 			}
 		} else {
 			a.checkRunning(p)
 		}
+	}
+}
+
+// checkStreamEnd: a read that said the process ended and returned nothing
+// more is at the end of its stream, or a follower stops short of its
+// last bytes.
+func (a *agent) checkStreamEnd(p *soakProc, next int64) {
+	var info api.ProcessInfo
+	ok, err := a.call(ipc.OpWaitProcess, api.WaitProcessRequest{Sandbox: a.sandbox, Process: p.id}, &info)
+	a.owned("wait_process", err)
+	if ok && !info.Running && info.StdoutBytes != next {
+		a.violation("process %s (%s) of %s: a read at %d said it ended with nothing more, but its stdout has %d bytes: a follower stops short", p.id, p.spec.Name, a.sandbox, next, info.StdoutBytes)
 	}
 }
 

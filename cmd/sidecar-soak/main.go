@@ -14,7 +14,8 @@
 //     reason its kind and the signals sent to it allow; every byte of its
 //     output up to the log's cap reads back as the process wrote it (each
 //     writes numbered lines of a fixed length, so a byte at any offset is
-//     known), and a start by a name taken finds that process;
+//     known; a read that says it ended with nothing more is at its end),
+//     and a start by a name taken finds that process;
 //   - after the agents are gone, what the daemon lists is exactly the owned
 //     sandboxes, and exactly what is on disk (connection-bound ones reaped);
 //   - after a clean stop: no process of a sandbox (by the sandboxes' marker
