@@ -20,11 +20,12 @@ bench: build
 
 # Chaos soak (root; a few minutes): agents, client kills, daemon kill -9,
 # restarts and SIGSTOPs against the real daemon, then its invariants are
-# checked (no leak, no hang, owned sandboxes and acknowledged files intact).
-# SOAK_DURATION=90s shortens it.
+# checked (no leak, no hang, owned sandboxes, acknowledged files and
+# durable processes intact). SOAK_DURATION=90s shortens it; SOAK_FLAGS adds
+# flags (e.g. --expect-process-survival=false).
 soak: build
 	go build -o bin/sidecar-soak ./cmd/sidecar-soak
-	bin/sidecar-soak --daemon-bin bin/sandbox-sidecar --duration $(or $(SOAK_DURATION),3m)
+	bin/sidecar-soak --daemon-bin bin/sandbox-sidecar --duration $(or $(SOAK_DURATION),3m) $(SOAK_FLAGS)
 
 # The Debian package, bin/sandbox-sidecar_<version>_<arch>.deb; VERSION=...
 # sets the version (default: a snapshot of packaging/deb/changelog's).

@@ -276,6 +276,8 @@ type Manager struct {
 	// procs is how many durable processes each sandbox ran when last
 	// counted (a start adds one; guarded by mu): an upper bound, since
 	// processes end without telling; counted again when a bound is met.
+	// Its keys are the sandboxes known to keep process records (0 once
+	// they all ended), which ProcessStats reads.
 	procs map[string]int
 
 	stop     chan struct{}

@@ -109,7 +109,9 @@ func (m *Manager) recountProcesses(ctx context.Context, pb backend.Processes) {
 			}
 		}
 		m.mu.Lock()
-		if err != nil || n == 0 || m.boxes[id] == nil {
+		// A sandbox whose processes all ended stays, at 0, while it keeps
+		// their records: ProcessStats reads them.
+		if err != nil || len(list) == 0 || m.boxes[id] == nil {
 			delete(m.procs, id)
 		} else {
 			m.procs[id] = n

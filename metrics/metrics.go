@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -59,6 +60,10 @@ type Sources struct {
 	// Egress counts what the egress path refused, dropped and did not
 	// audit since the daemon started (nil, or ok false: egress is off).
 	Egress func() (c EgressCounts, ok bool)
+	// Processes sums the sandboxes' durable processes now (nil, or ok
+	// false: the backend has none). It is called once per scrape and must
+	// bound its own cost (lifecycle.Manager.ProcessStats does).
+	Processes func() (st lifecycle.ProcessStats, ok bool)
 }
 
 // EgressCounts are the egress path's counters (sandbox/egress Stats),
@@ -242,14 +247,24 @@ var (
 	descEgressRefused    = prometheus.NewDesc(namespace+"_egress_refusals_total", "Connections and UDP flows of sandboxes the egress path did not relay (refused by the policy or a bound, or their dial failed), audit line written or not.", nil, nil)
 	descEgressDNSDropped = prometheus.NewDesc(namespace+"_egress_dns_dropped_total", "UDP DNS queries of sandboxes dropped unanswered: the sandbox had as many lookups in flight as it may (the client retries).", nil, nil)
 	descEgressSuppressed = prometheus.NewDesc(namespace+"_egress_audit_suppressed_total", "Egress audit lines not written: past the sandbox's audit budget (docs/operations.md, Egress); a summary line tells each run of them.", nil, nil)
+
+	descProcsRunning   = prometheus.NewDesc(namespace+"_processes_running", "Durable processes (start_command) running now.", nil, nil)
+	descProcsEnded     = prometheus.NewDesc(namespace+"_processes_ended", "Ended durable processes whose records the sandboxes keep now (processes.max_ended each; they go with their sandbox), by reason (exited, killed, timed_out, oom_killed, sandbox_terminated).", []string{"reason"}, nil)
+	descProcLogDropped = prometheus.NewDesc(namespace+"_process_log_dropped_bytes", "Bytes the kept durable processes wrote that their logs no longer hold (past processes.log_bytes per stream, the oldest bytes are dropped).", nil, nil)
+	descProcsUnsampled = prometheus.NewDesc(namespace+"_processes_unsampled_sandboxes", "Sandboxes with durable processes this scrape did not look at (past its bound): the process metrics leave them out.", nil, nil)
 )
+
+// processReasons are the reasons a durable process ends with, reported
+// even when none did; any other (a newer backend's) is counted as other.
+var processReasons = []string{"exited", "killed", "timed_out", "oom_killed", "sandbox_terminated"}
 
 // states are reported even when empty, so a query sees 0, not nothing.
 var states = []lifecycle.State{lifecycle.StateCreating, lifecycle.StateReady, lifecycle.StatePooled, lifecycle.StateDestroying}
 
 func (s *sampled) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descSandboxes, descPoolSize, descPoolTgt, descConns, descRecovery, descJournal, descBuild,
-		descEgressRefused, descEgressDNSDropped, descEgressSuppressed} {
+		descEgressRefused, descEgressDNSDropped, descEgressSuppressed,
+		descProcsRunning, descProcsEnded, descProcLogDropped, descProcsUnsampled} {
 		ch <- d
 	}
 }
@@ -294,4 +309,27 @@ func (s *sampled) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descEgressSuppressed, prometheus.CounterValue, float64(c.AuditSuppressed))
 		}
 	}
+	if src.Processes != nil {
+		if st, ok := src.Processes(); ok {
+			collectProcesses(ch, st)
+		}
+	}
+}
+
+func collectProcesses(ch chan<- prometheus.Metric, st lifecycle.ProcessStats) {
+	ch <- prometheus.MustNewConstMetric(descProcsRunning, prometheus.GaugeValue, float64(st.Running))
+	other := 0
+	for reason, n := range st.Ended {
+		if !slices.Contains(processReasons, reason) {
+			other += n
+		}
+	}
+	for _, reason := range processReasons {
+		ch <- prometheus.MustNewConstMetric(descProcsEnded, prometheus.GaugeValue, float64(st.Ended[reason]), reason)
+	}
+	if other > 0 {
+		ch <- prometheus.MustNewConstMetric(descProcsEnded, prometheus.GaugeValue, float64(other), "other")
+	}
+	ch <- prometheus.MustNewConstMetric(descProcLogDropped, prometheus.GaugeValue, float64(st.LogBytesDropped))
+	ch <- prometheus.MustNewConstMetric(descProcsUnsampled, prometheus.GaugeValue, float64(st.Skipped))
 }

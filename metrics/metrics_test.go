@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
+	"github.com/sandbox-sidecar/sandbox-sidecar/ipc/api"
 	"github.com/sandbox-sidecar/sandbox-sidecar/lifecycle"
 	"github.com/sandbox-sidecar/sandbox-sidecar/metrics/metricstest"
 )
@@ -59,6 +61,10 @@ func TestScrapeShowsWhatWasObserved(t *testing.T) {
 		Egress: func() (EgressCounts, bool) {
 			return EgressCounts{Refused: 936, DNSDropped: 4, AuditSuppressed: 700}, true
 		},
+		Processes: func() (lifecycle.ProcessStats, bool) {
+			return lifecycle.ProcessStats{Running: 5, Ended: map[string]int{"exited": 9, "oom_killed": 1, "a newer reason": 2},
+				LogBytesDropped: 1 << 33, Sandboxes: 3, Skipped: 4}, true
+		},
 	})
 	o := m.Observer()
 	o.Created(lifecycle.SourceCold, 30*time.Millisecond)
@@ -73,6 +79,8 @@ func TestScrapeShowsWhatWasObserved(t *testing.T) {
 	o.CommandDone("exited", 20*time.Millisecond, true, lifecycle.SourcePool, 0)
 	o.CommandDone("oom_killed", 2*time.Second, false, lifecycle.SourceCold, 2)
 	o.CommandDone("timed_out", time.Minute, false, lifecycle.SourceCold, 0)
+	o.ProcessStarted()
+	o.ProcessStarted()
 
 	h := m.WrapHandler(handlerFunc(func(req *ipc.Request) (any, error) {
 		switch req.Op {
@@ -127,6 +135,16 @@ func TestScrapeShowsWhatWasObserved(t *testing.T) {
 		{"sandbox_sidecar_egress_refusals_total", nil, 936},
 		{"sandbox_sidecar_egress_dns_dropped_total", nil, 4},
 		{"sandbox_sidecar_egress_audit_suppressed_total", nil, 700},
+		{"sandbox_sidecar_processes_started_total", nil, 2},
+		{"sandbox_sidecar_processes_running", nil, 5},
+		{"sandbox_sidecar_processes_ended", []string{"reason", "exited"}, 9},
+		{"sandbox_sidecar_processes_ended", []string{"reason", "oom_killed"}, 1},
+		{"sandbox_sidecar_processes_ended", []string{"reason", "killed"}, 0},
+		{"sandbox_sidecar_processes_ended", []string{"reason", "timed_out"}, 0},
+		{"sandbox_sidecar_processes_ended", []string{"reason", "sandbox_terminated"}, 0},
+		{"sandbox_sidecar_processes_ended", []string{"reason", "other"}, 2},
+		{"sandbox_sidecar_process_log_dropped_bytes", nil, 1 << 33},
+		{"sandbox_sidecar_processes_unsampled_sandboxes", nil, 4},
 	} {
 		got, ok := metricstest.Value(fams, c.fam, c.labels...)
 		if assert.True(t, ok, "%s%v is missing", c.fam, c.labels) {
@@ -141,10 +159,13 @@ func TestScrapeShowsWhatWasObserved(t *testing.T) {
 	assert.Contains(t, fams, "go_goroutines")
 	assert.Contains(t, fams, "process_resident_memory_bytes")
 
-	// Egress off: no egress series at all.
-	m.Bind(Sources{Backend: "sbx", Egress: func() (EgressCounts, bool) { return EgressCounts{}, false }})
+	// Egress off, no durable processes: no series of either at all.
+	m.Bind(Sources{Backend: "sbx", Egress: func() (EgressCounts, bool) { return EgressCounts{}, false },
+		Processes: func() (lifecycle.ProcessStats, bool) { return lifecycle.ProcessStats{}, false }})
 	fams = metricstest.Scrape(t, addr)
 	assert.NotContains(t, fams, "sandbox_sidecar_egress_refusals_total")
+	assert.NotContains(t, fams, "sandbox_sidecar_processes_running")
+	assert.NotContains(t, fams, "sandbox_sidecar_processes_ended")
 }
 
 func TestLabelsStayBounded(t *testing.T) {
@@ -203,4 +224,54 @@ func TestNilMetricsAreOff(t *testing.T) {
 	h := handlerFunc(func(*ipc.Request) (any, error) { return nil, nil })
 	assert.NotNil(t, m.WrapHandler(h))
 	m.Bind(Sources{}) // no panic
+}
+
+// Every op of the wire is counted by its name, the image and process ops
+// as much as the first ones.
+func TestEveryOpIsALabel(t *testing.T) {
+	m := New()
+	h := m.WrapHandler(handlerFunc(func(*ipc.Request) (any, error) { return nil, nil }))
+	for op := range api.Requests {
+		_, _ = h.Handle(context.Background(), &ipc.Peer{}, &ipc.Request{Op: op})
+	}
+	fams := metricstest.Scrape(t, serveOnLoopback(t, m))
+	for _, op := range []string{ipc.OpStartCommand, ipc.OpReadOutput, ipc.OpWaitProcess, ipc.OpSignalProcess, ipc.OpListProcesses, ipc.OpImageLs, ipc.OpRunCommand} {
+		v, ok := metricstest.Value(fams, "sandbox_sidecar_rpc_requests_total", "op", op, "code", "ok")
+		assert.True(t, ok, op)
+		assert.Equal(t, 1.0, v, op)
+	}
+	_, ok := metricstest.Value(fams, "sandbox_sidecar_rpc_requests_total", "op", "unknown", "code", "ok")
+	assert.False(t, ok, "no op of the wire is unknown")
+}
+
+// Every metric of the daemon is in docs/operations.md's table.
+func TestEveryMetricIsDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../docs/operations.md")
+	require.NoError(t, err)
+	m := New()
+	m.Bind(Sources{Backend: "bwrap", JournalPath: "/dev/null",
+		Sandboxes:   func() []lifecycle.Sandbox { return nil },
+		Connections: func() int { return 0 },
+		Recovery:    func() lifecycle.RecoveryReport { return lifecycle.RecoveryReport{} },
+		Egress:      func() (EgressCounts, bool) { return EgressCounts{}, true },
+		Processes:   func() (lifecycle.ProcessStats, bool) { return lifecycle.ProcessStats{}, true },
+	})
+	o := m.Observer()
+	o.CreateFailed("x")
+	o.Destroyed("x")
+	o.DestroyFailed("x")
+	o.CommandDone("exited", time.Millisecond, true, lifecycle.SourceCold, 0)
+	_, _ = m.WrapHandler(handlerFunc(func(*ipc.Request) (any, error) {
+		return nil, ipc.Errorf(ipc.CodeQuotaExceeded, "x").With("scope", "host")
+	})).Handle(context.Background(), &ipc.Peer{}, &ipc.Request{Op: ipc.OpCreate})
+	fams, err := m.Registry().Gather()
+	require.NoError(t, err)
+	n := 0
+	for _, f := range fams {
+		if name := f.GetName(); strings.HasPrefix(name, "sandbox_sidecar_") {
+			n++
+			assert.Contains(t, string(doc), "| `"+name+"` |", "docs/operations.md's metrics table")
+		}
+	}
+	assert.Greater(t, n, 25)
 }

@@ -7,16 +7,20 @@ import (
 	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
+	"github.com/sandbox-sidecar/sandbox-sidecar/ipc/api"
 )
 
-// knownOps are the op label's values; a request for any other op is
-// counted as "unknown", so a client cannot mint series.
-var knownOps = map[string]bool{
-	ipc.OpHello: true, ipc.OpHealth: true, ipc.OpCreate: true, ipc.OpRunCommand: true, ipc.OpReadFile: true,
-	ipc.OpWriteFile: true, ipc.OpListDirectory: true, ipc.OpDestroy: true, ipc.OpList: true, ipc.OpRenew: true,
-	ipc.OpAttach: true, ipc.OpRelease: true, ipc.OpReadTags: true, ipc.OpWriteTags: true, ipc.OpDestroyRun: true,
-	ipc.OpGC: true,
-}
+// knownOps are the op label's values: the ops of the wire's one typed
+// definition (ipc/api), so a new op is counted by its name from the start.
+// A request for any other op is counted as "unknown", so a client cannot
+// mint series.
+var knownOps = func() map[string]bool {
+	ops := make(map[string]bool, len(api.Requests))
+	for op := range api.Requests {
+		ops[op] = true
+	}
+	return ops
+}()
 
 // WrapHandler counts every request h answers: by op and code, its
 // duration, and quota refusals by scope. What h optionally implements

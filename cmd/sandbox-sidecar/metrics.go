@@ -8,6 +8,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/sandbox-sidecar/sandbox-sidecar/lifecycle"
 	"github.com/sandbox-sidecar/sandbox-sidecar/metrics"
 )
 
@@ -61,4 +62,21 @@ func startMetrics(cfg MetricsSection, activated net.Listener, log hclog.Logger) 
 			log.Debug("metrics endpoint closed with a scrape in progress", "error", err)
 		}
 	}, nil
+}
+
+// Bounds of one scrape's walk over the durable processes: the sandboxes
+// it looks at (those running the most first), and its time.
+const (
+	processStatsSandboxes = 128
+	processStatsTimeout   = 5 * time.Second
+)
+
+// processStats is metrics.Sources.Processes: mgr's durable processes,
+// whose logs keep logBytes per stream (processes.log_bytes).
+func processStats(mgr *lifecycle.Manager, logBytes int64) func() (lifecycle.ProcessStats, bool) {
+	return func() (lifecycle.ProcessStats, bool) {
+		ctx, cancel := context.WithTimeout(context.Background(), processStatsTimeout)
+		defer cancel()
+		return mgr.ProcessStats(ctx, logBytes, processStatsSandboxes)
+	}
 }

@@ -344,7 +344,8 @@ func serve(cfg Config, stderr io.Writer) error {
 	applyMemoryBound(log, cfg)
 	met.Bind(metrics.Sources{Backend: be.Name(), Version: version, PoolTarget: cfg.Lifecycle.PoolSize, JournalPath: d.journal.Path(),
 		Sandboxes:   func() []lifecycle.Sandbox { return mgr.List(lifecycle.Caller{Admin: true}, "") },
-		Connections: srv.Conns, Recovery: func() lifecycle.RecoveryReport { return mgr.Stats().Recovery }, Egress: d.enf.egressCounts})
+		Connections: srv.Conns, Recovery: func() lifecycle.RecoveryReport { return mgr.Stats().Recovery }, Egress: d.enf.egressCounts,
+		Processes: processStats(mgr, int64(cfg.Processes.LogBytes))})
 	mgr.Start()
 	stopRunWatch, err := startRunWatch(cfg.Airflow, mgr, log)
 	if err != nil {

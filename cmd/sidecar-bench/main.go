@@ -1,10 +1,12 @@
 // Command sidecar-bench measures sandbox-sidecar: RPC floor, command cost
-// against a direct bubblewrap run with the same isolation, provisioning
-// (cold and from the warm pool), the first commands of a pool member, the
-// gvisor backend against bwrap and a bare `runsc exec` (root and runsc
-// only), output floods, scale and recovery. It starts its own daemons (temporary socket and state) unless
-// pointed at one, measures every comparison side by side in one run, and
-// writes a table, JSON, and docs/benchmarks.md.
+// against a direct bubblewrap run with the same isolation, durable
+// processes (start to first byte, a follower's wake-up) against a command,
+// provisioning (cold and from the warm pool), the first commands of a pool
+// member, the gvisor backend against bwrap and a bare `runsc exec` (root
+// and runsc only), output floods, scale and recovery. It starts its own
+// daemons (temporary socket and state) unless pointed at one, measures
+// every comparison side by side in one run, and writes a table, JSON, and
+// docs/benchmarks.md.
 package main
 
 import (
@@ -57,7 +59,7 @@ func main() {
 	flag.StringVar(&o.socket, "socket", "", "measure an already running daemon on this socket instead (memory and recovery scenarios need a daemon of our own and are skipped)")
 	flag.StringVar(&o.outJSON, "json", "bench.json", "write machine-readable results here")
 	flag.StringVar(&o.outMD, "md", "", "write the Markdown report here (e.g. docs/benchmarks.md)")
-	flag.StringVar(&o.only, "only", "", "comma-separated scenarios to run (rpc,command,provision,first,gvisor,output,scale,agents,recovery,sbx)")
+	flag.StringVar(&o.only, "only", "", "comma-separated scenarios to run (rpc,command,processes,provision,first,gvisor,output,scale,agents,recovery,sbx)")
 	flag.StringVar(&o.runsc, "runsc", "", "runsc for the gvisor scenario (default: $SANDBOX_SIDECAR_RUNSC, the pinned build scripts/install-runsc.sh caches, else PATH)")
 	flag.BoolVar(&o.quick, "quick", false, "small counts: a smoke run, not a measurement")
 	flag.StringVar(&o.profile, "profile", "", "profile every daemon the run starts (CPU, mutex, block, heap) into DIR/<n>-<scenario>/ (the daemon's "+"SANDBOX_SIDECAR_PROFILE testing hook)")
@@ -112,6 +114,7 @@ func run(o options) error {
 	}{
 		{"rpc", benchRPC},
 		{"command", benchCommand},
+		{"processes", benchProcesses},
 		{"provision", benchProvision},
 		{"first", benchFirst},
 		{"gvisor", benchGVisor},

@@ -20,8 +20,9 @@ import (
 // agent is one agent process: it works on its owned sandbox, and on
 // connection-bound ones of its own, until it is killed. It records every
 // write before it asks ("intent") and once the daemon acknowledged it
-// ("file"), every connection-bound sandbox it made ("created"), and what
-// broke an invariant in its violations file.
+// ("file"), every connection-bound sandbox it made ("created"), every
+// durable process it starts or signals (procFile), and what broke an
+// invariant in its violations file.
 type agent struct {
 	socket, sandbox string
 	acks, bad       *os.File
@@ -32,18 +33,30 @@ type agent struct {
 	requests        int
 	reqLog          *os.File
 	lost            bool // the owned sandbox's loss was reported
+
+	// Durable processes (agentprocs.go): the run's token that names
+	// them, the agent's index, whether they must survive a daemon's
+	// kill -9, the ones it knows of and its record of them.
+	token     string
+	index     int
+	survival  bool
+	procs     []*soakProc
+	procFile  *os.File
+	tolerated *os.File
 }
 
 func agentMain(args []string) int {
 	fs := flag.NewFlagSet("agent", flag.ExitOnError)
 	a := &agent{pid: os.Getpid(), acked: map[string]string{}, pending: map[string][]string{}}
-	var ackPath, badPath string
-	var index int
+	var ackPath, badPath, procPath string
 	fs.StringVar(&a.socket, "socket", "", "")
 	fs.StringVar(&a.sandbox, "sandbox", "", "")
 	fs.StringVar(&ackPath, "ack", "", "")
 	fs.StringVar(&badPath, "violations", "", "")
-	fs.IntVar(&index, "index", 0, "")
+	fs.IntVar(&a.index, "index", 0, "")
+	fs.StringVar(&procPath, "procs", "", "")
+	fs.StringVar(&a.token, "token", "", "")
+	fs.BoolVar(&a.survival, "expect-process-survival", true, "")
 	_ = fs.Parse(args)
 	var err error
 	if a.acks, err = os.OpenFile(ackPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644); err != nil {
@@ -54,7 +67,11 @@ func agentMain(args []string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	if a.reqLog, err = os.OpenFile(fmt.Sprintf("%s/requests-%d", dirOf(ackPath), index), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644); err != nil {
+	if a.reqLog, err = os.OpenFile(fmt.Sprintf("%s/requests-%d", dirOf(ackPath), a.index), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	if err := a.loadProcs(procPath); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
@@ -127,7 +144,9 @@ func (a *agent) owned(op string, err error) {
 }
 
 func (a *agent) step(seq int) {
-	switch n := rand.IntN(20); {
+	switch n := rand.IntN(26); {
+	case n >= 20:
+		a.procStep(seq)
 	case n < 7:
 		path := fmt.Sprintf("a%d-%d", a.pid, rand.IntN(8))
 		content := fmt.Sprintf("%d-%d", a.pid, seq)

@@ -1,18 +1,33 @@
 // Command sidecar-soak is a chaos soak of a real sandbox-sidecar daemon:
-// concurrent agent processes run commands, write and read back files and
-// make and drop sandboxes, while a controller SIGKILLs agents mid-request,
-// has clients vanish during run_command, SIGKILLs the daemon and restarts it
-// at once on the same state, and SIGSTOPs it for seconds. Then it checks the
-// invariants, and exits 1 if any fails:
+// concurrent agent processes run commands, write and read back files, make
+// and drop sandboxes, and start, follow, signal, wait for and abandon
+// durable processes (start_command & co), while a controller SIGKILLs
+// agents mid-request, has clients vanish during run_command, SIGKILLs the
+// daemon and restarts it at once on the same state, and SIGSTOPs it for
+// seconds. Then it checks the invariants, and exits 1 if any fails:
 //
 //   - no hang: no request of an agent outlived its deadline;
 //   - every owned sandbox survived (never not_found), and every file whose
 //     write the daemon acknowledged reads back intact;
+//   - every durable process whose start the daemon answered is still known
+//     (never lost); each that should have ended has, with an exit code and
+//     reason its kind and the signals sent to it allow; every byte of its
+//     output up to the log's cap reads back as the process wrote it (each
+//     writes numbered lines of a fixed length, so a byte at any offset is
+//     known; a read that says it ended with nothing more is at its end),
+//     and a start by a name taken finds that process;
 //   - after the agents are gone, what the daemon lists is exactly the owned
 //     sandboxes, and exactly what is on disk (connection-bound ones reaped);
-//   - after a clean stop: no process of a sandbox, no cgroup of one, no loop
-//     device attached to one of its images, no mount under the state
-//     directory.
+//   - after a clean stop: no process of a sandbox (by the sandboxes' marker
+//     or their cgroups), no cgroup of one, no loop device attached to one
+//     of its images, no mount under the state directory; after the final
+//     destroy, no durable process of the soak's left (by their names).
+//
+// Durable processes are meant to survive a daemon's kill -9 (issue #34).
+// With --expect-process-survival=false (for a daemon whose sandboxes'
+// agents still die with it) a process ended as sandbox_terminated, killed
+// by a SIGKILL no agent sent, or reported running past its end is
+// tolerated and counted instead of being a violation.
 //
 // It needs root, bubblewrap and the loop driver (the daemon's default
 // limits: a cgroup and a disk of its own per sandbox). `make soak` runs it
@@ -41,7 +56,6 @@ import (
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc/api"
-	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/disk"
 )
 
 type options struct {
@@ -50,6 +64,7 @@ type options struct {
 	agents    int
 	work      string
 	keep      bool
+	survival  bool
 }
 
 func main() {
@@ -62,6 +77,7 @@ func main() {
 	flag.IntVar(&o.agents, "agents", 8, "concurrent agent processes, each owning one sandbox")
 	flag.StringVar(&o.work, "work", "", "working directory (default: a fresh temporary one)")
 	flag.BoolVar(&o.keep, "keep", false, "keep the working directory (state, logs) afterwards")
+	flag.BoolVar(&o.survival, "expect-process-survival", true, "durable processes survive the daemon's kill -9: one lost with the daemon is a violation (false: tolerated and counted)")
 	flag.Parse()
 	violations, err := soak(o)
 	if err != nil {
@@ -100,10 +116,10 @@ const (
 
 // daemon is the daemon under soak, restarted on the same state.
 type daemon struct {
-	bin, socket, state, logPath string
-	cmd                         *exec.Cmd
-	done                        chan struct{}
-	restarts, kills, stops      int
+	bin, socket, state, logPath, config string
+	cmd                                 *exec.Cmd
+	done                                chan struct{}
+	restarts, kills, stops              int
 }
 
 func (d *daemon) start() error {
@@ -111,7 +127,7 @@ func (d *daemon) start() error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(d.bin, "serve", "--socket", d.socket, "--state-dir", d.state, "--log-format", "json",
+	cmd := exec.Command(d.bin, "serve", "--config", d.config, "--socket", d.socket, "--state-dir", d.state, "--log-format", "json",
 		"--reap-interval", "200ms", "--conn-grace", connGrace.String(), "--limit-disk", strconv.Itoa(diskBytes))
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -191,14 +207,22 @@ func soak(o options) (violations []string, err error) {
 	if !o.keep {
 		defer os.RemoveAll(work)
 	}
-	d := &daemon{bin: bin, socket: filepath.Join(work, "run", "sidecar.sock"), state: filepath.Join(work, "state"), logPath: filepath.Join(work, "daemon.log")}
+	d := &daemon{bin: bin, socket: filepath.Join(work, "run", "sidecar.sock"), state: filepath.Join(work, "state"),
+		logPath: filepath.Join(work, "daemon.log"), config: filepath.Join(work, "config.toml")}
+	conf := fmt.Sprintf("[processes]\nlog_bytes = %d\nmax_ended = %d\n", procLogBytes, procMaxEnded)
+	if err := os.WriteFile(d.config, []byte(conf), 0o644); err != nil {
+		return nil, err
+	}
+	// The run's token names its processes, so the leak check finds any
+	// of them anywhere on the host.
+	token := fmt.Sprintf("sk%08x", rand.Uint32())
 	// A kept sandbox outlives its daemon: what the soak's still run ends
 	// with it (deferred after the removal above, so it runs first).
 	defer bwrap.KillSandboxes(filepath.Join(d.state, "bwrap"))
 	if err := d.start(); err != nil {
 		return nil, err
 	}
-	fmt.Printf("soak: %d agents for %v; work %s\n", o.agents, o.duration, work)
+	fmt.Printf("soak: %d agents for %v (processes expected to survive kill -9: %v); work %s\n", o.agents, o.duration, o.survival, work)
 
 	// Each agent owns one sandbox for the whole soak.
 	owned := make([]string, o.agents)
@@ -218,7 +242,8 @@ func soak(o options) (violations []string, err error) {
 	var agentsMu sync.Mutex
 	startAgent := func(i int) error {
 		cmd := exec.Command(self, "agent", "-socket", d.socket, "-sandbox", owned[i], "-ack", ackPath(work, i),
-			"-violations", filepath.Join(work, fmt.Sprintf("violations-%d", i)), "-index", strconv.Itoa(i))
+			"-violations", filepath.Join(work, fmt.Sprintf("violations-%d", i)), "-index", strconv.Itoa(i),
+			"-procs", procsPath(work, i), "-token", token, "-expect-process-survival="+strconv.FormatBool(o.survival))
 		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 		if err := cmd.Start(); err != nil {
 			return err
@@ -353,7 +378,19 @@ func soak(o options) (violations []string, err error) {
 		}
 	}
 	fmt.Printf("soak: %d acknowledged files checked\n", checked)
+	procViolations, tally := checkProcesses(d, work, owned, token, o.survival)
+	violations = append(violations, procViolations...)
+	fmt.Printf("soak: %s\n", tally)
 	ids := knownIDs(work, owned)
+
+	// The leak check must see the live sandboxes' processes, by their
+	// marker and by their cgroups, or it would find no leak either.
+	for _, id := range owned {
+		_ = d.call(ipc.OpRunCommand, api.RunCommandRequest{Sandbox: id, Command: "true", TimeoutS: 30}, nil)
+	}
+	if marked, inCgroup := liveMarked(d.state, owned); marked < len(owned) || inCgroup < len(owned) {
+		bad("the leak check is blind: with %d sandboxes running, it finds %d processes by their marker and %d in their cgroups", len(owned), marked, inCgroup)
+	}
 
 	// A clean stop leaves nothing behind but the state directory.
 	if err := d.stop(); err != nil {
@@ -377,6 +414,9 @@ func soak(o options) (violations []string, err error) {
 		bad("%v", err)
 	}
 	violations = append(violations, leaks(d.state, ids)...)
+	for _, p := range processesWhere(func(_, cl, _ string) bool { return strings.Contains(cl, token) }) {
+		bad("a durable process of the soak is left after every sandbox was destroyed: %s", p)
+	}
 	if len(violations) > 0 && !o.keep {
 		fmt.Fprintf(os.Stderr, "soak: the daemon's log (last lines):\n%s\n", tail(d.logPath, 40))
 	}
@@ -449,52 +489,6 @@ func sortedKeys(m map[string]bool) []string {
 		out = append(out, k)
 	}
 	sort.Strings(out)
-	return out
-}
-
-// leaks lists what a stopped daemon left: processes carrying a sandbox's
-// marker, cgroups named after a sandbox, loop devices attached to an image,
-// mounts under the state directory.
-func leaks(state string, ids []string) []string {
-	var out []string
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
-		if err == nil && strings.Contains(string(b), "SANDBOX_SIDECAR_SANDBOX="+state+"/") {
-			cl, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-			out = append(out, fmt.Sprintf("leaked process %s: %q", e.Name(), strings.ReplaceAll(string(cl), "\x00", " ")))
-		}
-	}
-	want := map[string]bool{}
-	for _, id := range ids {
-		want[id] = true
-	}
-	_ = filepath.WalkDir("/sys/fs/cgroup", func(p string, de os.DirEntry, err error) error {
-		if err != nil || !de.IsDir() {
-			return nil
-		}
-		if strings.Count(strings.TrimPrefix(p, "/sys/fs/cgroup"), "/") > 6 {
-			return filepath.SkipDir
-		}
-		if want[de.Name()] {
-			out = append(out, "leaked cgroup "+p)
-			return filepath.SkipDir
-		}
-		return nil
-	})
-	for _, id := range ids {
-		img := filepath.Join(state, "bwrap", id, "disk.img")
-		if ls, err := disk.Attached(img); err == nil && len(ls) > 0 {
-			out = append(out, fmt.Sprintf("sandbox %s's image is still attached to %d loop device(s)", id, len(ls)))
-		}
-	}
-	if b, err := os.ReadFile("/proc/self/mounts"); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			if f := strings.Fields(line); len(f) > 1 && strings.HasPrefix(f[1], state+"/") {
-				out = append(out, "leaked mount "+f[1])
-			}
-		}
-	}
 	return out
 }
 

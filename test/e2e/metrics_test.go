@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"net"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
+	"github.com/sandbox-sidecar/sandbox-sidecar/ipc/api"
 	"github.com/sandbox-sidecar/sandbox-sidecar/metrics/metricstest"
 	"github.com/sandbox-sidecar/sandbox-sidecar/test/internal/testdaemon"
 )
@@ -153,4 +155,78 @@ func TestMetricsOnTheSocketSystemdPasses(t *testing.T) {
 	v, ok := metricstest.Value(fams, "sandbox_sidecar_rpc_requests_total", "op", "hello", "code", "ok")
 	assert.True(t, ok)
 	assert.Equal(t, 1.0, v)
+}
+
+// TestProcessMetricsOfTheRealDaemon: durable processes started, running,
+// ended by reason and the bytes their logs dropped, as a scrape of the
+// real daemon shows them.
+func TestProcessMetricsOfTheRealDaemon(t *testing.T) {
+	base := baseDir(t)
+	conf := filepath.Join(base, "config.toml")
+	require.NoError(t, os.WriteFile(conf, []byte("[processes]\nlog_bytes = \"8KiB\"\n"), 0o644))
+	d := startDaemon(t, base, "--config", conf, "--metrics-listen", "127.0.0.1:0")
+	addr := d.metricsAddr()
+	require.NotEmpty(t, addr, "the daemon says where it serves metrics\n%s", d.Logs())
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	c := d.client(t)
+
+	fams := metricstest.Scrape(t, addr)
+	v, ok := metricstest.Value(fams, "sandbox_sidecar_processes_running")
+	assert.True(t, ok, "reported before any process")
+	assert.Zero(t, v)
+
+	created, err := c.Create(ctx, api.CreateRequest{TTLS: 600})
+	require.NoError(t, err)
+	id := created.Sandbox
+	start := func(command string) string {
+		t.Helper()
+		p, err := c.StartCommand(ctx, api.StartCommandRequest{Sandbox: id, Command: command})
+		require.NoError(t, err)
+		return p.Process
+	}
+	wait := func(proc string) api.ProcessInfo {
+		t.Helper()
+		p, err := c.WaitProcess(ctx, api.WaitProcessRequest{Sandbox: id, Process: proc, TimeoutS: 60})
+		require.NoError(t, err)
+		require.False(t, p.Running)
+		return p
+	}
+	flood := wait(start("seq 1 100000; exit 2"))
+	require.Greater(t, flood.StdoutBytes, int64(8<<10))
+	start("sleep 600")
+	killed := start("sleep 600")
+	require.NoError(t, c.SignalProcess(ctx, api.SignalProcessRequest{Sandbox: id, Process: killed, Signal: "TERM"}))
+	wait(killed)
+
+	fams = metricstest.Scrape(t, addr)
+	for _, c := range []struct {
+		fam    string
+		labels []string
+		want   float64
+	}{
+		{"sandbox_sidecar_processes_started_total", nil, 3},
+		{"sandbox_sidecar_processes_running", nil, 1},
+		{"sandbox_sidecar_processes_ended", []string{"reason", "exited"}, 1},
+		{"sandbox_sidecar_processes_ended", []string{"reason", "killed"}, 1},
+		{"sandbox_sidecar_processes_ended", []string{"reason", "timed_out"}, 0},
+		{"sandbox_sidecar_process_log_dropped_bytes", nil, float64(flood.StdoutBytes - 8<<10)},
+		{"sandbox_sidecar_processes_unsampled_sandboxes", nil, 0},
+		{"sandbox_sidecar_rpc_requests_total", []string{"op", "start_command", "code", "ok"}, 3},
+	} {
+		v, ok := metricstest.Value(fams, c.fam, c.labels...)
+		if assert.True(t, ok, "%s%v is missing", c.fam, c.labels) {
+			assert.Equal(t, c.want, v, "%s%v", c.fam, c.labels)
+		}
+	}
+
+	// Destroyed, the sandbox's processes end and their records go.
+	require.NoError(t, c.Destroy(ctx, id))
+	fams = metricstest.Scrape(t, addr)
+	v, _ = metricstest.Value(fams, "sandbox_sidecar_processes_running")
+	assert.Zero(t, v)
+	v, _ = metricstest.Value(fams, "sandbox_sidecar_processes_ended", "reason", "exited")
+	assert.Zero(t, v)
+	v, _ = metricstest.Value(fams, "sandbox_sidecar_processes_started_total")
+	assert.Equal(t, 3.0, v, "a counter")
 }
