@@ -220,6 +220,17 @@ type StaticInitReporter interface {
 	StaticInit() bool
 }
 
+// ProcessEnder is implemented by backends whose sandboxes' processes
+// outlive the daemon (bwrap: a kept sandbox's init and durable processes go
+// on until the next daemon re-attaches). EndProcesses ends every process of
+// sandbox id and leaves its files: the lifecycle calls it at shutdown for
+// the sandboxes recovery doomed whose destroy did not run (they stay
+// journaled, and the next start destroys them), so a connection-bound
+// sandbox's processes never outlive the daemon that doomed it.
+type ProcessEnder interface {
+	EndProcesses(ctx context.Context, id string) error
+}
+
 // StaleReleaser is implemented by backends whose sandboxes hold host
 // resources that a daemon killed with -9 can leave held (a loop device
 // attached to a sandbox's disk image in the dead daemon's mount namespace,

@@ -487,12 +487,26 @@ func (m *Manager) Close(ctx context.Context) error {
 
 	m.mu.Lock()
 	var victims []*record
+	var doomed []string // recovery's victims whose destroy did not run
 	for _, r := range m.boxes {
+		if r.recovering {
+			doomed = append(doomed, r.ID)
+			continue
+		}
 		if (r.State == StateReady || r.State == StatePooled) && (r.ConnBound || m.journal == nil) && m.claimForDestroy(r) {
 			victims = append(victims, r)
 		}
 	}
 	m.mu.Unlock()
+	if pe, ok := m.be.(backend.ProcessEnder); ok {
+		// Their files and records wait for the next start; what they run
+		// must not (a kept sandbox's processes outlive the daemon).
+		for _, id := range doomed {
+			if err := pe.EndProcesses(ctx, id); err != nil {
+				m.log.Warn("cannot end the processes of a sandbox recovery doomed", "sandbox", id, "error", err)
+			}
+		}
+	}
 	var errs []error
 	for _, r := range victims {
 		if err := m.destroyNow(r, "daemon shutdown", m.log.With("sandbox", r.ID, "owner", r.Owner)); err != nil {

@@ -355,3 +355,60 @@ func TestRecoveryUseAdoptsItsSandboxFirst(t *testing.T) {
 	require.Eventually(t, func() bool { return n.m.Stats().Recovery.Pending == 0 }, 10*time.Second, time.Millisecond)
 	assert.Equal(t, len(ids), n.m.Stats().Recovery.Adopted, "every sandbox adopted once")
 }
+
+func (g *gatedDestroy) EndProcesses(ctx context.Context, id string) error {
+	if pe, ok := g.Backend.(backend.ProcessEnder); ok {
+		return pe.EndProcesses(ctx, id)
+	}
+	return nil
+}
+
+// Close during background destroys on bwrap: a doomed sandbox whose
+// destroy never started stays journaled for the next start, but what it
+// runs (its init, which outlives a daemon) is ended at the stop.
+func TestBwrapCloseEndsWhatRecoveryDoomed(t *testing.T) {
+	e := newEnv(t, withJournal(), withBwrap())
+	const total = recoveryWorkers + 1
+	var ids []string
+	for range total {
+		s := e.create(alice, CreateRequest{}) // connection-bound: doomed by a restart
+		e.exec(alice, s.ID, "true")
+		require.NotZero(t, sandboxInit(s.ID))
+		ids = append(ids, s.ID)
+	}
+	var g *gatedDestroy
+	n := e.restart(func(c *Config) {
+		g = gated(c.Backend)
+		c.Backend = g
+		c.RecoverWithin = time.Millisecond
+	})
+	rep := recoverWithin(t, n.m, 10*time.Second)
+	require.Equal(t, total, rep.Pending)
+	started := map[string]bool{}
+	for range recoveryWorkers {
+		select {
+		case id := <-g.entered:
+			started[id] = true
+		case <-time.After(10 * time.Second):
+			t.Fatal("recovery's destroys did not start")
+		}
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- n.m.Close(context.Background()) }()
+	require.Eventually(t, func() bool {
+		select {
+		case <-n.m.stop:
+			return true
+		default:
+			return false
+		}
+	}, 10*time.Second, time.Millisecond)
+	close(g.gate)
+	require.NoError(t, <-closed)
+	for _, id := range ids {
+		if !started[id] {
+			assert.Zero(t, sandboxInit(id), "the never-destroyed doomed sandbox %s's init ended at the stop", id)
+			assert.Len(t, n.journaled(), 1, "and its record waits for the next start")
+		}
+	}
+}

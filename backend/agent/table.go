@@ -16,6 +16,7 @@ import (
 // it is not safe for concurrent use.
 type Table struct {
 	byPid map[int]*entry
+	spare map[int]bool // the agent's other processes (the code zygote), spared like keepers
 	// Exe is the executable a keeper is started from (init's own,
 	// "/proc/self/exe").
 	Exe string
@@ -136,6 +137,24 @@ func (t *Table) find(id string) *entry {
 	return nil
 }
 
+// Spare marks pid (on) as a process of the agent's that a command's
+// clean-up spares with everything under it, as it spares keepers: the code
+// contexts' zygote. Off forgets it.
+func (t *Table) Spare(pid int, on bool) {
+	if t.spare == nil {
+		t.spare = map[int]bool{}
+	}
+	if on {
+		t.spare[pid] = true
+	} else {
+		delete(t.spare, pid)
+	}
+}
+
+// Busy reports whether a command's clean-up must spare processes: keepers
+// run, or another process of the agent's does.
+func (t *Table) Busy() bool { return len(t.byPid) > 0 || len(t.spare) > 0 }
+
 // IsKeeperOf reports whether process id's keeper runs.
 func (t *Table) IsKeeperOf(id string) bool { return t.find(id) != nil }
 
@@ -248,7 +267,7 @@ func (t *Table) KillForeground(initPid int) {
 	for range maxKillPasses {
 		var others []int
 		for _, c := range liveChildrenOf(initPid) {
-			if !t.IsKeeper(c) {
+			if !t.IsKeeper(c) && !t.spare[c] {
 				others = append(others, c)
 			}
 		}

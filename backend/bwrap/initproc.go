@@ -263,6 +263,10 @@ func (b *Backend) startInit(ctx context.Context, sb *sandbox, deadline time.Time
 			return nil, err
 		}
 	}
+	// A new init: whatever an earlier one ran died with it.
+	if err := b.store(sb).AgentReplaced(); err != nil {
+		b.log.With("sandbox", sb.id).Warn("cannot record that the processes of the sandbox's previous init ended with it", "error", err)
+	}
 	if err := writeStartFlag(sb.dir); err != nil {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("the init of sandbox %s was not started: %w", sb.id, ctx.Err())

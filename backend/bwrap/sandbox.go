@@ -300,6 +300,16 @@ func (b *Backend) adoptLiveInit(sb *sandbox) *initProc {
 	return ip
 }
 
+// EndProcesses implements backend.ProcessEnder: every process carrying
+// sandbox id's marker (its bwrap and init, and so all its processes) is
+// killed; its files stay.
+func (b *Backend) EndProcesses(ctx context.Context, id string) error {
+	if backend.ValidID(id) {
+		b.killStrays(b.sandboxDir(id))
+	}
+	return nil
+}
+
 // killStrays kills every process still carrying sandbox dir's marker.
 func (b *Backend) killStrays(dir string) {
 	if strays := b.findMarked(dir, false); len(strays) > 0 {

@@ -229,8 +229,10 @@ func ReadAt(f *os.File, offset int64, maxBytes int) (Read, error) {
 
 // Exit is a process's exit record: how it ended, and what it wrote.
 type Exit struct {
-	// How is EndExited, EndKilled, EndDumped (the wait status's kind) or
-	// EndLost (the process's keeper died before it could say).
+	// How is EndExited, EndKilled, EndDumped (the wait status's kind),
+	// EndLost (the process's keeper died before it could say) or
+	// EndAgentLost (the sandbox's agent died, and its processes with it:
+	// the daemon writes that record, when it starts another agent).
 	How uint32
 	// Code is the exit status (EndExited) or the signal.
 	Code uint32
@@ -248,10 +250,11 @@ type Exit struct {
 
 // How a process ended.
 const (
-	EndExited = 1
-	EndKilled = 2
-	EndDumped = 3
-	EndLost   = 4
+	EndExited    = 1
+	EndKilled    = 2
+	EndDumped    = 3
+	EndLost      = 4
+	EndAgentLost = 5
 )
 
 // What its keeper did about its budget.
@@ -311,7 +314,7 @@ func DecodeExit(b []byte) (Exit, error) {
 		StdoutBytes: int64(binary.LittleEndian.Uint64(b[40:])),
 		StderrBytes: int64(binary.LittleEndian.Uint64(b[48:])),
 	}
-	if x.How < EndExited || x.How > EndLost || x.Timed > TimedKill || (x.How != EndExited && x.How != EndLost && (x.Code == 0 || x.Code > 64)) ||
+	if x.How < EndExited || x.How > EndAgentLost || x.Timed > TimedKill || (x.How <= EndDumped && x.How != EndExited && (x.Code == 0 || x.Code > 64)) ||
 		(x.How == EndExited && x.Code > 255) || x.StdoutBytes < 0 || x.StderrBytes < 0 {
 		return Exit{}, fmt.Errorf("%w: an exit record that does not hold", ErrBadLog)
 	}
@@ -343,16 +346,18 @@ func (x Exit) ExitCode() int {
 	switch x.How {
 	case EndExited:
 		return int(x.Code)
-	case EndLost:
+	case EndLost, EndAgentLost:
 		return 128 + 9
 	}
 	return 128 + int(x.Code)
 }
 
-// Reason is one word for why the process ended: timed_out, oom_killed,
-// killed or exited.
+// Reason is one word for why the process ended: sandbox_terminated,
+// timed_out, oom_killed, killed or exited.
 func (x Exit) Reason() string {
 	switch {
+	case x.How == EndAgentLost:
+		return "sandbox_terminated"
 	case x.Timed != TimedNo:
 		return "timed_out"
 	case x.OOM:

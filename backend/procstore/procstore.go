@@ -321,7 +321,7 @@ func (s *Store) Info(id string, alive bool) (backend.ProcessInfo, error) {
 		p.ExitCode, p.Reason = x.ExitCode(), x.Reason()
 		p.EndedAt = time.Unix(0, x.EndedNS)
 		if x.How == proclog.EndLost {
-			p.EndedAt = time.Time{}
+			p.EndedAt = time.Time{} // its keeper died: when the process did is not known
 		}
 	case !errors.Is(xerr, proclog.ErrNoExit):
 		return backend.ProcessInfo{}, fmt.Errorf("%w: process %s's exit record is damaged: %v", backend.ErrUnavailable, id, xerr)
@@ -385,6 +385,40 @@ func (s *Store) list(alive bool) ([]backend.ProcessInfo, error) {
 	}
 	slices.SortFunc(out, func(a, b backend.ProcessInfo) int { return a.StartedAt.Compare(b.StartedAt) })
 	return out, nil
+}
+
+// AgentReplaced records, for every process without an exit record, that
+// it ended with its agent (EndAgentLost: sandbox_terminated): a backend
+// calls it before it starts a sandbox's agent anew, so the old agent is
+// known dead, and so is everything it ran. Without it such a process would
+// read as running under the new agent.
+func (s *Store) AgentReplaced() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ents, err := os.ReadDir(s.dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range ents {
+		if !e.IsDir() || !agent.ValidID(e.Name()) {
+			continue
+		}
+		path := filepath.Join(s.dir, e.Name(), exitFile)
+		if _, err := readExit(path); !errors.Is(err, proclog.ErrNoExit) {
+			continue
+		}
+		f, err := os.OpenFile(path, os.O_RDWR|unix.O_NOFOLLOW, 0)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		errs = append(errs, proclog.WriteExit(f, proclog.Exit{How: proclog.EndAgentLost, EndedNS: time.Now().UnixNano()}), f.Close())
+	}
+	return errors.Join(errs...)
 }
 
 // Read reads one stream of process id from offset, waiting up to wait for

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/agent"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/proclog"
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc/api"
 )
@@ -216,4 +217,31 @@ func stoppedProcessNamed(comm string) int {
 		}
 	}
 	return 0
+}
+
+// A sandbox whose init died while no daemon was up (killed here): its
+// process is not running, and stays so once a command has started a new
+// init there.
+func TestDurableProcessOfAnInitThatDiedIsTerminated(t *testing.T) {
+	d := startDaemon(t, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	c := d.client(t)
+	created, err := c.Create(ctx, api.CreateRequest{TTLS: 600})
+	require.NoError(t, err)
+	p, err := c.StartCommand(ctx, api.StartCommandRequest{Sandbox: created.Sandbox, Command: "sleep 600"})
+	require.NoError(t, err)
+	c.Close()
+	d.kill9()
+	require.Positive(t, bwrap.KillSandboxes(filepath.Join(d.stateDir, "bwrap")))
+	d.restart()
+	c = d.client(t)
+	for _, when := range []string{"before any command", "after a command started a new init"} {
+		info, err := c.WaitProcess(ctx, api.WaitProcessRequest{Sandbox: created.Sandbox, Process: p.Process})
+		require.NoError(t, err)
+		assert.False(t, info.Running, when)
+		assert.Equal(t, "sandbox_terminated", info.Reason, when)
+		res := run(t, c, created.Sandbox, "true")
+		require.Zero(t, res.ExitCode)
+	}
 }

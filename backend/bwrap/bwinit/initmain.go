@@ -538,7 +538,7 @@ func (st *initState) finish(ws unix.WaitStatus) {
 // is agent.Table.KillForeground: every direct child of init but the
 // keepers, pass after pass (a keeper's descendants are never init's).
 func (st *initState) killAllButInit() {
-	if st.procs.Len() == 0 {
+	if !st.procs.Busy() {
 		_ = unix.Kill(-1, unix.SIGKILL)
 		return
 	}
