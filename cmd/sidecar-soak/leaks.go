@@ -31,14 +31,25 @@ func markerPrefix(state string) string {
 // marker or in a sandbox's cgroup (a keeper, a durable process), cgroups
 // named after a sandbox, loop devices attached to an image, mounts under
 // the state directory.
-func leaks(state string, ids []string) []string {
+func leaks(state string, ids []string, spared ...string) []string {
 	var out []string
 	want := map[string]bool{}
 	for _, id := range ids {
 		want[id] = true
 	}
 	prefix := markerEnv + "=" + markerPrefix(state)
-	for _, p := range processesWhere(func(env, _, cg string) bool { return strings.Contains(env, prefix) || inCgroupOf(cg, want) }) {
+	ours := func(env string) bool {
+		if !strings.Contains(env, prefix) {
+			return false
+		}
+		for _, id := range spared {
+			if strings.Contains(env, prefix+id+"\x00") || strings.HasSuffix(env, prefix+id) {
+				return false
+			}
+		}
+		return true
+	}
+	for _, p := range processesWhere(func(env, _, cg string) bool { return ours(env) || inCgroupOf(cg, want) }) {
 		out = append(out, "leaked process "+p)
 	}
 	_ = filepath.WalkDir("/sys/fs/cgroup", func(p string, de os.DirEntry, err error) error {

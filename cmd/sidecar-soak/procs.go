@@ -199,8 +199,10 @@ func judgeEnd(s procSpec, p api.ProcessInfo, sent map[int]bool, overdue, surviva
 		if s.finite() {
 			return fmt.Sprintf("timed out (%d) without a budget", code), ""
 		}
-		if code != 128+15 && code != 128+9 {
-			return fmt.Sprintf("timed out with exit code %d, not 143 or 137", code), ""
+		// Its budget's TERM (143) or KILL (137) ended it, or a signal an
+		// agent sent after the budget's TERM did.
+		if code != 128+15 && code != 128+9 && !(code > 128 && sent[code-128]) {
+			return fmt.Sprintf("timed out with exit code %d, not 143 or 137 (nor a signal an agent sent)", code), ""
 		}
 		return "", ""
 	case reasonOOM:
