@@ -18,6 +18,7 @@ import builtins
 import gc
 import io
 import json
+import linecache
 import os
 import random
 import signal
@@ -256,6 +257,7 @@ def context(ctl):
                 current[0].display(obj)
 
     builtins.display = display
+    devnull = os.open(os.devnull, os.O_RDWR)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     block = {signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, block)
@@ -272,24 +274,36 @@ def context(ctl):
             continue
         count += 1
         out_fd, err_fd, res_fd, code_fd = fds
-        with io.FileIO(code_fd, "r", closefd=True) as f:
-            code = f.read(MAX_CODE + 1)[:MAX_CODE].decode("utf-8", "replace")
+        try:
+            code = os.pread(code_fd, MAX_CODE, 0).decode("utf-8", "replace")
+        finally:
+            os.close(code_fd)
         results = io.FileIO(res_fd, "w", closefd=True)
         cell = Cell(results)
         current[0] = cell
+        # The cell's pipes are descriptors 1 and 2 too while it runs, so
+        # what a subprocess or a C library writes there is the cell's.
+        os.dup2(out_fd, 1)
+        os.dup2(err_fd, 2)
         stdout = io.TextIOWrapper(io.FileIO(out_fd, "w", closefd=True), encoding="utf-8", errors="replace", line_buffering=True)
         stderr = io.TextIOWrapper(io.FileIO(err_fd, "w", closefd=True), encoding="utf-8", errors="replace", line_buffering=True)
         saved = sys.stdout, sys.stderr
         sys.stdout, sys.stderr = stdout, stderr
-        error = None
+        error, value = None, None
         try:
-            error = run(code, ns, count, cell, block)
+            error, value = run(code, ns, count, block)
             figures(cell)
+            if value is not None:
+                cell.display(value, "result")
         except BaseException as e:  # an interrupt in our own code
             error = describe(e)
         finally:
             sys.stdout, sys.stderr = saved
             current[0] = None
+            # The process's own descriptors 1 and 2 (a subprocess's, a C
+            # library's) go back to /dev/null: the cell's pipes close.
+            os.dup2(devnull, 1)
+            os.dup2(devnull, 2)
         for f in (stdout, stderr):
             try:
                 f.flush()
@@ -307,17 +321,21 @@ def context(ctl):
             os._exit(0)
 
 
-def run(code, ns, count, cell, block):
+def run(code, ns, count, block):
     """Runs one cell: every statement, then the last one's value when it is
-    an expression, as a notebook shows it. Returns its error, or None."""
+    an expression, as a notebook shows it. Returns its error (or None) and
+    that value (or None)."""
     name = "<cell-%d>" % count
+    # Tracebacks show the cell's lines, as a notebook's do.
+    linecache.cache[name] = (len(code), None, code.splitlines(True), name)
     try:
         tree = ast.parse(code, name, "exec")
     except SyntaxError as e:
-        return describe(e)
+        return describe(e), None
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = ast.Expression(tree.body.pop().value)
+    value = None
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, block)
         try:
@@ -326,7 +344,7 @@ def run(code, ns, count, cell, block):
         finally:
             signal.pthread_sigmask(signal.SIG_BLOCK, block)
     except BaseException as e:
-        return describe(e, skip=1)
+        return describe(e, skip=1), None
     finally:
         # An interrupt that came after the cell's code ended (it is blocked
         # now) is consumed here, not left for the next cell.
@@ -334,8 +352,7 @@ def run(code, ns, count, cell, block):
             signal.sigwait(block)
     if value is not None:
         ns["_"] = value
-        cell.display(value, "result")
-    return None
+    return None, value
 
 
 def describe(e, skip=0):
@@ -344,7 +361,9 @@ def describe(e, skip=0):
         if tb is not None:
             tb = tb.tb_next
     lines = traceback.format_exception(type(e), e, tb)
-    return {"name": type(e).__name__, "value": str(e)[:MAX_VALUE], "traceback": [l[:MAX_VALUE] for l in lines[-200:]]}
+    # Bounded, so that the cell's last frame always fits what its reader
+    # keeps (backend/cellres).
+    return {"name": type(e).__name__[:200], "value": str(e)[:16384], "traceback": [l[:4096] for l in lines[-50:]]}
 
 
 if __name__ == "__main__":

@@ -74,6 +74,9 @@ type Options struct {
 	// KillSandboxInit, when set, kills sandbox id's long-lived process (an
 	// init, a VM) the way a crash would.
 	KillSandboxInit func(b backend.Backend, id string) error
+	// Code says the backend runs code contexts (backend.CodeRunner), and
+	// the suite holds it to their contract; the sandbox needs python3.
+	Code bool
 	// Processes says the backend runs durable processes
 	// (backend.Processes), and the suite holds it to their contract.
 	Processes bool
@@ -167,6 +170,9 @@ func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend, opts Optio
 	}
 	if opts.Processes {
 		tests = append(tests, processTests...)
+	}
+	if opts.Code {
+		tests = append(tests, codeTests...)
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -78,6 +78,9 @@ const Name = "bwrap"
 type Config struct {
 	// Processes bounds each sandbox's durable processes (procstore).
 	Processes procstore.Limits
+	// Preload names the Python modules (comma-separated) the code
+	// contexts' interpreter imports before it forks the first context.
+	Preload string
 	// Dir is the backend's state directory; sandbox <id> lives in Dir/<id>.
 	// It is created mode 0700, or 0711 when sandboxes run as other uids
 	// (SandboxUID or UIDRange) so they can traverse it to their workspace;

@@ -54,6 +54,7 @@ func TestBwrapConformance(t *testing.T) {
 				KillsEscapeesAtTimeout: true,
 				HostProcesses:          processesContaining,
 				Processes:              true,
+				Code:                   true,
 				KillSandboxInit: func(b backend.Backend, id string) error {
 					return syscall.Kill(initPID(t, b.(*Backend), id), syscall.SIGKILL)
 				},

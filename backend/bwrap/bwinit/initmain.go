@@ -95,11 +95,12 @@ type initState struct {
 	cmd      *initCommand
 	children bool // some child may still be unreaped
 	opener   openerChild
-	ctrlHup  bool        // the control socket hung up while a command ran
-	rbuf     []byte      // receives control messages: a header and an inline request
-	hotUntil time.Time   // the end of HotWait after the last command
-	hot      bool        // the message being received came during it
-	procs    agent.Table // the keepers of durable processes
+	ctrlHup  bool           // the control socket hung up while a command ran
+	rbuf     []byte         // receives control messages: a header and an inline request
+	hotUntil time.Time      // the end of HotWait after the last command
+	hot      bool           // the message being received came during it
+	procs    agent.Table    // the keepers of durable processes
+	code     agent.Contexts // the code contexts and their zygote
 	// listen is the socket a restarted daemon connects to (bwwire.ListenFD),
 	// -1 without one: init then exits when its daemon goes, as it did
 	// before durable processes.
@@ -294,7 +295,7 @@ func (st *initState) idle() bool {
 	// The control socket first (fds[0]), or a placeholder poll skips
 	// while no daemon is connected; then the listener, then the keepers.
 	fds := []unix.PollFd{{Fd: int32(st.ctrl), Events: unix.POLLIN}, {Fd: int32(st.listen), Events: unix.POLLIN}}
-	fds = st.procs.PollFDs(fds)
+	fds = st.code.PollFDs(st.procs.PollFDs(fds))
 	poll := unix.Poll
 	st.hot = false
 	if left := time.Until(st.hotUntil); left > 0 {
@@ -344,7 +345,7 @@ func (st *initState) busy() {
 	if c.timed != bwwire.TimedKill {
 		fds = append(fds, unix.PollFd{Fd: int32(st.timer), Events: unix.POLLIN})
 	}
-	fds = st.procs.PollFDs(fds)
+	fds = st.code.PollFDs(st.procs.PollFDs(fds))
 	timeout := ReapInterval
 	if c.pidfd < 0 {
 		timeout = 20
@@ -388,7 +389,9 @@ func (st *initState) busy() {
 			// had killed is not a timeout of init's.)
 			st.budgetSpent(c)
 		default:
-			st.procs.Handle(int(p.Fd))
+			if !st.procs.Handle(int(p.Fd)) {
+				st.code.Handle(int(p.Fd))
+			}
 		}
 	}
 	st.reap()
@@ -397,8 +400,8 @@ func (st *initState) busy() {
 // keepersSaid reads what each keeper whose socket is ready said.
 func (st *initState) keepersSaid(fds []unix.PollFd) {
 	for _, p := range fds {
-		if p.Revents != 0 {
-			st.procs.Handle(int(p.Fd))
+		if p.Revents != 0 && !st.procs.Handle(int(p.Fd)) {
+			st.code.Handle(int(p.Fd))
 		}
 	}
 }
@@ -480,7 +483,7 @@ func (st *initState) reap() {
 		if pid == st.opener.pid {
 			st.dropOpener()
 		}
-		if st.procs.Reaped(pid) {
+		if st.procs.Reaped(pid) || st.code.Reaped(pid) {
 			continue
 		}
 		if st.cmd != nil && pid == st.cmd.pid {
@@ -601,6 +604,15 @@ func (st *initState) receive() bool {
 		return false
 	case (m.Kind == bwwire.MsgProcSignal || m.Kind == bwwire.MsgProcList) && len(fds) == 1:
 		st.procRequest(m, payload, fds[0])
+		return false
+	case m.Kind == bwwire.MsgCode:
+		for i := range taken {
+			taken[i] = true
+		}
+		st.runCell(m, payload, fds)
+		return false
+	case (m.Kind == bwwire.MsgContextList || m.Kind == bwwire.MsgContextDelete) && len(fds) == 1:
+		st.contextRequest(m, payload, fds[0])
 		return false
 	case m.Kind != bwwire.MsgRun:
 		err = fmt.Errorf("%w: kind %d on the control socket", bwwire.ErrBadMessage, m.Kind)

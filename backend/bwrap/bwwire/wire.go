@@ -106,7 +106,78 @@ const (
 	MsgProcSignal = 9
 	MsgProcList   = 10
 	MsgProcDone   = 11
+	// Code contexts (backend/agent's Contexts).
+	MsgCode          = 12 // a cell: header values A (the request's length, 0: in a memfd), + CodeRequest
+	MsgCellEnd       = 13 // how a cell ended: A lost (1) or kept (0), B how (proclog.End*), C timed<<8 | code
+	MsgContextList   = 14 // answered with a proc done whose payload lists "name running count" lines
+	MsgContextDelete = 15 // + the context's name; answered with a proc done
 )
+
+// Descriptors of a code message: status, stdout, stderr, results, then
+// the request's memfd when its first value is 0.
+const CodeFDs = 4
+
+// CodeRequest is one cell: the context's name, its code, the
+// environment and preloaded modules its zygote starts with (when it is
+// not running yet), and its budget (0: none) and the grace between the
+// interrupt and the kill.
+type CodeRequest struct {
+	Context        string
+	Code           []byte
+	Env            []string
+	Preload        string
+	Timeout, Grace time.Duration
+}
+
+const codeMagic = 0x65646f63 // "code"
+
+// Encode returns r as init reads it.
+func (r CodeRequest) Encode() []byte {
+	buf := binary.LittleEndian.AppendUint32(nil, codeMagic)
+	buf = wirefmt.AppendString(buf, r.Context)
+	buf = wirefmt.AppendString(buf, string(r.Code))
+	buf = wirefmt.AppendList(buf, r.Env)
+	buf = wirefmt.AppendString(buf, r.Preload)
+	buf = binary.LittleEndian.AppendUint64(buf, uint64(r.Timeout))
+	return binary.LittleEndian.AppendUint64(buf, uint64(r.Grace))
+}
+
+// DecodeCodeRequest reads and checks a cell's request.
+func DecodeCodeRequest(b []byte) (CodeRequest, error) {
+	bad := func(what string) (CodeRequest, error) {
+		return CodeRequest{}, fmt.Errorf("%w: code request: %s", ErrBadMessage, what)
+	}
+	if len(b) > MaxRequestBytes {
+		return bad("too large")
+	}
+	d := wirefmt.NewDecoder(b)
+	var r CodeRequest
+	if magic, ok := d.U32(); !ok || magic != codeMagic {
+		return bad("wrong magic")
+	}
+	var ok bool
+	if r.Context, ok = d.String(); !ok {
+		return bad("bad context")
+	}
+	code, ok := d.Bytes()
+	if !ok {
+		return bad("bad code")
+	}
+	r.Code = append([]byte(nil), code...)
+	if r.Env, ok = d.List(MaxRequestEnv); !ok {
+		return bad("bad environment")
+	}
+	if r.Preload, ok = d.String(); !ok {
+		return bad("bad preload")
+	}
+	timeout, ok1 := d.U64()
+	grace, ok2 := d.U64()
+	if !ok1 || !ok2 || d.Left() != 0 || timeout > uint64(backend.MaxTimeout) || grace > uint64(backend.MaxTimeout) {
+		return bad("bad budget")
+	}
+	r.Timeout, r.Grace = time.Duration(timeout), time.Duration(grace)
+	return r, nil
+}
 
 // What a proc signal or proc list answers (a proc done's value).
 const (
@@ -171,7 +242,7 @@ func DecodeMsg(buf []byte) (Msg, error) {
 		B:    binary.LittleEndian.Uint32(buf[16:]),
 		C:    binary.LittleEndian.Uint32(buf[20:]),
 	}
-	if m.Kind < MsgReady || m.Kind > MsgProcDone {
+	if m.Kind < MsgReady || m.Kind > MsgContextDelete {
 		return Msg{}, fmt.Errorf("%w: unknown kind %d", ErrBadMessage, m.Kind)
 	}
 	return m, nil

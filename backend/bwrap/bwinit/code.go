@@ -1,0 +1,147 @@
+package bwinit
+
+import (
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/agent"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap/bwwire"
+)
+
+// Code contexts (run_code): init hands each cell to agent.Contexts, which
+// runs it in its context (a fork of the zygote), and answers on the cell's
+// status socket.
+
+// cellReply answers one cell on its status socket.
+type cellReply struct{ status int }
+
+func (r cellReply) Started() {
+	_ = unix.Sendmsg(r.status, bwwire.Msg{Kind: bwwire.MsgStarted}.Encode(), nil, nil, unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT)
+}
+
+func (r cellReply) Ended(e agent.CellEnd) {
+	m := bwwire.Msg{Kind: bwwire.MsgCellEnd, B: e.How, C: e.Timed<<8 | e.Code&0xff}
+	if e.Lost {
+		m.A = 1
+	}
+	_ = unix.Sendmsg(r.status, m.Encode(), nil, nil, unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT)
+	_ = unix.Close(r.status)
+}
+
+func (r cellReply) Failed(errno unix.Errno, reason string) {
+	if len(reason) > 1024 {
+		reason = reason[:1024]
+	}
+	_ = unix.Sendmsg(r.status, append(bwwire.Msg{Kind: bwwire.MsgFailed, A: uint32(errno), B: uint32(len(reason))}.Encode(), reason...), nil, nil, unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT)
+	_ = unix.Close(r.status)
+}
+
+// runCell takes a code message: it decodes the cell's request and hands
+// the cell to the contexts. It takes every descriptor in fds.
+func (st *initState) runCell(m bwwire.Msg, payload []byte, fds []int) {
+	want := bwwire.CodeFDs
+	if m.A == 0 {
+		want++
+	}
+	if len(fds) != want || int64(m.A) != int64(len(payload)) {
+		fmt.Fprintf(os.Stderr, "sandbox init: ignoring a code message: %d descriptors, want %d\n", len(fds), want)
+		closeFDs(fds)
+		return
+	}
+	status := fds[0]
+	if err := checkStatusSocket(status); err != nil {
+		closeFDs(fds)
+		return
+	}
+	reply := cellReply{status: status}
+	raw := payload
+	if m.A == 0 {
+		b, _, err := readBounded(fds[4])
+		_ = unix.Close(fds[4])
+		if err != nil {
+			closeFDs(fds[1:4])
+			reply.Failed(unix.EINVAL, err.Error())
+			return
+		}
+		raw = b
+	}
+	req, err := bwwire.DecodeCodeRequest(raw)
+	if err != nil {
+		closeFDs(fds[1:4])
+		reply.Failed(unix.EINVAL, err.Error())
+		return
+	}
+	code, err := unix.MemfdCreate("sandbox-cell", unix.MFD_CLOEXEC)
+	if err == nil {
+		if _, err = unix.Write(code, req.Code); err != nil {
+			_ = unix.Close(code)
+		}
+	}
+	if err != nil {
+		closeFDs(fds[1:4])
+		reply.Failed(unix.EIO, "cannot hold the cell's code: "+err.Error())
+		return
+	}
+	if st.code.Table == nil {
+		st.code = agent.Contexts{Table: &st.procs, Cwd: "/workspace"}
+	}
+	if st.code.Zygote() == 0 {
+		// The zygote starts with the first cell's environment.
+		st.code.Env, st.code.Preload = req.Env, req.Preload
+	}
+	st.children = true
+	st.code.Run(req.Context, agent.CellFiles{Stdout: fds[1], Stderr: fds[2], Results: fds[3], Code: code}, req.Timeout, req.Grace, reply)
+}
+
+// contextRequest answers a context list or delete on reply, and closes it.
+func (st *initState) contextRequest(m bwwire.Msg, payload []byte, reply int) {
+	defer unix.Close(reply)
+	answer := bwwire.Msg{Kind: bwwire.MsgProcDone, A: bwwire.ProcOK}
+	var body []byte
+	switch m.Kind {
+	case bwwire.MsgContextList:
+		var lines []string
+		for _, c := range st.code.List() {
+			running := 0
+			if c.Running {
+				running = 1
+			}
+			lines = append(lines, fmt.Sprintf("%s %d %d", c.Name, running, c.Count))
+		}
+		sort.Strings(lines)
+		body = []byte(strings.Join(lines, "\n"))
+		answer.B = uint32(len(body))
+	case bwwire.MsgContextDelete:
+		if !st.code.Delete(string(payload)) {
+			answer.A = bwwire.ProcUnknown
+		}
+	}
+	_ = unix.Sendmsg(reply, append(answer.Encode(), body...), nil, nil, unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT)
+}
+
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		_ = unix.Close(fd)
+	}
+}
+
+// readBounded reads a request memfd (a regular file within
+// bwwire.MaxRequestBytes).
+func readBounded(fd int) ([]byte, int64, error) {
+	var stat unix.Stat_t
+	if err := unix.Fstat(fd, &stat); err != nil {
+		return nil, 0, err
+	}
+	if stat.Mode&unix.S_IFMT != unix.S_IFREG || stat.Size < 0 || stat.Size > bwwire.MaxRequestBytes {
+		return nil, 0, fmt.Errorf("%w: the request is not a regular file within %d bytes", bwwire.ErrBadMessage, bwwire.MaxRequestBytes)
+	}
+	buf := make([]byte, stat.Size)
+	if n, err := unix.Pread(fd, buf, 0); err != nil || int64(n) != stat.Size {
+		return nil, 0, fmt.Errorf("%w: the request could not be read", bwwire.ErrBadMessage)
+	}
+	return buf, stat.Size, nil
+}
