@@ -40,6 +40,11 @@ const (
 	OpWaitProcess   = "wait_process"
 	OpSignalProcess = "signal_process"
 	OpListProcesses = "list_processes"
+	// Code contexts (docs/protocol.md, "Code contexts").
+	OpRunCode        = "run_code"
+	OpListContexts   = "list_contexts"
+	OpRestartContext = "restart_context"
+	OpDeleteContext  = "delete_context"
 )
 
 // Error codes: stable strings a client may switch on. docs/protocol.md says
@@ -74,6 +79,9 @@ const (
 	CodeProcessNotFound   = "process_not_found"
 	CodeProcessEnded      = "process_ended"
 	CodeNotSupported      = "not_supported"
+	CodeNoPython          = "no_python"
+	CodeContextNotFound   = "context_not_found"
+	CodeContextBusy       = "context_busy"
 )
 
 // Error is an error response: a stable code for machines, a sentence for

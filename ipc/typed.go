@@ -136,3 +136,25 @@ func (c *Client) SignalProcess(ctx context.Context, req api.SignalProcessRequest
 func (c *Client) ListProcesses(ctx context.Context, sandbox string) (api.ListProcessesResult, error) {
 	return call[api.ListProcessesResult](ctx, c, OpListProcesses, api.SandboxRequest{Sandbox: sandbox})
 }
+
+// RunCode runs a cell of Python in one of a sandbox's code contexts.
+func (c *Client) RunCode(ctx context.Context, req api.RunCodeRequest) (api.RunCodeResult, error) {
+	return call[api.RunCodeResult](ctx, c, OpRunCode, req)
+}
+
+// ListContexts lists a sandbox's code contexts.
+func (c *Client) ListContexts(ctx context.Context, sandbox string) (api.ListContextsResult, error) {
+	return call[api.ListContextsResult](ctx, c, OpListContexts, api.SandboxRequest{Sandbox: sandbox})
+}
+
+// RestartContext ends a code context's state; its next cell starts afresh.
+func (c *Client) RestartContext(ctx context.Context, req api.ContextRequest) error {
+	_, err := call[api.ContextResult](ctx, c, OpRestartContext, req)
+	return err
+}
+
+// DeleteContext ends a code context.
+func (c *Client) DeleteContext(ctx context.Context, req api.ContextRequest) error {
+	_, err := call[api.ContextResult](ctx, c, OpDeleteContext, req)
+	return err
+}

@@ -30,22 +30,11 @@ func (m *Manager) Exec(ctx context.Context, c Caller, id string, req backend.Exe
 		return backend.ExecResult{}, err
 	}
 	defer done()
-	select {
-	case r.cmd <- struct{}{}:
-	default:
-		return backend.ExecResult{}, &QuotaError{Scope: "commands_per_sandbox", Limit: 1}
-	}
-	defer func() { <-r.cmd }()
-	if err := m.takeUIDCmd(c.UID); err != nil {
+	release, err := m.takeCommandSlot(c, r)
+	if err != nil {
 		return backend.ExecResult{}, err
 	}
-	defer m.giveUIDCmd(c.UID)
-	select {
-	case m.hostCmds <- struct{}{}:
-	default:
-		return backend.ExecResult{}, &QuotaError{Scope: "commands_per_host", Limit: m.cfg.MaxCmdsPerHost}
-	}
-	defer func() { <-m.hostCmds }()
+	defer release()
 
 	m.mu.Lock()
 	first, source := r.commands == 0 && r.source != "", r.source
@@ -90,6 +79,33 @@ func (m *Manager) Exec(ctx context.Context, c Caller, id string, req backend.Exe
 	}
 	m.obs.CommandDone(res.Reason(), took, first, source, res.OOMKills)
 	return res, nil
+}
+
+// takeCommandSlot takes the slots one command (or cell) holds while it
+// runs: its sandbox's one, one of its uid's and one of the host's; or
+// refuses with the QuotaError of the first that is full.
+func (m *Manager) takeCommandSlot(c Caller, r *record) (release func(), err error) {
+	select {
+	case r.cmd <- struct{}{}:
+	default:
+		return nil, &QuotaError{Scope: "commands_per_sandbox", Limit: 1}
+	}
+	if err := m.takeUIDCmd(c.UID); err != nil {
+		<-r.cmd
+		return nil, err
+	}
+	select {
+	case m.hostCmds <- struct{}{}:
+	default:
+		m.giveUIDCmd(c.UID)
+		<-r.cmd
+		return nil, &QuotaError{Scope: "commands_per_host", Limit: m.cfg.MaxCmdsPerHost}
+	}
+	return func() {
+		<-m.hostCmds
+		m.giveUIDCmd(c.UID)
+		<-r.cmd
+	}, nil
 }
 
 // takeUIDCmd takes one of uid's command slots, or refuses with

@@ -46,6 +46,9 @@ func (s *Service) features() []string {
 	if _, ok := s.m.Backend().(backend.Processes); ok {
 		out = append(out, "processes")
 	}
+	if _, ok := s.m.Backend().(backend.CodeRunner); ok {
+		out = append(out, "code")
+	}
 	return out
 }
 
@@ -290,6 +293,12 @@ func (s *Service) dispatch(ctx context.Context, c lifecycle.Caller, peer *ipc.Pe
 		return with(args, func(r api.SignalProcessRequest) (any, error) { return s.signalProcess(ctx, c, r, a) })
 	case ipc.OpListProcesses:
 		return with(args, func(r api.SandboxRequest) (any, error) { return s.listProcesses(ctx, c, r, a) })
+	case ipc.OpRunCode:
+		return with(args, func(r api.RunCodeRequest) (any, error) { return s.runCode(ctx, c, req, r, a) })
+	case ipc.OpListContexts:
+		return with(args, func(r api.SandboxRequest) (any, error) { return s.listContexts(ctx, c, r, a) })
+	case ipc.OpRestartContext, ipc.OpDeleteContext:
+		return with(args, func(r api.ContextRequest) (any, error) { return s.deleteContext(ctx, c, r, a) })
 	}
 	return nil, ipc.Errorf(ipc.CodeUnknownOp, "unknown op %q; see docs/protocol.md for the ops this daemon speaks", req.Op)
 }
@@ -769,6 +778,10 @@ func (s *Service) toWire(err error) *ipc.Error {
 	if errors.As(err, &noImage) {
 		return ipc.Errorf(ipc.CodeImageNotFound, "%v", err).With("images", noImage.Known)
 	}
+	var ctxQuota *backend.ContextQuotaError
+	if errors.As(err, &ctxQuota) {
+		return ipc.Errorf(ipc.CodeQuotaExceeded, "%v", err).With("limit", ctxQuota.Limit).With("scope", "contexts_per_sandbox")
+	}
 	var procQuota *backend.ProcessQuotaError
 	if errors.As(err, &procQuota) {
 		return ipc.Errorf(ipc.CodeQuotaExceeded, "%v", err).With("limit", procQuota.Limit).With("scope", "processes_per_sandbox")
@@ -799,6 +812,9 @@ func (s *Service) toWire(err error) *ipc.Error {
 		{backend.ErrProcessNotFound, ipc.CodeProcessNotFound},
 		{backend.ErrProcessEnded, ipc.CodeProcessEnded},
 		{backend.ErrUnsupported, ipc.CodeNotSupported},
+		{backend.ErrNoPython, ipc.CodeNoPython},
+		{backend.ErrContextNotFound, ipc.CodeContextNotFound},
+		{backend.ErrContextBusy, ipc.CodeContextBusy},
 		{lifecycle.ErrInvalid, ipc.CodeBadRequest},
 		{lifecycle.ErrShuttingDown, ipc.CodeShuttingDown},
 		{lifecycle.ErrJournal, ipc.CodeInternal},

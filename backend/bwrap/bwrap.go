@@ -78,9 +78,9 @@ const Name = "bwrap"
 type Config struct {
 	// Processes bounds each sandbox's durable processes (procstore).
 	Processes procstore.Limits
-	// Preload names the Python modules (comma-separated) the code
-	// contexts' interpreter imports before it forks the first context.
-	Preload string
+	// Code configures code contexts: the modules their interpreter
+	// preloads, per image, and how many a sandbox may have.
+	Code CodeConfig
 	// Dir is the backend's state directory; sandbox <id> lives in Dir/<id>.
 	// It is created mode 0700, or 0711 when sandboxes run as other uids
 	// (SandboxUID or UIDRange) so they can traverse it to their workspace;
@@ -211,6 +211,28 @@ func (b *Backend) failpoint(name string) {
 	if b.cfg.Failpoint != nil {
 		b.cfg.Failpoint(name)
 	}
+}
+
+// CodeConfig configures a sandbox's code contexts.
+type CodeConfig struct {
+	// Preload names the Python modules the contexts' interpreter imports
+	// before it forks the first context; ImagePreload replaces it for the
+	// sandboxes of an image (by the image's short name, "host" for the
+	// built-in one).
+	Preload      []string
+	ImagePreload map[string][]string
+	// MaxContexts bounds a sandbox's contexts (0: the agent's default, 8).
+	MaxContexts int
+}
+
+// preload is the modules the contexts of a sandbox of image preload,
+// comma-separated.
+func (c CodeConfig) preload(image string) string {
+	mods := c.Preload
+	if m, ok := c.ImagePreload[image]; ok {
+		mods = m
+	}
+	return strings.Join(mods, ",")
 }
 
 // Backend implements backend.Backend with bubblewrap.

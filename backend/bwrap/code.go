@@ -77,7 +77,12 @@ func (b *Backend) RunCode(ctx context.Context, id string, req backend.CodeReques
 
 	applied := req.Timeout
 	grace := b.cfg.KillGrace
-	payload := bwwire.CodeRequest{Context: req.Context, Code: []byte(req.Code), Env: env, Preload: b.cfg.Preload, Timeout: applied, Grace: grace}.Encode()
+	image := backend.HostImage
+	if sb.image != nil {
+		image = sb.image.Name
+	}
+	payload := bwwire.CodeRequest{Context: req.Context, Code: []byte(req.Code), Env: env, Preload: b.cfg.Code.preload(image),
+		Timeout: applied, Grace: grace, MaxContexts: uint32(b.cfg.Code.MaxContexts)}.Encode()
 	child := streams.ChildFDs()
 	fds := []int{int(statusInit.Fd()), child[1], child[2], int(resultsInit.Fd())}
 	m := bwwire.Msg{Kind: bwwire.MsgCode, A: uint32(len(payload))}
@@ -216,7 +221,11 @@ func (b *Backend) cellEnd(ctx context.Context, status *os.File, outer time.Time)
 			return agent.CellEnd{Lost: m.A == 1, How: m.B, Code: m.C & 0xff, Timed: m.C >> 8}, nil, nil
 		case bwwire.MsgFailed:
 			reason := string(buf[bwwire.MsgSize:n])
-			return end, cellFailure(unix.Errno(m.A), reason), nil
+			limit := b.cfg.Code.MaxContexts
+			if limit <= 0 {
+				limit = agent.DefaultMaxContexts
+			}
+			return end, cellFailure(unix.Errno(m.A), reason, limit), nil
 		default:
 			return end, nil, fmt.Errorf("%w: the sandbox's init answered a cell with a message of kind %d", backend.ErrUnavailable, m.Kind)
 		}
@@ -224,12 +233,12 @@ func (b *Backend) cellEnd(ctx context.Context, status *os.File, outer time.Time)
 }
 
 // cellFailure is the error of a cell init could not run.
-func cellFailure(errno unix.Errno, reason string) error {
+func cellFailure(errno unix.Errno, reason string, limit int) error {
 	switch errno {
 	case unix.ENOENT:
 		return fmt.Errorf("%w: %s; run_code needs an image with python3 (the host image has it where the host does)", backend.ErrNoPython, reason)
 	case unix.EAGAIN:
-		return &backend.ContextQuotaError{Limit: agent.DefaultMaxContexts}
+		return &backend.ContextQuotaError{Limit: limit}
 	case unix.EBUSY:
 		return fmt.Errorf("%w: %s", backend.ErrContextBusy, reason)
 	case unix.EINVAL:

@@ -14,6 +14,8 @@ import (
 
 	"github.com/pelletier/go-toml/v2"
 
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/agent"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/gvisor"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/proclog"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/procstore"
@@ -44,6 +46,29 @@ type Config struct {
 	Airflow   AirflowSection   `toml:"airflow"`
 	Images    ImagesSection    `toml:"images"`
 	Processes ProcessesSection `toml:"processes"`
+	Code      CodeSection      `toml:"code"`
+}
+
+// CodeSection configures code contexts (run_code; docs/operations.md,
+// "Code contexts").
+type CodeSection struct {
+	// Preload names the Python modules every sandbox's contexts'
+	// interpreter imports before it forks the first context (e.g.
+	// ["numpy", "pandas"] on an analytics image); a module that does not
+	// import is left out. ImagePreload replaces it per image.
+	Preload      List            `toml:"preload"`
+	ImagePreload map[string]List `toml:"image_preload"`
+	// MaxContexts bounds a sandbox's contexts.
+	MaxContexts int `toml:"max_contexts"`
+}
+
+// codeConfig is the bwrap backend's.
+func (c CodeSection) codeConfig() bwrap.CodeConfig {
+	per := make(map[string][]string, len(c.ImagePreload))
+	for image, mods := range c.ImagePreload {
+		per[image] = mods
+	}
+	return bwrap.CodeConfig{Preload: c.Preload, ImagePreload: per, MaxContexts: c.MaxContexts}
 }
 
 // ProcessesSection bounds durable processes (start_command) per sandbox
@@ -341,6 +366,7 @@ func defaultConfig() Config {
 			MaxCommands: lifecycle.DefaultMaxCmdsPerHost, MaxProcesses: lifecycle.DefaultMaxProcsPerHost,
 		},
 		Processes: ProcessesSection{LogBytes: Size(procstore.DefaultLogBytes), MaxRunning: procstore.DefaultMaxRunning, MaxEnded: procstore.DefaultMaxEnded},
+		Code:      CodeSection{Preload: List{}, ImagePreload: map[string]List{}, MaxContexts: agent.DefaultMaxContexts},
 		Limits: LimitsSection{
 			MaxOutputBytes: Size(service.DefaultMaxOutputBytes), MaxFileBytes: Size(service.DefaultMaxFileBytes),
 			MaxTimeout: Duration(service.DefaultMaxTimeout), DefaultTimeout: Duration(service.DefaultTimeout),
@@ -585,6 +611,7 @@ func (c *Config) validate() error {
 		"lifecycle.max_processes":           int64(c.Lifecycle.MaxProcesses),
 		"processes.max_running":             int64(c.Processes.MaxRunning),
 		"processes.max_ended":               int64(c.Processes.MaxEnded),
+		"code.max_contexts":                 int64(c.Code.MaxContexts),
 		"limits.max_output_bytes":           int64(c.Limits.MaxOutputBytes),
 		"limits.max_file_bytes":             int64(c.Limits.MaxFileBytes),
 		"limits.max_timeout":                int64(c.Limits.MaxTimeout),
@@ -610,6 +637,16 @@ func (c *Config) validate() error {
 	}
 	if c.Lifecycle.MaxCommandsPerUID < 0 || c.Lifecycle.MaxCommandsPerUID > c.Lifecycle.MaxCommands {
 		bad("lifecycle.max_commands_per_uid must be between 0 (three quarters of lifecycle.max_commands) and lifecycle.max_commands")
+	}
+	if c.Code.MaxContexts > 1024 {
+		bad("code.max_contexts %d: at most 1024", c.Code.MaxContexts)
+	}
+	for _, mods := range append([]List{c.Code.Preload}, mapValues(c.Code.ImagePreload)...) {
+		for _, m := range mods {
+			if !pythonModuleName(m) {
+				bad("code.preload: %q is not a Python module's name (dotted identifiers)", m)
+			}
+		}
 	}
 	if c.Lifecycle.MaxProcessesPerUID < 0 || c.Lifecycle.MaxProcessesPerUID > c.Lifecycle.MaxProcesses {
 		bad("lifecycle.max_processes_per_uid must be between 0 (three quarters of lifecycle.max_processes) and lifecycle.max_processes")
@@ -800,4 +837,31 @@ func within(path, dir string) bool {
 	}
 	rel, err := filepath.Rel(d, p)
 	return err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator))
+}
+
+func mapValues[K comparable, V any](m map[K]V) []V {
+	out := make([]V, 0, len(m))
+	for _, v := range m {
+		out = append(out, v)
+	}
+	return out
+}
+
+// pythonModuleName reports whether s is a dotted Python identifier (ASCII
+// only: it travels to the sandbox as a comma-separated list).
+func pythonModuleName(s string) bool {
+	if s == "" || len(s) > 256 {
+		return false
+	}
+	for _, part := range strings.Split(s, ".") {
+		if part == "" || part[0] >= '0' && part[0] <= '9' {
+			return false
+		}
+		for _, c := range []byte(part) {
+			if !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
+				return false
+			}
+		}
+	}
+	return true
 }

@@ -484,6 +484,7 @@ func newBackend(cfg Config, log hclog.Logger, enf *enforcement) (backend.Backend
 			Failpoint:        failpointFromEnv(log),
 			InitPath:         sandboxInit(log),
 			Processes:        cfg.Processes.procLimits(),
+			Code:             cfg.Code.codeConfig(),
 		}
 		if os.Geteuid() == 0 {
 			bc.SandboxUID, bc.SandboxGID = cfg.Bwrap.SandboxUID, cfg.Bwrap.SandboxGID

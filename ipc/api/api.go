@@ -409,6 +409,54 @@ type ListProcessesResult struct {
 // SignalProcessResult is signal_process's result: nothing.
 type SignalProcessResult struct{}
 
+// RunCodeResult is run_code's result: stdout and stderr as run_command's,
+// Results the cell's MIME bundles (display calls in order, then its
+// value), Error its exception (nil when none).
+type RunCodeResult struct {
+	Stdout           []byte     `msgpack:"stdout"`
+	Stderr           []byte     `msgpack:"stderr"`
+	StdoutTruncated  bool       `msgpack:"stdout_truncated"`
+	StderrTruncated  bool       `msgpack:"stderr_truncated"`
+	Results          []Bundle   `msgpack:"results"`
+	ResultsTruncated bool       `msgpack:"results_truncated"`
+	Error            *CodeError `msgpack:"error"`
+	ExecutionCount   int        `msgpack:"execution_count"`
+	DurationS        float64    `msgpack:"duration_s"`
+	TimedOut         bool       `msgpack:"timed_out"`
+	ContextLost      bool       `msgpack:"context_lost"`
+	OOMKilled        bool       `msgpack:"oom_killed"`
+	Reason           string     `msgpack:"reason"`
+	// With Stream: as run_command's.
+	StdoutStreamDropped *int64 `msgpack:"stdout_stream_dropped,omitempty"`
+	StderrStreamDropped *int64 `msgpack:"stderr_stream_dropped,omitempty"`
+}
+
+// Bundle is one result of a cell: MIME type to value (str; bytes for
+// image/png and image/jpeg; any JSON value for application/json).
+type Bundle map[string]any
+
+// CodeError is a cell's exception, as Jupyter reports one.
+type CodeError struct {
+	Name      string   `msgpack:"name"`
+	Value     string   `msgpack:"value"`
+	Traceback []string `msgpack:"traceback"`
+}
+
+// ContextInfo is one code context as list_contexts reports it.
+type ContextInfo struct {
+	Context        string `msgpack:"context"`
+	Running        bool   `msgpack:"running"`
+	ExecutionCount int    `msgpack:"execution_count"`
+}
+
+// ListContextsResult is list_contexts's result, by name.
+type ListContextsResult struct {
+	Contexts []ContextInfo `msgpack:"contexts"`
+}
+
+// ContextResult is restart_context's and delete_context's result: nothing.
+type ContextResult struct{}
+
 // Results maps each op to its result type, for the documentation test and
 // for tools that walk the wire.
 var Results = map[string]any{
@@ -441,6 +489,11 @@ var Results = map[string]any{
 	"wait_process":   ProcessInfo{},
 	"signal_process": SignalProcessResult{},
 	"list_processes": ListProcessesResult{},
+
+	"run_code":        RunCodeResult{},
+	"list_contexts":   ListContextsResult{},
+	"restart_context": ContextResult{},
+	"delete_context":  ContextResult{},
 }
 
 // Requests, as a Go client sends them and as the daemon decodes them
@@ -657,6 +710,23 @@ type SignalProcessRequest struct {
 	Signal  string `msgpack:"signal" wire:"required"`
 }
 
+// RunCodeRequest is run_code's arguments: Code runs in Context (made on
+// first use; "default" when left out).
+type RunCodeRequest struct {
+	Sandbox        string  `msgpack:"sandbox" wire:"required"`
+	Code           string  `msgpack:"code" wire:"required"`
+	Context        string  `msgpack:"context,omitempty"`
+	TimeoutS       float64 `msgpack:"timeout_s,omitempty" wire:"positive"`
+	MaxOutputBytes *int    `msgpack:"max_output_bytes,omitempty" wire:"min=0,max=2147483647"`
+	Stream         bool    `msgpack:"stream,omitempty"`
+}
+
+// ContextRequest names one code context of a sandbox.
+type ContextRequest struct {
+	Sandbox string `msgpack:"sandbox" wire:"required"`
+	Context string `msgpack:"context" wire:"required"`
+}
+
 // Requests maps each op to its arguments' type.
 var Requests = map[string]any{
 	"hello":          HelloRequest{},
@@ -688,4 +758,9 @@ var Requests = map[string]any{
 	"wait_process":   WaitProcessRequest{},
 	"signal_process": SignalProcessRequest{},
 	"list_processes": SandboxRequest{},
+
+	"run_code":        RunCodeRequest{},
+	"list_contexts":   SandboxRequest{},
+	"restart_context": ContextRequest{},
+	"delete_context":  ContextRequest{},
 }

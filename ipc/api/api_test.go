@@ -84,7 +84,8 @@ func TestEveryOpHasAResult(t *testing.T) {
 		ipc.OpListDirectory, ipc.OpDestroy, ipc.OpList, ipc.OpRenew, ipc.OpAttach, ipc.OpRelease, ipc.OpReadTags,
 		ipc.OpWriteTags, ipc.OpDestroyRun, ipc.OpGC, ipc.OpImageLs, ipc.OpImageInspect, ipc.OpImageRm,
 		ipc.OpImageImportBegin, ipc.OpImageImportData, ipc.OpImageImportEnd,
-		ipc.OpStartCommand, ipc.OpReadOutput, ipc.OpWaitProcess, ipc.OpSignalProcess, ipc.OpListProcesses}
+		ipc.OpStartCommand, ipc.OpReadOutput, ipc.OpWaitProcess, ipc.OpSignalProcess, ipc.OpListProcesses,
+		ipc.OpRunCode, ipc.OpListContexts, ipc.OpRestartContext, ipc.OpDeleteContext}
 	var missing []string
 	for _, op := range ops {
 		_, res := api.Results[op]

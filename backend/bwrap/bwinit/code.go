@@ -93,6 +93,7 @@ func (st *initState) runCell(m bwwire.Msg, payload []byte, fds []int) {
 		// The zygote starts with the first cell's environment.
 		st.code.Env, st.code.Preload = req.Env, req.Preload
 	}
+	st.code.Max = int(req.MaxContexts)
 	st.children = true
 	st.code.Run(req.Context, agent.CellFiles{Stdout: fds[1], Stderr: fds[2], Results: fds[3], Code: code}, req.Timeout, req.Grace, reply)
 }

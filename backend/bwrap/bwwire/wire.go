@@ -127,6 +127,8 @@ type CodeRequest struct {
 	Env            []string
 	Preload        string
 	Timeout, Grace time.Duration
+	// MaxContexts bounds the sandbox's contexts (0: the agent's default).
+	MaxContexts uint32
 }
 
 const codeMagic = 0x65646f63 // "code"
@@ -139,7 +141,8 @@ func (r CodeRequest) Encode() []byte {
 	buf = wirefmt.AppendList(buf, r.Env)
 	buf = wirefmt.AppendString(buf, r.Preload)
 	buf = binary.LittleEndian.AppendUint64(buf, uint64(r.Timeout))
-	return binary.LittleEndian.AppendUint64(buf, uint64(r.Grace))
+	buf = binary.LittleEndian.AppendUint64(buf, uint64(r.Grace))
+	return binary.LittleEndian.AppendUint32(buf, r.MaxContexts)
 }
 
 // DecodeCodeRequest reads and checks a cell's request.
@@ -172,10 +175,11 @@ func DecodeCodeRequest(b []byte) (CodeRequest, error) {
 	}
 	timeout, ok1 := d.U64()
 	grace, ok2 := d.U64()
-	if !ok1 || !ok2 || d.Left() != 0 || timeout > uint64(backend.MaxTimeout) || grace > uint64(backend.MaxTimeout) {
-		return bad("bad budget")
+	maxContexts, ok3 := d.U32()
+	if !ok1 || !ok2 || !ok3 || d.Left() != 0 || timeout > uint64(backend.MaxTimeout) || grace > uint64(backend.MaxTimeout) || maxContexts > 1024 {
+		return bad("bad budget or bound")
 	}
-	r.Timeout, r.Grace = time.Duration(timeout), time.Duration(grace)
+	r.Timeout, r.Grace, r.MaxContexts = time.Duration(timeout), time.Duration(grace), maxContexts
 	return r, nil
 }
 
