@@ -64,6 +64,10 @@ func (f Files) Close() {
 // ErrTooMany: the table holds MaxRunning keepers.
 var ErrTooMany = errors.New("too many processes running in this sandbox")
 
+// ErrGivenUp: the process's exit record is written already (a daemon
+// gave its start up); it is not started.
+var ErrGivenUp = errors.New("the process's start was given up: it has an end already")
+
 // ErrUnknown: no running process of that id.
 var ErrUnknown = errors.New("no such running process")
 
@@ -83,6 +87,11 @@ func (t *Table) Start(id string, files Files, started func(pid int)) error {
 	}
 	if t.find(id) != nil {
 		return fmt.Errorf("process %s runs already", id)
+	}
+	if n, _ := unix.Pread(files.Exit, make([]byte, 1), 0); n > 0 {
+		// Its start arrives after a daemon gave it up (procstore's
+		// Unstarted): it must not run under an end already said.
+		return ErrGivenUp
 	}
 	exitCopy, err := unix.FcntlInt(uintptr(files.Exit), unix.F_DUPFD_CLOEXEC, 3)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -202,8 +203,11 @@ func (a *bwAgent) StartKeeper(ctx context.Context, req agent.Request, f procstor
 	case bwwire.MsgStarted:
 		return int(answer.A), nil
 	case bwwire.MsgFailed:
-		if syscall.Errno(answer.A) == syscall.EAGAIN {
+		switch syscall.Errno(answer.A) {
+		case syscall.EAGAIN:
 			return 0, &backend.ProcessQuotaError{Limit: a.b.cfg.Processes.MaxRunning}
+		case syscall.ESTALE:
+			return 0, fmt.Errorf("%w: process %s's start was given up (a restarted daemon found it half done); start it again", backend.ErrUnavailable, req.ID)
 		}
 		return 0, fmt.Errorf("%w: sandbox %s's init could not start the process: %v", backend.ErrUnavailable, a.sb.id, syscall.Errno(answer.A))
 	}
@@ -241,27 +245,60 @@ func (a *bwAgent) SignalKeeper(ctx context.Context, proc string, sig syscall.Sig
 	return nil
 }
 
+// runningKeepers asks ip which processes' keepers run in it.
+func runningKeepers(ctx context.Context, ip *initProc) ([]string, error) {
+	reply, replyInit, err := seqpacketPair("sandbox-proc-reply")
+	if err != nil {
+		return nil, err
+	}
+	defer reply.Close()
+	defer replyInit.Close()
+	deadline := time.Now().Add(procAnswerTimeout)
+	if err := ip.sendMsg(bwwire.Msg{Kind: bwwire.MsgProcList}, nil, []int{int(replyInit.Fd())}, deadline); err != nil {
+		return nil, err
+	}
+	replyInit.Close()
+	answer, body, err := readAnswerBody(ctx, reply, deadline)
+	switch {
+	case err != nil:
+		return nil, err
+	case answer.Kind != bwwire.MsgProcDone || int(answer.B) != len(body):
+		return nil, fmt.Errorf("init answered a list with a message of kind %d and %d of %d bytes", answer.Kind, len(body), answer.B)
+	case len(body) == 0:
+		return nil, nil
+	}
+	return strings.Split(string(body), "\n"), nil
+}
+
 // readAnswer reads init's one-message answer on sock (a socket of its
 // own), until deadline or ctx ends.
 func readAnswer(ctx context.Context, sock *os.File, deadline time.Time) (bwwire.Msg, error) {
+	m, _, err := readAnswerBody(ctx, sock, deadline)
+	return m, err
+}
+
+// readAnswerBody is readAnswer with what follows the message (a list's
+// ids).
+func readAnswerBody(ctx context.Context, sock *os.File, deadline time.Time) (bwwire.Msg, []byte, error) {
 	stop := context.AfterFunc(ctx, func() { _ = sock.SetReadDeadline(time.Now()) })
 	defer stop()
 	if err := sock.SetReadDeadline(deadline); err != nil {
-		return bwwire.Msg{}, err
+		return bwwire.Msg{}, nil, err
 	}
 	buf := make([]byte, bwwire.MsgSize+bwwire.MaxProcList)
 	n, err := sock.Read(buf)
 	switch {
 	case ctx.Err() != nil:
-		return bwwire.Msg{}, ctx.Err()
+		return bwwire.Msg{}, nil, ctx.Err()
 	case errors.Is(err, os.ErrDeadlineExceeded):
-		return bwwire.Msg{}, fmt.Errorf("no answer within %v", procAnswerTimeout)
+		return bwwire.Msg{}, nil, fmt.Errorf("no answer within %v", procAnswerTimeout)
 	case err != nil:
-		return bwwire.Msg{}, err
+		return bwwire.Msg{}, nil, err
 	case n < bwwire.MsgSize:
-		return bwwire.Msg{}, errors.New("init closed the socket without an answer (it died, or refused the request)")
+		return bwwire.Msg{}, nil, errors.New("init closed the socket without an answer (it died, or refused the request)")
 	}
-	return bwwire.DecodeMsg(buf[:bwwire.MsgSize])
+	m, err := bwwire.DecodeMsg(buf[:bwwire.MsgSize])
+	return m, buf[bwwire.MsgSize:n], err
 }
 
 // sendMsg sends init m (its first value set by the caller) with payload

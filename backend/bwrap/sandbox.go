@@ -296,6 +296,20 @@ func (b *Backend) adoptLiveInit(sb *sandbox) *initProc {
 		sb.cg = cg
 		ip.oom = &oomCounter{cg: cg}
 	}
+	// A start the previous daemon recorded but died before init took (or
+	// answered): the record has no keeper, and would read as running for
+	// ever. Init refuses a late start of a record given an end here.
+	ctx, cancel := context.WithTimeout(context.Background(), procAnswerTimeout)
+	running, err := runningKeepers(ctx, ip)
+	cancel()
+	if err != nil {
+		return drop("it did not list its processes", err)
+	}
+	if n, err := b.store(sb).Unstarted(running); err != nil {
+		log.Warn("cannot end the processes whose start the previous daemon left half done", "error", err)
+	} else if n > 0 {
+		log.Warn("ended processes whose start the previous daemon left half done (it died mid-start)", "count", n)
+	}
 	log.Info("re-attached to the sandbox's init, which outlived the previous daemon")
 	return ip
 }

@@ -421,6 +421,43 @@ func (s *Store) AgentReplaced() error {
 	return errors.Join(errs...)
 }
 
+// Unstarted records, for every process without an exit record whose id
+// is not in running (the ids of the processes whose keepers the live
+// agent runs), that it ended without a known exit (EndLost): its start
+// was recorded here, and the daemon that recorded it died before the
+// agent took it. Without it such a process would read as running for as
+// long as the agent lives. It returns how many it ended.
+func (s *Store) Unstarted(running []string) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ents, err := os.ReadDir(s.dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	var errs []error
+	for _, e := range ents {
+		if !e.IsDir() || !agent.ValidID(e.Name()) || slices.Contains(running, e.Name()) {
+			continue
+		}
+		path := filepath.Join(s.dir, e.Name(), exitFile)
+		if _, err := readExit(path); !errors.Is(err, proclog.ErrNoExit) {
+			continue
+		}
+		f, err := os.OpenFile(path, os.O_RDWR|unix.O_NOFOLLOW, 0)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		errs = append(errs, proclog.WriteExit(f, proclog.Exit{How: proclog.EndLost, EndedNS: time.Now().UnixNano()}), f.Close())
+		n++
+	}
+	return n, errors.Join(errs...)
+}
+
 // Read reads one stream of process id from offset, waiting up to wait for
 // bytes or the process's end when there are none yet and it runs.
 func (s *Store) Read(ctx context.Context, ag Agent, id string, stderr bool, offset int64, maxBytes int, wait time.Duration) (backend.OutputRead, error) {

@@ -80,8 +80,11 @@ func (st *initState) startProc(m bwwire.Msg, payload []byte, fds []int) {
 	})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "sandbox init: process %s: %v\n", id, err)
-		if errors.Is(err, agent.ErrTooMany) {
+		switch {
+		case errors.Is(err, agent.ErrTooMany):
 			err = unix.EAGAIN
+		case errors.Is(err, agent.ErrGivenUp):
+			err = unix.ESTALE
 		}
 		failed(err)
 		return
