@@ -36,7 +36,7 @@ func (t procTally) String() string {
 			tol = append(tol, fmt.Sprintf("%d %s", n, w))
 		}
 		sort.Strings(tol)
-		s += "; tolerated without --expect-process-survival: " + strings.Join(tol, "; ")
+		s += "; tolerated (the contract allows them): " + strings.Join(tol, "; ")
 	}
 	return s
 }
