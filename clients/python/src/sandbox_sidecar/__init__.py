@@ -23,6 +23,7 @@ from .backend import (
     to_sandbox_error,
 )
 from .client import DEFAULT_SOCKET_PATH, SOCKET_ENV_VAR, SidecarClient, resolve_socket_path
+from .code import DEFAULT_CONTEXT, SidecarCodeError, SidecarCodeResult, SidecarContextInfo
 from .contract import (
     UPSTREAM,
     AttachableSandboxBackend,
@@ -41,6 +42,7 @@ from .processes import OutputFollower, SidecarOutput, SidecarProcess, SidecarPro
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEFAULT_CONTEXT",
     "DEFAULT_SOCKET_PATH",
     "ERROR_KINDS",
     "HOST_SEPARATOR",
@@ -59,7 +61,10 @@ __all__ = [
     "SandboxSpec",
     "SandboxTerminalError",
     "SidecarClient",
+    "SidecarCodeError",
+    "SidecarCodeResult",
     "SidecarConnectionError",
+    "SidecarContextInfo",
     "SidecarError",
     "SidecarExecResult",
     "SidecarOutput",
