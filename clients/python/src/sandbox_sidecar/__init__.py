@@ -6,6 +6,9 @@
   (``name = "sidecar"``). With ``apache-airflow-providers-common-ai`` installed
   it is upstream's ``AttachableSandboxBackend`` and raises upstream's errors;
   without it, the same-named classes re-exported here stand in.
+- :class:`PythonTool` is an agent's ``run_python`` tool (Python whose state
+  lasts between calls); ``sandbox_sidecar.toolset.SidecarSandboxToolset``,
+  importable where the provider is, puts it beside ``SandboxToolset``'s tools.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from .contract import (
 )
 from .errors import SidecarConnectionError, SidecarError, SidecarProtocolError, SidecarTimeoutError
 from .processes import OutputFollower, SidecarOutput, SidecarProcess, SidecarProcessInfo
+from .tools import RUN_PYTHON, PythonTool, render_code_result
 
 __version__ = "0.1.0"
 
@@ -48,12 +52,14 @@ __all__ = [
     "HOST_SEPARATOR",
     "MODEL",
     "RESOURCE_KEYS",
+    "RUN_PYTHON",
     "SOCKET_ENV_VAR",
     "TERMINAL",
     "UPSTREAM",
     "AttachableSandboxBackend",
     "AttachedSandbox",
     "OutputFollower",
+    "PythonTool",
     "SandboxBackend",
     "SandboxError",
     "SandboxExecResult",
@@ -75,6 +81,7 @@ __all__ = [
     "SidecarTimeoutError",
     "check_resources",
     "labels_from_context",
+    "render_code_result",
     "resolve_socket_path",
     "split_handle",
     "to_sandbox_error",
