@@ -1149,7 +1149,10 @@ func testTimeoutKillsEscapees(s *suite) {
 	}
 	sb := s.create(backend.Spec{})
 	tok := sleepToken()
-	res := s.exec(sb, backend.ExecRequest{Timeout: 2 * time.Second, Command: fmt.Sprintf(
+	// The budget leaves the count time to run on a loaded host (gVisor's
+	// /proc walk included): the timeout must find the escapees, not cut
+	// their count short.
+	res := s.exec(sb, backend.ExecRequest{Timeout: 5 * time.Second, Command: fmt.Sprintf(
 		`setsid sleep 1%[1]s >/dev/null 2>&1 & (setsid sleep 2%[1]s >/dev/null 2>&1 &); (trap '' TERM HUP; exec setsid nohup sleep 3%[1]s >/dev/null 2>&1 &)
 sleep 0.5; %[2]s; sleep 60`, tok, countSleeps(tok))})
 	if !res.TimedOut || strings.TrimSpace(string(res.Stdout)) != "3" {
