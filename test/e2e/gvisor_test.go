@@ -110,6 +110,7 @@ func TestGVisorCrashAtEveryPhase(t *testing.T) {
 				c.Close()
 				d.env = nil
 				d.restart()
+				recovered(t, d)
 				ids := listed(t, d)
 				assert.Equal(t, []string{keeper}, ids, "iteration %d: only the leased sandbox survives", i)
 				dirs, inRunsc, procs := gvisorState(t, runsc, d.stateDir)
