@@ -134,6 +134,9 @@ const (
 	stdoutFile = "stdout"
 	stderrFile = "stderr"
 	exitFile   = "exit"
+	// lostFile, made by AgentLost in a process's directory, says its
+	// agent is gone for good without its exit record written.
+	lostFile = "lost"
 	// maxMetaBytes bounds a record read back (a command of a few MiB at
 	// most, as the request that made it).
 	maxMetaBytes = 8 << 20
@@ -322,7 +325,7 @@ func (s *Store) Info(id string, alive bool) (backend.ProcessInfo, error) {
 		}
 	case !errors.Is(xerr, proclog.ErrNoExit):
 		return backend.ProcessInfo{}, fmt.Errorf("%w: process %s's exit record is damaged: %v", backend.ErrUnavailable, id, xerr)
-	case alive:
+	case alive && !exists(filepath.Join(dir, lostFile)):
 		p.Running = true
 	default:
 		// Its agent is gone, and every process of the sandbox with it.
@@ -330,6 +333,46 @@ func (s *Store) Info(id string, alive bool) (backend.ProcessInfo, error) {
 	}
 	p.StdoutBytes, p.StderrBytes = written(filepath.Join(dir, stdoutFile)), written(filepath.Join(dir, stderrFile))
 	return p, nil
+}
+
+// AgentLost records that the agent that ran the sandbox's processes is
+// gone for good, with every process it ran (a backend that replaces the
+// agent a previous daemon left, which it could not re-attach to, calls it
+// before the new agent starts anything): each process without an exit
+// record is reported ended with its sandbox from now on, even while the
+// next agent runs. It returns how many it marked.
+func (s *Store) AgentLost() (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ents, err := os.ReadDir(s.dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	var errs []error
+	for _, e := range ents {
+		if !e.IsDir() || !agent.ValidID(e.Name()) {
+			continue
+		}
+		dir := filepath.Join(s.dir, e.Name())
+		if _, err := readExit(filepath.Join(dir, exitFile)); !errors.Is(err, proclog.ErrNoExit) || exists(filepath.Join(dir, lostFile)) {
+			continue
+		}
+		if err := writeSynced(filepath.Join(dir, lostFile), nil); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
+}
+
+func exists(path string) bool {
+	_, err := os.Lstat(path)
+	return err == nil
 }
 
 // written is how many bytes a log has taken (0 when it cannot be read).
