@@ -49,6 +49,7 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/hostfs"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc/initexe"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/procstore"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/registry"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/statedir"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
@@ -164,6 +165,8 @@ type Config struct {
 	// allow_egress_to or allow_egress_to_cidrs (network "allowlist"; see
 	// egress.go). Nil: such specs are refused with ErrSpecUnenforceable.
 	Egress *egress.Egress
+	// Processes bounds each sandbox's durable processes (procstore).
+	Processes procstore.Limits
 	// Logger receives the backend's logs; nil discards them.
 	Logger hclog.Logger
 }
@@ -189,6 +192,9 @@ type Backend struct {
 
 	healthMu     sync.Mutex
 	healthyUntil time.Time
+
+	// watcher wakes the reads and waits of durable processes (procs.go).
+	watcher procstore.Watcher
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -655,6 +661,11 @@ func (b *Backend) load(id string) (*sandbox, error) {
 	if _, err := os.Stat(sb.workDir()); err != nil {
 		return nil, backend.NotFound(id)
 	}
+	// The init that ran its durable processes died with the previous
+	// daemon: they ended with it.
+	if n, err := b.store(sb).AgentLost(); n > 0 || err != nil {
+		b.log.With("sandbox", id).Warn("the sandbox's durable processes ended with its previous init", "processes", n, "error", err)
+	}
 	return sb, nil
 }
 
@@ -761,6 +772,10 @@ func (b *Backend) prepareDirs(sb *sandbox) error {
 		if err := os.Lchown(p, guestUID, guestGID); err != nil {
 			return err
 		}
+	}
+	// The daemon's and root's inside the sandbox (procs.go).
+	if err := os.Mkdir(sb.procsDir(), 0o700); err != nil {
+		return err
 	}
 	return b.writeBundle(sb)
 }

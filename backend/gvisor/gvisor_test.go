@@ -138,6 +138,7 @@ func TestGVisorConformance(t *testing.T) {
 		KillsEscapeesAtTimeout: true,
 		// The guest's processes live inside the sentry, not on the host.
 		HostProcesses: nil,
+		Processes:     true,
 		Reopen: func(t *testing.T, b backend.Backend) backend.Backend {
 			nb, err := New(b.(*Backend).cfg)
 			if err != nil {

@@ -111,6 +111,11 @@ type initConn struct {
 	fileMu  sync.Mutex
 	fileSeq uint32
 	fop     *fileWait
+
+	// procWaits (under mu) are the proc requests waiting for their
+	// answers, by sequence number (procs.go).
+	procSeq   uint32
+	procWaits map[uint32]chan gvwire.ProcAnswer
 }
 
 // command is one command's share of the stream.
@@ -139,7 +144,7 @@ var errInitDied = errors.New("the sandbox's init died")
 func (c *initConn) readLoop() {
 	r := bufio.NewReaderSize(c.fromInit, gvwire.MaxChunk+gvwire.FrameHeaderSize)
 	const allowed = 1<<gvwire.KindStdout | 1<<gvwire.KindStderr | 1<<gvwire.KindExited | 1<<gvwire.KindFailed | 1<<gvwire.KindLstated |
-		1<<gvwire.KindFileData | 1<<gvwire.KindFileDone
+		1<<gvwire.KindFileData | 1<<gvwire.KindFileDone | 1<<gvwire.KindProcAnswer
 	var err error
 	for {
 		var kind byte
@@ -161,6 +166,12 @@ func (c *initConn) readLoop() {
 		}
 		if kind == gvwire.KindFileData || kind == gvwire.KindFileDone {
 			if err = c.fileFrame(kind, payload); err != nil {
+				break
+			}
+			continue
+		}
+		if kind == gvwire.KindProcAnswer {
+			if err = c.procAnswered(payload); err != nil {
 				break
 			}
 			continue
@@ -354,6 +365,10 @@ func (b *Backend) boot(ctx context.Context, sb *sandbox) (_ *initConn, err error
 	log := b.log.With("sandbox", sb.id)
 	if out, err := b.cli(ctx, cliTimeout, "delete", "--force", sb.containerID()); err != nil && !notExist(out) {
 		return nil, fmt.Errorf("%w: a stale gVisor sandbox of %s cannot be removed: %v", backend.ErrUnavailable, sb.id, err)
+	}
+	// (A sandbox made before durable processes has no procs/ yet.)
+	if err := os.MkdirAll(sb.procsDir(), 0o700); err != nil {
+		return nil, fmt.Errorf("%w: the processes' directory of sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
 	}
 	if err := b.writeBundle(sb); err != nil {
 		return nil, fmt.Errorf("%w: write the OCI bundle of sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
