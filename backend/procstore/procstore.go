@@ -335,13 +335,15 @@ func (s *Store) Info(id string, alive bool) (backend.ProcessInfo, error) {
 	return p, nil
 }
 
-// AgentLost records that the agent that ran the sandbox's processes is
-// gone for good, with every process it ran (a backend that replaces the
-// agent a previous daemon left, which it could not re-attach to, calls it
-// before the new agent starts anything): each process without an exit
-// record is reported ended with its sandbox from now on, even while the
-// next agent runs. It returns how many it marked.
-func (s *Store) AgentLost() (int, error) {
+// AgentLost records that the processes of the sandbox without an exit
+// record, but those running says run, will never have one: their agent is
+// gone for good (a backend that cannot re-attach to the agent a previous
+// daemon left calls it, with running nil, before a new agent starts
+// anything), or never started them (a daemon killed between a process's
+// record and its start: the agent it re-attached to lists what runs).
+// Each is reported ended with its sandbox from now on, even while an agent
+// runs. It returns how many it marked.
+func (s *Store) AgentLost(running func(id string) bool) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ents, err := os.ReadDir(s.dir)
@@ -354,7 +356,7 @@ func (s *Store) AgentLost() (int, error) {
 	n := 0
 	var errs []error
 	for _, e := range ents {
-		if !e.IsDir() || !agent.ValidID(e.Name()) {
+		if !e.IsDir() || !agent.ValidID(e.Name()) || running != nil && running(e.Name()) {
 			continue
 		}
 		dir := filepath.Join(s.dir, e.Name())

@@ -13,7 +13,7 @@ import (
 // even once another agent runs; one that had ended keeps its own end.
 func TestAgentLostEndsWhatHasNoExitRecord(t *testing.T) {
 	s := New(filepath.Join(t.TempDir(), "procs"), Limits{}, nil)
-	if n, err := s.AgentLost(); n != 0 || err != nil {
+	if n, err := s.AgentLost(nil); n != 0 || err != nil {
 		t.Fatalf("AgentLost before any process: %d, %v", n, err)
 	}
 	mk := func(id string) Files {
@@ -26,20 +26,25 @@ func TestAgentLostEndsWhatHasNoExitRecord(t *testing.T) {
 		}
 		return f
 	}
-	running, ended := mk("p-000000000001"), mk("p-000000000002")
+	running, ended, listed := mk("p-000000000001"), mk("p-000000000002"), mk("p-000000000003")
 	defer running.Close()
 	defer ended.Close()
+	defer listed.Close()
 	if err := proclog.WriteExit(ended.Exit, proclog.Exit{How: proclog.EndExited, Code: 3, EndedNS: time.Now().UnixNano()}); err != nil {
 		t.Fatal(err)
 	}
 	if p, err := s.Info("p-000000000001", true); err != nil || !p.Running {
 		t.Fatalf("before AgentLost, with a live agent: %+v, %v", p, err)
 	}
-	if n, err := s.AgentLost(); n != 1 || err != nil {
-		t.Fatalf("AgentLost marked %d (%v), want the one without an exit record", n, err)
+	// The agent lists p-3 as running: only p-1 never got a keeper.
+	if n, err := s.AgentLost(func(id string) bool { return id == "p-000000000003" }); n != 1 || err != nil {
+		t.Fatalf("AgentLost marked %d (%v), want the one without an exit record the agent does not run", n, err)
 	}
-	if n, err := s.AgentLost(); n != 0 || err != nil {
-		t.Fatalf("AgentLost again marked %d (%v)", n, err)
+	if p, err := s.Info("p-000000000003", true); err != nil || !p.Running {
+		t.Errorf("a process the agent runs, after AgentLost: %+v, %v", p, err)
+	}
+	if n, err := s.AgentLost(nil); n != 1 || err != nil {
+		t.Fatalf("AgentLost of them all marked %d (%v), want the one left", n, err)
 	}
 	p, err := s.Info("p-000000000001", true)
 	if err != nil || p.Running || p.Reason != "sandbox_terminated" || p.ExitCode != 137 {

@@ -32,9 +32,11 @@ import (
 //	daemon → init:  attach (nonce)              the first frame of a new daemon
 //	init → daemon:  attached (protocol, nonce)
 //
-// Init reads EOF when the daemon that wrote to its stream is gone: it
-// drops what it held of a frame and waits for the next writer, whose first
-// frame is attach.
+// The stream of each direction is a named FIFO, which outlives the daemon:
+// init reads EOF when the daemon that wrote to it is gone, drops what it
+// held of a frame and waits for the next writer, whose first frame is
+// attach; the next daemon skips whatever the previous one left unread
+// until the attached frame with its own nonce.
 const (
 	KindProcStart  = 14
 	KindProcSignal = 15

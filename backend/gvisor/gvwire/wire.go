@@ -23,9 +23,11 @@ import (
 // The conversation between the daemon and a sandbox's init.
 //
 // Init is the container's process (pid 1 inside gVisor). Its stdin and
-// stdout are two host pipes whose other ends only the daemon holds: runsc
-// donates the container process's stdio to the sandbox as host files, and
-// nothing else of the host reaches the guest that way. bubblewrap's init
+// stdout are two host FIFOs in the sandbox's directory (the daemon's, 0700)
+// whose other ends only the daemon holds: runsc donates the container
+// process's stdio to the sandbox as host files, and nothing else of the
+// host reaches the guest that way. FIFOs rather than pipes, so that a
+// daemon started after this one died can open them again (procwire.go). bubblewrap's init
 // protocol does not fit here: it hands init each command's pipes with
 // SCM_RIGHTS, and a descriptor cannot cross gVisor's boundary after the
 // sandbox started (the sentry does not accept host descriptors in control
