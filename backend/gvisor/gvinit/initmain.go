@@ -91,6 +91,8 @@ type initState struct {
 	pmu   sync.Mutex
 	procs agent.Table
 	fg    *foreground // the command running, nil between commands
+	// reaped is closed, and replaced, each time a reap reaped a child.
+	reaped chan struct{}
 	// keeperLoop runs (procs.go) while keepers do; wake interrupts its
 	// poll when one is added.
 	keeperLoop bool
@@ -127,7 +129,7 @@ func runInit() int {
 		return initFail("cannot take the daemon's pipe off fd 1: %v", err)
 	}
 	stdin, stdout := pollable(0, "daemon-in"), pollable(outFD, "daemon-out")
-	st := &initState{out: bufio.NewWriterSize(stdout, gvwire.MaxChunk+gvwire.FrameHeaderSize), stdout: stdout, files: fileOps{sock: -1}, chld: make(chan os.Signal, 1),
+	st := &initState{out: bufio.NewWriterSize(stdout, gvwire.MaxChunk+gvwire.FrameHeaderSize), stdout: stdout, files: fileOps{sock: -1}, chld: make(chan os.Signal, 1), reaped: make(chan struct{}),
 		procs: agent.Table{Exe: guestInit, Stderr: 2, Failpoint: os.Getenv(agent.KeeperFailpointEnv)}}
 	if err := unix.Pipe2(st.wake[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
 		return initFail("cannot make the keepers' wake-up pipe: %v", err)

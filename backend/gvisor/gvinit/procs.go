@@ -47,7 +47,15 @@ func (st *initState) reap() (none bool) {
 	return st.reapLocked()
 }
 
-func (st *initState) reapLocked() bool {
+func (st *initState) reapLocked() (none bool) {
+	reaped := false
+	defer func() {
+		if reaped {
+			// Whoever waits for children to go (endForeground) looks again.
+			close(st.reaped)
+			st.reaped = make(chan struct{})
+		}
+	}()
 	for {
 		var ws unix.WaitStatus
 		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG|unix.WALL, nil)
@@ -59,6 +67,7 @@ func (st *initState) reapLocked() bool {
 		case pid == 0:
 			return false
 		}
+		reaped = true
 		if st.procs.Reaped(pid) {
 			continue
 		}
@@ -103,13 +112,16 @@ func (st *initState) endForeground() {
 			st.killForegroundLocked()
 			st.reapLocked()
 		}
+		reaped := st.reaped
 		st.pmu.Unlock()
 		if none || keepers {
 			return
 		}
+		// The next SIGCHLD, or the reaper having taken it and reaped.
 		select {
 		case <-st.chld:
-		case <-time.After(10 * time.Millisecond): // the reaper took it
+		case <-reaped:
+		case <-time.After(time.Second):
 		}
 	}
 }
