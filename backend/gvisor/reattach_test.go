@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/agent"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/gvisor/gvwire"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/proclog"
 )
@@ -252,5 +253,58 @@ func TestGVisorProcessesOfALostInitStayEnded(t *testing.T) {
 	check("once a new init runs")
 	if err := second.SignalProcess(ctx, id, p.ID, syscall.SIGTERM); err == nil {
 		t.Error("a signal reached a process of the lost init")
+	}
+}
+
+// The daemon killed in the moment between a process's end and its exit
+// record (the keeper stopped there by its failpoint, inside gVisor): the
+// record is written with no daemon attached, and the next daemon reports
+// the exit.
+func TestGVisorExitRecordedAcrossAKill9AtItsEnd(t *testing.T) {
+	t.Setenv(agent.KeeperFailpointEnv, "exited") // the sandboxes booted from now on
+	dir := filepath.Join(t.TempDir(), "gvisor")
+	first := newTestBackend(t, func(c *Config) { c.Dir = dir })
+	ctx := context.Background()
+	const id = "fp-exit"
+	if _, err := first.Create(ctx, id, backend.Spec{}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := first.StartProcess(ctx, id, backend.ProcessRequest{Command: "echo last words; exit 5"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The keeper, root inside the sandbox, is found and continued by
+	// runsc exec (root there too): no process of the host is it.
+	var keeper string
+	deadline := time.Now().Add(time.Minute)
+	for keeper == "" {
+		out, err := first.cli(ctx, cliTimeout, "exec", id, "/bin/sh", "-c",
+			`for s in /proc/[0-9]*/stat; do case "$(cat $s 2>/dev/null)" in *"(`+agent.KeeperFailpointName+`) T "*) echo ${s%/stat}; esac; done`)
+		if err != nil {
+			t.Fatalf("runsc exec: %v: %s", err, out)
+		}
+		keeper = strings.TrimPrefix(strings.TrimSpace(string(out)), "/proc/")
+		if keeper == "" && time.Now().After(deadline) {
+			t.Fatal("the keeper did not stop at its failpoint within a minute")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	info, err := first.WaitProcess(ctx, id, p.ID, 0)
+	if err != nil || !info.Running {
+		t.Fatalf("the process ended, its record is not written: it still counts as running, not %+v, %v", info, err)
+	}
+	kill9(t, first, id)
+	if out, err := first.cli(ctx, cliTimeout, "exec", id, "/bin/kill", "-CONT", keeper); err != nil {
+		t.Fatalf("continuing the keeper (pid %s): %v: %s", keeper, err, out)
+	}
+	exitRecorded(t, filepath.Join(dir, id), p.ID)
+
+	second := newTestBackend(t, func(c *Config) { c.Dir = dir })
+	end := waitProc(t, second, id, p.ID)
+	if end.ExitCode != 5 || end.Reason != "exited" {
+		t.Errorf("the end recorded with no daemon attached: %+v", end)
+	}
+	if got := readProc(t, second, id, p.ID); got != "last words\n" {
+		t.Errorf("its output: %q", got)
 	}
 }
