@@ -101,16 +101,21 @@ func TestGVisorCommandKillsSpareProcesses(t *testing.T) {
 	if _, err := b.Create(ctx, id, backend.Spec{}); err != nil {
 		t.Fatal(err)
 	}
-	p, err := b.StartProcess(ctx, id, backend.ProcessRequest{Command: "trap 'echo bye; exit 0' TERM; sleep 600 & while :; do date +%s%N > /tmp/beat; sleep 0.05; done"})
+	// A beat is a byte appended (never a file truncated and rewritten,
+	// which a loaded host shows empty for as long as date takes to start).
+	p, err := b.StartProcess(ctx, id, backend.ProcessRequest{Command: "trap 'echo bye; exit 0' TERM; sleep 600 & while :; do echo >> /tmp/beats; sleep 0.05; done"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	beating := func(when string) {
 		t.Helper()
-		before := execOK(t, b, id, "cat /tmp/beat")
-		time.Sleep(300 * time.Millisecond)
-		if after := execOK(t, b, id, "cat /tmp/beat"); after == before {
-			t.Fatalf("%s: the durable process stopped (%q)", when, before)
+		before := execOK(t, b, id, "wc -c < /tmp/beats")
+		deadline := time.Now().Add(10 * time.Second)
+		for execOK(t, b, id, "wc -c < /tmp/beats") == before {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the durable process stopped (%s bytes of beats for 10 s)", when, strings.TrimSpace(before))
+			}
+			time.Sleep(100 * time.Millisecond)
 		}
 	}
 	beating("after plain commands")
