@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
 
@@ -162,4 +163,18 @@ func (b *Backend) killRunscStraysOnce(match func(argv []string) bool, bundle str
 		_ = unix.Close(pfd)
 	}
 	return len(pidfds)
+}
+
+// KillSandboxes kills every runsc process of the backend directory dir
+// (its sandboxes' sentries and gofers, and so everything they run) and
+// unmounts what runsc left mounted in its root: the gVisor sandboxes that
+// outlive a daemon. It is for what abandons a backend's state without
+// destroying its sandboxes (tests, benchmarks), as bwrap.KillSandboxes is;
+// a daemon's own destroys and offline `gc --all` end sandboxes one by one.
+// It returns how many processes it killed.
+func KillSandboxes(dir string) int {
+	b := &Backend{cfg: Config{Dir: dir}, log: hclog.NewNullLogger()}
+	n := b.killRunscStraysBut(nil)
+	unmountNullNetNS(b.runscRoot())
+	return n
 }
