@@ -214,7 +214,7 @@ func (b *Backend) adoptLiveInit(sb *sandbox) *initConn {
 	log := b.log.With("sandbox", sb.id)
 	lost := func(running map[string]bool) {
 		if n, err := b.store(sb).AgentLost(func(id string) bool { return running[id] }); n > 0 || err != nil {
-			log.Warn("durable processes ended with an init that is gone", "processes", n, "error", err)
+			log.Warn("durable processes ended: their init is gone, or never got their start", "processes", n, "error", err)
 		}
 	}
 	c, err := b.attachInit(sb)

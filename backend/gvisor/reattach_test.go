@@ -16,6 +16,7 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/agent"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/gvisor/gvwire"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/proclog"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/procstore"
 )
 
 // counting writes lines 0..n-1, one every 100 ms, then exits with code.
@@ -307,4 +308,64 @@ func TestGVisorExitRecordedAcrossAKill9AtItsEnd(t *testing.T) {
 	if got := readProc(t, second, id, p.ID); got != "last words\n" {
 		t.Errorf("its output: %q", got)
 	}
+}
+
+// diesMidStart is a daemon killed between a process's record and its
+// start: its StartKeeper never hands init the process.
+type diesMidStart struct{ recorded chan struct{} }
+
+func (a diesMidStart) StartKeeper(ctx context.Context, _ agent.Request, _ procstore.Files) (int, error) {
+	close(a.recorded)
+	<-ctx.Done()
+	return 0, ctx.Err()
+}
+func (diesMidStart) SignalKeeper(context.Context, string, syscall.Signal) error { return nil }
+func (diesMidStart) AgentAlive() bool                                           { return true }
+
+// A process whose record a daemon wrote but which it died before handing
+// to init never runs: the next daemon, re-attached to the init, learns
+// from it that no keeper runs the process and ends its record
+// (sandbox_terminated), while a process init does run stays running.
+func TestGVisorProcessNeverStartedEndsAtReattach(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "gvisor")
+	first := newTestBackend(t, func(c *Config) { c.Dir = dir })
+	ctx := context.Background()
+	const id = "mid-start"
+	if _, err := first.Create(ctx, id, backend.Spec{}); err != nil {
+		t.Fatal(err)
+	}
+	real, err := first.StartProcess(ctx, id, backend.ProcessRequest{Command: "sleep 600"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb := mustLookup(t, first, id)
+	dying := diesMidStart{recorded: make(chan struct{})}
+	sctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = first.store(sb).Start(sctx, dying, procstore.StartSpec{Command: "echo never", Request: agent.Request{Argv: []string{"/bin/sh", "-c", "echo never"}, Cwd: guestWorkspace, UID: guestUID, GID: guestGID}})
+	}()
+	<-dying.recorded
+	list, err := first.ListProcesses(ctx, id)
+	if err != nil || len(list) != 2 {
+		t.Fatalf("the two records: %+v, %v", list, err)
+	}
+	var never string
+	for _, p := range list {
+		if p.ID != real.ID {
+			never = p.ID
+		}
+	}
+	kill9(t, first, id) // the record stays: Start is stopped where a kill -9 would stop it
+	second := newTestBackend(t, func(c *Config) { c.Dir = dir })
+	info, err := second.WaitProcess(ctx, id, never, 0)
+	if err != nil || info.Running || info.Reason != "sandbox_terminated" {
+		t.Errorf("the process never handed to init: %+v, %v", info, err)
+	}
+	if info, err := second.WaitProcess(ctx, id, real.ID, 0); err != nil || !info.Running {
+		t.Errorf("the process init runs: %+v, %v", info, err)
+	}
+	cancel()
+	<-done
 }
