@@ -39,7 +39,7 @@ func countedLines(n int) string {
 // in sandbox id has written its exit record on the host.
 func (d *daemon) exitRecorded(t *testing.T, id, proc string) {
 	t.Helper()
-	path := filepath.Join(d.stateDir, "bwrap", id, "procs", proc, "exit")
+	path := filepath.Join(d.backendDir(), id, "procs", proc, "exit")
 	deadline := time.Now().Add(time.Minute)
 	for {
 		if b, err := os.ReadFile(path); err == nil {

@@ -126,7 +126,12 @@ func TestConformanceOnAnImportedImage(t *testing.T) {
 			return gvisorOnImage{b, img, dir}
 		}
 		o := opts
-		o.Reopen = func(t *testing.T, b backend.Backend) backend.Backend { return open(t, b.(gvisorOnImage).dir) }
+		o.Reopen = func(t *testing.T, b backend.Backend) backend.Backend {
+			// A restart: the backend before lets go of its sandboxes
+			// (whose inits the next re-attaches to) before the next starts.
+			_ = b.(gvisorOnImage).Close()
+			return open(t, b.(gvisorOnImage).dir)
+		}
 		backendtest.Run(t, func(t *testing.T) backend.Backend { return open(t, filepath.Join(t.TempDir(), "gvisor")) }, o)
 	})
 }

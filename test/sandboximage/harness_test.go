@@ -27,6 +27,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/gvisor"
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/test/internal/testdaemon"
 )
@@ -104,6 +105,8 @@ func (d *daemon) stop() {
 		<-d.proc.Done()
 		d.t.Errorf("daemon did not stop within 60s of SIGTERM\n%s", d.proc.Logs())
 	}
+	// A kept gVisor sandbox outlives its daemon: end what it still runs.
+	gvisor.KillSandboxes(filepath.Join(d.stateDir, "gvisor"))
 }
 
 func (d *daemon) kill9() {
