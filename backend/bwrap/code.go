@@ -5,9 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sort"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -81,7 +78,7 @@ func (b *Backend) RunCode(ctx context.Context, id string, req backend.CodeReques
 	if sb.image != nil {
 		image = sb.image.Name
 	}
-	payload := bwwire.CodeRequest{Context: req.Context, Code: []byte(req.Code), Env: env, Preload: b.cfg.Code.preload(image),
+	payload := bwwire.CodeRequest{Context: req.Context, Code: []byte(req.Code), Env: env, Preload: b.cfg.Code.PreloadFor(image),
 		Timeout: applied, Grace: grace, MaxContexts: uint32(b.cfg.Code.MaxContexts)}.Encode()
 	child := streams.ChildFDs()
 	fds := []int{int(statusInit.Fd()), child[1], child[2], int(resultsInit.Fd())}
@@ -234,17 +231,7 @@ func (b *Backend) cellEnd(ctx context.Context, status *os.File, outer time.Time)
 
 // cellFailure is the error of a cell init could not run.
 func cellFailure(errno unix.Errno, reason string, limit int) error {
-	switch errno {
-	case unix.ENOENT:
-		return fmt.Errorf("%w: %s; run_code needs an image with python3 (the host image has it where the host does)", backend.ErrNoPython, reason)
-	case unix.EAGAIN:
-		return &backend.ContextQuotaError{Limit: limit}
-	case unix.EBUSY:
-		return fmt.Errorf("%w: %s", backend.ErrContextBusy, reason)
-	case unix.EINVAL:
-		return fmt.Errorf("%w: %s", backend.ErrInvalidArgument, reason)
-	}
-	return fmt.Errorf("%w: the cell could not run: %s", backend.ErrUnavailable, reason)
+	return backend.CellFailure(errno, reason, limit)
 }
 
 // ListContexts implements backend.CodeRunner.
@@ -267,15 +254,9 @@ func (b *Backend) ListContexts(ctx context.Context, id string) ([]backend.Contex
 		return nil, fmt.Errorf("%w: the sandbox's init refused to list its contexts", backend.ErrUnavailable)
 	}
 	var out []backend.ContextInfo
-	for _, line := range strings.Split(body, "\n") {
-		f := strings.Fields(line)
-		if len(f) != 3 || !agent.ValidContextName(f[0]) {
-			continue
-		}
-		count, _ := strconv.Atoi(f[2])
-		out = append(out, backend.ContextInfo{Name: f[0], Running: f[1] == "1", ExecutionCount: count})
+	for _, x := range agent.ParseContextList([]byte(body)) {
+		out = append(out, backend.ContextInfo{Name: x.Name, Running: x.Running, ExecutionCount: x.Count})
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
 }
 
