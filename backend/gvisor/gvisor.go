@@ -167,6 +167,9 @@ type Config struct {
 	Egress *egress.Egress
 	// Processes bounds each sandbox's durable processes (procstore).
 	Processes procstore.Limits
+	// Code configures code contexts: the modules their interpreter
+	// preloads, and how many a sandbox may have.
+	Code backend.CodeConfig
 	// Logger receives the backend's logs; nil discards them.
 	Logger hclog.Logger
 }

@@ -140,6 +140,7 @@ func TestGVisorConformance(t *testing.T) {
 		// The guest's processes live inside the sentry, not on the host.
 		HostProcesses: nil,
 		Processes:     true,
+		Code:          true,
 		Reopen: func(t *testing.T, b backend.Backend) backend.Backend {
 			// A restart: the daemon before lets go of its sandboxes
 			// (as its death or its stop does) before the next starts.

@@ -129,6 +129,11 @@ type initConn struct {
 	// answers, by sequence number (procs.go).
 	procSeq   uint32
 	procWaits map[uint32]chan gvwire.ProcAnswer
+
+	// cells (under mu) are the cells running, by sequence number
+	// (code.go).
+	cellSeq uint32
+	cells   map[uint32]*cellWait
 }
 
 // command is one command's share of the stream.
@@ -158,7 +163,7 @@ func (c *initConn) readLoop() {
 	r := bufio.NewReaderSize(io.MultiReader(bytes.NewReader(c.pending), c.fromInit), gvwire.MaxChunk+gvwire.FrameHeaderSize)
 	c.pending = nil
 	const allowed = 1<<gvwire.KindStdout | 1<<gvwire.KindStderr | 1<<gvwire.KindExited | 1<<gvwire.KindFailed | 1<<gvwire.KindLstated |
-		1<<gvwire.KindFileData | 1<<gvwire.KindFileDone | 1<<gvwire.KindProcAnswer
+		1<<gvwire.KindFileData | 1<<gvwire.KindFileDone | 1<<gvwire.KindProcAnswer | 1<<gvwire.KindCellOutput | 1<<gvwire.KindCellStatus
 	var err error
 	for {
 		var kind byte
@@ -186,6 +191,17 @@ func (c *initConn) readLoop() {
 		}
 		if kind == gvwire.KindProcAnswer {
 			if err = c.procAnswered(payload); err != nil {
+				break
+			}
+			continue
+		}
+		if kind == gvwire.KindCellOutput || kind == gvwire.KindCellStatus {
+			if kind == gvwire.KindCellOutput {
+				err = c.cellOutput(payload)
+			} else {
+				err = c.cellStatus(payload)
+			}
+			if err != nil {
 				break
 			}
 			continue
