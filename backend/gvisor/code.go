@@ -195,10 +195,24 @@ func (b *Backend) RunCode(ctx context.Context, id string, req backend.CodeReques
 	out.ContextLost = end.A == 1
 	if out.ContextLost {
 		out.OOMKills = sb.oomKills() - oomBefore
-		out.OOMKilled = out.OOMKills > 0 && end.B == proclog.EndKilled && end.C == uint32(syscall.SIGKILL) && end.D != proclog.TimedKill
+		out.OOMKilled = out.OOMKills > 0 && end.D != proclog.TimedKill && oomLike(end)
 		log.Info("a cell's context was lost", "how", end.B, "code", end.C, "timed", end.D, "oom_kills", out.OOMKills)
 	}
 	return out, nil
+}
+
+// oomLike reports whether a lost context's end is one the host's OOM
+// killer makes on gVisor: a SIGKILL, the exit gVisor gives a process
+// whose address space (a systrap stub) the killer took (stubLostStatus),
+// or a context gone before the zygote said how.
+func oomLike(end gvwire.CellStatus) bool {
+	switch end.B {
+	case proclog.EndKilled:
+		return end.C == uint32(syscall.SIGKILL)
+	case proclog.EndExited:
+		return end.C == stubLostStatus
+	}
+	return end.B == proclog.EndLost
 }
 
 func earliest(a, b time.Time) time.Time {

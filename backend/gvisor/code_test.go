@@ -15,6 +15,7 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/agent"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/gvisor/gvwire"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/limits"
 )
 
 func runCell(t *testing.T, b *Backend, id, ctxName, code string) backend.CodeResult {
@@ -222,5 +223,35 @@ func TestGVisorCodeWithoutPython(t *testing.T) {
 	}
 	if list, err := b.ListContexts(ctx, id); err != nil || len(list) != 0 {
 		t.Errorf("contexts: %+v, %v", list, err)
+	}
+}
+
+// A cell past its sandbox's memory limit loses its context, told as
+// oom_killed: the host's OOM killer takes the context's address space (the
+// other contexts live on), or the sentry, and the sandbox with it.
+func TestGVisorCodeOutOfMemory(t *testing.T) {
+	cgm := testCgroups(t)
+	b := newTestBackend(t, func(c *Config) { c.Cgroups, c.Limits = cgm, limits.Defaults() })
+	ctx := context.Background()
+	const id = "code-balloon"
+	if _, err := b.Create(ctx, id, backend.Spec{Resources: backend.Resources{MemoryBytes: 256 << 20, PIDs: 64}}); err != nil {
+		t.Fatal(err)
+	}
+	if res := runCell(t, b, id, "other", "kept = 1"); res.Error != nil {
+		t.Fatal(res.Error)
+	}
+	res := runCell(t, b, id, "", "b = []\nfor i in range(64): b.append(bytearray(16 << 20))")
+	if !res.ContextLost || !res.OOMKilled || res.Reason() != "oom_killed" {
+		t.Fatalf("a cell allocating 1 GiB under 256 MiB: %+v; want its context lost with oom_killed", res)
+	}
+	if _, err := b.RunCode(ctx, id, backend.CodeRequest{Context: "other", Code: "kept", Timeout: time.Minute}); err != nil {
+		t.Logf("the OOM killer took the sentry this time: %v", err)
+		return
+	}
+	if res := runCell(t, b, id, "other", "kept + 1"); lastText(res) != "2" {
+		t.Errorf("the other context after the OOM kill: %+v", res)
+	}
+	if res := runCell(t, b, id, "", "'b' in globals()"); lastText(res) != "False" || res.ExecutionCount != 1 {
+		t.Errorf("the lost context starts afresh: %+v", res)
 	}
 }
