@@ -437,6 +437,17 @@ func plan(lay layout, opts Options) (*Manager, error) {
 		}
 		m.v1Base[c] = filepath.Join(dir, opts.Base)
 	}
+	// The freezer, where v1 mounts it, comes along without being required:
+	// a group with it can be held still (Hold); without it, Hold says so.
+	if mt := v1[freezer]; mt != nil && m.v1Base[freezer] == "" {
+		parent := "/"
+		if p := lay.own[freezer]; !opts.UnderRoot && p != "" {
+			parent = p
+		}
+		if dir, err := onDisk(*mt, parent); err == nil {
+			m.v1Base[freezer] = filepath.Join(dir, opts.Base)
+		}
+	}
 	return m, nil
 }
 
