@@ -1003,6 +1003,10 @@ func (o *OOMCounter) Close() error { return unix.Close(o.fd) }
 // pidfd and checked to still be in the group before it is signalled, so a
 // recycled pid is never hit.
 func (c *Cgroup) Kill(ctx context.Context) error {
+	// A frozen v1 group's processes take no signal until thawed (a hold
+	// a crashed daemon left, a pause); v2's die frozen, but thawing
+	// costs nothing there.
+	c.thawIfFrozen()
 	if c.version == V2 {
 		err := writeFile(filepath.Join(c.dir, "cgroup.kill"), "1")
 		switch {

@@ -82,6 +82,19 @@ func (c *Cgroup) Frozen() (bool, error) {
 	return frozen()
 }
 
+// thawIfFrozen thaws the group if it is frozen or being frozen.
+func (c *Cgroup) thawIfFrozen() {
+	ctl, _, err := c.freezerFiles()
+	if err != nil {
+		return
+	}
+	if b, err := readBounded(ctl); err == nil {
+		if s := strings.TrimSpace(string(b)); s == "1" || s == "FROZEN" || s == "FREEZING" {
+			_ = writeFile(ctl, c.freezeValue(false))
+		}
+	}
+}
+
 // Thaw lets every process of the group run again (a hold a crashed
 // daemon left).
 func (c *Cgroup) Thaw() error {

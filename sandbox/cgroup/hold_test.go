@@ -81,3 +81,23 @@ func TestRealHold(t *testing.T) {
 	require.NoError(t, other())
 	require.NoError(t, c.Thaw())
 }
+
+// TestRealKillOfAHeldGroup kills a group left held (a daemon that died
+// mid-snapshot): on v1 a frozen process takes no SIGKILL until thawed.
+func TestRealKillOfAHeldGroup(t *testing.T) {
+	m := realManager(t, Options{})
+	c, err := m.Create(uniqueName("heldkill"), Limits{})
+	require.NoError(t, err)
+	if _, _, err := c.freezerFiles(); err != nil {
+		requireCI(t, false, "a cgroup freezer ("+err.Error()+")")
+	}
+	g := startGated(t, "sleep 1000")
+	require.NoError(t, c.Add(g.cmd.Process.Pid))
+	g.release(t)
+	_, err = c.Hold(context.Background())
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	require.NoError(t, c.Destroy(ctx))
+	g.wait(t, 10*time.Second)
+}
