@@ -139,6 +139,8 @@ func TestGVisorConformance(t *testing.T) {
 		KillsEscapeesAtTimeout: true,
 		// The guest's processes live inside the sentry, not on the host.
 		HostProcesses: nil,
+		// runsc pause stops the guest's tasks, cgroup or not.
+		Snapshots: true, Freezes: true,
 		Reopen: func(t *testing.T, b backend.Backend) backend.Backend {
 			nb, err := New(b.(*Backend).cfg)
 			if err != nil {
@@ -564,6 +566,7 @@ func TestGVisorConformanceWithLimits(t *testing.T) {
 	}, backendtest.Options{
 		Workdir: guestWorkspace, RealIsolation: true, GuestView: true, AcceptBlockNetwork: true,
 		KillGrace: 500 * time.Millisecond, KillsEscapeesAtTimeout: true,
+		Snapshots: true, Freezes: true,
 	})
 }
 
