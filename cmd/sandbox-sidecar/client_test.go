@@ -38,6 +38,9 @@ func clientCommands(t *testing.T) map[string][]string {
 		"logs -f":       {"logs", "-f", "sc-1", "p-1"},
 		"kill":          {"kill", "sc-1", "p-1"},
 		"wait":          {"wait", "sc-1", "p-1"},
+		"snapshot":      {"snapshot", "sc-1", "prepared"},
+		"fork":          {"fork", "sc-1", "3"},
+		"image push":    {"image", "push", "python", "127.0.0.1:5000/python:1"},
 	}
 }
 
