@@ -41,14 +41,12 @@ func runSnapshot(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("snapshot", "SANDBOX NAME", stderr)
 	cf.register(fs, time.Hour)
 	fs.BoolVar(&memory, "memory", false, "keep the processes' memory too (no backend takes it yet)")
-	if err := parseFlags(fs, args); err != nil {
+	pos, err := parsePositional(fs, args, "SANDBOX", "NAME")
+	if err != nil {
 		return err
 	}
-	if fs.NArg() != 2 {
-		return &exitError{code: 2, err: errors.New("want SANDBOX NAME")}
-	}
 	return cf.withDaemon(func(ctx context.Context, cl *ipc.Client) error {
-		res, err := cl.Snapshot(ctx, api.SnapshotRequest{Sandbox: fs.Arg(0), Name: fs.Arg(1), Memory: memory})
+		res, err := cl.Snapshot(ctx, api.SnapshotRequest{Sandbox: pos[0], Name: pos[1], Memory: memory})
 		if err != nil {
 			return err
 		}
@@ -56,7 +54,7 @@ func runSnapshot(args []string, stdout, stderr io.Writer) error {
 		if !res.Frozen {
 			held = "not frozen: copied as its commands left the files"
 		}
-		fmt.Fprintf(stdout, "%s: a snapshot of %s on %s, %s, %s in %d files (%s, %.0f ms)\n", res.Image, fs.Arg(0), res.BaseImage,
+		fmt.Fprintf(stdout, "%s: a snapshot of %s on %s, %s, %s in %d files (%s, %.0f ms)\n", res.Image, pos[0], res.BaseImage,
 			res.Digest, humanBytes(res.SizeBytes), res.Files, held, res.DurationMS)
 		return nil
 	})
@@ -72,20 +70,18 @@ func runFork(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&owner, "owner", "", "the forks' owner (Airflow run; default: the source's)")
 	fs.DurationVar(&ttl, "ttl", 0, "the forks' lease (default: they end when the source does)")
 	fs.BoolVar(&memory, "memory", false, "copy the processes' memory too (no backend takes it yet)")
-	if err := parseFlags(fs, args); err != nil {
+	pos, err := parsePositional(fs, args, "SANDBOX", "N")
+	if err != nil {
 		return err
 	}
-	if fs.NArg() != 2 {
-		return &exitError{code: 2, err: errors.New("want SANDBOX N")}
-	}
-	n, err := strconv.Atoi(fs.Arg(1))
+	n, err := strconv.Atoi(pos[1])
 	if err != nil || n < 1 || n > 16 {
-		return &exitError{code: 2, err: fmt.Errorf("N is 1 to 16, not %q", fs.Arg(1))}
+		return &exitError{code: 2, err: fmt.Errorf("N is 1 to 16, not %q", pos[1])}
 	}
 	if ttl < 0 {
 		return &exitError{code: 2, err: errors.New("--ttl must be positive")}
 	}
-	req := api.ForkRequest{Sandbox: fs.Arg(0), Count: n, Owner: owner, TTLS: ttl.Seconds(), Memory: memory}
+	req := api.ForkRequest{Sandbox: pos[0], Count: n, Owner: owner, TTLS: ttl.Seconds(), Memory: memory}
 	return cf.withDaemon(func(ctx context.Context, cl *ipc.Client) error {
 		res, err := cl.Fork(ctx, req)
 		if err != nil {
@@ -104,13 +100,11 @@ func runImagePush(args []string, stdout, stderr io.Writer) error {
 	fs := imageFlags("push", stderr)
 	cf.register(fs, time.Hour)
 	fs.BoolVar(&insecure, "insecure", false, "allow plain HTTP to the registry (localhost and 127.0.0.1 always may)")
-	if err := parseFlags(fs, args); err != nil {
+	pos, err := parsePositional(fs, args, "NAME", "REF")
+	if err != nil {
 		return err
 	}
-	if fs.NArg() != 2 {
-		return &exitError{code: 2, err: errors.New("want NAME REF")}
-	}
-	imgName, refStr := fs.Arg(0), fs.Arg(1)
+	imgName, refStr := pos[0], pos[1]
 	var opts []name.Option
 	if insecure {
 		opts = append(opts, name.Insecure)
