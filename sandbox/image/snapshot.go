@@ -164,7 +164,10 @@ func (s *Store) snapshot(ctx context.Context, w *work, name string, src Snapshot
 		o.Taken = time.Now().UTC()
 	}
 	rec := imageRecord{Origin: &o}
-	if src.BaseDigest == "" {
+	// A sandbox of a snapshot of the host's root runs on the host's root
+	// too: its snapshot is of the same kind.
+	onHost := src.BaseDigest == "" || base.Base == BaseHost
+	if onHost {
 		rec.Base = BaseHost
 	} else {
 		rec.Env, rec.Entrypoint, rec.Cmd = slices.Clone(base.Env), slices.Clone(base.Entrypoint), slices.Clone(base.Cmd)
@@ -193,7 +196,7 @@ func (s *Store) snapshot(ctx context.Context, w *work, name string, src Snapshot
 		return Info{}, st, fmt.Errorf("image store: %w", err)
 	}
 	lim := fscopy.Limits{MaxBytes: s.lim.MaxBytes, MaxFiles: s.lim.MaxFiles}
-	if src.BaseDigest != "" {
+	if !onHost {
 		h, _ := digestHex(src.BaseDigest)
 		// The base is the store's own: linked, never copied, and the
 		// sandbox's own directories come from the sandbox.

@@ -149,6 +149,13 @@ func TestSnapshotOfASandboxOnTheHost(t *testing.T) {
 	if got, _ := e.s.Get("on-host"); got.Base != BaseHost {
 		t.Errorf("after a reopen the base is %q", got.Base)
 	}
+	// A sandbox made from it runs on the host's root: so does its
+	// snapshot.
+	again, err := e.s.Snapshot(context.Background(), "again", SnapshotSource{BaseDigest: info.Digest, Dirs: sandboxDirs(t)})
+	must(t, err)
+	if again.Base != BaseHost {
+		t.Errorf("a snapshot of a sandbox on a host snapshot has base %q", again.Base)
+	}
 }
 
 func TestSnapshotLimitsLeaveNothing(t *testing.T) {
