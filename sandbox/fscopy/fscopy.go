@@ -457,16 +457,19 @@ func (c *copier) file(sfd, dfd int, name, rel string, lst *unix.Stat_t) error {
 		c.st.Copied++
 	}
 	c.st.Bytes += st.Size
-	if c.opt.UID >= 0 || c.opt.GID >= 0 {
-		if err := unix.Fchown(ofd, c.opt.UID, c.opt.GID); err != nil {
-			return c.entryErr(rel, err)
+	// As the copy's owner: only it (or CAP_FOWNER) may set a mode and times.
+	if err := c.opt.WriteAs(func() error {
+		if c.opt.UID >= 0 || c.opt.GID >= 0 {
+			if err := unix.Fchown(ofd, c.opt.UID, c.opt.GID); err != nil {
+				return err
+			}
 		}
-	}
-	if err := unix.Fchmod(ofd, unixPerm(perm)); err != nil {
-		return c.entryErr(rel, err)
-	}
-	// Modification times matter (Python checks a .pyc against its source).
-	if err := unix.UtimesNanoAt(dfd, name, []unix.Timespec{st.Atim, st.Mtim}, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		if err := unix.Fchmod(ofd, unixPerm(perm)); err != nil {
+			return err
+		}
+		// Modification times matter (Python checks a .pyc against its source).
+		return unix.UtimesNanoAt(dfd, name, []unix.Timespec{st.Atim, st.Mtim}, unix.AT_SYMLINK_NOFOLLOW)
+	}); err != nil {
 		return c.entryErr(rel, err)
 	}
 	if st.Nlink > 1 {

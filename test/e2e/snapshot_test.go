@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -17,7 +19,9 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap"
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc/api"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/hostids"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/image"
+	"github.com/sandbox-sidecar/sandbox-sidecar/test/internal/testdaemon"
 )
 
 // storeEntries lists what the image store of d holds under images/, tmp/
@@ -173,4 +177,61 @@ func TestForkQuotaIsAllOrNothing(t *testing.T) {
 	assert.Equal(t, "from-source\n", string(run(t, c, id, "cat f").Stdout))
 	assert.Len(t, listed(t, d), 4)
 	assertConsistent(t, d)
+}
+
+// TestNonRootDaemonSnapshotsAndForks: a daemon that is not root (the
+// packaged unit: its own user, CAP_SETUID, CAP_SETGID and CAP_KILL) reads a
+// sandbox's files with the sandbox's ids, a secret of mode 0600 included,
+// and makes a fork's, and a snapshot's sandbox's, files as their own uids.
+func TestNonRootDaemonSnapshotsAndForks(t *testing.T) {
+	requireHost(t)
+	daemonUID := unusedID(t, 61873)
+	r := hostids.Range{First: hostids.DefaultFirst + 0xA100, Size: 16}
+	base := baseDir(t)
+	d := &daemon{t: t, base: base, socket: filepath.Join(base, "run", "sidecar.sock"), stateDir: filepath.Join(base, "state")}
+	for _, dir := range []string{filepath.Dir(d.socket), d.stateDir} {
+		require.NoError(t, os.Mkdir(dir, 0o700))
+		require.NoError(t, os.Chown(dir, daemonUID, daemonUID))
+	}
+	d.args = testdaemon.NoHostConfig([]string{"serve", "--socket", d.socket, "--state-dir", d.stateDir, "--log-format", "json",
+		"--own-uids", "required", "--uid-range-start", fmt.Sprint(r.First), "--uid-range-size", fmt.Sprint(r.Size),
+		"--limit-cgroups", "off", "--limit-disk-caps", "off"})
+	cmd := exec.Command(daemonBin, d.args...)
+	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + base, "LANG=C"}
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Credential:  &syscall.Credential{Uid: uint32(daemonUID), Gid: uint32(daemonUID), Groups: []uint32{}},
+		AmbientCaps: []uintptr{capSetuid, capSetgid, capKill},
+		Setpgid:     true,
+		Pdeathsig:   syscall.SIGKILL,
+	}
+	d.proc = testdaemon.Start(t, cmd, 30*time.Second, nil)
+	d.cmd = cmd
+	t.Cleanup(func() { killUIDs(r.First, r.Size) })
+	t.Cleanup(d.stop)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("daemon log:\n%s", d.Logs())
+		}
+	})
+
+	c := d.client(t)
+	src := create(t, c, map[string]any{"ttl_s": 600})
+	res := run(t, c, src, "mkdir -p deep/er && echo secret > deep/er/secret && chmod 600 deep/er/secret && chmod 700 deep && echo tmp > /tmp/t")
+	require.Equal(t, 0, res.ExitCode, "%s", res.Stderr)
+	snap, err := c.Snapshot(context.Background(), api.SnapshotRequest{Sandbox: src, Name: "nonroot"})
+	require.NoError(t, err)
+	assert.False(t, snap.Frozen, "no cgroups: not frozen, and it says so")
+	fork, err := c.Fork(context.Background(), api.ForkRequest{Sandbox: src, Count: 1})
+	require.NoError(t, err)
+	from := create(t, c, map[string]any{"ttl_s": 600, "image": "nonroot"})
+	for _, id := range []string{fork.Sandboxes[0], from} {
+		res = run(t, c, id, "cat deep/er/secret /tmp/t && echo more >> deep/er/secret && id -u")
+		assert.Equal(t, "secret\ntmp\n1000\n", string(res.Stdout), "%s: %s", id, res.Stderr)
+		var st syscall.Stat_t
+		require.NoError(t, syscall.Stat(filepath.Join(d.stateDir, "bwrap", id, "work", "deep", "er", "secret"), &st))
+		assert.True(t, r.Contains(st.Uid), "%s: its copy belongs to %d, not a uid of the range", id, st.Uid)
+		var srcSt syscall.Stat_t
+		require.NoError(t, syscall.Stat(filepath.Join(d.stateDir, "bwrap", src, "work"), &srcSt))
+		assert.NotEqual(t, srcSt.Uid, st.Uid, "%s: its files are its source's uid's", id)
+	}
 }
