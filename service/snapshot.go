@@ -85,9 +85,6 @@ func (s *Service) snapshot(ctx context.Context, c lifecycle.Caller, r api.Snapsh
 	a.add("image", r.Name)
 	snap, ok := s.images.(ImageSnapshotter)
 	if !ok {
-		if _, err := s.m.ResolveImage(""); err != nil {
-			return nil, err
-		}
 		return nil, ipc.Errorf(ipc.CodeNotSupported, "this daemon has no image store to keep a snapshot in (the %s backend runs no images)", s.m.Backend().Name())
 	}
 	if r.Name == backend.HostImage {

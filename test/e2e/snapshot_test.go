@@ -235,3 +235,27 @@ func TestNonRootDaemonSnapshotsAndForks(t *testing.T) {
 		assert.NotEqual(t, srcSt.Uid, st.Uid, "%s: its files are its source's uid's", id)
 	}
 }
+
+// TestSbxSnapshotAndForkAreNotSupported: a backend that cannot copy its
+// sandboxes says so, with the code clients switch on, and hello does not
+// name the feature.
+func TestSbxSnapshotAndForkAreNotSupported(t *testing.T) {
+	d, _ := startSbxDaemon(t, "0s")
+	c := d.client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	hello, err := c.Hello(ctx, api.HelloRequest{})
+	require.NoError(t, err)
+	assert.NotContains(t, hello.Features, "snapshots")
+	id := create(t, c, map[string]any{"ttl_s": 600})
+	for _, op := range []struct {
+		name string
+		args any
+	}{{ipc.OpSnapshot, api.SnapshotRequest{Sandbox: id, Name: "x"}}, {ipc.OpFork, api.ForkRequest{Sandbox: id, Count: 1}}} {
+		err := c.Call(ctx, op.name, op.args, nil)
+		var we *ipc.Error
+		require.ErrorAs(t, err, &we, op.name)
+		assert.Equal(t, ipc.CodeNotSupported, we.Code, "%s: %v", op.name, err)
+	}
+	assert.Len(t, listed(t, d), 1)
+}

@@ -156,7 +156,8 @@ func TestSnapshotPushPullAndFork(t *testing.T) {
 // made from it runs on the host's root with them, and so does one on a
 // second daemon that pulled it.
 func TestSnapshotOfAHostSandbox(t *testing.T) {
-	d := startDaemon(t, "")
+	// A warm pool of the snapshot, which fills once it exists.
+	d := startDaemon(t, "", "--image-pool", "on-host=1")
 	c := d.client(t)
 	ctx := ctxT(t, 5*time.Minute)
 	src, err := c.Create(ctx, api.CreateRequest{TTLS: 600})
@@ -169,10 +170,21 @@ func TestSnapshotOfAHostSandbox(t *testing.T) {
 	assert.Equal(t, "host", imageByName(t, d, "on-host").Base)
 	assert.Less(t, snap.SizeBytes, int64(1<<20), "a host snapshot holds the sandbox's files alone")
 
+	waitPooled(t, c, 1)
+	ls, err := c.List(ctx, "") // an admin's list shows the pool's members
+	require.NoError(t, err)
+	var member string
+	for _, sb := range ls.Sandboxes {
+		if sb.Image == "on-host" {
+			member = sb.Sandbox
+		}
+	}
+	require.NotEmpty(t, member, "the pool's member of the snapshot: %+v", ls.Sandboxes)
 	from, err := c.Create(ctx, api.CreateRequest{Image: "on-host"})
 	require.NoError(t, err)
+	assert.Equal(t, member, from.Sandbox, "the create was served by the pool")
 	res = sh(t, c, from.Sandbox, check+"; test -x /usr/bin/env && echo host-root")
-	assert.Equal(t, checked+"host-root\n", string(res.Stdout), "stderr: %s", res.Stderr)
+	assert.Equal(t, checked+"host-root\n", string(res.Stdout), "a pool member of the snapshot; stderr: %s", res.Stderr)
 
 	srv := httptest.NewServer(registry.New(registry.Logger(nilLogger())))
 	t.Cleanup(srv.Close)
