@@ -204,4 +204,25 @@ func TestSnapshotOfAHostSandbox(t *testing.T) {
 	var we *ipc.Error
 	require.ErrorAs(t, err, &we)
 	assert.Equal(t, ipc.CodeBadRequest, we.Code)
+
+	// The export's pieces come in order, one export per connection, and
+	// one that ended is gone.
+	var begin api.ImageExportBeginResult
+	require.NoError(t, c.Call(ctx, ipc.OpImageExportBegin, api.ImageExportBeginRequest{Name: "on-host"}, &begin))
+	assert.Equal(t, "on-host", begin.Image.Name)
+	err = c.Call(ctx, ipc.OpImageExportBegin, api.ImageExportBeginRequest{Name: "on-host"}, nil)
+	require.ErrorAs(t, err, &we)
+	assert.Equal(t, ipc.CodeBusy, we.Code)
+	err = c.Call(ctx, ipc.OpImageExportData, api.ImageExportDataRequest{Export: begin.Export, Offset: 7}, nil)
+	require.ErrorAs(t, err, &we)
+	assert.Equal(t, ipc.CodeBadRequest, we.Code)
+	var piece api.ImageExportDataResult
+	require.NoError(t, c.Call(ctx, ipc.OpImageExportData, api.ImageExportDataRequest{Export: begin.Export}, &piece))
+	assert.True(t, piece.EOF, "a small image is one piece")
+	var end api.ImageExportEndResult
+	require.NoError(t, c.Call(ctx, ipc.OpImageExportEnd, api.ImageExportEndRequest{Export: begin.Export}, &end))
+	assert.EqualValues(t, len(piece.Data), end.SentBytes)
+	err = c.Call(ctx, ipc.OpImageExportData, api.ImageExportDataRequest{Export: begin.Export, Offset: end.SentBytes}, nil)
+	require.ErrorAs(t, err, &we)
+	assert.Equal(t, ipc.CodeNotFound, we.Code)
 }
