@@ -23,12 +23,13 @@ const conformanceKillGrace = 500 * time.Millisecond
 // every file operation must reach as well.
 func TestBwrapConformance(t *testing.T) {
 	type run struct {
-		name  string
-		mode  testMode
-		tweak func(t *testing.T, c *Config)
+		name    string
+		mode    testMode
+		tweak   func(t *testing.T, c *Config)
+		freezes bool // a cgroup per sandbox: snapshots freeze it
 	}
 	runs := []run{{name: daemonUID.name, mode: daemonUID}, {name: rangeUID.name, mode: rangeUID},
-		{name: rangeUID.name + "-limits", mode: rangeUID, tweak: func(t *testing.T, c *Config) {
+		{name: rangeUID.name + "-limits", mode: rangeUID, freezes: true, tweak: func(t *testing.T, c *Config) {
 			testDiskCaps(t)
 			l := limits.Defaults()
 			l.DiskBytes = 64 << 20
@@ -55,6 +56,8 @@ func TestBwrapConformance(t *testing.T) {
 				HostProcesses:          processesContaining,
 				Processes:              true,
 				Code:                   true,
+				Snapshots:              true,
+				Freezes:                r.freezes,
 				KillSandboxInit: func(b backend.Backend, id string) error {
 					return syscall.Kill(initPID(t, b.(*Backend), id), syscall.SIGKILL)
 				},

@@ -140,6 +140,8 @@ func TestGVisorConformance(t *testing.T) {
 		// The guest's processes live inside the sentry, not on the host.
 		HostProcesses: nil,
 		Processes:     true,
+		// runsc pause stops the guest's tasks, cgroup or not.
+		Snapshots: true, Freezes: true,
 		Reopen: func(t *testing.T, b backend.Backend) backend.Backend {
 			// A restart: the daemon before lets go of its sandboxes
 			// (as its death or its stop does) before the next starts.
@@ -522,6 +524,7 @@ func TestGVisorConformanceWithLimits(t *testing.T) {
 	}, backendtest.Options{
 		Workdir: guestWorkspace, RealIsolation: true, GuestView: true, AcceptBlockNetwork: true,
 		KillGrace: 500 * time.Millisecond, KillsEscapeesAtTimeout: true,
+		Snapshots: true, Freezes: true,
 	})
 }
 

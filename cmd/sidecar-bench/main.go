@@ -59,7 +59,7 @@ func main() {
 	flag.StringVar(&o.socket, "socket", "", "measure an already running daemon on this socket instead (memory and recovery scenarios need a daemon of our own and are skipped)")
 	flag.StringVar(&o.outJSON, "json", "bench.json", "write machine-readable results here")
 	flag.StringVar(&o.outMD, "md", "", "write the Markdown report here (e.g. docs/benchmarks.md)")
-	flag.StringVar(&o.only, "only", "", "comma-separated scenarios to run (rpc,command,processes,provision,first,gvisor,output,scale,agents,recovery,sbx)")
+	flag.StringVar(&o.only, "only", "", "comma-separated scenarios to run (rpc,command,processes,provision,first,gvisor,output,scale,agents,recovery,sbx,snapshot)")
 	flag.StringVar(&o.runsc, "runsc", "", "runsc for the gvisor scenario (default: $SANDBOX_SIDECAR_RUNSC, the pinned build scripts/install-runsc.sh caches, else PATH)")
 	flag.BoolVar(&o.quick, "quick", false, "small counts: a smoke run, not a measurement")
 	flag.StringVar(&o.profile, "profile", "", "profile every daemon the run starts (CPU, mutex, block, heap) into DIR/<n>-<scenario>/ (the daemon's "+"SANDBOX_SIDECAR_PROFILE testing hook)")
@@ -123,6 +123,7 @@ func run(o options) error {
 		{"agents", benchAgents},
 		{"recovery", benchRecovery},
 		{"sbx", benchSbx},
+		{"snapshot", benchSnapshot},
 	}
 	for _, s := range scenarios {
 		if !want(s.name) {
