@@ -2,6 +2,10 @@ package backendtest
 
 import (
 	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -20,6 +24,10 @@ var codeTests = []struct {
 	{"CodeErrorsAndInterrupts", testCodeErrors},
 	{"CodeContextsShareNothing", testCodeContexts},
 	{"CodeContextLostOnlyItself", testCodeLost},
+	{"CodeFloodsStayBounded", testCodeFloods},
+	{"CodeOutOfMemoryLosesOnlyItsContext", testCodeOutOfMemory},
+	{"CodeChildrenOutliveTheirCell", testCodeChildren},
+	{"CodeCellCannotForgeAnothersResults", testCodeForgery},
 }
 
 func (s *suite) code() backend.CodeRunner {
@@ -36,6 +44,22 @@ func (s *suite) cell(sb sandbox, context, code string, timeout time.Duration) ba
 	res, err := s.code().RunCode(s.ctx(), sb.id, backend.CodeRequest{Context: context, Code: code, Timeout: timeout, MaxOutputBytes: 1 << 20})
 	if err != nil {
 		s.Fatalf("RunCode(%q): %v", code, err)
+	}
+	return res
+}
+
+// cellReq runs req in sb (a minute's budget and 1 MiB unless it says).
+func (s *suite) cellReq(sb sandbox, req backend.CodeRequest) backend.CodeResult {
+	s.Helper()
+	if req.Timeout == 0 {
+		req.Timeout = time.Minute
+	}
+	if req.MaxOutputBytes == 0 {
+		req.MaxOutputBytes = 1 << 20
+	}
+	res, err := s.code().RunCode(s.ctx(), sb.id, req)
+	if err != nil {
+		s.Fatalf("RunCode(%q in %q): %v", req.Code, req.Context, err)
 	}
 	return res
 }
@@ -166,8 +190,17 @@ func testCodeLost(s *suite) {
 	if !res.ContextLost || !res.TimedOut {
 		s.Errorf("a cell that ignores its interrupt: %+v", res)
 	}
-	if res := s.cell(sb, "victim", "globals().get('v')", time.Minute); len(res.Results) != 0 || res.ContextLost {
+	if res := s.cell(sb, "victim", "globals().get('v')", time.Minute); len(res.Results) != 0 || res.ContextLost || res.ExecutionCount != 1 {
 		s.Errorf("the lost context starts afresh: %+v", res)
+	}
+	// So is one that catches each interrupt and goes on.
+	s.cell(sb, "victim", "v = 2", time.Minute)
+	res = s.cell(sb, "victim", "import time\nwhile True:\n    try:\n        time.sleep(0.05)\n    except KeyboardInterrupt:\n        pass", 300*time.Millisecond)
+	if !res.ContextLost || !res.TimedOut || res.OOMKilled || res.Reason() != "timed_out" {
+		s.Errorf("a cell that catches its interrupts: %+v", res)
+	}
+	if res := s.cell(sb, "victim", "globals().get('v')", time.Minute); len(res.Results) != 0 || res.ContextLost || res.ExecutionCount != 1 {
+		s.Errorf("the lost context starts afresh at execution_count 1: %+v", res)
 	}
 	if res := s.cell(sb, "other", "o", time.Minute); text(res) != "2" {
 		s.Errorf("the other context lives on: %+v", res)
@@ -179,5 +212,237 @@ func testCodeLost(s *suite) {
 	// contexts.
 	if res := s.cell(sb, "other", "o + 1", time.Minute); text(res) != "3" {
 		s.Errorf("a context after a command: %+v", res)
+	}
+}
+
+func testCodeFloods(s *suite) {
+	sb := s.create(backend.Spec{})
+	const maxOut = 1 << 20
+	count := 0
+	next := func(what string, res backend.CodeResult) {
+		s.Helper()
+		count++
+		if res.ExecutionCount != count || res.ContextLost {
+			s.Fatalf("%s: execution_count %d (want %d), context_lost %v", what, res.ExecutionCount, count, res.ContextLost)
+		}
+	}
+	// A gibibyte to stdout, half through sys.stdout, half to descriptor 1:
+	// the tail is kept, the rest dropped as it is read.
+	res := s.cellReq(sb, backend.CodeRequest{Code: `import os, sys
+chunk = "x" * (1 << 20)
+for i in range(512):
+    sys.stdout.write(chunk)
+sys.stdout.flush()
+raw = b"y" * (1 << 20)
+for i in range(512):
+    os.write(1, raw)
+print("end")
+"flooded"`, MaxOutputBytes: maxOut})
+	next("a gibibyte to stdout", res)
+	if !res.StdoutTruncated || len(res.Stdout) > maxOut || !bytes.HasSuffix(res.Stdout, []byte("yyyyend\n")) || text(res) != "'flooded'" || res.Error != nil {
+		s.Errorf("a gibibyte to stdout: truncated %v, %d bytes kept ending %q, value %q, error %+v", res.StdoutTruncated, len(res.Stdout), res.Stdout[max(len(res.Stdout)-16, 0):], text(res), res.Error)
+	}
+	// A value whose repr is 200 MiB: its text/plain is cut, and says so.
+	res = s.cellReq(sb, backend.CodeRequest{Code: `class Huge:
+    def __repr__(self):
+        return "y" * (200 << 20)
+Huge()`, MaxOutputBytes: 8 << 20})
+	next("a 200 MiB repr", res)
+	if v := text(res); !res.ResultsTruncated || len(v) == 0 || len(v) > 4<<20 || strings.Trim(v, "y") != "" {
+		s.Errorf("a 200 MiB repr: results_truncated %v, text/plain of %d bytes", res.ResultsTruncated, len(v))
+	}
+	// An image of 200 MiB is left out; the bundle keeps its text.
+	res = s.cellReq(sb, backend.CodeRequest{Code: `class Giant:
+    def _repr_png_(self):
+        return b"\x89PNG\r\n\x1a\n" + bytes(200 << 20)
+    def __repr__(self):
+        return "Giant()"
+Giant()`, MaxOutputBytes: 8 << 20})
+	next("a 200 MiB image", res)
+	if !res.ResultsTruncated || len(res.Results) != 1 || text(res) != "Giant()" || res.Results[0]["image/png"] != nil {
+		s.Errorf("a 200 MiB image: %+v", res)
+	}
+	// Ten thousand displays: the first ones are kept, in order, the rest
+	// said to be left out; the value still comes last.
+	res = s.cellReq(sb, backend.CodeRequest{Code: "for i in range(10000):\n    display(i)\n'after'", MaxOutputBytes: maxOut})
+	next("ten thousand displays", res)
+	if !res.ResultsTruncated || len(res.Results) < 2 || len(res.Results) > 1000 || text(res) != "'after'" {
+		s.Fatalf("ten thousand displays: %d bundles, results_truncated %v, last %q", len(res.Results), res.ResultsTruncated, text(res))
+	}
+	for i, b := range res.Results[:len(res.Results)-1] {
+		if b["text/plain"] != strconv.Itoa(i) {
+			s.Fatalf("display %d came back as %v", i, b)
+		}
+	}
+	next("the context after the floods", s.cell(sb, "", "'alive'", time.Minute))
+	if out := s.runOK(sb, "echo still"); out != "still\n" {
+		s.Errorf("the sandbox after the floods: %q", out)
+	}
+}
+
+func testCodeOutOfMemory(s *suite) {
+	id := newID()
+	_, err := s.b.Create(s.ctx(), id, backend.Spec{Resources: backend.Resources{MemoryBytes: 256 << 20}})
+	if errors.Is(err, backend.ErrSpecUnenforceable) {
+		s.Skipf("the backend, as configured, enforces no memory limit: %v", err)
+	}
+	if err != nil {
+		s.Fatalf("Create with a 256 MiB memory limit: %v", err)
+	}
+	s.Cleanup(func() { _ = s.b.Destroy(context.Background(), id) })
+	sb := sandbox{id: id}
+	s.cell(sb, "other", "kept = 'other'", time.Minute)
+	s.cell(sb, "hog", "small = 1", time.Minute)
+	res := s.cell(sb, "hog", "big = bytearray(1 << 30)", time.Minute)
+	if !res.ContextLost || !res.OOMKilled || res.TimedOut || res.Reason() != "oom_killed" {
+		s.Errorf("a cell past the sandbox's memory: %+v (reason %s)", res, res.Reason())
+	}
+	if res := s.cell(sb, "other", "kept", time.Minute); text(res) != "'other'" || res.ExecutionCount != 2 {
+		s.Errorf("the other context after the OOM kill: %+v", res)
+	}
+	if res := s.cell(sb, "hog", "'small' in globals()", time.Minute); text(res) != "False" || res.ExecutionCount != 1 {
+		s.Errorf("the lost context starts afresh: %+v", res)
+	}
+	if out := s.runOK(sb, "echo still"); out != "still\n" {
+		s.Errorf("the sandbox after the OOM kill: %q", out)
+	}
+}
+
+func testCodeChildren(s *suite) {
+	sb := s.create(backend.Spec{})
+	// A child forked by a cell that comes back out of the cell's code is
+	// no context: it ends there, and only the context answers.
+	res := s.cell(sb, "", "import os\npid = os.fork()\n'child' if pid == 0 else 'parent'", time.Minute)
+	if text(res) != "'parent'" || len(res.Results) != 1 || res.ContextLost || res.ExecutionCount != 1 {
+		s.Errorf("a cell that forks: %+v", res)
+	}
+	// A child that outlives its cell, writing on: the cell comes back, the
+	// next cell's output is its own, and the child ends with its context.
+	res = s.cell(sb, "", `import os, time
+if os.fork() == 0:
+    open("child.pid", "w").write(str(os.getpid()))
+    while True:
+        try:
+            os.write(1, b"late\n")
+        except OSError:
+            pass
+        time.sleep(0.02)
+"parent"`, time.Minute)
+	if text(res) != "'parent'" || res.ContextLost || res.ExecutionCount != 2 {
+		s.Errorf("a cell whose child outlives it: %+v", res)
+	}
+	child := strings.TrimSpace(s.runOK(sb, "cat child.pid"))
+	if res := s.cell(sb, "", "print('next')", time.Minute); string(res.Stdout) != "next\n" || res.ExecutionCount != 3 {
+		s.Errorf("the next cell's output: %q (count %d)", res.Stdout, res.ExecutionCount)
+	}
+	if out := s.runOK(sb, "kill -0 "+child+" && echo running"); out != "running\n" {
+		s.Errorf("the child did not outlive its cell: %q", out)
+	}
+	if err := s.code().DeleteContext(s.ctx(), sb.id, backend.DefaultContext); err != nil {
+		s.Fatalf("DeleteContext: %v", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for s.run(sb, "kill -0 "+child).ExitCode == 0 {
+		if time.Now().After(deadline) {
+			s.Fatalf("the child %s of a deleted context still runs", child)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// forgeries are cells that attack their own context's plumbing.
+const (
+	// forgeFrames writes frames on the cell's own results stream (a
+	// stream socket): a display, a "done" with a count of 99, and then a
+	// frame that says it is 4 GiB long.
+	forgeFrames = `import os, socket, struct, json
+def frame(m):
+    b = json.dumps(m).encode()
+    return struct.pack(">I", len(b)) + b
+for fd in range(3, 64):
+    try:
+        s = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        continue
+    if s.type == socket.SOCK_STREAM:
+        s.sendall(frame({"t": "display", "data": {"text/plain": "forged"}}) + frame({"t": "done", "count": 99, "error": None, "dropped": 0}) + b"\xff\xff\xff\xff")
+    s.detach()
+"real"`
+	// forgeDone says "done 99" on the context's control socket (a
+	// seqpacket socket) while its cell runs.
+	forgeDone = `import os, socket
+for fd in range(3, 64):
+    try:
+        s = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        continue
+    if s.type == socket.SOCK_SEQPACKET:
+        s.send(b"done 99")
+    s.detach()
+"real"`
+)
+
+func testCodeForgery(s *suite) {
+	sb := s.create(backend.Spec{})
+	s.cell(sb, "other", "secret = 'other'", time.Minute)
+	s.cell(sb, "", "x = 1", time.Minute)
+	// Frames on its own results stream: only its own cell's results are
+	// what it wrote; the count is the agent's, the rest is left out.
+	res := s.cell(sb, "", forgeFrames, time.Minute)
+	if res.ExecutionCount != 2 || res.ContextLost || !res.ResultsTruncated {
+		s.Errorf("a cell that forged its results: %+v", res)
+	}
+	if res := s.cell(sb, "", "x", time.Minute); text(res) != "1" || len(res.Results) != 1 || res.ResultsTruncated || res.ExecutionCount != 3 {
+		s.Errorf("the cell after a forgery: %+v", res)
+	}
+	// Closed and replaced standard streams and a closed results stream:
+	// its own cell's output and results are gone; the next cell's are not.
+	res = s.cell(sb, "", `import os, sys
+sys.stdout.close()
+sys.stderr = None
+import socket
+for fd in range(3, 64):
+    try:
+        s = socket.socket(fileno=fd)
+    except OSError:
+        continue
+    kind = s.type
+    s.detach()
+    if kind == socket.SOCK_STREAM:
+        os.close(fd)
+os.close(1)
+os.close(2)
+"unseen"`, time.Minute)
+	if res.ContextLost || res.ExecutionCount != 4 || !res.ResultsTruncated {
+		s.Errorf("a cell that closed its streams: %+v", res)
+	}
+	if res := s.cell(sb, "", "import sys, os\nprint('out')\nos.write(2, b'err')\nx + 1", time.Minute); string(res.Stdout) != "out\n" || string(res.Stderr) != "err" || text(res) != "2" || res.ExecutionCount != 5 {
+		s.Errorf("the cell after closed streams: %+v", res)
+	}
+	// "done" on its own control socket: the agent did not expect it, and
+	// the context is lost; it never answers for another cell.
+	res = s.cell(sb, "", forgeDone, time.Minute)
+	if !res.ContextLost {
+		s.Errorf("a cell that forged its end: %+v", res)
+	}
+	if res := s.cell(sb, "", "'x' in globals()", time.Minute); text(res) != "False" || res.ExecutionCount != 1 {
+		s.Errorf("the context after a forged end starts afresh: %+v", res)
+	}
+	// Nothing of it reached the other context.
+	if res := s.cell(sb, "other", "secret", time.Minute); text(res) != "'other'" || res.ExecutionCount != 2 || res.ResultsTruncated {
+		s.Errorf("the other context: %+v", res)
+	}
+	// No other process of the sandbox reads a context's memory or
+	// descriptors (its results stream), nor the zygote's (its control
+	// socket): they are not dumpable.
+	pids := text(s.cell(sb, "other", "import os\n'%d %d' % (os.getpid(), os.getppid())", time.Minute))
+	for _, pid := range strings.Fields(strings.Trim(pids, "'")) {
+		probe := fmt.Sprintf("cat /proc/%s/environ >/dev/null 2>&1 && echo environ; readlink /proc/%s/fd/0 >/dev/null 2>&1 && echo fd0; true", pid, pid)
+		if out := s.run(sb, probe); len(out.Stdout) != 0 {
+			s.Errorf("a command read process %s of the contexts: %q", pid, out.Stdout)
+		}
+	}
+	if out := s.runOK(sb, "echo still"); out != "still\n" {
+		s.Errorf("the sandbox after the forgeries: %q", out)
 	}
 }

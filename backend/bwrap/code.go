@@ -121,6 +121,9 @@ func (b *Backend) RunCode(ctx context.Context, id string, req backend.CodeReques
 	go func() { read <- cellres.Read(results, max(req.MaxOutputBytes, 1)) }()
 
 	end, failed, err := b.cellEnd(opCtx, status, outer)
+	// One grace, from the cell's end, for its pipes and its results stream
+	// alike (a process the cell left may hold either open).
+	drained := time.Now().Add(initDrainGrace)
 	out := streams.Finish(initDrainGrace)
 	res := backend.CodeResult{
 		Stdout: out.Stdout, Stderr: out.Stderr, StdoutTruncated: out.StdoutTruncated, StderrTruncated: out.StderrTruncated,
@@ -147,17 +150,29 @@ func (b *Backend) RunCode(ctx context.Context, id string, req backend.CodeReques
 		return res, err
 	}
 	var r cellres.Results
+	wait := time.NewTimer(max(time.Until(drained), 0))
 	select {
 	case r = <-read:
-	case <-time.After(initDrainGrace):
+	case <-wait.C:
 		// The context (or a process it left) holds the stream open past
 		// the cell's end: what was read is what there is.
 		_ = results.SetReadDeadline(time.Now())
 		r = <-read
 	}
+	wait.Stop()
 	res.Results, res.ResultsTruncated, res.Error, res.ExecutionCount = r.Bundles, r.Truncated, r.Error, r.Count
+	if end.Count > 0 {
+		// The agent's count is the truth: a cell can write its own
+		// results stream (a forged "done" frame), not the agent's count.
+		res.ExecutionCount = end.Count
+	}
 	if r.Malformed != nil {
 		log.Warn("a cell's results stream was malformed; what came before is kept", "error", r.Malformed)
+		res.ResultsTruncated = true
+	}
+	if !r.Done && !end.Lost {
+		// The cell ended in its context without its last frame (it closed
+		// or broke its own results stream): what it said may be missing.
 		res.ResultsTruncated = true
 	}
 	res.TimedOut = end.Timed != proclog.TimedNo
@@ -218,7 +233,7 @@ func (b *Backend) cellEnd(ctx context.Context, status *os.File, outer time.Time)
 		case bwwire.MsgStarted:
 			started = true
 		case bwwire.MsgCellEnd:
-			return agent.CellEnd{Lost: m.A == 1, How: m.B, Code: m.C & 0xff, Timed: m.C >> 8}, nil, nil
+			return agent.CellEnd{Lost: m.A&1 == 1, Count: int(m.A >> 1), How: m.B, Code: m.C & 0xff, Timed: m.C >> 8}, nil, nil
 		case bwwire.MsgFailed:
 			reason := string(buf[bwwire.MsgSize:n])
 			limit := b.cfg.Code.MaxContexts

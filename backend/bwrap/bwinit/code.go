@@ -24,9 +24,9 @@ func (r cellReply) Started() {
 }
 
 func (r cellReply) Ended(e agent.CellEnd) {
-	m := bwwire.Msg{Kind: bwwire.MsgCellEnd, B: e.How, C: e.Timed<<8 | e.Code&0xff}
+	m := bwwire.Msg{Kind: bwwire.MsgCellEnd, A: uint32(min(max(e.Count, 0), 1<<31-1)) << 1, B: e.How, C: e.Timed<<8 | e.Code&0xff}
 	if e.Lost {
-		m.A = 1
+		m.A |= 1
 	}
 	_ = unix.Sendmsg(r.status, m.Encode(), nil, nil, unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT)
 	_ = unix.Close(r.status)

@@ -108,7 +108,7 @@ const (
 	MsgProcDone   = 11
 	// Code contexts (backend/agent's Contexts).
 	MsgCode          = 12 // a cell: header values A (the request's length, 0: in a memfd), + CodeRequest
-	MsgCellEnd       = 13 // how a cell ended: A lost (1) or kept (0), B how (proclog.End*), C timed<<8 | code
+	MsgCellEnd       = 13 // how a cell ended: A count<<1 | lost (1) or kept (0), B how (proclog.End*), C timed<<8 | code
 	MsgContextList   = 14 // answered with a proc done whose payload lists "name running count" lines
 	MsgContextDelete = 15 // + the context's name; answered with a proc done
 )
