@@ -170,6 +170,9 @@ func DecodeCodeRequest(b []byte) (CodeRequest, error) {
 	if r.Env, ok = d.List(MaxRequestEnv); !ok {
 		return bad("bad environment")
 	}
+	if err := wirefmt.CheckCommand(r.Env, "/"); err != nil {
+		return bad(err.Error())
+	}
 	if r.Preload, ok = d.String(); !ok {
 		return bad("bad preload")
 	}
