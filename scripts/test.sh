@@ -85,6 +85,8 @@ fuzz FuzzDecodeWire 150000x ./ipc
 fuzz FuzzDecodeRequestTypes 100000x ./ipc
 fuzz FuzzReadAt 30000x ./backend/proclog
 fuzz FuzzDecodeRequest 50000x ./backend/agent
+fuzz FuzzCellresRead 200000x ./backend/cellres
+fuzz FuzzDecodeCodeRequest 300000x ./backend/bwrap/bwwire
 
 # The .deb is built for 32-bit hosts too, where a 32-bit length in a frame
 # overflows an int: the frame walk's tests run there as well. As a 386
