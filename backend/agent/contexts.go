@@ -124,7 +124,8 @@ type zygote struct {
 	pid, sock int
 	ready     bool
 	python    string
-	err       error // the zygote failed: every waiting cell fails with it
+	err       error         // the zygote failed: every waiting cell fails with it
+	waiters   []func(error) // Prestart's, told when it is ready or gone
 }
 
 type codeContext struct {
@@ -196,6 +197,27 @@ func (c *Contexts) Run(name string, f CellFiles, timeout, grace time.Duration, r
 	}
 	c.waiting = append(c.waiting, ce)
 	c.advance()
+}
+
+// Prestart starts the zygote ahead of any cell (a warm-pool member's, so
+// that its first cell costs a fork), with env and preload, unless one runs
+// or failed already, and calls done once it is ready (nil) or could not
+// be (ErrNoPython, or why it ended).
+func (c *Contexts) Prestart(env []string, preload string, done func(error)) {
+	if c.z == nil {
+		c.Env, c.Preload = env, preload
+		if err := c.startZygote(); err != nil {
+			c.z = &zygote{pid: -1, sock: -1, err: err}
+		}
+	}
+	switch {
+	case c.z.err != nil:
+		done(c.z.err)
+	case c.z.ready:
+		done(nil)
+	default:
+		c.z.waiters = append(c.z.waiters, done)
+	}
 }
 
 func (c *Contexts) queued(name string) bool {
@@ -394,6 +416,10 @@ func (c *Contexts) zygoteSaid() {
 	switch m.Op {
 	case "ready":
 		z.ready, z.python = true, m.Python
+		for _, w := range z.waiters {
+			w(nil)
+		}
+		z.waiters = nil
 		c.advance()
 	case "forked":
 		x := c.byName[m.Name]
@@ -572,6 +598,9 @@ func (c *Contexts) zygoteGone(why error) {
 		c.failCell(ce, unix.EIO, why.Error())
 	}
 	c.waiting = nil
+	for _, w := range z.waiters {
+		w(why)
+	}
 	c.z = nil // the next cell starts another
 }
 

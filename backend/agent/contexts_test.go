@@ -3,6 +3,7 @@ package agent
 import (
 	"os/exec"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -238,4 +239,31 @@ func TestForkedAnswersAreChecked(t *testing.T) {
 	assert.False(t, r.started)
 	assert.NoError(t, bystander.Process.Signal(syscall.Signal(0)), "the bystander was killed")
 	assert.Equal(t, []ContextInfo{{Name: "a"}}, z.c.List(), "the context still waits for its fork")
+}
+
+// Prestart's caller hears once the zygote is ready, or that it ended.
+func TestPrestartWaitsForTheZygote(t *testing.T) {
+	z := newFakeZygote(t, false)
+	var got []string
+	note := func(err error) {
+		if err == nil {
+			got = append(got, "ready")
+		} else {
+			got = append(got, err.Error())
+		}
+	}
+	z.c.Prestart(nil, "", note)
+	assert.Empty(t, got)
+	_, err := unix.Write(z.sock, []byte("ready 3.11.2"))
+	require.NoError(t, err)
+	z.pump("ready", func() bool { return len(got) == 1 })
+	z.c.Prestart(nil, "", note)
+	assert.Equal(t, []string{"ready", "ready"}, got)
+
+	z = newFakeZygote(t, false)
+	got = nil
+	z.c.Prestart(nil, "", note)
+	require.NoError(t, unix.Shutdown(z.sock, unix.SHUT_RDWR))
+	z.pump("gone", func() bool { return len(got) == 1 })
+	assert.True(t, strings.Contains(got[0], "zygote"), got[0])
 }

@@ -262,6 +262,49 @@ func cellFailure(errno unix.Errno, reason string, limit int) error {
 	return fmt.Errorf("%w: the cell could not run: %s", backend.ErrUnavailable, reason)
 }
 
+// zygoteStartTimeout bounds a zygote's start: the interpreter's and its
+// preloaded modules' imports (seconds for pandas on a loaded host).
+const zygoteStartTimeout = initAnswerTimeout + 30*time.Second
+
+// warmCode starts sandbox sb's zygote when its image's contexts preload
+// modules (the operator's sign that code runs there), so that a pool
+// member's first run_code costs a fork, not the interpreter's start and
+// its imports; it waits until the zygote is ready. A zygote that cannot
+// start is logged and left for the first cell to report (no python3 in
+// the image: no_python); the member stays warm for commands. The caller
+// holds sb.initMu.
+func (b *Backend) warmCode(ctx context.Context, sb *sandbox, ip *initProc) {
+	image := backend.HostImage
+	if sb.image != nil {
+		image = sb.image.Name
+	}
+	preload := b.cfg.Code.preload(image)
+	if preload == "" {
+		return
+	}
+	log := b.log.With("sandbox", sb.id)
+	env, err := backend.MergeEnv(sb.baseEnv(), sb.env, nil)
+	if err != nil {
+		log.Warn("the code zygote was not started ahead", "error", err)
+		return
+	}
+	payload := bwwire.CodeRequest{Env: env, Preload: preload, MaxContexts: uint32(b.cfg.Code.MaxContexts)}.Encode()
+	if len(payload) > bwwire.MaxInlineRequest {
+		log.Warn("the code zygote was not started ahead: the sandbox's environment is too large to send inline", "bytes", len(payload))
+		return
+	}
+	start := time.Now()
+	body, answer, err := b.askInitBy(ctx, ip, bwwire.Msg{Kind: bwwire.MsgCodeWarm, A: uint32(len(payload))}, payload, start.Add(zygoteStartTimeout))
+	switch {
+	case err != nil:
+		log.Warn("the code zygote was not started ahead", "error", err)
+	case answer.A != bwwire.ProcOK:
+		log.Warn("the code zygote could not start; run_code in this sandbox will say why", "reason", body)
+	default:
+		log.Debug("the code zygote is ready", "preload", preload, "took", time.Since(start))
+	}
+}
+
 // ListContexts implements backend.CodeRunner.
 func (b *Backend) ListContexts(ctx context.Context, id string) ([]backend.ContextInfo, error) {
 	sb, err := b.lookup(id)
@@ -326,13 +369,17 @@ func (b *Backend) deleteContext(ctx context.Context, sb *sandbox, name string) e
 // askInit sends init m with payload and a reply socket and returns its
 // proc done answer and the text after it.
 func (b *Backend) askInit(ctx context.Context, ip *initProc, m bwwire.Msg, payload []byte) (string, bwwire.Msg, error) {
+	return b.askInitBy(ctx, ip, m, payload, time.Now().Add(procAnswerTimeout))
+}
+
+// askInitBy is askInit answered by deadline.
+func (b *Backend) askInitBy(ctx context.Context, ip *initProc, m bwwire.Msg, payload []byte, deadline time.Time) (string, bwwire.Msg, error) {
 	reply, replyInit, err := seqpacketPair("sandbox-init-reply")
 	if err != nil {
 		return "", bwwire.Msg{}, fmt.Errorf("%w: %v", backend.ErrUnavailable, err)
 	}
 	defer reply.Close()
 	defer replyInit.Close()
-	deadline := time.Now().Add(procAnswerTimeout)
 	if err := ip.sendMsg(m, payload, []int{int(replyInit.Fd())}, deadline); err != nil {
 		return "", bwwire.Msg{}, fmt.Errorf("%w: cannot reach the sandbox's init: %v", backend.ErrUnavailable, err)
 	}

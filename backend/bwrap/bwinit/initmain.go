@@ -616,6 +616,10 @@ func (st *initState) receive() bool {
 		taken[0] = true // contextRequest closes it
 		st.contextRequest(m, payload, fds[0])
 		return false
+	case m.Kind == bwwire.MsgCodeWarm && len(fds) == 1:
+		taken[0] = true // answered once the zygote is ready
+		st.warmCode(m, payload, fds[0])
+		return false
 	case m.Kind != bwwire.MsgRun:
 		err = fmt.Errorf("%w: kind %d on the control socket", bwwire.ErrBadMessage, m.Kind)
 	case int64(m.A) != int64(len(payload)):
