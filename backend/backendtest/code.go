@@ -24,6 +24,8 @@ var codeTests = []struct {
 	{"CodeErrorsAndInterrupts", testCodeErrors},
 	{"CodeContextsShareNothing", testCodeContexts},
 	{"CodeContextLostOnlyItself", testCodeLost},
+	{"CodeRendersDataFramesAndFigures", testCodeLibraries},
+	{"CodePreloadsAndReseeds", testCodePreload},
 	{"CodeFloodsStayBounded", testCodeFloods},
 	{"CodeOutOfMemoryLosesOnlyItsContext", testCodeOutOfMemory},
 	{"CodeChildrenOutliveTheirCell", testCodeChildren},
@@ -212,6 +214,126 @@ func testCodeLost(s *suite) {
 	// contexts.
 	if res := s.cell(sb, "other", "o + 1", time.Minute); text(res) != "3" {
 		s.Errorf("a context after a command: %+v", res)
+	}
+}
+
+// codeLibraries are what the rendering tests need in the sandbox.
+var codeLibraries = []string{"numpy", "pandas", "matplotlib"}
+
+// needLibraries fails the test when the sandbox lacks codeLibraries and
+// the options say it has them, and skips it otherwise.
+func (s *suite) needLibraries(sb sandbox) {
+	s.Helper()
+	res := s.cell(sb, "probe", fmt.Sprintf("import importlib.util\n[m for m in %s if importlib.util.find_spec(m) is None]", pyList(codeLibraries)), time.Minute)
+	if err := s.code().DeleteContext(s.ctx(), sb.id, "probe"); err != nil {
+		s.Fatalf("DeleteContext(probe): %v", err)
+	}
+	if missing := text(res); missing != "[]" {
+		if s.opts.CodeLibraries {
+			s.Fatalf("the sandbox's python3 lacks %s (Options.CodeLibraries says it has them): %+v", missing, res)
+		}
+		s.Skipf("the sandbox's python3 lacks %s", missing)
+	}
+}
+
+// pyList is names as a Python list of strings.
+func pyList(names []string) string {
+	q := make([]string, len(names))
+	for i, n := range names {
+		q[i] = strconv.Quote(n)
+	}
+	return "[" + strings.Join(q, ", ") + "]"
+}
+
+// pngMagic starts every PNG file.
+const pngMagic = "\x89PNG\r\n\x1a\n"
+
+func testCodeLibraries(s *suite) {
+	sb := s.create(backend.Spec{})
+	s.needLibraries(sb)
+	// A DataFrame's value: HTML and text, as a notebook shows it.
+	res := s.cell(sb, "", `import pandas as pd
+df = pd.DataFrame({"city": ["Oslo", "Lima"], "temp": [3.5, 19.0]})
+df`, time.Minute)
+	if res.Error != nil || len(res.Results) != 1 {
+		s.Fatalf("a DataFrame's value: %+v", res)
+	}
+	html, _ := res.Results[0]["text/html"].(string)
+	plain, _ := res.Results[0]["text/plain"].(string)
+	if !strings.Contains(html, "<table") || !strings.Contains(html, "Oslo") || !strings.Contains(plain, "city") || !strings.Contains(plain, "Lima") {
+		s.Errorf("a DataFrame's bundle: text/html %q, text/plain %q", html, plain)
+	}
+	// A figure left open at the end of a cell comes back as a PNG after
+	// what the cell displayed, and is closed.
+	res = s.cell(sb, "", `import matplotlib.pyplot as plt
+fig, ax = plt.subplots()
+ax.plot([1, 2, 3], [2, 4, 1])
+display("before the figure")`, time.Minute)
+	if res.Error != nil || len(res.Results) != 2 {
+		s.Fatalf("a cell that leaves a figure open: %+v", res)
+	}
+	png := asBytes(res.Results[1]["image/png"])
+	if res.Results[0]["text/plain"] != "'before the figure'" || !bytes.HasPrefix(png, []byte(pngMagic)) || len(png) < 1000 {
+		s.Errorf("the figure: %d bytes of image/png starting %q, bundles %d", len(png), png[:min(len(png), 8)], len(res.Results))
+	}
+	if t, _ := res.Results[1]["text/plain"].(string); !strings.Contains(t, "Figure") {
+		s.Errorf("the figure's text/plain: %q", t)
+	}
+	if res := s.cell(sb, "", "plt.get_fignums()", time.Minute); text(res) != "[]" || len(res.Results) != 1 {
+		s.Errorf("the figure was not closed: %+v", res)
+	}
+	// Several objects in one display, in order, then the value.
+	res = s.cell(sb, "", `display(df.head(1), pd.Series([7], name="s"), "three")
+df.shape`, time.Minute)
+	if res.Error != nil || len(res.Results) != 4 {
+		s.Fatalf("display of three objects and a value: %+v", res)
+	}
+	first, _ := res.Results[0]["text/html"].(string)
+	second, _ := res.Results[1]["text/plain"].(string)
+	if !strings.Contains(first, "<table") || !strings.Contains(second, "Name: s") || res.Results[2]["text/plain"] != "'three'" || text(res) != "(2, 2)" {
+		s.Errorf("display's bundles out of order: %+v", res.Results)
+	}
+}
+
+func testCodePreload(s *suite) {
+	sb := s.create(backend.Spec{})
+	if s.opts.CodeLibraries {
+		s.needLibraries(sb)
+	}
+	if len(s.opts.CodePreload) > 0 {
+		// A fresh context's first cell, before it imports anything: what
+		// the zygote imported is there, each module the sandbox has.
+		res := s.cell(sb, "fresh", fmt.Sprintf(`import sys, importlib.util
+mods = %s
+loaded = [m for m in mods if m in sys.modules]
+loaded == [m for m in mods if importlib.util.find_spec(m) is not None], loaded`, pyList(s.opts.CodePreload)), time.Minute)
+		if !strings.HasPrefix(text(res), "(True, ") || res.ExecutionCount != 1 {
+			s.Errorf("the preloaded modules in a fresh context (imported, all there are): %+v", res)
+		}
+		if s.opts.CodeLibraries && strings.Contains(pyList(s.opts.CodePreload), `"pandas"`) && !strings.Contains(text(res), "'pandas'") {
+			s.Errorf("pandas is preloaded and in the sandbox, yet not imported in a fresh context: %s", text(res))
+		}
+	}
+	// Two forks of one zygote draw their own numbers: Python's random
+	// and, where it is, numpy's global generator (preloaded, its state is
+	// the zygote's until the fork reseeds it).
+	const draw = `import random
+r = [random.getrandbits(62)]
+try:
+    import numpy
+    r.append(int(numpy.random.randint(0, 2**62)))
+except ImportError:
+    pass
+r`
+	a, b := text(s.cell(sb, "a", draw, time.Minute)), text(s.cell(sb, "b", draw, time.Minute))
+	as, bs := strings.Split(strings.Trim(a, "[]"), ", "), strings.Split(strings.Trim(b, "[]"), ", ")
+	if len(as) != len(bs) || as[0] == "" || (s.opts.CodeLibraries && len(as) != 2) {
+		s.Fatalf("draws: a %q, b %q", a, b)
+	}
+	for i := range as {
+		if as[i] == bs[i] {
+			s.Errorf("two contexts drew the same number (generator %d of random, numpy): a %q, b %q", i, a, b)
+		}
 	}
 }
 
