@@ -567,4 +567,25 @@ os.close(2)
 	if out := s.runOK(sb, "echo still"); out != "still\n" {
 		s.Errorf("the sandbox after the forgeries: %q", out)
 	}
+	// They share the sandbox's uid: a command can kill the interpreter.
+	// Every context is lost with it, and the next cell starts another.
+	zygote := strings.Fields(strings.Trim(pids, "'"))[1]
+	s.runOK(sb, "kill -9 "+zygote)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		list, err := s.code().ListContexts(s.ctx(), sb.id)
+		if err != nil {
+			s.Fatalf("ListContexts: %v", err)
+		}
+		if len(list) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			s.Fatalf("the contexts outlived their interpreter: %+v", list)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if res := s.cell(sb, "other", "'secret' in globals()", time.Minute); text(res) != "False" || res.ExecutionCount != 1 {
+		s.Errorf("a context after its interpreter was killed: %+v", res)
+	}
 }
