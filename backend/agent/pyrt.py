@@ -114,9 +114,37 @@ def zygote():
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
+
+    def fork_context():
+        """A context, forked ahead: (its pid, our end of its socket)."""
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                for fd in (wake_r, wake_w):
+                    os.close(fd)
+                ctl.close()
+                mine.close()
+                if spare[0] is not None:
+                    spare[0][1].close()
+                context(theirs)
+            finally:
+                os._exit(0)
+        theirs.close()
+        return pid, mine
+
+    # One context is always forked ahead, the spare: a new context is
+    # handed out at once, and the next spare forked once it is, so that a
+    # context's fork and start (page faults on every page of the
+    # interpreter it touches) are not its first cell's. It never ran a
+    # cell, and was reseeded at its own fork.
+    spare = [None]
+    spare[0] = fork_context()
     send(ctl, ["ready", sys.version.split()[0]])
     while True:
-        reap(ctl)
+        reap(ctl, spare)
         try:
             ready, _, _ = select.select([ctl, wake_r], [], [])
         except OSError:
@@ -138,28 +166,18 @@ def zygote():
             os._exit(0)  # the agent is gone: so is the sandbox
         if len(msg) != 2 or msg[0] != "fork":
             continue
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        pid = os.fork()
-        if pid == 0:
-            try:
-                signal.set_wakeup_fd(-1)
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                for fd in (wake_r, wake_w):
-                    os.close(fd)
-                ctl.close()
-                mine.close()
-                context(theirs)
-            finally:
-                os._exit(0)
-        theirs.close()
+        reap(ctl, spare)  # a spare that died is not handed out
+        pid, mine = spare[0] if spare[0] is not None else fork_context()
+        spare[0] = None
         try:
             send(ctl, ["forked", msg[1], pid], [mine.fileno()])
         except OSError:
             os._exit(0)
         mine.close()
+        spare[0] = fork_context()
 
 
-def reap(ctl):
+def reap(ctl, spare):
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -167,10 +185,28 @@ def reap(ctl):
             return
         if pid == 0:
             return
+        if spare[0] is not None and spare[0][0] == pid:
+            spare[0][1].close()
+            spare[0] = None  # forked again when one is asked for
+            continue
         try:
             send(ctl, ["died", pid, status])
         except OSError:
             os._exit(0)
+
+
+def rehearse(me):
+    """Runs a cell's path once, on nothing, before any cell comes (a
+    context is forked ahead): the pages of the interpreter that a cell
+    touches are copied now, not during the first cell."""
+    try:
+        cell = Cell(io.BytesIO())
+        for code in ("x = 1\nx", "1/0"):
+            error = run(code, {"__builtins__": builtins}, 0, {signal.SIGINT}, cell, me)
+            cell.frame(encode({"t": "done", "count": 0, "error": error, "dropped": 0}))
+    except Exception:
+        pass
+    linecache.cache.pop("<cell-0>", None)
 
 
 def reseed():
@@ -339,6 +375,7 @@ def context(ctl):
     except OSError:
         pass
     reseed()
+    rehearse(me)
     ns = {"__name__": "__main__", "__builtins__": builtins}
     count = 0
     current = [None]
