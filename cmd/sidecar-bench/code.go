@@ -208,7 +208,7 @@ func benchPandas(o options, rep *report, d *daemon, c *ipc.Client, image string,
 		rep.add("code", "memory: the zygote, numpy and pandas preloaded", map[string]float64{"rss_mib": mib(mem.zygote.rss), "pss_mib": mib(mem.zygote.pss)},
 			"what a warm-pool member's zygote costs, started ahead by Warm")
 		rep.add("code", "memory: one more context, after a pandas cell", map[string]float64{"uss_mib": mib(mem.context.uss), "pss_mib": mib(mem.context.pss), "rss_mib": mib(mem.context.rss)},
-			fmt.Sprintf("one of %d live contexts; its rss is mostly the zygote's shared pages", mem.contexts))
+			fmt.Sprintf("one of %d live contexts (the spare, forked ahead, among them); its rss is mostly the zygote's shared pages", mem.contexts))
 	}
 
 	// A new sandbox's first cell (no pool): the zygote's start and its
