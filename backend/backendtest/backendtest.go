@@ -77,6 +77,15 @@ type Options struct {
 	// Code says the backend runs code contexts (backend.CodeRunner), and
 	// the suite holds it to their contract; the sandbox needs python3.
 	Code bool
+	// CodeLibraries says the sandboxes' python3 has numpy, pandas and
+	// matplotlib (the test image does): the tests that render DataFrames
+	// and figures then fail without them. Without it they run where the
+	// sandbox has them and skip where it has not.
+	CodeLibraries bool
+	// CodePreload is the modules the backend is configured to preload in
+	// its contexts' interpreter: the suite checks that a fresh context has
+	// imported each one the sandbox has, before its first cell.
+	CodePreload []string
 	// Processes says the backend runs durable processes
 	// (backend.Processes), and the suite holds it to their contract.
 	Processes bool
