@@ -27,6 +27,10 @@ const (
 	holdWait = 5 * time.Second
 	// holdPoll is how often it looks.
 	holdPoll = time.Millisecond
+	// holdFirstRound and holdLastRound bound one v1 freeze round (see
+	// Hold): it doubles from the first to the last.
+	holdFirstRound = 10 * time.Millisecond
+	holdLastRound  = 640 * time.Millisecond
 )
 
 // Hold freezes every process of the group and waits until they are all
@@ -46,26 +50,63 @@ func (c *Cgroup) Hold(ctx context.Context) (release func() error, err error) {
 	} else if s := strings.TrimSpace(string(asked)); s == "1" || s == "FROZEN" || s == "FREEZING" {
 		return func() error { return nil }, nil
 	}
-	thaw := func() error { return writeFile(ctl, c.freezeValue(false)) }
-	if err := writeFile(ctl, c.freezeValue(true)); err != nil {
+	f := freezerOps{
+		write:  func(freeze bool) error { return writeFile(ctl, c.freezeValue(freeze)) },
+		frozen: frozen,
+	}
+	release, err = hold(ctx, f, c.version)
+	if err != nil {
 		return nil, fmt.Errorf("hold cgroup %s: %w", c.name, err)
 	}
+	return release, nil
+}
+
+// freezerOps is what hold needs of a group's freezer.
+type freezerOps struct {
+	write  func(freeze bool) error
+	frozen func() (bool, error)
+}
+
+// hold freezes until frozen, bounded by ctx and holdWait; the group is
+// thawed again on every error. On v1 a round that does not finish is
+// thawed and tried again: a process caught by the freeze between its
+// vfork and its wait for the child is never counted frozen there (v2
+// counts it), so that freeze would stay FREEZING for good. Thawed, it
+// waits properly and the next round takes it. Rounds grow so a big group
+// under load still finishes one.
+func hold(ctx context.Context, f freezerOps, v Version) (release func() error, err error) {
+	thaw := func() error { return f.write(false) }
 	deadline := time.Now().Add(holdWait)
+	round := holdFirstRound
 	for {
-		done, err := frozen()
-		if err == nil && done {
-			return thaw, nil
+		if err := f.write(true); err != nil {
+			return nil, errors.Join(err, thaw())
 		}
-		if err == nil && time.Now().After(deadline) {
-			err = fmt.Errorf("its processes did not all stop within %v (one is in an uninterruptible wait?)", holdWait)
+		roundEnd := time.Now().Add(round)
+		for {
+			done, err := f.frozen()
+			if err == nil && done {
+				return thaw, nil
+			}
+			if err == nil && time.Now().After(deadline) {
+				err = fmt.Errorf("its processes did not all stop within %v (one is in an uninterruptible wait?)", holdWait)
+			}
+			if err == nil {
+				err = ctx.Err()
+			}
+			if err != nil {
+				return nil, errors.Join(err, thaw())
+			}
+			if v != V2 && time.Now().After(roundEnd) {
+				break
+			}
+			time.Sleep(holdPoll)
 		}
-		if err == nil {
-			err = ctx.Err()
-		}
-		if err != nil {
-			return nil, errors.Join(fmt.Errorf("hold cgroup %s: %w", c.name, err), thaw())
+		if err := thaw(); err != nil {
+			return nil, fmt.Errorf("thaw between rounds: %w", err)
 		}
 		time.Sleep(holdPoll)
+		round = min(2*round, holdLastRound)
 	}
 }
 

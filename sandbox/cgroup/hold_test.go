@@ -101,3 +101,70 @@ func TestRealKillOfAHeldGroup(t *testing.T) {
 	require.NoError(t, c.Destroy(ctx))
 	g.wait(t, 10*time.Second)
 }
+
+// TestHoldRoundsThawAStuckFreeze scripts a v1 freezer that never finishes
+// the first freeze (a vfork parent caught between its clone and its wait
+// is never counted frozen) and finishes the one after a thaw: Hold thaws,
+// freezes again and holds; on v2, which counts such a parent, one freeze
+// is all it writes.
+func TestHoldRoundsThawAStuckFreeze(t *testing.T) {
+	for _, v := range []Version{V1, V2} {
+		var writes []string
+		rounds := 0
+		f := freezerOps{
+			write: func(freeze bool) error {
+				if freeze {
+					rounds++
+					writes = append(writes, "freeze")
+				} else {
+					writes = append(writes, "thaw")
+				}
+				return nil
+			},
+			frozen: func() (bool, error) { return v == V2 || rounds > 1, nil },
+		}
+		release, err := hold(context.Background(), f, v)
+		require.NoError(t, err)
+		if v == V2 {
+			require.Equal(t, []string{"freeze"}, writes)
+		} else {
+			require.Equal(t, []string{"freeze", "thaw", "freeze"}, writes)
+		}
+		require.NoError(t, release())
+		require.Equal(t, "thaw", writes[len(writes)-1])
+	}
+
+	// Stuck for good: bounded by ctx, and left thawed.
+	var last string
+	f := freezerOps{
+		write: func(freeze bool) error {
+			last = map[bool]string{true: "freeze", false: "thaw"}[freeze]
+			return nil
+		},
+		frozen: func() (bool, error) { return false, nil },
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	_, err := hold(ctx, f, V1)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Equal(t, "thaw", last)
+}
+
+// TestRealHoldOfAVforkLoop holds, again and again, a group whose shell
+// vforks in a loop: each hold must finish however the freeze meets it.
+func TestRealHoldOfAVforkLoop(t *testing.T) {
+	m := realManager(t, Options{})
+	c, err := m.Create(uniqueName("vfork"), Limits{})
+	require.NoError(t, err)
+	if _, _, err := c.freezerFiles(); err != nil {
+		requireCI(t, false, "a cgroup freezer ("+err.Error()+")")
+	}
+	g := startGated(t, `while :; do /bin/true; done`)
+	require.NoError(t, c.Add(g.cmd.Process.Pid))
+	g.release(t)
+	for i := 0; i < 20; i++ {
+		release, err := c.Hold(context.Background())
+		require.NoError(t, err, "hold %d", i)
+		require.NoError(t, release())
+	}
+}
