@@ -49,6 +49,9 @@ func (s *Service) features() []string {
 	if _, ok := s.m.Backend().(backend.CodeRunner); ok {
 		out = append(out, "code")
 	}
+	if s.snapshots() {
+		out = append(out, "snapshots")
+	}
 	return out
 }
 
@@ -142,6 +145,7 @@ type Service struct {
 
 	images ImageStore
 	up     uploads // the streamed imports in progress
+	ex     exports // the image exports in progress
 }
 
 type backendHealth struct {
@@ -180,6 +184,7 @@ func (s *Service) Limits() Limits { return s.lim }
 // Disconnected implements ipc.ConnObserver.
 func (s *Service) Disconnected(peer *ipc.Peer) {
 	s.abortUploadsOf(peer.ConnID)
+	s.endExportsOf(peer.ConnID)
 	s.m.Disconnected(peer.ConnID)
 }
 
@@ -299,6 +304,9 @@ func (s *Service) dispatch(ctx context.Context, c lifecycle.Caller, peer *ipc.Pe
 		return with(args, func(r api.SandboxRequest) (any, error) { return s.listContexts(ctx, c, r, a) })
 	case ipc.OpRestartContext, ipc.OpDeleteContext:
 		return with(args, func(r api.ContextRequest) (any, error) { return s.deleteContext(ctx, c, r, a) })
+	}
+	if res, err, ok := s.dispatchSnapshots(ctx, c, peer, req, a); ok {
+		return res, err
 	}
 	return nil, ipc.Errorf(ipc.CodeUnknownOp, "unknown op %q; see docs/protocol.md for the ops this daemon speaks", req.Op)
 }
@@ -813,6 +821,7 @@ func (s *Service) toWire(err error) *ipc.Error {
 		{backend.ErrProcessEnded, ipc.CodeProcessEnded},
 		{backend.ErrUnsupported, ipc.CodeNotSupported},
 		{backend.ErrNoPython, ipc.CodeNoPython},
+		{backend.ErrNoSpace, ipc.CodeNoSpace},
 		{backend.ErrContextNotFound, ipc.CodeContextNotFound},
 		{backend.ErrContextBusy, ipc.CodeContextBusy},
 		{lifecycle.ErrInvalid, ipc.CodeBadRequest},

@@ -90,6 +90,9 @@ func DecodeCellRequest(b []byte) (CellRequest, error) {
 	if r.Env, ok = d.List(MaxCellEnv); !ok {
 		return bad("bad environment")
 	}
+	if err := wirefmt.CheckCommand(r.Env, "/"); err != nil {
+		return bad(err.Error())
+	}
 	if r.Preload, ok = d.String(); !ok {
 		return bad("bad preload")
 	}

@@ -77,9 +77,23 @@ type Options struct {
 	// Code says the backend runs code contexts (backend.CodeRunner), and
 	// the suite holds it to their contract; the sandbox needs python3.
 	Code bool
+	// CodeLibraries says the sandboxes' python3 has numpy, pandas and
+	// matplotlib (the test image does): the tests that render DataFrames
+	// and figures then fail without them. Without it they run where the
+	// sandbox has them and skip where it has not.
+	CodeLibraries bool
+	// CodePreload is the modules the backend is configured to preload in
+	// its contexts' interpreter: the suite checks that a fresh context has
+	// imported each one the sandbox has, before its first cell.
+	CodePreload []string
 	// Processes says the backend runs durable processes
 	// (backend.Processes), and the suite holds it to their contract.
 	Processes bool
+	// Snapshots says the backend hands over a sandbox's files
+	// (backend.Snapshotter), forks (backend.Forker) and seeds a new
+	// sandbox (Spec.Seed), and the suite holds it to their contract.
+	// Freezes says it freezes the sandbox meanwhile, as configured.
+	Snapshots, Freezes bool
 	// Reopen, when set, returns a new instance of the backend on b's state,
 	// as a restarted daemon makes it (b is abandoned, not closed). Without
 	// it the Adopt checks adopt on b itself.
@@ -173,6 +187,9 @@ func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend, opts Optio
 	}
 	if opts.Code {
 		tests = append(tests, codeTests...)
+	}
+	if opts.Snapshots {
+		tests = append(tests, snapshotTests...)
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -187,12 +187,22 @@ func (b *Backend) RunCode(ctx context.Context, id string, req backend.CodeReques
 	}
 	out := res()
 	out.Results, out.ResultsTruncated, out.Error, out.ExecutionCount = r.Bundles, r.Truncated, r.Error, r.Count
+	if end.Count > 0 {
+		// The agent's count is the truth: a cell can write its own
+		// results stream (a forged "done" frame), not the agent's count.
+		out.ExecutionCount = int(end.Count)
+	}
 	if r.Malformed != nil {
 		log.Warn("a cell's results stream was malformed; what came before is kept", "error", r.Malformed)
 		out.ResultsTruncated = true
 	}
 	out.TimedOut = end.D != proclog.TimedNo
 	out.ContextLost = end.A == 1
+	if !r.Done && !out.ContextLost {
+		// The cell ended in its context without its last frame (it closed
+		// or broke its own results stream): what it said may be missing.
+		out.ResultsTruncated = true
+	}
 	if out.ContextLost {
 		out.OOMKills = sb.oomKills() - oomBefore
 		out.OOMKilled = out.OOMKills > 0 && end.D != proclog.TimedKill && oomLike(end)

@@ -30,7 +30,7 @@ func TestCodeFramesRoundTrip(t *testing.T) {
 	}
 	for _, s := range []gvwire.CellStatus{
 		{Seq: 1, What: gvwire.CellStarted},
-		{Seq: 2, What: gvwire.CellEnded, A: 1, B: 2, C: 9, D: gvwire.TimedKill},
+		{Seq: 2, What: gvwire.CellEnded, A: 1, B: 2, C: 9, D: gvwire.TimedKill, Count: 12},
 		{Seq: 3, What: gvwire.CellFailed, A: 2, Reason: "no python3"},
 	} {
 		if got, err := gvwire.DecodeCellStatus(s.Encode()); err != nil || got != s {
@@ -41,21 +41,23 @@ func TestCodeFramesRoundTrip(t *testing.T) {
 
 func TestCodeFramesRefused(t *testing.T) {
 	for name, err := range map[string]error{
-		"code without seq":      second(gvwire.DecodeCode([]byte{1, 2})),
-		"code too large":        second(gvwire.DecodeCode(make([]byte, gvwire.MaxCodePayload+1))),
-		"delete of a bad name":  second(gvwire.DecodeContextDelete(gvwire.ContextDelete{Name: "a b"}.Encode())),
-		"delete of no name":     second(gvwire.DecodeContextDelete(gvwire.U32s(1))),
-		"output of no stream":   second(gvwire.DecodeCellOutput(gvwire.CellOutput{Stream: 0}.Encode())),
-		"output of stream 4":    second(gvwire.DecodeCellOutput(gvwire.CellOutput{Stream: 4}.Encode())),
-		"output too large":      second(gvwire.DecodeCellOutput(gvwire.CellOutput{Stream: 1, Data: make([]byte, gvwire.MaxChunk+1)}.Encode())),
-		"output cut short":      second(gvwire.DecodeCellOutput([]byte{1, 0, 0})),
-		"status of nothing":     second(gvwire.DecodeCellStatus(gvwire.CellStatus{What: 4}.Encode())),
-		"status cut short":      second(gvwire.DecodeCellStatus(gvwire.U32s(1, 1))),
-		"a start with a reason": second(gvwire.DecodeCellStatus(gvwire.CellStatus{What: gvwire.CellStarted, Reason: "x"}.Encode())),
-		"an end lost twice":     second(gvwire.DecodeCellStatus(gvwire.CellStatus{What: gvwire.CellEnded, A: 2}.Encode())),
-		"an end of code 256":    second(gvwire.DecodeCellStatus(gvwire.CellStatus{What: gvwire.CellEnded, C: 256}.Encode())),
-		"an end timed 3":        second(gvwire.DecodeCellStatus(gvwire.CellStatus{What: gvwire.CellEnded, D: 3}.Encode())),
-		"a reason too long":     second(gvwire.DecodeCellStatus(gvwire.CellStatus{What: gvwire.CellFailed, Reason: strings.Repeat("x", gvwire.MaxReasonBytes+1)}.Encode())),
+		"code without seq":         second(gvwire.DecodeCode([]byte{1, 2})),
+		"code too large":           second(gvwire.DecodeCode(make([]byte, gvwire.MaxCodePayload+1))),
+		"delete of a bad name":     second(gvwire.DecodeContextDelete(gvwire.ContextDelete{Name: "a b"}.Encode())),
+		"delete of no name":        second(gvwire.DecodeContextDelete(gvwire.U32s(1))),
+		"output of no stream":      second(gvwire.DecodeCellOutput(gvwire.CellOutput{Stream: 0}.Encode())),
+		"output of stream 4":       second(gvwire.DecodeCellOutput(gvwire.CellOutput{Stream: 4}.Encode())),
+		"output too large":         second(gvwire.DecodeCellOutput(gvwire.CellOutput{Stream: 1, Data: make([]byte, gvwire.MaxChunk+1)}.Encode())),
+		"output cut short":         second(gvwire.DecodeCellOutput([]byte{1, 0, 0})),
+		"status of nothing":        second(gvwire.DecodeCellStatus(gvwire.CellStatus{What: 4}.Encode())),
+		"status cut short":         second(gvwire.DecodeCellStatus(gvwire.U32s(1, 1))),
+		"a start with a reason":    second(gvwire.DecodeCellStatus(gvwire.CellStatus{What: gvwire.CellStarted, Reason: "x"}.Encode())),
+		"an end lost twice":        second(gvwire.DecodeCellStatus(gvwire.CellStatus{What: gvwire.CellEnded, A: 2}.Encode())),
+		"an end of code 256":       second(gvwire.DecodeCellStatus(gvwire.CellStatus{What: gvwire.CellEnded, C: 256}.Encode())),
+		"an end timed 3":           second(gvwire.DecodeCellStatus(gvwire.CellStatus{What: gvwire.CellEnded, D: 3}.Encode())),
+		"an end counted past 2^31": second(gvwire.DecodeCellStatus(gvwire.CellStatus{What: gvwire.CellEnded, Count: 1 << 31}.Encode())),
+		"a start with a count":     second(gvwire.DecodeCellStatus(gvwire.CellStatus{What: gvwire.CellStarted, Count: 1}.Encode())),
+		"a reason too long":        second(gvwire.DecodeCellStatus(gvwire.CellStatus{What: gvwire.CellFailed, Reason: strings.Repeat("x", gvwire.MaxReasonBytes+1)}.Encode())),
 	} {
 		if !errors.Is(err, gvwire.ErrBadFrame) {
 			t.Errorf("%s: %v, want ErrBadFrame", name, err)

@@ -749,6 +749,9 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	if err := b.prepareDirs(sb); err != nil {
 		return backend.Info{}, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
+	if err := b.seed(ctx, sb, spec); err != nil {
+		return backend.Info{}, fmt.Errorf("create sandbox %s: %w", id, err)
+	}
 	if err := registry.SaveSpec(dir, saved); err != nil {
 		return backend.Info{}, fmt.Errorf("create sandbox %s: save its settings: %w", id, err)
 	}

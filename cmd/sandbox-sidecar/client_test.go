@@ -43,6 +43,9 @@ func clientCommands(t *testing.T) map[string][]string {
 		"contexts":         {"contexts", "sc-1"},
 		"contexts rm":      {"contexts", "rm", "sc-1", "c"},
 		"contexts restart": {"contexts", "restart", "sc-1", "c"},
+		"snapshot":         {"snapshot", "sc-1", "prepared"},
+		"fork":             {"fork", "sc-1", "3"},
+		"image push":       {"image", "push", "python", "127.0.0.1:5000/python:1"},
 	}
 }
 

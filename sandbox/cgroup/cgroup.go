@@ -437,6 +437,17 @@ func plan(lay layout, opts Options) (*Manager, error) {
 		}
 		m.v1Base[c] = filepath.Join(dir, opts.Base)
 	}
+	// The freezer, where v1 mounts it, comes along without being required:
+	// a group with it can be held still (Hold); without it, Hold says so.
+	if mt := v1[freezer]; mt != nil && m.v1Base[freezer] == "" {
+		parent := "/"
+		if p := lay.own[freezer]; !opts.UnderRoot && p != "" {
+			parent = p
+		}
+		if dir, err := onDisk(*mt, parent); err == nil {
+			m.v1Base[freezer] = filepath.Join(dir, opts.Base)
+		}
+	}
 	return m, nil
 }
 
@@ -992,6 +1003,10 @@ func (o *OOMCounter) Close() error { return unix.Close(o.fd) }
 // pidfd and checked to still be in the group before it is signalled, so a
 // recycled pid is never hit.
 func (c *Cgroup) Kill(ctx context.Context) error {
+	// A frozen v1 group's processes take no signal until thawed (a hold
+	// a crashed daemon left, a pause); v2's die frozen, but thawing
+	// costs nothing there.
+	c.thawIfFrozen()
 	if c.version == V2 {
 		err := writeFile(filepath.Join(c.dir, "cgroup.kill"), "1")
 		switch {

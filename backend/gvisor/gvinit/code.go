@@ -3,6 +3,7 @@ package gvinit
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
 	"os"
 	"sync"
 	"time"
@@ -19,7 +20,8 @@ import (
 // bwrap's init does, which runs it in its context (a fork of the zygote,
 // all of them the guest's). What differs is where the cell's three
 // streams go: no descriptor of the daemon's can enter the sentry, so init
-// makes them as pipes here and copies what comes out into cell output
+// makes them here (pipes, and a stream socket for the results, as bwrap's
+// daemon makes them) and copies what comes out into cell output
 // frames on its stream (gvwire/codewire.go), as it does a command's
 // output; the cell's status follows its output. Contexts lives in the
 // agent loop (procs.go) with the keepers, under pmu.
@@ -48,7 +50,7 @@ func (r *cellRun) Started() { r.event(gvwire.CellStatus{What: gvwire.CellStarted
 
 // Ended implements agent.Reply.
 func (r *cellRun) Ended(e agent.CellEnd) {
-	s := gvwire.CellStatus{What: gvwire.CellEnded, B: e.How, C: e.Code & 0xff, D: e.Timed}
+	s := gvwire.CellStatus{What: gvwire.CellEnded, B: e.How, C: e.Code & 0xff, D: e.Timed, Count: uint32(min(max(e.Count, 0), math.MaxInt32))}
 	if e.Lost {
 		s.A = 1
 	}
@@ -149,13 +151,20 @@ func (st *initState) runCell(p []byte) {
 	}
 	var child [3]int
 	for i := range child {
-		parent, c, err := childPipe(true, false)
+		var parent *os.File
+		var c int
+		var err error
+		if i == 2 {
+			parent, c, err = resultsStream()
+		} else {
+			parent, c, err = childPipe(true, false)
+		}
 		if err != nil {
 			for j := range i {
 				_ = unix.Close(child[j])
 			}
 			r.closeOuts()
-			r.Failed(unix.EIO, "cannot make the cell's pipes: "+err.Error())
+			r.Failed(unix.EIO, "cannot make the cell's streams: "+err.Error())
 			return
 		}
 		r.outs[i], child[i] = parent, c
@@ -172,6 +181,24 @@ func (st *initState) runCell(p []byte) {
 	st.startAgentLoopLocked()
 	st.pmu.Unlock()
 	st.wakeAgentLoop()
+}
+
+// resultsStream makes a cell's results stream as bwrap's daemon does: a
+// stream socket, init's end non-blocking (and in the runtime's poller),
+// the other for the context. A cell sees the same plumbing on both
+// backends, and what it can do to it (close it, write frames on it) has
+// the same outcome: its own results cut short, nobody else's.
+func resultsStream() (*os.File, int, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, -1, err
+	}
+	if err := unix.SetNonblock(fds[0], true); err != nil {
+		_ = unix.Close(fds[0])
+		_ = unix.Close(fds[1])
+		return nil, -1, err
+	}
+	return os.NewFile(uintptr(fds[0]), "cell-results"), fds[1], nil
 }
 
 // contextRequest answers a context list or delete.

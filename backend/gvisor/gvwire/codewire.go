@@ -3,6 +3,7 @@ package gvwire
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/agent"
 )
@@ -17,11 +18,12 @@ import (
 //	daemon → init:  context list (seq)             answered with a proc answer: the list
 //	daemon → init:  context delete (seq, name)     a proc answer: 0, or ESRCH (none)
 //
-// A cell's three streams are pipes init makes inside the sandbox (no host
-// descriptor reaches the sentry, and runsc opens no host FIFO unless told
-// to for every mount): init hands their writing ends to the context with
-// the cell and copies what comes out of the reading ends into cell output
-// frames. Its status says it started (the context took it), then how it
+// A cell's three streams are made by init inside the sandbox (pipes for
+// stdout and stderr, a stream socket for the results, as bwrap's daemon
+// makes them; no host descriptor reaches the sentry, and runsc opens no
+// host FIFO unless told to for every mount): init hands one end of each
+// to the context with the cell and copies what comes out of the other
+// into cell output frames. Its status says it started (the context took it), then how it
 // ended (after every byte of its streams was sent, or init gave up waiting
 // for one a process of the cell holds open), or that it failed to start
 // (an errno, as agent.Reply's, and why). A cell of a daemon that went
@@ -45,13 +47,13 @@ const (
 // What a cell status says.
 const (
 	CellStarted = 1
-	CellEnded   = 2 // A: lost (1) or kept (0); B how (proclog.End*), C its code, D timed
+	CellEnded   = 2 // A: lost (1) or kept (0); B how (proclog.End*), C its code, D timed, Count the cell's number
 	CellFailed  = 3 // A: the errno; the reason follows
 )
 
 const (
 	cellOutputHeader = 8
-	cellStatusHeader = 24
+	cellStatusHeader = 28
 	// MaxCodePayload bounds a code frame: its seq and its request.
 	MaxCodePayload = 4 + agent.MaxCellRequest
 	// MaxAnswerBody bounds a proc answer's body: a list of processes or
@@ -122,15 +124,18 @@ func DecodeCellOutput(p []byte) (CellOutput, error) {
 	return o, nil
 }
 
-// CellStatus is a cell status frame.
+// CellStatus is a cell status frame. An end's Count is the cell's number
+// in its context as the agent counted it (agent.CellEnd's: 0 when the
+// context was lost before it said), which no cell can forge.
 type CellStatus struct {
 	Seq, What  uint32
 	A, B, C, D uint32
+	Count      uint32
 	Reason     string
 }
 
 func (s CellStatus) Encode() []byte {
-	return append(U32s(s.Seq, s.What, s.A, s.B, s.C, s.D), s.Reason...)
+	return append(U32s(s.Seq, s.What, s.A, s.B, s.C, s.D, s.Count), s.Reason...)
 }
 
 // DecodeCellStatus checks a cell status frame: what it says is one of the
@@ -140,14 +145,16 @@ func DecodeCellStatus(p []byte) (CellStatus, error) {
 		return CellStatus{}, fmt.Errorf("%w: cell status of %d bytes", ErrBadFrame, len(p))
 	}
 	u := func(i int) uint32 { return binary.LittleEndian.Uint32(p[4*i:]) }
-	s := CellStatus{Seq: u(0), What: u(1), A: u(2), B: u(3), C: u(4), D: u(5), Reason: string(p[cellStatusHeader:])}
+	s := CellStatus{Seq: u(0), What: u(1), A: u(2), B: u(3), C: u(4), D: u(5), Count: u(6), Reason: string(p[cellStatusHeader:])}
 	switch {
 	case s.What < CellStarted || s.What > CellFailed:
 		return CellStatus{}, fmt.Errorf("%w: cell status %d", ErrBadFrame, s.What)
 	case s.What != CellFailed && s.Reason != "":
 		return CellStatus{}, fmt.Errorf("%w: cell status %d with a reason", ErrBadFrame, s.What)
-	case s.What == CellEnded && (s.A > 1 || s.C > 255 || s.D > TimedKill):
-		return CellStatus{}, fmt.Errorf("%w: a cell's end %d/%d/%d/%d", ErrBadFrame, s.A, s.B, s.C, s.D)
+	case s.What == CellEnded && (s.A > 1 || s.C > 255 || s.D > TimedKill || s.Count > math.MaxInt32):
+		return CellStatus{}, fmt.Errorf("%w: a cell's end %d/%d/%d/%d/%d", ErrBadFrame, s.A, s.B, s.C, s.D, s.Count)
+	case s.What != CellEnded && s.Count != 0:
+		return CellStatus{}, fmt.Errorf("%w: cell status %d with a count", ErrBadFrame, s.What)
 	}
 	return s, nil
 }

@@ -911,6 +911,41 @@ class SidecarClient:
         """End the context: its process and its state. An unknown one is the error ``context_not_found``."""
         self.call("delete_context", {"sandbox": sandbox, "context": context})
 
+    # -- snapshots and forks -----------------------------------------------------
+
+    def snapshot(self, sandbox: str, name: str, *, memory: bool = False, timeout: Optional[float] = None) -> dict:
+        """Make the sandbox's files (its image, ``/workspace`` and ``/tmp``) the image ``name``.
+
+        Later sandboxes created with ``image=name`` start with those files.
+        Returns ``image``, ``digest``, ``size_bytes``, ``files``, ``base_image``,
+        ``frozen`` (its processes were stopped while its files were copied)
+        and ``duration_ms``. A taken name is the error ``image_exists``, a full
+        disk ``no_space`` (nothing is kept, the sandbox is as it was).
+        """
+        return self.call("snapshot", {"sandbox": sandbox, "name": name, "memory": memory or None}, timeout=timeout)
+
+    def fork(
+        self,
+        sandbox: str,
+        count: int = 1,
+        *,
+        owner: Optional[str] = None,
+        ttl_s: Optional[float] = None,
+        memory: bool = False,
+        timeout: Optional[float] = None,
+    ) -> dict:
+        """Make ``count`` (1..16) new sandboxes as copies of ``sandbox``: its files now, its spec, its owner and lease.
+
+        ``owner`` and ``ttl_s`` give the forks others. All or nothing: a fork
+        the quotas cannot take whole is the error ``quota_exceeded`` and makes
+        none. Returns ``sandboxes`` (their ids), ``expires_at`` and ``frozen``.
+        """
+        return self.call(
+            "fork",
+            {"sandbox": sandbox, "count": count, "owner": owner, "ttl_s": ttl_s, "memory": memory or None},
+            timeout=timeout,
+        )
+
 
 def check_timeouts(*, connect_timeout: float, op_timeout: float, grace: float) -> None:
     """Raise ValueError unless the timeouts are usable (positive and finite; grace may be 0)."""
