@@ -211,6 +211,51 @@ func (b *Backend) RunCode(ctx context.Context, id string, req backend.CodeReques
 	return out, nil
 }
 
+// warmCode starts sandbox sb's zygote when its image's contexts preload
+// modules (the operator's sign that code runs there), so that a pool
+// member's first run_code costs a fork, not the interpreter's start and
+// its imports (seconds for pandas under gVisor); it waits until the
+// zygote is ready. A zygote that cannot start is logged and left for the
+// first cell to report (no python3 in the image: no_python); the member
+// stays warm for commands.
+func (b *Backend) warmCode(ctx context.Context, sb *sandbox) {
+	image := backend.HostImage
+	if sb.image != nil {
+		image = sb.image.Name
+	}
+	preload := b.cfg.Code.PreloadFor(image)
+	if preload == "" {
+		return
+	}
+	log := b.log.With("sandbox", sb.id)
+	c := sb.liveInit()
+	if c == nil {
+		return
+	}
+	env, err := backend.MergeEnv(sb.baseEnvOf(), sb.env, nil)
+	if err != nil {
+		log.Warn("the code zygote was not started ahead", "error", err)
+		return
+	}
+	payload := agent.CellRequest{Env: env, Preload: preload, MaxContexts: uint32(b.cfg.Code.MaxContexts)}.Encode()
+	if len(payload) > agent.MaxCellRequest {
+		log.Warn("the code zygote was not started ahead: the sandbox's environment is too large", "bytes", len(payload))
+		return
+	}
+	start := time.Now()
+	ans, err := c.procCallWithin(ctx, gvwire.KindCodeWarm, func(seq uint32) []byte {
+		return gvwire.Code{Seq: seq, Request: payload}.Encode()
+	}, cellStartTimeout)
+	switch {
+	case err != nil:
+		log.Warn("the code zygote was not started ahead", "error", err)
+	case ans.Errno != 0:
+		log.Warn("the code zygote could not start; run_code in this sandbox will say why", "reason", string(ans.Body))
+	default:
+		log.Debug("the code zygote is ready", "preload", preload, "took", time.Since(start))
+	}
+}
+
 // oomLike reports whether a lost context's end is one the host's OOM
 // killer makes on gVisor: a SIGKILL, the exit gVisor gives a process
 // whose address space (a systrap stub) the killer took (stubLostStatus),

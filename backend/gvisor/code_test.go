@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -253,5 +256,79 @@ func TestGVisorCodeOutOfMemory(t *testing.T) {
 	}
 	if res := runCell(t, b, id, "", "'b' in globals()"); lastText(res) != "False" || res.ExecutionCount != 1 {
 		t.Errorf("the lost context starts afresh: %+v", res)
+	}
+}
+
+// codeRuntimes lists the sandbox's processes that run the code runtime
+// (the zygote and its forks, the contexts), as a command in it sees them.
+func codeRuntimes(t *testing.T, b *Backend, id string) []string {
+	t.Helper()
+	return strings.Fields(execOK(t, b, id, `for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline 2>/dev/null | grep -q '^python3 /proc/self/fd/4' && echo ${p#/proc/}; done; true`))
+}
+
+// A warm-pool member whose image's contexts preload modules has its code
+// zygote started, and its preloads imported, by Warm (a code warm frame
+// to init): the first cell's context is a fork of that zygote (a spare it
+// forked ahead, or, the spare killed, another). Without preloads Warm
+// starts none, and the first cell starts it.
+func TestGVisorWarmStartsTheCodeZygote(t *testing.T) {
+	b := newTestBackend(t, func(c *Config) { c.Code.Preload = []string{"decimal"} })
+	ctx := context.Background()
+	const id = "code-warm"
+	if _, err := b.Create(ctx, id, backend.Spec{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Warm(ctx, id); err != nil {
+		t.Fatalf("Warm: %v", err)
+	}
+	runtimes := codeRuntimes(t, b, id)
+	if len(runtimes) != 2 {
+		t.Fatalf("after Warm, the sandbox runs %d code runtimes (%v), want the zygote and its spare context", len(runtimes), runtimes)
+	}
+	spare := strings.TrimSpace(execOK(t, b, id, fmt.Sprintf(`for p in %s; do [ "$(cut -d' ' -f4 /proc/$p/stat)" != 1 ] && echo $p; done; true`, strings.Join(runtimes, " "))))
+	if spare == "" {
+		t.Fatalf("no spare context among %v", runtimes)
+	}
+	// A spare that dies is not handed out: the first cell gets another
+	// fork.
+	execOK(t, b, id, "kill -9 "+spare)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		res, err := b.Exec(ctx, id, backend.ExecRequest{Command: "kill -0 " + spare, Timeout: 30 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.ExitCode != 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the killed spare %s was not reaped", spare)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	runtimes = codeRuntimes(t, b, id)
+	res := runCell(t, b, id, "", "import os, sys\nos.getpid(), os.getppid(), 'decimal' in sys.modules")
+	var pid, ppid int
+	var imported bool
+	fmt.Sscanf(lastText(res), "(%d, %d, %t)", &pid, &ppid, &imported)
+	if !imported || strconv.Itoa(pid) == spare || !slices.Contains(runtimes, strconv.Itoa(ppid)) {
+		t.Errorf("the first cell's context: %+v, want one forked by one of %v (the warm zygote), decimal imported", res, runtimes)
+	}
+	if err := b.Warm(ctx, id); err != nil {
+		t.Fatalf("Warm again: %v", err)
+	}
+
+	plain := newTestBackend(t)
+	if _, err := plain.Create(ctx, id, backend.Spec{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := plain.Warm(ctx, id); err != nil {
+		t.Fatalf("Warm: %v", err)
+	}
+	if z := codeRuntimes(t, plain, id); len(z) != 0 {
+		t.Errorf("Warm without preloads started a code runtime: %v", z)
+	}
+	if res := runCell(t, plain, id, "", "6 * 7"); lastText(res) != "42" {
+		t.Errorf("the first cell: %+v", res)
 	}
 }

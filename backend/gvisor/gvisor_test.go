@@ -122,13 +122,18 @@ func sandboxPIDs(t testing.TB, b *Backend, id string) []int {
 	return pids
 }
 
+// conformancePreload is what the suite's contexts preload, as on bwrap: a
+// module of the standard library no interpreter imports at start, and
+// numpy and pandas where the sandbox has them.
+var conformancePreload = []string{"decimal", "numpy", "pandas"}
+
 // TestGVisorConformance runs the shared backend suite on gVisor. It needs
 // root and runsc: it skips without them on a workstation and fails under
 // CI=true.
 func TestGVisorConformance(t *testing.T) {
 	testRunsc(t)
 	backendtest.Run(t, func(t *testing.T) backend.Backend {
-		return newTestBackend(t)
+		return newTestBackend(t, func(c *Config) { c.Code.Preload = conformancePreload })
 	}, backendtest.Options{
 		Workdir:            guestWorkspace,
 		RealIsolation:      true,
@@ -141,6 +146,7 @@ func TestGVisorConformance(t *testing.T) {
 		HostProcesses: nil,
 		Processes:     true,
 		Code:          true,
+		CodePreload:   conformancePreload,
 		// runsc pause stops the guest's tasks, cgroup or not.
 		Snapshots: true, Freezes: true,
 		Reopen: func(t *testing.T, b backend.Backend) backend.Backend {

@@ -504,7 +504,10 @@ var _ backend.Warmer = (*Backend)(nil)
 // none until now), and has it run a command before any client's (warmUp),
 // so that its first command costs what any later one does. It waits for a
 // command in flight to end, until ctx does; a command that comes during
-// the warm-up waits for it likewise.
+// the warm-up waits for it likewise. Where the image's code contexts
+// preload modules, Warm also starts the sandbox's code zygote and waits
+// for its imports (warmCode), so that a pool member's first run_code
+// costs a fork.
 func (b *Backend) Warm(ctx context.Context, id string) error {
 	sb, err := b.lookup(id)
 	if err != nil {
@@ -527,7 +530,11 @@ func (b *Backend) Warm(ctx context.Context, id string) error {
 	if warm {
 		return nil
 	}
-	return b.warmUp(ctx, opCtx, sb)
+	if err := b.warmUp(ctx, opCtx, sb); err != nil {
+		return err
+	}
+	b.warmCode(opCtx, sb)
+	return nil
 }
 
 // warmTimeout bounds Warm's warm-up command, which exits at once.

@@ -2,6 +2,7 @@ package gvinit
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -174,10 +175,61 @@ func (st *initState) runCell(p []byte) {
 		go r.copyOut(f, uint32(gvwire.CellStdout+i))
 	}
 	st.pmu.Lock()
+	st.codeReadyLocked()
+	st.code.RunCell(req, child[0], child[1], child[2], r)
+	st.startAgentLoopLocked()
+	st.pmu.Unlock()
+	st.wakeAgentLoop()
+}
+
+// codeReadyLocked sets up init's contexts on first use (under pmu): the
+// zygote and its forks are the guest's.
+func (st *initState) codeReadyLocked() {
 	if st.code.Table == nil {
 		st.code = agent.Contexts{Table: &st.procs, Cwd: hostfs.GuestWorkspace, Cred: &initproc.Cred{UID: guestUID, GID: guestGID}}
 	}
-	st.code.RunCell(req, child[0], child[1], child[2], r)
+}
+
+// warmCode takes a code warm frame: it starts the zygote with the
+// request's environment and preloads, unless one runs, and answers once
+// it is ready or could not be. The answer goes only to the daemon that
+// asked (its attach generation): a zygote's start takes seconds, and a
+// later daemon's own calls start their sequence numbers again.
+func (st *initState) warmCode(p []byte) {
+	f, err := gvwire.DecodeCode(p)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "sandbox init: ignoring a code warm frame: %v\n", err)
+		return
+	}
+	gen := st.generation()
+	answer := func(err error) {
+		a := gvwire.ProcAnswer{Seq: f.Seq}
+		if err != nil {
+			a.Errno = uint32(unix.EIO)
+			switch {
+			case errors.Is(err, agent.ErrNoPython):
+				a.Errno = uint32(unix.ENOENT)
+			case errors.Is(err, agent.ErrBadCell):
+				a.Errno = uint32(unix.EINVAL)
+			}
+			a.Body = []byte(err.Error())
+			if len(a.Body) > gvwire.MaxReasonBytes {
+				a.Body = a.Body[:gvwire.MaxReasonBytes]
+			}
+		}
+		// Called under pmu, from the agent loop when the zygote says it
+		// is ready: never wait there for a daemon slow to read.
+		go func() { _ = st.sendAs(gen, gvwire.KindProcAnswer, a.Encode()) }()
+	}
+	req, err := agent.DecodeCellRequest(f.Request)
+	if err != nil {
+		answer(err)
+		return
+	}
+	st.pmu.Lock()
+	st.codeReadyLocked()
+	st.code.Max = int(req.MaxContexts)
+	st.code.Prestart(req.Env, req.Preload, answer)
 	st.startAgentLoopLocked()
 	st.pmu.Unlock()
 	st.wakeAgentLoop()

@@ -17,6 +17,11 @@ import (
 //	init → daemon:  cell status (seq, what, values, reason)  started, ended or failed
 //	daemon → init:  context list (seq)             answered with a proc answer: the list
 //	daemon → init:  context delete (seq, name)     a proc answer: 0, or ESRCH (none)
+//	daemon → init:  code warm (seq, request)       start the zygote ahead of any cell (a
+//	                                               warm-pool member's): the request's Env,
+//	                                               Preload and MaxContexts; a proc answer
+//	                                               once it is ready (0) or could not be (an
+//	                                               errno, as agent.Reply's, and why)
 //
 // A cell's three streams are made by init inside the sandbox (pipes for
 // stdout and stderr, a stream socket for the results, as bwrap's daemon
@@ -35,6 +40,7 @@ const (
 	KindContextDelete = 22
 	KindCellOutput    = 23
 	KindCellStatus    = 24
+	KindCodeWarm      = 25
 )
 
 // A cell output's stream.

@@ -150,7 +150,7 @@ func MaxPayload(kind byte) int {
 		return NonceSize
 	case KindAttached:
 		return 4 + NonceSize
-	case KindCode:
+	case KindCode, KindCodeWarm:
 		return MaxCodePayload
 	case KindContextList:
 		return 4
