@@ -22,6 +22,12 @@ type CodeRunner interface {
 	// DeleteContext ends context name (its state is gone; a later cell
 	// of that name starts afresh). ErrContextNotFound when there is none.
 	DeleteContext(ctx context.Context, id, name string) error
+	// RestartContext ends context name's process and state but keeps
+	// the context: it stays listed, idle, at execution count 0, and its
+	// next cell runs in a fresh interpreter (as the context was made: the
+	// sandbox's environment, working directory and preloads); a cell it
+	// runs ends with context_lost. ErrContextNotFound when there is none.
+	RestartContext(ctx context.Context, id, name string) error
 }
 
 // CodeRequest is one cell to run.

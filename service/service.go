@@ -302,8 +302,10 @@ func (s *Service) dispatch(ctx context.Context, c lifecycle.Caller, peer *ipc.Pe
 		return with(args, func(r api.RunCodeRequest) (any, error) { return s.runCode(ctx, c, req, r, a) })
 	case ipc.OpListContexts:
 		return with(args, func(r api.SandboxRequest) (any, error) { return s.listContexts(ctx, c, r, a) })
-	case ipc.OpRestartContext, ipc.OpDeleteContext:
-		return with(args, func(r api.ContextRequest) (any, error) { return s.deleteContext(ctx, c, r, a) })
+	case ipc.OpDeleteContext:
+		return with(args, func(r api.ContextRequest) (any, error) { return s.endContext(ctx, c, r, a, s.m.DeleteContext) })
+	case ipc.OpRestartContext:
+		return with(args, func(r api.ContextRequest) (any, error) { return s.endContext(ctx, c, r, a, s.m.RestartContext) })
 	}
 	if res, err, ok := s.dispatchSnapshots(ctx, c, peer, req, a); ok {
 		return res, err

@@ -330,14 +330,31 @@ func (b *Backend) DeleteContext(ctx context.Context, id, name string) error {
 	return b.deleteContext(ctx, sb, name)
 }
 
+// RestartContext implements backend.CodeRunner.
+func (b *Backend) RestartContext(ctx context.Context, id, name string) error {
+	sb, err := b.lookup(id)
+	if err != nil {
+		return err
+	}
+	if !agent.ValidContextName(name) {
+		return fmt.Errorf("%w: %q", backend.ErrContextNotFound, name)
+	}
+	return b.endContext(ctx, sb, bwwire.MsgContextRestart, name)
+}
+
 func (b *Backend) deleteContext(ctx context.Context, sb *sandbox, name string) error {
+	return b.endContext(ctx, sb, bwwire.MsgContextDelete, name)
+}
+
+// endContext asks init to delete or restart (kind) context name.
+func (b *Backend) endContext(ctx context.Context, sb *sandbox, kind uint32, name string) error {
 	sb.initMu.Lock()
 	ip := sb.init
 	sb.initMu.Unlock()
 	if ip == nil || !ip.alive() {
 		return fmt.Errorf("%w: %s", backend.ErrContextNotFound, name)
 	}
-	_, answer, err := b.askInit(ctx, ip, bwwire.Msg{Kind: bwwire.MsgContextDelete, A: uint32(len(name))}, []byte(name))
+	_, answer, err := b.askInit(ctx, ip, bwwire.Msg{Kind: kind, A: uint32(len(name))}, []byte(name))
 	if err != nil {
 		return err
 	}

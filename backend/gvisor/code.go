@@ -383,17 +383,34 @@ func (b *Backend) DeleteContext(ctx context.Context, id, name string) error {
 	return b.deleteContext(ctx, sb, name)
 }
 
+// RestartContext implements backend.CodeRunner.
+func (b *Backend) RestartContext(ctx context.Context, id, name string) error {
+	sb, err := b.lookup(id)
+	if err != nil {
+		return err
+	}
+	if !agent.ValidContextName(name) {
+		return fmt.Errorf("%w: %q", backend.ErrContextNotFound, name)
+	}
+	return b.endContext(ctx, sb, gvwire.KindContextRestart, name)
+}
+
 func (b *Backend) deleteContext(ctx context.Context, sb *sandbox, name string) error {
+	return b.endContext(ctx, sb, gvwire.KindContextDelete, name)
+}
+
+// endContext asks init to delete or restart (kind) context name.
+func (b *Backend) endContext(ctx context.Context, sb *sandbox, kind byte, name string) error {
 	c := sb.liveInit()
 	if c == nil {
 		return fmt.Errorf("%w: %s", backend.ErrContextNotFound, name)
 	}
-	ans, err := c.procCall(ctx, gvwire.KindContextDelete, func(seq uint32) []byte {
+	ans, err := c.procCall(ctx, kind, func(seq uint32) []byte {
 		return gvwire.ContextDelete{Seq: seq, Name: name}.Encode()
 	})
 	switch {
 	case err != nil:
-		return fmt.Errorf("%w: sandbox %s's init did not answer a context's delete: %v", backend.ErrUnavailable, sb.id, err)
+		return fmt.Errorf("%w: sandbox %s's init did not answer a context's delete or restart: %v", backend.ErrUnavailable, sb.id, err)
 	case ans.Errno != 0:
 		return fmt.Errorf("%w: %s", backend.ErrContextNotFound, name)
 	}

@@ -64,7 +64,7 @@ func TestCodeFramesRefused(t *testing.T) {
 		}
 	}
 	// Every frame kind of a cell has a bound.
-	for _, k := range []byte{gvwire.KindCode, gvwire.KindContextList, gvwire.KindContextDelete, gvwire.KindCellOutput, gvwire.KindCellStatus, gvwire.KindCodeWarm} {
+	for _, k := range []byte{gvwire.KindCode, gvwire.KindContextList, gvwire.KindContextDelete, gvwire.KindCellOutput, gvwire.KindCellStatus, gvwire.KindCodeWarm, gvwire.KindContextRestart} {
 		if gvwire.MaxPayload(k) <= 0 {
 			t.Errorf("kind %d has no bound", k)
 		}

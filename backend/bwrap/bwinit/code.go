@@ -117,7 +117,8 @@ func (st *initState) warmCode(m bwwire.Msg, payload []byte, reply int) {
 	st.code.Prestart(req.Env, req.Preload, answer)
 }
 
-// contextRequest answers a context list or delete on reply, and closes it.
+// contextRequest answers a context list, delete or restart on reply, and
+// closes it.
 func (st *initState) contextRequest(m bwwire.Msg, payload []byte, reply int) {
 	defer unix.Close(reply)
 	answer := bwwire.Msg{Kind: bwwire.MsgProcDone, A: bwwire.ProcOK}
@@ -128,6 +129,10 @@ func (st *initState) contextRequest(m bwwire.Msg, payload []byte, reply int) {
 		answer.B = uint32(len(body))
 	case bwwire.MsgContextDelete:
 		if !st.code.Delete(string(payload)) {
+			answer.A = bwwire.ProcUnknown
+		}
+	case bwwire.MsgContextRestart:
+		if !st.code.Restart(string(payload)) {
 			answer.A = bwwire.ProcUnknown
 		}
 	}

@@ -117,6 +117,10 @@ const (
 	// it + SCM_RIGHTS [reply]; answered with a proc done once the zygote
 	// is ready (ProcOK) or could not be (ProcUnknown, the reason after it).
 	MsgCodeWarm = 16
+	// MsgContextRestart ends a context's process and state and keeps the
+	// context (agent.Contexts.Restart): + the context's name; answered
+	// with a proc done (ProcUnknown: no such context).
+	MsgContextRestart = 17
 )
 
 // Descriptors of a code message: status, stdout, stderr, results, then
@@ -205,7 +209,7 @@ func DecodeMsg(buf []byte) (Msg, error) {
 		B:    binary.LittleEndian.Uint32(buf[16:]),
 		C:    binary.LittleEndian.Uint32(buf[20:]),
 	}
-	if m.Kind < MsgReady || m.Kind > MsgCodeWarm {
+	if m.Kind < MsgReady || m.Kind > MsgContextRestart {
 		return Msg{}, fmt.Errorf("%w: unknown kind %d", ErrBadMessage, m.Kind)
 	}
 	return m, nil

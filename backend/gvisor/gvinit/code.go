@@ -253,7 +253,7 @@ func resultsStream() (*os.File, int, error) {
 	return os.NewFile(uintptr(fds[0]), "cell-results"), fds[1], nil
 }
 
-// contextRequest answers a context list or delete.
+// contextRequest answers a context list, delete or restart.
 func (st *initState) contextRequest(kind byte, p []byte) {
 	if kind == gvwire.KindContextList {
 		if len(p) != 4 {
@@ -272,7 +272,12 @@ func (st *initState) contextRequest(kind byte, p []byte) {
 		return
 	}
 	st.pmu.Lock()
-	found := st.code.Delete(d.Name)
+	var found bool
+	if kind == gvwire.KindContextRestart {
+		found = st.code.Restart(d.Name)
+	} else {
+		found = st.code.Delete(d.Name)
+	}
 	st.pmu.Unlock()
 	a := gvwire.ProcAnswer{Seq: d.Seq}
 	if !found {

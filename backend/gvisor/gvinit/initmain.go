@@ -149,7 +149,7 @@ func runInit() int {
 	in := bufio.NewReader(stdin)
 	const allowed = 1<<gvwire.KindRun | 1<<gvwire.KindKill | 1<<gvwire.KindLstat | 1<<gvwire.KindFileOp |
 		1<<gvwire.KindProcStart | 1<<gvwire.KindProcSignal | 1<<gvwire.KindProcList | 1<<gvwire.KindAttach |
-		1<<gvwire.KindCode | 1<<gvwire.KindContextList | 1<<gvwire.KindContextDelete | 1<<gvwire.KindCodeWarm
+		1<<gvwire.KindCode | 1<<gvwire.KindContextList | 1<<gvwire.KindContextDelete | 1<<gvwire.KindCodeWarm | 1<<gvwire.KindContextRestart
 	for {
 		kind, payload, err := gvwire.ReadFrame(in, allowed)
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
@@ -178,7 +178,7 @@ func runInit() int {
 			st.runCell(payload)
 		case gvwire.KindCodeWarm:
 			st.warmCode(payload)
-		case gvwire.KindContextList, gvwire.KindContextDelete:
+		case gvwire.KindContextList, gvwire.KindContextDelete, gvwire.KindContextRestart:
 			st.contextRequest(kind, payload)
 		case gvwire.KindKill:
 			st.mu.Lock()

@@ -17,6 +17,8 @@ import (
 //	init → daemon:  cell status (seq, what, values, reason)  started, ended or failed
 //	daemon → init:  context list (seq)             answered with a proc answer: the list
 //	daemon → init:  context delete (seq, name)     a proc answer: 0, or ESRCH (none)
+//	daemon → init:  context restart (seq, name)    as a delete, but the context is kept,
+//	                                               fresh (agent.Contexts.Restart)
 //	daemon → init:  code warm (seq, request)       start the zygote ahead of any cell (a
 //	                                               warm-pool member's): the request's Env,
 //	                                               Preload and MaxContexts; a proc answer
@@ -35,12 +37,13 @@ import (
 // away says nothing to the next one: init sends a cell's frames only while
 // the daemon that asked for it is attached.
 const (
-	KindCode          = 20
-	KindContextList   = 21
-	KindContextDelete = 22
-	KindCellOutput    = 23
-	KindCellStatus    = 24
-	KindCodeWarm      = 25
+	KindCode           = 20
+	KindContextList    = 21
+	KindContextDelete  = 22
+	KindCellOutput     = 23
+	KindCellStatus     = 24
+	KindCodeWarm       = 25
+	KindContextRestart = 26
 )
 
 // A cell output's stream.
@@ -86,7 +89,8 @@ func DecodeCode(p []byte) (Code, error) {
 	return Code{Seq: binary.LittleEndian.Uint32(p), Request: p[4:]}, nil
 }
 
-// ContextDelete is a context delete frame.
+// ContextDelete is a context delete frame, or a context restart frame
+// (the same fields).
 type ContextDelete struct {
 	Seq  uint32
 	Name string
@@ -94,8 +98,8 @@ type ContextDelete struct {
 
 func (d ContextDelete) Encode() []byte { return append(U32s(d.Seq), d.Name...) }
 
-// DecodeContextDelete checks a context delete frame: a context's name
-// (agent.ValidContextName).
+// DecodeContextDelete checks a context delete or restart frame: a
+// context's name (agent.ValidContextName).
 func DecodeContextDelete(p []byte) (ContextDelete, error) {
 	if len(p) < 4 {
 		return ContextDelete{}, fmt.Errorf("%w: context delete of %d bytes", ErrBadFrame, len(p))

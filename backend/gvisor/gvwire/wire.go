@@ -154,7 +154,7 @@ func MaxPayload(kind byte) int {
 		return MaxCodePayload
 	case KindContextList:
 		return 4
-	case KindContextDelete:
+	case KindContextDelete, KindContextRestart:
 		return 4 + agent.MaxContextName
 	case KindCellOutput:
 		return cellOutputHeader + MaxChunk
