@@ -88,7 +88,17 @@ func TestCodeContextsOverTheWire(t *testing.T) {
 // written nothing (everything past the bounds is read and dropped, never
 // held); the context and the sandbox live on.
 func TestCodeHostileCellsKeepTheDaemonBounded(t *testing.T) {
-	d := startDaemon(t, "")
+	hostileCells(t, startDaemon(t, ""))
+}
+
+// The same on the gvisor backend, where a cell's streams come out of the
+// sandbox through its init's stream (copied in cell output frames).
+func TestGVisorCodeHostileCellsKeepTheDaemonBounded(t *testing.T) {
+	runsc := testRunsc(t)
+	hostileCells(t, startDaemon(t, "", "--backend", "gvisor", "--gvisor-runsc-path", runsc))
+}
+
+func hostileCells(t *testing.T, d *daemon) {
 	bound := loggedMemoryBound(t, d.Logs())
 	pid := d.cmd.Process.Pid
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
