@@ -42,8 +42,9 @@ func (b *Backend) seed(ctx context.Context, sb *sandbox, spec backend.Spec) erro
 // hold stops every task of sb's gVisor sandbox, if it runs, for a copy of
 // its files; release lets them go on. A sandbox not booted (re-adopted,
 // no command since) runs nothing: frozen is false, and nothing writes.
-// A daemon that dies meanwhile leaves the gVisor sandbox paused, which
-// the next one deletes as it does every gVisor sandbox it finds.
+// A daemon that dies meanwhile leaves the gVisor sandbox stopped, which
+// the next one resumes when it loads the sandbox (loadPause). A paused
+// sandbox (a checkpoint, pause.go) runs nothing either.
 func (b *Backend) hold(ctx context.Context, sb *sandbox) (release func(), frozen bool) {
 	noop := func() {}
 	sb.initMu.Lock()
