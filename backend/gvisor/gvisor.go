@@ -712,7 +712,13 @@ func (b *Backend) forget(sb *sandbox) {
 // Create makes Dir/<id> with an empty workspace and /tmp, records the spec
 // and boots the sandbox's gVisor sandbox with its init. Its network is none,
 // or with allow-lists the daemon's egress path (egress.go).
-func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ backend.Info, err error) {
+func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (backend.Info, error) {
+	return b.create(ctx, id, spec, nil)
+}
+
+// create is Create, or with mem a sandbox restored from a memory fork's
+// checkpoint instead of booted (fork.go).
+func (b *Backend) create(ctx context.Context, id string, spec backend.Spec, mem *memorySeed) (_ backend.Info, err error) {
 	if !backend.ValidID(id) {
 		return backend.Info{}, fmt.Errorf("%w: sandbox id %q is not a valid id (lowercase letters, digits and '-', at most 63)", backend.ErrInvalidArgument, id)
 	}
@@ -776,6 +782,11 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	if err := b.seed(ctx, sb, spec); err != nil {
 		return backend.Info{}, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
+	if mem != nil {
+		if err := b.seedMemory(ctx, sb, mem); err != nil {
+			return backend.Info{}, fmt.Errorf("create sandbox %s: %w", id, err)
+		}
+	}
 	if err := registry.SaveSpec(dir, saved); err != nil {
 		return backend.Info{}, fmt.Errorf("create sandbox %s: save its settings: %w", id, err)
 	}
@@ -789,11 +800,15 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	}
 	// Boot now: a sandbox that cannot boot fails its Create, not its first
 	// command. Registered first, so a Destroy meanwhile stops the boot.
-	if _, err := b.acquireInit(ctx, sb); err != nil {
+	if mem != nil {
+		err = b.restoreFork(ctx, sb, mem)
+	} else if _, err = b.acquireInit(ctx, sb); err == nil {
+		sb.releaseInit()
+	}
+	if err != nil {
 		b.reg.Done(id, sb)
 		return backend.Info{}, err
 	}
-	sb.releaseInit()
 	log.Info("sandbox created", "network", network, "env_vars", len(spec.Env), "image", spec.Image.DisplayName())
 	return backend.Info{Workdir: guestWorkspace, Network: network}, nil
 }

@@ -393,7 +393,8 @@ func (b *Backend) runscStatus(sb *sandbox) string {
 // place (the pause had committed) and resumed otherwise.
 func (b *Backend) loadPause(sb *sandbox) (checkpointed bool) {
 	log := b.log.With("sandbox", sb.id)
-	for _, p := range []string{sb.checkpointNewDir(), sb.checkpointOldDir()} {
+	forks, _ := filepath.Glob(filepath.Join(sb.dir, forkCheckpointPrefix+"*"))
+	for _, p := range append(forks, sb.checkpointNewDir(), sb.checkpointOldDir()) {
 		if err := statedir.RemoveAll(p); err != nil {
 			log.Warn("cannot remove a checkpoint's leftover", "path", p, "error", err)
 		}

@@ -8,8 +8,8 @@ package gvisor
 // SIGSEGV or SIGKILL after the thaw), and new sandboxes made as copies
 // of one. A sandbox made from an image that holds a workspace or
 // a tmp (a snapshot) starts with copies of them (seed, in Create).
-// Memory (a runsc checkpoint) is not taken yet: SnapshotOptions.Memory is
-// refused.
+// A fork with memory restores the source's runsc checkpoint into each
+// copy (fork.go); a memory snapshot is not taken yet.
 
 import (
 	"context"
@@ -101,7 +101,7 @@ func specOf(s persistedSpec) backend.Spec {
 // seed, the source's gVisor sandbox frozen until the last is made.
 func (b *Backend) Fork(ctx context.Context, id string, newIDs []string, opts backend.SnapshotOptions) (_ backend.ForkResult, err error) {
 	if opts.Memory {
-		return backend.ForkResult{}, fmt.Errorf("%w: forks with memory (a runsc checkpoint restored into clones) are not made yet; fork without memory", backend.ErrUnsupported)
+		return b.forkWithMemory(ctx, id, newIDs)
 	}
 	src, err := b.lookup(id)
 	if err != nil {
