@@ -94,11 +94,10 @@ type Options struct {
 	// sandbox (Spec.Seed), and the suite holds it to their contract.
 	// Freezes says it freezes the sandbox meanwhile, as configured.
 	Snapshots, Freezes bool
-	// MemoryForks says Fork takes the processes and memory too
-	// (SnapshotOptions.Memory); without it a fork with memory must be
-	// refused with ErrUnsupported. The backend's own tests hold it to
-	// what such a fork makes.
-	MemoryForks bool
+	// Memory says Fork and SnapshotFiles take the processes and memory
+	// too (SnapshotOptions.Memory); without it both must refuse it with
+	// ErrUnsupported. The backend's own tests hold it to what they make.
+	Memory bool
 	// Reopen, when set, returns a new instance of the backend on b's state,
 	// as a restarted daemon makes it (b is abandoned, not closed). Without
 	// it the Adopt checks adopt on b itself.

@@ -198,3 +198,115 @@ func (b *Backend) checkpointRunning(ctx context.Context, sb *sandbox, dir string
 	}
 	return resume, nil
 }
+
+// Where a memory snapshot's SandboxFiles.Memory (and so its image's
+// Memory) holds the checkpoint and the processes' records.
+const (
+	memoryCheckpointName = "checkpoint"
+	memoryProcsName      = "procs"
+)
+
+// memoryOfImage is the memory a sandbox made from im is restored from:
+// nil for an image without (a sandbox of it boots).
+func memoryOfImage(im backend.Image) (*memorySeed, error) {
+	if im.Memory == "" {
+		return nil, nil
+	}
+	if !im.RunsOnHost() || !filepath.IsAbs(im.Memory) {
+		return nil, fmt.Errorf("%w: image %s holds memory but is not a snapshot of a sandbox on the host's root; snapshot again", backend.ErrUnavailable, backend.ShortName(im.Name))
+	}
+	src := ""
+	if im.Origin != nil {
+		src = im.Origin.Sandbox
+	}
+	return &memorySeed{checkpoint: filepath.Join(im.Memory, memoryCheckpointName), procs: filepath.Join(im.Memory, memoryProcsName), source: src}, nil
+}
+
+// snapshotWithMemory implements SnapshotFiles with SnapshotOptions.Memory:
+// fn gets the files and, in SandboxFiles.Memory, a checkpoint and the
+// processes' records taken while every task of the sandbox is stopped by
+// runsc (a paused sandbox: its own checkpoint), so the three agree. Only
+// a sandbox on the host's root: a restore needs the spec its checkpoint
+// was taken with, which a new image's root would change.
+func (b *Backend) snapshotWithMemory(ctx context.Context, id string, fn func(backend.SandboxFiles) error) error {
+	sb, err := b.lookup(id)
+	if err != nil {
+		return err
+	}
+	switch {
+	case sb.network == networkAllowlist:
+		return fmt.Errorf("%w: sandbox %s has an egress allow-list, whose network a gVisor checkpoint cannot carry; snapshot its files without memory", backend.ErrUnsupported, id)
+	case sb.image != nil:
+		return fmt.Errorf("%w: a snapshot with memory is taken only of a sandbox on the host's root (%s runs on image %s); snapshot its files without memory", backend.ErrUnsupported, id, backend.ShortName(sb.image.Name))
+	}
+	ctx, done, err := sb.ops.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	select {
+	case <-sb.initSlot:
+	default:
+		return fmt.Errorf("%w: sandbox %s runs a command; snapshot it once the command ended", backend.ErrBusy, id)
+	}
+	defer sb.releaseInit()
+	sb.initMu.Lock()
+	defer sb.initMu.Unlock()
+	nonce := make([]byte, 6)
+	_, _ = rand.Read(nonce)
+	dir := filepath.Join(sb.dir, forkCheckpointPrefix+hex.EncodeToString(nonce))
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return fmt.Errorf("%w: sandbox %s: %v", backend.ErrUnavailable, id, err)
+	}
+	defer statedir.RemoveAll(dir)
+	ckpt := filepath.Join(dir, memoryCheckpointName)
+	if sb.paused {
+		// Its checkpoint, linked (the store copies it).
+		if err := linkFiles(sb.checkpointDir(), ckpt); err != nil {
+			return fmt.Errorf("%w: the checkpoint of paused sandbox %s: %v", backend.ErrUnavailable, id, err)
+		}
+	} else {
+		if c := sb.init; sb.gone || c != nil && !c.alive() {
+			return fmt.Errorf("%w: sandbox %q was terminated (its gVisor sandbox died); destroy it and create a new one", backend.ErrNotFound, id)
+		}
+		if sb.init == nil {
+			if sb.init, err = b.boot(ctx, sb); err != nil {
+				return err
+			}
+		}
+		resume, err := b.checkpointRunning(ctx, sb, ckpt)
+		if err != nil {
+			return err
+		}
+		defer resume()
+	}
+	procs := filepath.Join(dir, memoryProcsName)
+	if err := os.Mkdir(procs, 0o700); err != nil {
+		return fmt.Errorf("%w: %v", backend.ErrUnavailable, err)
+	}
+	if err := fscopy.Copy(ctx, sb.procsDir(), procs, fscopy.Options{UID: 0, GID: 0}); err != nil {
+		return fmt.Errorf("%w: copying sandbox %s's processes' records: %v", backend.ErrUnavailable, id, err)
+	}
+	return fn(backend.SandboxFiles{Workspace: sb.workDir(), Tmp: sb.tmpDir(), Frozen: true, Memory: dir})
+}
+
+// linkFiles hard-links the regular files of directory from into a new
+// directory to.
+func linkFiles(from, to string) error {
+	entries, err := os.ReadDir(from)
+	if err != nil {
+		return err
+	}
+	if err := os.Mkdir(to, 0o700); err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if !e.Type().IsRegular() {
+			return fmt.Errorf("%s is not a regular file", e.Name())
+		}
+		if err := os.Link(filepath.Join(from, e.Name()), filepath.Join(to, e.Name())); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -3,11 +3,16 @@ package gvisor
 import (
 	"context"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/image"
 )
 
 // A fork with memory makes copies whose durable processes go on from
@@ -90,4 +95,71 @@ func TestGVisorForkWithMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 	advances(t, b, src, p.ID, written(t, b, src, p.ID), "the source resumed after its fork")
+}
+
+// A snapshot with memory of a sandbox on the host's root becomes an image
+// of the store (sandbox/image) that keeps the checkpoint beside its root,
+// where no sandbox reaches and no export takes it; a sandbox created from
+// it starts with the source's processes where they were, its files, and
+// the restored marker. A sandbox on another image is refused.
+func TestGVisorSnapshotWithMemory(t *testing.T) {
+	b := newTestBackend(t)
+	st, err := image.Open(filepath.Join(t.TempDir(), "images"), image.Limits{}, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	const src = "snapped"
+	if _, err := b.Create(ctx, src, backend.Spec{}); err != nil {
+		t.Fatal(err)
+	}
+	execOK(t, b, src, "echo kept > /workspace/f")
+	p, err := b.StartProcess(ctx, src, backend.ProcessRequest{Argv: []string{"python3", "-c", holder}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	advances(t, b, src, p.ID, 0, "before the snapshot")
+	var in image.Info
+	err = b.SnapshotFiles(ctx, src, backend.SnapshotOptions{Memory: true}, func(f backend.SandboxFiles) error {
+		if f.Memory == "" || !f.Frozen {
+			t.Errorf("a snapshot with memory handed over %+v", f)
+		}
+		var err error
+		in, err = st.Snapshot(ctx, "with-memory", image.SnapshotSource{Dirs: map[string]string{image.WorkspaceDir: f.Workspace, image.TmpDir: f.Tmp},
+			Memory: f.Memory, Origin: image.Origin{Sandbox: src, BaseImage: backend.HostImage}})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("SnapshotFiles with memory: %v", err)
+	}
+	if fi, err := os.Stat(in.Memory); err != nil || fi.Mode().Perm() != 0o700 || strings.HasPrefix(in.Memory, in.Root+"/") {
+		t.Fatalf("the image's memory %q: %v, %v; want a 0700 directory beside its root", in.Memory, fi, err)
+	}
+	advances(t, b, src, p.ID, written(t, b, src, p.ID), "the source after its snapshot")
+	im := backend.Image{Name: in.Name, Digest: in.Digest, Root: in.Root, Base: in.Base, Memory: in.Memory,
+		Origin: &backend.ImageOrigin{Sandbox: src}}
+	if _, err := b.Create(ctx, "from-memory", backend.Spec{Image: im}); err != nil {
+		t.Fatalf("Create from a memory snapshot: %v", err)
+	}
+	advances(t, b, "from-memory", p.ID, written(t, b, "from-memory", p.ID), "the restored holder")
+	holderLines(t, readProc(t, b, "from-memory", p.ID))
+	if strings.Fields(readProc(t, b, "from-memory", p.ID))[1] != strings.Fields(readProc(t, b, src, p.ID))[1] {
+		t.Error("the restored holder's token is not the source's")
+	}
+	if got := execOK(t, b, "from-memory", "cat /workspace/f /tmp/"+RestoredMarker); !strings.HasPrefix(got, "kept\n{\"from\":\""+src+"\"") {
+		t.Errorf("a sandbox from the snapshot has %q", got)
+	}
+	// Twice from one image: each its own.
+	if _, err := b.Create(ctx, "from-memory-2", backend.Spec{Image: im}); err != nil {
+		t.Fatalf("a second Create from the memory snapshot: %v", err)
+	}
+	advances(t, b, "from-memory-2", p.ID, written(t, b, "from-memory-2", p.ID), "the second restored holder")
+	// The export is the root alone.
+	var tarball strings.Builder
+	if _, err := st.Export(ctx, "with-memory", &tarball); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(tarball.String(), "pages") || strings.Contains(tarball.String(), "checkpoint") {
+		t.Error("the export carries the memory checkpoint")
+	}
 }

@@ -713,7 +713,11 @@ func (b *Backend) forget(sb *sandbox) {
 // and boots the sandbox's gVisor sandbox with its init. Its network is none,
 // or with allow-lists the daemon's egress path (egress.go).
 func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (backend.Info, error) {
-	return b.create(ctx, id, spec, nil)
+	mem, err := memoryOfImage(spec.Image)
+	if err != nil {
+		return backend.Info{}, err
+	}
+	return b.create(ctx, id, spec, mem)
 }
 
 // create is Create, or with mem a sandbox restored from a memory fork's

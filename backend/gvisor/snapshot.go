@@ -9,7 +9,7 @@ package gvisor
 // of one. A sandbox made from an image that holds a workspace or
 // a tmp (a snapshot) starts with copies of them (seed, in Create).
 // A fork with memory restores the source's runsc checkpoint into each
-// copy (fork.go); a memory snapshot is not taken yet.
+// copy; a snapshot with memory hands it over with the files (fork.go).
 
 import (
 	"context"
@@ -68,7 +68,7 @@ func (b *Backend) hold(ctx context.Context, sb *sandbox) (release func(), frozen
 // SnapshotFiles implements backend.Snapshotter.
 func (b *Backend) SnapshotFiles(ctx context.Context, id string, opts backend.SnapshotOptions, fn func(backend.SandboxFiles) error) error {
 	if opts.Memory {
-		return fmt.Errorf("%w: memory snapshots (a runsc checkpoint) are not taken yet; snapshot without memory", backend.ErrUnsupported)
+		return b.snapshotWithMemory(ctx, id, fn)
 	}
 	sb, err := b.lookup(id)
 	if err != nil {
