@@ -48,8 +48,11 @@ func (b *Backend) seed(ctx context.Context, sb *sandbox, spec backend.Spec) erro
 func (b *Backend) hold(ctx context.Context, sb *sandbox) (release func(), frozen bool) {
 	noop := func() {}
 	sb.initMu.Lock()
-	booted := sb.init != nil && !sb.gone
+	booted, paused := sb.init != nil && !sb.gone, sb.paused
 	sb.initMu.Unlock()
+	if paused {
+		return noop, true // its checkpoint: nothing of it runs
+	}
 	if !booted {
 		return noop, false
 	}
