@@ -1,7 +1,9 @@
 // Package cgroup gives each sandbox a control group of its own: a memory
 // limit whose breach kills the guest (and is counted, so a result can say
 // "oom_killed"), a cap on processes (a fork bomb stays inside), a CPU quota
-// and weight, and a way to kill everything in the group and remove it.
+// and weight, a way to stop every process of the group and let it go on
+// (the freezer: freeze.go), and a way to kill everything in the group and
+// remove it.
 //
 // It speaks both hierarchies. cgroup v2 is used when the memory, pids and cpu
 // controllers are available there: sandboxes live in a subtree the daemon
@@ -165,6 +167,11 @@ type Manager struct {
 	v1Base map[string]string
 	// mountPoints are where the host's cgroup hierarchies are mounted.
 	mountPoints map[string]bool
+
+	// anchorMu guards anchored: the v1 freezer's anchor group is made
+	// and frozen (freeze.go).
+	anchorMu sync.Mutex
+	anchored bool
 }
 
 // Version reports which hierarchy the manager uses.
@@ -235,6 +242,12 @@ func New(opts Options) (*Manager, error) {
 	} else {
 		for c, dir := range m.v1Base {
 			if err := os.MkdirAll(dir, 0o755); err != nil {
+				if c == freezerController {
+					// Optional: without it sandboxes cannot be paused,
+					// and nothing else is lost (CanFreeze says so).
+					delete(m.v1Base, c)
+					continue
+				}
 				return nil, fmt.Errorf("%w: cannot create %s for the %s controller: %v; run the daemon as root or give it a delegated cgroup", ErrUnavailable, dir, c, err)
 			}
 		}
@@ -437,6 +450,7 @@ func plan(lay layout, opts Options) (*Manager, error) {
 		}
 		m.v1Base[c] = filepath.Join(dir, opts.Base)
 	}
+	m.planV1Freezer(v1[freezerController], lay, opts)
 	return m, nil
 }
 
@@ -616,6 +630,7 @@ type Cgroup struct {
 	version Version
 	dir     string            // v2
 	dirs    map[string]string // v1: controller -> directory
+	m       *Manager          // the manager that made or opened it
 }
 
 // Name returns the sandbox name the group was made for.
@@ -633,7 +648,7 @@ func (m *Manager) cgroupFor(name string) (*Cgroup, error) {
 	if !validName().MatchString(name) {
 		return nil, fmt.Errorf("cgroup name %q must be a plain name (letters, digits, '.', '_', '-')", name)
 	}
-	c := &Cgroup{name: name, version: m.version}
+	c := &Cgroup{name: name, version: m.version, m: m}
 	if m.version == V2 {
 		c.dir = filepath.Join(m.v2Base, name)
 		return c, nil
@@ -1004,6 +1019,7 @@ func (c *Cgroup) Kill(ctx context.Context) error {
 			return fmt.Errorf("kill cgroup %s: %w", c.dir, err)
 		}
 	}
+	thawed := false
 	deadline := time.Now().Add(killWait)
 	for {
 		pids, err := c.PIDs()
@@ -1018,6 +1034,13 @@ func (c *Cgroup) Kill(ctx context.Context) error {
 		}
 		for _, pid := range pids {
 			c.killIfMember(pid)
+		}
+		if !thawed {
+			// A frozen process dies of its SIGKILL only once thawed (cgroup
+			// v1's freezer; v2 lets it through): thawed after the signal,
+			// it runs none of its own code before it dies.
+			thawed = true
+			c.thawForKill()
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("cgroup %s still holds %d processes %v after %v of SIGKILL (stuck in the kernel?)", c.Name(), len(pids), pids[:min(len(pids), 8)], killWait)
