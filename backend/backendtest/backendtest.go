@@ -80,6 +80,11 @@ type Options struct {
 	// Processes says the backend runs durable processes
 	// (backend.Processes), and the suite holds it to their contract.
 	Processes bool
+	// Pause says the backend, as configured, pauses sandboxes
+	// (backend.Pauser), and the suite holds it to their contract; it
+	// needs Processes. Without it a backend that implements Pauser must
+	// refuse with ErrUnsupported.
+	Pause bool
 	// Reopen, when set, returns a new instance of the backend on b's state,
 	// as a restarted daemon makes it (b is abandoned, not closed). Without
 	// it the Adopt checks adopt on b itself.
@@ -173,6 +178,11 @@ func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend, opts Optio
 	}
 	if opts.Code {
 		tests = append(tests, codeTests...)
+	}
+	if opts.Pause {
+		tests = append(tests, pauseTests...)
+	} else {
+		tests = append(tests, pauseRefusedTests...)
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -26,6 +26,7 @@ func TestBwrapConformance(t *testing.T) {
 		name  string
 		mode  testMode
 		tweak func(t *testing.T, c *Config)
+		pause bool // with cgroups: a sandbox can be paused
 	}
 	runs := []run{{name: daemonUID.name, mode: daemonUID}, {name: rangeUID.name, mode: rangeUID},
 		{name: rangeUID.name + "-limits", mode: rangeUID, tweak: func(t *testing.T, c *Config) {
@@ -33,7 +34,7 @@ func TestBwrapConformance(t *testing.T) {
 			l := limits.Defaults()
 			l.DiskBytes = 64 << 20
 			c.Cgroups, c.Limits, c.DiskCaps = testCgroups(t), l, true
-		}}}
+		}, pause: true}}
 	for _, r := range runs {
 		t.Run(r.name, func(t *testing.T) {
 			backendtest.Run(t, func(t *testing.T) backend.Backend {
@@ -55,6 +56,7 @@ func TestBwrapConformance(t *testing.T) {
 				HostProcesses:          processesContaining,
 				Processes:              true,
 				Code:                   true,
+				Pause:                  r.pause,
 				KillSandboxInit: func(b backend.Backend, id string) error {
 					return syscall.Kill(initPID(t, b.(*Backend), id), syscall.SIGKILL)
 				},
