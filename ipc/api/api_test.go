@@ -85,7 +85,8 @@ func TestEveryOpHasAResult(t *testing.T) {
 		ipc.OpWriteTags, ipc.OpDestroyRun, ipc.OpGC, ipc.OpImageLs, ipc.OpImageInspect, ipc.OpImageRm,
 		ipc.OpImageImportBegin, ipc.OpImageImportData, ipc.OpImageImportEnd,
 		ipc.OpStartCommand, ipc.OpReadOutput, ipc.OpWaitProcess, ipc.OpSignalProcess, ipc.OpListProcesses,
-		ipc.OpRunCode, ipc.OpListContexts, ipc.OpRestartContext, ipc.OpDeleteContext}
+		ipc.OpRunCode, ipc.OpListContexts, ipc.OpRestartContext, ipc.OpDeleteContext,
+		ipc.OpPause, ipc.OpResume}
 	var missing []string
 	for _, op := range ops {
 		_, res := api.Results[op]
