@@ -260,6 +260,9 @@ type Spec struct {
 	// built-in host image. A backend that cannot run an image refuses it
 	// with ErrSpecUnenforceable.
 	Image Image
+	// Seed, when set, is what the new sandbox's /workspace and /tmp start
+	// with (a fork's source); zero seeds them from Image (Image.Seed).
+	Seed Seed
 }
 
 // Resources are per-sandbox limits. Zero means "the daemon's default".

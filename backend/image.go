@@ -41,6 +41,12 @@ type Image struct {
 	Source       string
 	// Imported is when this daemon imported it.
 	Imported time.Time
+	// Base is HostImage for an image that holds only a sandbox's own
+	// files over the host's root (a snapshot of a sandbox on the built-in
+	// image; RunsOnHost); "" otherwise.
+	Base string
+	// Origin says where a snapshot came from (nil for other images).
+	Origin *ImageOrigin
 }
 
 // IsHost reports whether im is the built-in host image.

@@ -88,6 +88,10 @@ func (m *Manager) Create(ctx context.Context, c Caller, req CreateRequest) (Sand
 	if err != nil {
 		return Sandbox{}, err
 	}
+	if !img.UsableBy(c.UID, c.Admin) {
+		// Another uid's snapshot holds that uid's files.
+		return Sandbox{}, &backend.ImageNotFoundError{Name: req.Image, Known: m.ImageNamesFor(c)}
+	}
 	req.Image, req.Spec.Image = img.DisplayName(), img
 	start := time.Now()
 	sb, ok, err := m.claimPooled(c, req)

@@ -236,6 +236,25 @@ func (m *Manager) useResumed(ctx context.Context, c Caller, id string) (*record,
 	return r, done, nil
 }
 
+// useAsIs is use for an operation that needs only the sandbox's files,
+// copied as they are (a snapshot, a fork: the backend holds the files
+// still itself, and a paused sandbox's are): a paused sandbox stays
+// paused, and no pause or resume comes until the operation ended.
+func (m *Manager) useAsIs(ctx context.Context, c Caller, id string) (*record, func(), error) {
+	r, done, err := m.enter(ctx, c, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !r.gate.tryEnter() {
+		handoff.Release(ctx)
+		if err := r.gate.enter(ctx); err != nil {
+			done()
+			return nil, nil, err
+		}
+	}
+	return r, func() { r.gate.leave(); done() }, nil
+}
+
 // resumeAttached resumes a sandbox an attach just claimed, if it is
 // paused: the next task of a run carries on where the last one left it.
 func (m *Manager) resumeAttached(ctx context.Context, c Caller, id string, sb Sandbox) (Sandbox, error) {

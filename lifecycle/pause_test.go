@@ -419,3 +419,33 @@ func TestBwrapPausedSandboxAcrossARestart(t *testing.T) {
 		})
 	}
 }
+
+// A snapshot and a fork of a paused sandbox copy its files as they are and
+// leave it paused: they are not uses of its processes. (A daemon killed
+// while its snapshot holds a sandbox is test/e2e's: a panic here would run
+// the hold's release.)
+func TestBwrapSnapshotAndForkLeaveAPausedSandboxPaused(t *testing.T) {
+	e := newPauseEnv(t)
+	ctx := context.Background()
+	id := e.create(alice, CreateRequest{Owner: "dag/run"}).ID
+	e.counter(id)
+	e.pause(id)
+	took := false
+	_, err := e.m.Snapshot(ctx, alice, id, backend.SnapshotOptions{}, func(src SnapshotSource) (backend.Image, error) {
+		took = true
+		_, err := os.Stat(filepath.Join(src.Files.Workspace, "count.txt"))
+		return backend.Image{Name: "snap"}, err
+	})
+	require.NoError(t, err)
+	require.True(t, took)
+	e.stays(id, "after a snapshot")
+	fork, err := e.m.Fork(ctx, alice, id, ForkRequest{Count: 1})
+	require.NoError(t, err)
+	e.stays(id, "after a fork")
+	s, _ := e.m.Describe(id)
+	require.True(t, s.Paused, "a snapshot and a fork leave a paused sandbox paused")
+	require.True(t, e.journaled()[id].Paused)
+	data, err := e.m.ReadFile(ctx, alice, fork.Sandboxes[0].ID, "count.txt", 64)
+	require.NoError(t, err)
+	require.NotEmpty(t, data, "the fork has the paused sandbox's files")
+}

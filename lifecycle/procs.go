@@ -120,6 +120,32 @@ func (m *Manager) recountProcesses(ctx context.Context, pb backend.Processes) {
 	}
 }
 
+// countAdoptedProcesses counts the processes of id, just adopted, that
+// outlived the previous daemon, so the per-uid and host bounds (and the
+// metrics) include them: without it a restarted daemon would let each
+// uid start its whole quota again on top of what still runs.
+func (m *Manager) countAdoptedProcesses(ctx context.Context, id string) {
+	pb, ok := m.be.(backend.Processes)
+	if !ok {
+		return
+	}
+	list, err := pb.ListProcesses(ctx, id)
+	if err != nil || len(list) == 0 {
+		return
+	}
+	n := 0
+	for _, p := range list {
+		if p.Running {
+			n++
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.boxes[id] != nil {
+		m.procs[id] = n
+	}
+}
+
 // forgetProcesses drops a destroyed sandbox's count; m.mu is held.
 func (m *Manager) forgetProcesses(id string) {
 	delete(m.procs, id)

@@ -65,11 +65,16 @@ func adoptDecision(err error) adoptOutcome {
 	return adoptQuarantine
 }
 
-// adopt asks the backend to adopt id, bounded.
+// adopt asks the backend to adopt id, bounded, then counts the durable
+// processes a previous daemon left running in it.
 func (m *Manager) adopt(id string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), adoptTimeout)
 	defer cancel()
-	return m.be.Adopt(ctx, id)
+	if err := m.be.Adopt(ctx, id); err != nil {
+		return err
+	}
+	m.countAdoptedProcesses(ctx, id)
+	return nil
 }
 
 // quarantineBackoff is the wait before adopt attempt n+1.

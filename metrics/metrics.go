@@ -130,7 +130,7 @@ func New() *Metrics {
 	m.rpcRequests = counter("rpc_requests_total", "RPC requests answered, by op and code (ok for success).", "op", "code")
 	m.rpcErrors = counter("rpc_errors_total", "RPC requests answered with an error, by op and code.", "op", "code")
 	m.rpcSeconds = histogram("rpc_duration_seconds", "Time to answer an RPC request, by op.", commandBuckets, "op")
-	for _, s := range []string{lifecycle.SourceCold, lifecycle.SourcePool} {
+	for _, s := range []string{lifecycle.SourceCold, lifecycle.SourcePool, lifecycle.SourceFork} {
 		m.creates.WithLabelValues(s)
 	}
 	for _, r := range []string{"hit", "miss"} {

@@ -44,8 +44,10 @@ fi
 echo "== go vet"
 go vet ./...
 
-# test/sandboximage debootstraps a bookworm with python3 and numpy (once,
-# cached under /var/cache/sandbox-sidecar-test) to prove images end to end.
+# test/sandboximage debootstraps a bookworm with python3, numpy, pandas and
+# matplotlib (once, about 2 minutes and 600 MB, cached under
+# /var/cache/sandbox-sidecar-test) to prove images end to end, and code
+# contexts' DataFrames and figures on them.
 export SANDBOX_SIDECAR_SANDBOX_IMAGE_TEST=1
 
 echo "== go test -race"
@@ -85,6 +87,8 @@ fuzz FuzzDecodeWire 150000x ./ipc
 fuzz FuzzDecodeRequestTypes 100000x ./ipc
 fuzz FuzzReadAt 30000x ./backend/proclog
 fuzz FuzzDecodeRequest 50000x ./backend/agent
+fuzz FuzzCellresRead 200000x ./backend/cellres
+fuzz FuzzDecodeCodeRequest 300000x ./backend/bwrap/bwwire
 
 # The .deb is built for 32-bit hosts too, where a 32-bit length in a frame
 # overflows an int: the frame walk's tests run there as well. As a 386

@@ -19,6 +19,14 @@ func runCodeReservation(maxOutputBytes int) int64 {
 	return runCommandReservation(maxOutputBytes) + 4*int64(maxOutputBytes)
 }
 
+// codeOutputCap is run_code's cap on max_output_bytes: three fifths of
+// run_command's (maxOutputBytes), so that a cell's three outputs reserve
+// no more than a command's two, and every configuration that holds a
+// command's response holds a cell's.
+func codeOutputCap(maxOutputBytes int) int {
+	return int(int64(maxOutputBytes) * 6 / 10)
+}
+
 func (s *Service) runCode(ctx context.Context, c lifecycle.Caller, r *ipc.Request, w api.RunCodeRequest, a *audit) (any, error) {
 	req := backend.CodeRequest{Context: w.Context, Code: w.Code}
 	if req.Context == "" {
@@ -32,7 +40,8 @@ func (s *Service) runCode(ctx context.Context, c lifecycle.Caller, r *ipc.Reques
 		timeout = seconds(w.TimeoutS)
 	}
 	req.Timeout = min(timeout, s.lim.MaxTimeout)
-	req.MaxOutputBytes = min(deref(w.MaxOutputBytes, s.lim.DefaultOutputBytes), s.lim.MaxOutputBytes)
+	cellCap := codeOutputCap(s.lim.MaxOutputBytes)
+	req.MaxOutputBytes = min(deref(w.MaxOutputBytes, s.lim.DefaultOutputBytes), cellCap)
 	send := ipc.Events(ctx)
 	if w.Stream && send == nil {
 		return nil, ipc.Errorf(ipc.CodeBadRequest, `"stream" needs a connection that can carry events`)

@@ -75,7 +75,8 @@ func (s *Service) imageInfo(im backend.Image, counts map[string]int) api.ImageIn
 	name := im.DisplayName()
 	info := api.ImageInfo{Name: name, Builtin: im.IsHost(), Default: name == m.DefaultImage(), Digest: im.Digest,
 		SizeBytes: im.Bytes, Files: im.Files, Source: im.Source, Env: im.Env, Entrypoint: im.Entrypoint, Cmd: im.Cmd,
-		WorkingDir: im.WorkingDir, User: im.User, Sandboxes: counts[name], PoolSize: m.ImagePoolSize(name)}
+		WorkingDir: im.WorkingDir, User: im.User, Sandboxes: counts[name], PoolSize: m.ImagePoolSize(name),
+		Base: im.Base, Origin: imageOrigin(im)}
 	if !im.Created.IsZero() {
 		info.CreatedAt = unixSeconds(im.Created)
 	}
@@ -106,8 +107,10 @@ func (s *Service) imageInspect(r api.ImageRequest, a *audit) (any, error) {
 
 func (s *Service) imageRm(c lifecycle.Caller, r api.ImageRequest, a *audit) (any, error) {
 	name := r.Name
-	if err := s.imageAdmin(c, "image_rm"); err != nil {
-		return nil, err
+	if !s.takenBy(c, name) { // a snapshot is its taker's to remove too
+		if err := s.imageAdmin(c, "image_rm"); err != nil {
+			return nil, err
+		}
 	}
 	a.add("image", name)
 	if name == backend.HostImage {

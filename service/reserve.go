@@ -24,5 +24,5 @@ func listDirectoryReservation(maxEntries int) int64 { return int64(maxEntries)<<
 // connection's response budget must hold at least this much.
 func LargestReservation(l Limits) int64 {
 	l.setDefaults()
-	return max(readFileReservation(l.MaxFileBytes), runCodeReservation(l.MaxOutputBytes)+streamWindowBytes, listDirectoryReservation(l.MaxListEntries))
+	return max(readFileReservation(l.MaxFileBytes), runCommandReservation(l.MaxOutputBytes)+streamWindowBytes, listDirectoryReservation(l.MaxListEntries))
 }

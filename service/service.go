@@ -49,6 +49,9 @@ func (s *Service) features() []string {
 	if _, ok := s.m.Backend().(backend.CodeRunner); ok {
 		out = append(out, "code")
 	}
+	if s.snapshots() {
+		out = append(out, "snapshots")
+	}
 	if s.m.CanPause() {
 		out = append(out, "pause")
 	}
@@ -145,6 +148,7 @@ type Service struct {
 
 	images ImageStore
 	up     uploads // the streamed imports in progress
+	ex     exports // the image exports in progress
 }
 
 type backendHealth struct {
@@ -183,6 +187,7 @@ func (s *Service) Limits() Limits { return s.lim }
 // Disconnected implements ipc.ConnObserver.
 func (s *Service) Disconnected(peer *ipc.Peer) {
 	s.abortUploadsOf(peer.ConnID)
+	s.endExportsOf(peer.ConnID)
 	s.m.Disconnected(peer.ConnID)
 }
 
@@ -306,6 +311,9 @@ func (s *Service) dispatch(ctx context.Context, c lifecycle.Caller, peer *ipc.Pe
 		return with(args, func(r api.SandboxRequest) (any, error) { return s.pause(ctx, c, r, a) })
 	case ipc.OpResume:
 		return with(args, func(r api.SandboxRequest) (any, error) { return s.resume(ctx, c, r, a) })
+	}
+	if res, err, ok := s.dispatchSnapshots(ctx, c, peer, req, a); ok {
+		return res, err
 	}
 	return nil, ipc.Errorf(ipc.CodeUnknownOp, "unknown op %q; see docs/protocol.md for the ops this daemon speaks", req.Op)
 }
@@ -823,6 +831,7 @@ func (s *Service) toWire(err error) *ipc.Error {
 		{backend.ErrProcessEnded, ipc.CodeProcessEnded},
 		{backend.ErrUnsupported, ipc.CodeNotSupported},
 		{backend.ErrNoPython, ipc.CodeNoPython},
+		{backend.ErrNoSpace, ipc.CodeNoSpace},
 		{backend.ErrContextNotFound, ipc.CodeContextNotFound},
 		{backend.ErrContextBusy, ipc.CodeContextBusy},
 		{backend.ErrBusy, ipc.CodeBusy},

@@ -40,6 +40,10 @@ const (
 	// none.
 	DefaultMaxContexts = 8
 	zygoteMsgMax       = 64 << 10
+	// exitReportGrace bounds the wait, after a context's socket closed
+	// mid-cell, for the zygote (its parent) to say how it died: killed
+	// for memory, or otherwise.
+	exitReportGrace = 2 * time.Second
 )
 
 // ValidContextName reports whether name may name a context: 1 to
@@ -70,10 +74,12 @@ func (f CellFiles) close() {
 
 // CellEnd is how a cell ended, as its Reply hears it: Lost says the
 // context died with it (How and Code its wait status's, Timed what the
-// budget did).
+// budget did); Count is the cell's number in its context (0 when the
+// context was lost before it said).
 type CellEnd struct {
 	Lost             bool
 	How, Code, Timed uint32
+	Count            int
 }
 
 // Reply is how a cell's caller learns its fate.
@@ -118,15 +124,21 @@ type zygote struct {
 	pid, sock int
 	ready     bool
 	python    string
-	err       error // the zygote failed: every waiting cell fails with it
+	err       error         // the zygote failed: every waiting cell fails with it
+	waiters   []func(error) // Prestart's, told when it is ready or gone
 }
 
 type codeContext struct {
 	name      string
 	pid, sock int
 	count     int
+	sent      int   // cells handed to it: its next "done" must be for this one
 	cell      *cell // the one running, or nil
 	forking   bool
+	// exiting: its socket closed while a cell ran; the cell waits (its
+	// timer re-armed with exitReportGrace) for the zygote to say how it
+	// died.
+	exiting bool
 }
 
 type cell struct {
@@ -187,6 +199,27 @@ func (c *Contexts) Run(name string, f CellFiles, timeout, grace time.Duration, r
 	c.advance()
 }
 
+// Prestart starts the zygote ahead of any cell (a warm-pool member's, so
+// that its first cell costs a fork), with env and preload, unless one runs
+// or failed already, and calls done once it is ready (nil) or could not
+// be (ErrNoPython, or why it ended).
+func (c *Contexts) Prestart(env []string, preload string, done func(error)) {
+	if c.z == nil {
+		c.Env, c.Preload = env, preload
+		if err := c.startZygote(); err != nil {
+			c.z = &zygote{pid: -1, sock: -1, err: err}
+		}
+	}
+	switch {
+	case c.z.err != nil:
+		done(c.z.err)
+	case c.z.ready:
+		done(nil)
+	default:
+		c.z.waiters = append(c.z.waiters, done)
+	}
+}
+
 func (c *Contexts) queued(name string) bool {
 	for _, w := range c.waiting {
 		if w.name == name {
@@ -244,6 +277,7 @@ func (c *Contexts) send(x *codeContext, ce *cell) {
 		return
 	}
 	x.cell = ce
+	x.sent++
 	if ce.timeout > 0 {
 		if fd, err := unix.TimerfdCreate(unix.CLOCK_MONOTONIC, unix.TFD_CLOEXEC|unix.TFD_NONBLOCK); err == nil {
 			ce.timer = fd
@@ -382,12 +416,18 @@ func (c *Contexts) zygoteSaid() {
 	switch m.Op {
 	case "ready":
 		z.ready, z.python = true, m.Python
+		for _, w := range z.waiters {
+			w(nil)
+		}
+		z.waiters = nil
 		c.advance()
 	case "forked":
 		x := c.byName[m.Name]
-		if x == nil || len(fds) != 1 || m.Pid <= 0 || !x.forking {
+		if x == nil || len(fds) != 1 || m.Pid <= 1 || m.Pid == os.Getpid() || !x.forking {
+			// (The zygote is the guest's: a pid it names is killed only
+			// when it can be its fork, never init.)
 			closeFDs(fds)
-			if m.Pid > 0 {
+			if m.Pid > 1 && m.Pid != os.Getpid() && x != nil && x.forking {
 				_ = unix.Kill(m.Pid, unix.SIGKILL)
 			}
 			return
@@ -411,7 +451,10 @@ func (c *Contexts) zygoteSaid() {
 	}
 }
 
-// contextSaid reads one message of context x's: its cell is done.
+// contextSaid reads one message of context x's: its cell is done. A
+// message it should not send (a "done" for no cell, or for another cell
+// than the one it runs: the guest wrote on its control socket) loses the
+// context: a cell can end its own cell early, never answer for the next.
 func (c *Contexts) contextSaid(x *codeContext) {
 	var buf [4096]byte
 	n, _, err := unix.Recvfrom(x.sock, buf[:], unix.MSG_DONTWAIT)
@@ -419,24 +462,50 @@ func (c *Contexts) contextSaid(x *codeContext) {
 		return
 	}
 	if err != nil || n == 0 {
-		// Gone (killed, out of memory, exited): the zygote reports how;
-		// until then it is lost without a status.
-		c.lose(x, proclog.EndLost, 0)
+		// Gone (killed, out of memory, exited): the zygote reports how.
+		c.closed(x)
 		return
 	}
 	// "done COUNT", as pyrt.py writes it.
 	f := strings.Fields(string(buf[:n]))
-	if len(f) != 2 || f[0] != "done" || x.cell == nil {
+	count := 0
+	if len(f) == 2 && f[0] == "done" {
+		count, _ = strconv.Atoi(f[1])
+	}
+	if x.cell == nil || count != x.sent {
+		c.lose(x, proclog.EndLost, 0)
 		return
 	}
-	if count, err := strconv.Atoi(f[1]); err == nil && count > 0 {
-		x.count = count
-	}
+	x.count = count
 	ce := x.cell
 	x.cell = nil
 	c.stopTimer(ce)
-	ce.reply.Ended(CellEnd{Timed: ce.timed})
+	ce.reply.Ended(CellEnd{Timed: ce.timed, Count: count})
 	c.advance()
+}
+
+// closed acts on context x's socket closing: without a cell it is lost at
+// once; with one, the cell waits a bounded time for the zygote's report of
+// how the context died (an OOM kill is told by its SIGKILL), and is lost
+// without it after exitReportGrace.
+func (c *Contexts) closed(x *codeContext) {
+	ce := x.cell
+	if ce == nil || x.exiting {
+		c.lose(x, proclog.EndLost, 0)
+		return
+	}
+	_ = unix.Close(x.sock)
+	x.sock = -1
+	x.exiting = true
+	if ce.timer < 0 {
+		fd, err := unix.TimerfdCreate(unix.CLOCK_MONOTONIC, unix.TFD_CLOEXEC|unix.TFD_NONBLOCK)
+		if err != nil {
+			c.lose(x, proclog.EndLost, 0)
+			return
+		}
+		ce.timer = fd
+	}
+	arm(ce.timer, exitReportGrace)
 }
 
 func (c *Contexts) stopTimer(ce *cell) {
@@ -453,6 +522,10 @@ func (c *Contexts) budgetSpent(x *codeContext) {
 	ce := x.cell
 	var exp [8]byte
 	if n, err := unix.Read(ce.timer, exp[:]); n != len(exp) || err != nil {
+		return
+	}
+	if x.exiting {
+		c.lose(x, proclog.EndLost, 0) // the zygote never said how it died
 		return
 	}
 	switch ce.timed {
@@ -473,7 +546,10 @@ func (c *Contexts) lose(x *codeContext, how, code uint32) {
 		return
 	}
 	delete(c.byName, x.name)
-	if x.pid > 0 {
+	if x.pid > 1 {
+		// Its process group too (a context is a group of its own): what
+		// its cells left running ends with it.
+		_ = unix.Kill(-x.pid, unix.SIGKILL)
 		_ = unix.Kill(x.pid, unix.SIGKILL)
 	}
 	if x.sock >= 0 {
@@ -481,7 +557,7 @@ func (c *Contexts) lose(x *codeContext, how, code uint32) {
 	}
 	if ce := x.cell; ce != nil {
 		c.stopTimer(ce)
-		ce.reply.Ended(CellEnd{Lost: true, How: how, Code: code, Timed: ce.timed})
+		ce.reply.Ended(CellEnd{Lost: true, How: how, Code: code, Timed: ce.timed, Count: x.sent})
 	}
 	for _, ce := range c.waiting {
 		if ce.name == x.name {
@@ -522,6 +598,9 @@ func (c *Contexts) zygoteGone(why error) {
 		c.failCell(ce, unix.EIO, why.Error())
 	}
 	c.waiting = nil
+	for _, w := range z.waiters {
+		w(why)
+	}
 	c.z = nil // the next cell starts another
 }
 

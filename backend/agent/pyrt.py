@@ -9,9 +9,19 @@
 # agent). A context gets its own control socket from the zygote; with each
 # cell the agent hands it the cell's stdout and stderr pipes and its results
 # stream (the daemon reads all three), and its code in a memfd. Messages on
-# the control sockets are
-# JSON objects; on a results stream, frames of a 4-byte big-endian length
-# and a JSON object.
+# the control sockets are words separated by spaces; on a results stream,
+# frames of a 4-byte big-endian length and a JSON object.
+#
+# What this runtime does not defend: a cell runs in the context's process
+# and can rewrite any of it. It can forge its own cell's results (write
+# frames on its results stream) or its end (a "done" on its control
+# socket), or break its own context; the agent then loses the context (a
+# "done" it did not expect), and the daemon bounds and checks whatever
+# arrives. What it defends: the zygote and the contexts are not dumpable,
+# so no other process of the sandbox can trace them or take their
+# descriptors (another context's results stream, the zygote's control
+# socket); a child a cell forks never returns into this loop; and every
+# frame is bounded before it is written.
 import ast
 import base64
 import builtins
@@ -21,6 +31,7 @@ import json
 import linecache
 import os
 import random
+import select
 import signal
 import socket
 import struct
@@ -28,10 +39,13 @@ import sys
 import traceback
 
 MAX_BUNDLES = 64          # display bundles kept per cell (the result besides)
-MAX_VALUE = 4 << 20       # bytes of one MIME value
-MAX_CELL_RESULTS = 16 << 20  # bytes of every bundle of a cell together
+MAX_VALUE = 4 << 20       # one MIME value: characters of text, bytes of an image
+MAX_FRAME = 20 << 20      # one frame as written (backend/cellres reads up to 24 MiB)
+MAX_CELL_RESULTS = 16 << 20  # bytes of every bundle frame of a cell together
 MAX_MSG = 1 << 20         # a control message
 MAX_CODE = 4 << 20        # a cell's code
+PR_SET_DUMPABLE = 4
+PR_SET_CHILD_SUBREAPER = 36
 BINARY = ("image/png", "image/jpeg")
 REPRS = (
     ("_repr_html_", "text/html"),
@@ -66,10 +80,25 @@ def recv(sock, maxfds=0):
 
 def zygote():
     ctl = socket.socket(fileno=3)
+    # This script's memfd, fd 4, is closed: no context's business. A
+    # traceback through this script's frames reads its lines from
+    # linecache, never from /proc/self/fd/4 (by then another descriptor,
+    # maybe a cell's pipe).
+    me = sys.argv[0]
+    try:
+        src = os.pread(4, 1 << 20, 0).decode()
+        linecache.cache[me] = (len(src), None, src.splitlines(True), me)
+        os.close(4)
+    except OSError:
+        pass
     try:
         import ctypes
-        # PR_SET_CHILD_SUBREAPER: what a context leaves stays under us.
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
+        libc = ctypes.CDLL(None, use_errno=True)
+        # What a context leaves stays under us; and no process of the
+        # sandbox may trace us or take our descriptors (the control
+        # socket): the contexts, our forks, inherit that.
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     except Exception:
         pass
     for name in filter(None, os.environ.get("SANDBOX_SIDECAR_PRELOAD", "").split(",")):
@@ -79,13 +108,57 @@ def zygote():
             pass
     gc.collect()
     gc.freeze()
+    # A child's death wakes the loop (the signal's byte on a pipe): the
+    # agent hears how a context died at once, and an idle zygote never
+    # wakes up on its own.
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+
+    def fork_context():
+        """A context, forked ahead: (its pid, our end of its socket)."""
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                for fd in (wake_r, wake_w):
+                    os.close(fd)
+                ctl.close()
+                mine.close()
+                if spare[0] is not None:
+                    spare[0][1].close()
+                context(theirs)
+            finally:
+                os._exit(0)
+        theirs.close()
+        return pid, mine
+
+    # One context is always forked ahead, the spare: a new context is
+    # handed out at once, and the next spare forked once it is, so that a
+    # context's fork and start (page faults on every page of the
+    # interpreter it touches) are not its first cell's. It never ran a
+    # cell, and was reseeded at its own fork.
+    spare = [None]
+    spare[0] = fork_context()
     send(ctl, ["ready", sys.version.split()[0]])
-    ctl.settimeout(0.2)
     while True:
-        reap(ctl)
+        reap(ctl, spare)
+        try:
+            ready, _, _ = select.select([ctl, wake_r], [], [])
+        except OSError:
+            os._exit(0)
+        if wake_r in ready:
+            try:
+                os.read(wake_r, 4096)
+            except OSError:
+                pass
+        if ctl not in ready:
+            continue
         try:
             msg, _ = recv(ctl)
-        except socket.timeout:
+        except BlockingIOError:
             continue
         except OSError:
             os._exit(0)
@@ -93,21 +166,18 @@ def zygote():
             os._exit(0)  # the agent is gone: so is the sandbox
         if len(msg) != 2 or msg[0] != "fork":
             continue
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        pid = os.fork()
-        if pid == 0:
-            try:
-                ctl.close()
-                mine.close()
-                context(theirs)
-            finally:
-                os._exit(0)
-        theirs.close()
-        send(ctl, ["forked", msg[1], pid], [mine.fileno()])
+        reap(ctl, spare)  # a spare that died is not handed out
+        pid, mine = spare[0] if spare[0] is not None else fork_context()
+        spare[0] = None
+        try:
+            send(ctl, ["forked", msg[1], pid], [mine.fileno()])
+        except OSError:
+            os._exit(0)
         mine.close()
+        spare[0] = fork_context()
 
 
-def reap(ctl):
+def reap(ctl, spare):
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -115,7 +185,28 @@ def reap(ctl):
             return
         if pid == 0:
             return
-        send(ctl, ["died", pid, status])
+        if spare[0] is not None and spare[0][0] == pid:
+            spare[0][1].close()
+            spare[0] = None  # forked again when one is asked for
+            continue
+        try:
+            send(ctl, ["died", pid, status])
+        except OSError:
+            os._exit(0)
+
+
+def rehearse(me):
+    """Runs a cell's path once, on nothing, before any cell comes (a
+    context is forked ahead): the pages of the interpreter that a cell
+    touches are copied now, not during the first cell."""
+    try:
+        cell = Cell(io.BytesIO())
+        for code in ("x = 1\nx", "1/0"):
+            error = run(code, {"__builtins__": builtins}, 0, {signal.SIGINT}, cell, me)
+            cell.frame(encode({"t": "done", "count": 0, "error": error, "dropped": 0}))
+    except Exception:
+        pass
+    linecache.cache.pop("<cell-0>", None)
 
 
 def reseed():
@@ -125,10 +216,14 @@ def reseed():
     np = sys.modules.get("numpy")
     if np is not None:
         try:
-            np.random.seed(int.from_bytes(os.urandom(4), "little"))
+            np.random.seed(list(struct.unpack("8I", os.urandom(32))))
         except Exception:
             pass
     os.environ["SANDBOX_SIDECAR_CONTEXT_FORKED"] = "1"
+
+
+def encode(msg):
+    return json.dumps(msg, ensure_ascii=False).encode("utf-8", "replace")
 
 
 class Cell:
@@ -138,26 +233,38 @@ class Cell:
         self.out = out
         self.bundles = 0
         self.bytes = 0
-        self.dropped = 0
+        self.dropped = 0  # bundles left out, and values left out or cut
 
-    def frame(self, msg):
-        data = json.dumps(msg).encode()
-        self.out.write(struct.pack(">I", len(data)) + data)
-        self.out.flush()
+    def frame(self, data):
+        # Whole or not at all: an interrupt never leaves half a frame (the
+        # rest of the stream would be unreadable).
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            view = memoryview(struct.pack(">I", len(data)) + data)
+            while view:
+                view = view[self.out.write(view):]
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
     def display(self, obj, kind="display"):
-        data = bundle(obj)
-        size = sum(len(v) if isinstance(v, str) else len(json.dumps(v)) for v in data.values())
-        if kind == "display" and self.bundles >= MAX_BUNDLES or self.bytes + size > MAX_CELL_RESULTS:
+        if kind == "display" and self.bundles >= MAX_BUNDLES:
+            self.dropped += 1  # before any repr: 10,000 displays cost little
+            return
+        data, cut = bundle(obj)
+        self.dropped += cut
+        frame = encode({"t": kind, "data": data})
+        if len(frame) > MAX_FRAME or self.bytes + len(frame) > MAX_CELL_RESULTS:
             self.dropped += 1
             return
         self.bundles += kind == "display"
-        self.bytes += size
-        self.frame({"t": kind, "data": data})
+        self.bytes += len(frame)
+        self.frame(frame)
 
 
 def bundle(obj):
-    """obj's MIME bundle, as IPython's display protocol makes it."""
+    """obj's MIME bundle, as IPython's display protocol makes it, and how
+    many of its values were left out or cut (past MAX_VALUE: text/plain
+    keeps its first MAX_VALUE characters, any other is left out)."""
     data = {}
     try:
         m = getattr(obj, "_repr_mimebundle_", None)
@@ -186,30 +293,42 @@ def bundle(obj):
             data["text/plain"] = repr(obj)
         except Exception as e:
             data["text/plain"] = "<unrepresentable %s: %s>" % (type(obj).__name__, e)
-    out = {}
+    out, cut = {}, 0
     for mime, v in data.items():
         if mime in BINARY:
             if isinstance(v, str):
                 v = v.encode("latin-1", "replace")
-            if isinstance(v, (bytes, bytearray, memoryview)):
-                v = base64.b64encode(bytes(v)).decode()
-            else:
+            if not isinstance(v, (bytes, bytearray, memoryview)):
                 continue
+            if len(v) > MAX_VALUE:  # measured before it is encoded
+                cut += 1
+                continue
+            v = base64.b64encode(bytes(v)).decode()
         elif mime == "application/json":
             try:
-                json.dumps(v)
+                if len(json.dumps(v)) > MAX_VALUE:
+                    cut += 1
+                    continue
             except Exception:
                 continue
         elif isinstance(v, (bytes, bytearray)):
+            if len(v) > 4 * MAX_VALUE:
+                v = bytes(v[:4 * MAX_VALUE])
             v = bytes(v).decode("utf-8", "replace")
         elif not isinstance(v, str):
-            v = str(v)
-        if isinstance(v, str) and len(v) > MAX_VALUE:
-            v = v[:MAX_VALUE] if mime not in BINARY else None
-            if v is None:
+            try:
+                v = str(v)
+            except Exception:
                 continue
+        if isinstance(v, str) and len(v) > MAX_VALUE:
+            cut += 1
+            if mime != "text/plain":
+                continue
+            v = v[:MAX_VALUE]
         out[mime] = v
-    return out
+    if not isinstance(out.get("text/plain"), str):
+        out["text/plain"] = "<%s>" % type(obj).__name__
+    return out, cut
 
 
 def figures(cell):
@@ -224,9 +343,13 @@ def figures(cell):
             buf = io.BytesIO()
             fig.savefig(buf, format="png", bbox_inches="tight")
             cell.display(Png(buf.getvalue(), repr(fig)))
-        plt.close("all")
     except Exception as e:
         cell.display(Text("<figure not rendered: %s>" % e))
+    finally:
+        try:
+            plt.close("all")
+        except Exception:
+            pass
 
 
 class Png:
@@ -246,7 +369,13 @@ class Text:
 
 
 def context(ctl):
+    me = os.getpid()
+    try:
+        os.setsid()  # a group of its own: what it leaves ends with it
+    except OSError:
+        pass
     reseed()
+    rehearse(me)
     ns = {"__name__": "__main__", "__builtins__": builtins}
     count = 0
     current = [None]
@@ -257,7 +386,6 @@ def context(ctl):
                 current[0].display(obj)
 
     builtins.display = display
-    devnull = os.open(os.devnull, os.O_RDWR)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     block = {signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, block)
@@ -289,29 +417,39 @@ def context(ctl):
         stderr = io.TextIOWrapper(io.FileIO(err_fd, "w", closefd=True), encoding="utf-8", errors="replace", line_buffering=True)
         saved = sys.stdout, sys.stderr
         sys.stdout, sys.stderr = stdout, stderr
-        error, value = None, None
+        error = None
         try:
-            error, value = run(code, ns, count, block)
-            figures(cell)
-            if value is not None:
-                cell.display(value, "result")
+            error = run(code, ns, count, block, cell, me)
         except BaseException as e:  # an interrupt in our own code
             error = describe(e)
         finally:
             sys.stdout, sys.stderr = saved
             current[0] = None
             # The process's own descriptors 1 and 2 (a subprocess's, a C
-            # library's) go back to /dev/null: the cell's pipes close.
-            os.dup2(devnull, 1)
-            os.dup2(devnull, 2)
+            # library's) go back to /dev/null: the cell's pipes close. (A
+            # /dev/null of each cell's: the cell may have closed any.)
+            try:
+                null = os.open(os.devnull, os.O_RDWR)
+                os.dup2(null, 1)
+                os.dup2(null, 2)
+                if null > 2:
+                    os.close(null)
+            except OSError:
+                pass
         for f in (stdout, stderr):
             try:
                 f.flush()
+            except Exception:
+                pass
+            try:
                 f.close()
             except Exception:
                 pass
         try:
-            cell.frame({"t": "done", "count": count, "error": error, "dropped": cell.dropped})
+            cell.frame(encode({"t": "done", "count": count, "error": error, "dropped": cell.dropped}))
+        except Exception:
+            pass
+        try:
             results.close()
         except Exception:
             pass
@@ -321,38 +459,57 @@ def context(ctl):
             os._exit(0)
 
 
-def run(code, ns, count, block):
+def run(code, ns, count, block, cell, me):
     """Runs one cell: every statement, then the last one's value when it is
-    an expression, as a notebook shows it. Returns its error (or None) and
-    that value (or None)."""
+    an expression, as a notebook shows it; then the open figures and that
+    value go to cell. Returns its error (or None). The cell's interrupt
+    (SIGINT) is unblocked throughout: a value whose repr never ends is
+    interrupted like the code that made it."""
     name = "<cell-%d>" % count
     # Tracebacks show the cell's lines, as a notebook's do.
     linecache.cache[name] = (len(code), None, code.splitlines(True), name)
     try:
         tree = ast.parse(code, name, "exec")
     except SyntaxError as e:
-        return describe(e), None
+        return describe(e)
+    except (ValueError, MemoryError, RecursionError) as e:  # a NUL byte, a tree too deep
+        return describe(e)
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = ast.Expression(tree.body.pop().value)
-    value = None
+    error, value = None, None
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, block)
         try:
-            exec(compile(tree, name, "exec"), ns)
-            value = eval(compile(last, name, "eval"), ns) if last is not None else None
+            try:
+                exec(compile(tree, name, "exec"), ns)
+                value = eval(compile(last, name, "eval"), ns) if last is not None else None
+            except BaseException as e:
+                error = describe(e, skip=1)
+            if os.getpid() != me:
+                # A child the cell forked that came back out of its code:
+                # it is no context, and must not answer for one.
+                try:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                finally:
+                    os._exit(0)
+            if value is not None:
+                ns["_"] = value
+            try:
+                figures(cell)  # after an error too, as a notebook shows them
+                if value is not None:
+                    cell.display(value, "result")
+            except BaseException as e:  # an interrupt in a repr, a closed stream
+                error = error or describe(e)
         finally:
             signal.pthread_sigmask(signal.SIG_BLOCK, block)
-    except BaseException as e:
-        return describe(e, skip=1), None
     finally:
         # An interrupt that came after the cell's code ended (it is blocked
         # now) is consumed here, not left for the next cell.
         if signal.SIGINT in signal.sigpending():
             signal.sigwait(block)
-    if value is not None:
-        ns["_"] = value
-    return None, value
+    return error
 
 
 def describe(e, skip=0):
@@ -360,7 +517,10 @@ def describe(e, skip=0):
     for _ in range(skip):
         if tb is not None:
             tb = tb.tb_next
-    lines = traceback.format_exception(type(e), e, tb)
+    if isinstance(e, SyntaxError):
+        lines = traceback.format_exception_only(type(e), e)  # the cell's line, as a notebook shows it
+    else:
+        lines = traceback.format_exception(type(e), e, tb)
     # Bounded, so that the cell's last frame always fits what its reader
     # keeps (backend/cellres).
     return {"name": type(e).__name__[:200], "value": str(e)[:16384], "traceback": [l[:4096] for l in lines[-50:]]}

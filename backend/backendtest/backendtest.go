@@ -77,9 +77,23 @@ type Options struct {
 	// Code says the backend runs code contexts (backend.CodeRunner), and
 	// the suite holds it to their contract; the sandbox needs python3.
 	Code bool
+	// CodeLibraries says the sandboxes' python3 has numpy, pandas and
+	// matplotlib (the test image does): the tests that render DataFrames
+	// and figures then fail without them. Without it they run where the
+	// sandbox has them and skip where it has not.
+	CodeLibraries bool
+	// CodePreload is the modules the backend is configured to preload in
+	// its contexts' interpreter: the suite checks that a fresh context has
+	// imported each one the sandbox has, before its first cell.
+	CodePreload []string
 	// Processes says the backend runs durable processes
 	// (backend.Processes), and the suite holds it to their contract.
 	Processes bool
+	// Snapshots says the backend hands over a sandbox's files
+	// (backend.Snapshotter), forks (backend.Forker) and seeds a new
+	// sandbox (Spec.Seed), and the suite holds it to their contract.
+	// Freezes says it freezes the sandbox meanwhile, as configured.
+	Snapshots, Freezes bool
 	// Pause says the backend, as configured, pauses sandboxes
 	// (backend.Pauser), and the suite holds it to their contract; it
 	// needs Processes. Without it a backend that implements Pauser must
@@ -178,6 +192,9 @@ func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend, opts Optio
 	}
 	if opts.Code {
 		tests = append(tests, codeTests...)
+	}
+	if opts.Snapshots {
+		tests = append(tests, snapshotTests...)
 	}
 	if opts.Pause {
 		tests = append(tests, pauseTests...)
@@ -1159,7 +1176,10 @@ func testTimeoutKillsEscapees(s *suite) {
 	}
 	sb := s.create(backend.Spec{})
 	tok := sleepToken()
-	res := s.exec(sb, backend.ExecRequest{Timeout: 2 * time.Second, Command: fmt.Sprintf(
+	// The budget leaves the count time to run on a loaded host (gVisor's
+	// /proc walk included): the timeout must find the escapees, not cut
+	// their count short.
+	res := s.exec(sb, backend.ExecRequest{Timeout: 5 * time.Second, Command: fmt.Sprintf(
 		`setsid sleep 1%[1]s >/dev/null 2>&1 & (setsid sleep 2%[1]s >/dev/null 2>&1 &); (trap '' TERM HUP; exec setsid nohup sleep 3%[1]s >/dev/null 2>&1 &)
 sleep 0.5; %[2]s; sleep 60`, tok, countSleeps(tok))})
 	if !res.TimedOut || strings.TrimSpace(string(res.Stdout)) != "3" {

@@ -1,7 +1,10 @@
 package backendtest
 
 import (
+	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,6 +26,7 @@ var pauseTests = []struct {
 	{"PauseRefusesABusySandbox", testPauseBusy},
 	{"PausedSandboxIsDestroyed", testPauseDestroy},
 	{"PausedSandboxSurvivesARestart", testPauseRestart},
+	{"SnapshotAndForkLeaveAPausedSandboxPaused", testPauseSnapshot},
 }
 
 var pauseRefusedTests = []struct {
@@ -308,4 +312,49 @@ func testPauseUnsupported(s *suite) {
 	_, err := pz.Pause(s.ctx(), sb.id)
 	wantErr(s, "Pause", err, backend.ErrUnsupported)
 	s.runOK(sb, "true")
+}
+
+// testPauseSnapshot snapshots and forks a paused sandbox (with
+// Options.Snapshots): its files are handed over still, and it stays
+// paused, its process where it stopped, until it is resumed.
+func testPauseSnapshot(s *suite) {
+	if !s.opts.Snapshots {
+		s.Skip("the backend does not snapshot")
+	}
+	pz := s.pauser()
+	sb := s.create(backend.Spec{})
+	s.write(sb, "kept.txt", []byte("kept\n"))
+	p := s.start(sb, backend.ProcessRequest{Command: counter})
+	s.waitAdvances(s.b, sb, p.ID, 0, "before the pause")
+	if _, err := pz.Pause(s.ctx(), sb.id); err != nil {
+		s.Fatalf("Pause: %v", err)
+	}
+	var kept []byte
+	err := s.snapshotter().SnapshotFiles(s.ctx(), sb.id, backend.SnapshotOptions{}, func(f backend.SandboxFiles) error {
+		if !f.Frozen {
+			s.Error("a paused sandbox's files handed over as not frozen")
+		}
+		return withReader(f, func() (err error) { kept, err = os.ReadFile(filepath.Join(f.Workspace, "kept.txt")); return err })
+	})
+	if err != nil || string(kept) != "kept\n" {
+		s.Fatalf("SnapshotFiles of a paused sandbox: %v, kept.txt %q", err, kept)
+	}
+	s.stays(s.b, sb, p.ID, "after a snapshot")
+	fork := newID()
+	s.Cleanup(func() { _ = s.b.Destroy(context.Background(), fork) })
+	res, err := s.forker().Fork(s.ctx(), sb.id, []string{fork}, backend.SnapshotOptions{})
+	if err != nil {
+		s.Fatalf("Fork of a paused sandbox: %v", err)
+	}
+	if got := s.runOK(sandbox{id: fork, info: res.Infos[0]}, "cat kept.txt"); got != "kept\n" {
+		s.Errorf("the fork of a paused sandbox has kept.txt %q", got)
+	}
+	if paused, err := pz.Paused(s.ctx(), sb.id); err != nil || !paused {
+		s.Errorf("Paused after a snapshot and a fork: %v, %v", paused, err)
+	}
+	s.stays(s.b, sb, p.ID, "after a fork")
+	if err := pz.Resume(s.ctx(), sb.id); err != nil {
+		s.Fatalf("Resume: %v", err)
+	}
+	s.waitAdvances(s.b, sb, p.ID, s.written(s.b, sb, p.ID), "after the resume")
 }

@@ -213,7 +213,7 @@ func testProcessTimeout(s *suite) {
 func testProcessOutlivesCommands(s *suite) {
 	sb := s.create(backend.Spec{})
 	ctx, cancel := context.WithCancel(s.ctx())
-	p, err := s.procs().StartProcess(ctx, sb.id, backend.ProcessRequest{Command: "while :; do date +%s%N > beat.txt; sleep 0.05; done"})
+	p, err := s.procs().StartProcess(ctx, sb.id, backend.ProcessRequest{Command: "while :; do date +%s%N > beat.tmp && mv beat.tmp beat.txt; sleep 0.05; done"})
 	cancel()
 	if err != nil {
 		s.Fatalf("StartProcess: %v", err)

@@ -121,6 +121,9 @@ func (b *Backend) RunCode(ctx context.Context, id string, req backend.CodeReques
 	go func() { read <- cellres.Read(results, max(req.MaxOutputBytes, 1)) }()
 
 	end, failed, err := b.cellEnd(opCtx, status, outer)
+	// One grace, from the cell's end, for its pipes and its results stream
+	// alike (a process the cell left may hold either open).
+	drained := time.Now().Add(initDrainGrace)
 	out := streams.Finish(initDrainGrace)
 	res := backend.CodeResult{
 		Stdout: out.Stdout, Stderr: out.Stderr, StdoutTruncated: out.StdoutTruncated, StderrTruncated: out.StderrTruncated,
@@ -147,17 +150,29 @@ func (b *Backend) RunCode(ctx context.Context, id string, req backend.CodeReques
 		return res, err
 	}
 	var r cellres.Results
+	wait := time.NewTimer(max(time.Until(drained), 0))
 	select {
 	case r = <-read:
-	case <-time.After(initDrainGrace):
+	case <-wait.C:
 		// The context (or a process it left) holds the stream open past
 		// the cell's end: what was read is what there is.
 		_ = results.SetReadDeadline(time.Now())
 		r = <-read
 	}
+	wait.Stop()
 	res.Results, res.ResultsTruncated, res.Error, res.ExecutionCount = r.Bundles, r.Truncated, r.Error, r.Count
+	if end.Count > 0 {
+		// The agent's count is the truth: a cell can write its own
+		// results stream (a forged "done" frame), not the agent's count.
+		res.ExecutionCount = end.Count
+	}
 	if r.Malformed != nil {
 		log.Warn("a cell's results stream was malformed; what came before is kept", "error", r.Malformed)
+		res.ResultsTruncated = true
+	}
+	if !r.Done && !end.Lost {
+		// The cell ended in its context without its last frame (it closed
+		// or broke its own results stream): what it said may be missing.
 		res.ResultsTruncated = true
 	}
 	res.TimedOut = end.Timed != proclog.TimedNo
@@ -218,7 +233,7 @@ func (b *Backend) cellEnd(ctx context.Context, status *os.File, outer time.Time)
 		case bwwire.MsgStarted:
 			started = true
 		case bwwire.MsgCellEnd:
-			return agent.CellEnd{Lost: m.A == 1, How: m.B, Code: m.C & 0xff, Timed: m.C >> 8}, nil, nil
+			return agent.CellEnd{Lost: m.A&1 == 1, Count: int(m.A >> 1), How: m.B, Code: m.C & 0xff, Timed: m.C >> 8}, nil, nil
 		case bwwire.MsgFailed:
 			reason := string(buf[bwwire.MsgSize:n])
 			limit := b.cfg.Code.MaxContexts
@@ -245,6 +260,49 @@ func cellFailure(errno unix.Errno, reason string, limit int) error {
 		return fmt.Errorf("%w: %s", backend.ErrInvalidArgument, reason)
 	}
 	return fmt.Errorf("%w: the cell could not run: %s", backend.ErrUnavailable, reason)
+}
+
+// zygoteStartTimeout bounds a zygote's start: the interpreter's and its
+// preloaded modules' imports (seconds for pandas on a loaded host).
+const zygoteStartTimeout = initAnswerTimeout + 30*time.Second
+
+// warmCode starts sandbox sb's zygote when its image's contexts preload
+// modules (the operator's sign that code runs there), so that a pool
+// member's first run_code costs a fork, not the interpreter's start and
+// its imports; it waits until the zygote is ready. A zygote that cannot
+// start is logged and left for the first cell to report (no python3 in
+// the image: no_python); the member stays warm for commands. The caller
+// holds sb.initMu.
+func (b *Backend) warmCode(ctx context.Context, sb *sandbox, ip *initProc) {
+	image := backend.HostImage
+	if sb.image != nil {
+		image = sb.image.Name
+	}
+	preload := b.cfg.Code.preload(image)
+	if preload == "" {
+		return
+	}
+	log := b.log.With("sandbox", sb.id)
+	env, err := backend.MergeEnv(sb.baseEnv(), sb.env, nil)
+	if err != nil {
+		log.Warn("the code zygote was not started ahead", "error", err)
+		return
+	}
+	payload := bwwire.CodeRequest{Env: env, Preload: preload, MaxContexts: uint32(b.cfg.Code.MaxContexts)}.Encode()
+	if len(payload) > bwwire.MaxInlineRequest {
+		log.Warn("the code zygote was not started ahead: the sandbox's environment is too large to send inline", "bytes", len(payload))
+		return
+	}
+	start := time.Now()
+	body, answer, err := b.askInitBy(ctx, ip, bwwire.Msg{Kind: bwwire.MsgCodeWarm, A: uint32(len(payload))}, payload, start.Add(zygoteStartTimeout))
+	switch {
+	case err != nil:
+		log.Warn("the code zygote was not started ahead", "error", err)
+	case answer.A != bwwire.ProcOK:
+		log.Warn("the code zygote could not start; run_code in this sandbox will say why", "reason", body)
+	default:
+		log.Debug("the code zygote is ready", "preload", preload, "took", time.Since(start))
+	}
 }
 
 // ListContexts implements backend.CodeRunner.
@@ -317,13 +375,17 @@ func (b *Backend) deleteContext(ctx context.Context, sb *sandbox, name string) e
 // askInit sends init m with payload and a reply socket and returns its
 // proc done answer and the text after it.
 func (b *Backend) askInit(ctx context.Context, ip *initProc, m bwwire.Msg, payload []byte) (string, bwwire.Msg, error) {
+	return b.askInitBy(ctx, ip, m, payload, time.Now().Add(procAnswerTimeout))
+}
+
+// askInitBy is askInit answered by deadline.
+func (b *Backend) askInitBy(ctx context.Context, ip *initProc, m bwwire.Msg, payload []byte, deadline time.Time) (string, bwwire.Msg, error) {
 	reply, replyInit, err := seqpacketPair("sandbox-init-reply")
 	if err != nil {
 		return "", bwwire.Msg{}, fmt.Errorf("%w: %v", backend.ErrUnavailable, err)
 	}
 	defer reply.Close()
 	defer replyInit.Close()
-	deadline := time.Now().Add(procAnswerTimeout)
 	if err := ip.sendMsg(m, payload, []int{int(replyInit.Fd())}, deadline); err != nil {
 		return "", bwwire.Msg{}, fmt.Errorf("%w: cannot reach the sandbox's init: %v", backend.ErrUnavailable, err)
 	}

@@ -14,6 +14,11 @@ import (
 // suite's timeout checks run quickly.
 const conformanceKillGrace = 500 * time.Millisecond
 
+// conformancePreload is what the suite's contexts preload: a module of
+// the standard library no interpreter imports at start, and numpy and
+// pandas where the sandbox has them (the host often has not).
+var conformancePreload = []string{"decimal", "numpy", "pandas"}
+
 // TestBwrapConformance runs the shared backend suite in both ways the daemon
 // runs bwrap. It needs bubblewrap (and root for the uid-65534 mode): it skips
 // without them on a workstation and fails under CI=true.
@@ -23,23 +28,24 @@ const conformanceKillGrace = 500 * time.Millisecond
 // every file operation must reach as well.
 func TestBwrapConformance(t *testing.T) {
 	type run struct {
-		name  string
-		mode  testMode
-		tweak func(t *testing.T, c *Config)
-		pause bool // with cgroups: a sandbox can be paused
+		name    string
+		mode    testMode
+		tweak   func(t *testing.T, c *Config)
+		freezes bool // a cgroup per sandbox: snapshots freeze it, and it pauses
 	}
 	runs := []run{{name: daemonUID.name, mode: daemonUID}, {name: rangeUID.name, mode: rangeUID},
-		{name: rangeUID.name + "-limits", mode: rangeUID, tweak: func(t *testing.T, c *Config) {
+		{name: rangeUID.name + "-limits", mode: rangeUID, freezes: true, tweak: func(t *testing.T, c *Config) {
 			testDiskCaps(t)
 			l := limits.Defaults()
 			l.DiskBytes = 64 << 20
 			c.Cgroups, c.Limits, c.DiskCaps = testCgroups(t), l, true
-		}, pause: true}}
+		}}}
 	for _, r := range runs {
 		t.Run(r.name, func(t *testing.T) {
 			backendtest.Run(t, func(t *testing.T) backend.Backend {
 				return newTestBackend(t, r.mode, func(c *Config) {
 					c.KillGrace = conformanceKillGrace
+					c.Code.Preload = conformancePreload
 					if r.tweak != nil {
 						r.tweak(t, c)
 					}
@@ -56,7 +62,10 @@ func TestBwrapConformance(t *testing.T) {
 				HostProcesses:          processesContaining,
 				Processes:              true,
 				Code:                   true,
-				Pause:                  r.pause,
+				Snapshots:              true,
+				Freezes:                r.freezes,
+				CodePreload:            conformancePreload,
+				Pause:                  r.freezes,
 				KillSandboxInit: func(b backend.Backend, id string) error {
 					return syscall.Kill(initPID(t, b.(*Backend), id), syscall.SIGKILL)
 				},

@@ -25,7 +25,9 @@ var guestOwned = []string{"proc", "dev", "sys", "tmp", "workspace", "etc"}
 // checkImage says whether this backend can run sandboxes on im now, and
 // returns what spec.json keeps of it.
 func (b *Backend) checkImage(im backend.Image) (*imageSpec, error) {
-	if im.IsHost() {
+	if im.RunsOnHost() {
+		// The host's root (a snapshot of a sandbox on it only seeds the
+		// sandbox's own directories).
 		return nil, nil
 	}
 	if !b.static {

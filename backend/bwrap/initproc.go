@@ -1063,7 +1063,9 @@ func (b *Backend) startSoon(sb *sandbox) (stop func()) {
 // sandbox whose init died is left for its next command to report as
 // terminated; Warm says it is gone. An init that fails its warm-up is
 // stopped, as one that failed to start: the next command or Warm starts
-// another.
+// another. Where the image's code contexts preload modules, Warm also
+// starts the sandbox's code zygote and waits for its imports (warmCode),
+// so that a pool member's first run_code costs a fork.
 func (b *Backend) Warm(ctx context.Context, id string) error {
 	sb, err := b.lookup(id)
 	if err != nil {
@@ -1102,6 +1104,7 @@ func (b *Backend) Warm(ctx context.Context, id string) error {
 		}
 		return err
 	}
+	b.warmCode(opCtx, sb, sb.init)
 	sb.init.warm = true
 	return nil
 }

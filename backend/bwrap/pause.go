@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/resources"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/disk"
 )
@@ -144,11 +146,17 @@ func (b *Backend) loadPaused(sb *sandbox) (bool, error) {
 	if b.cfg.Cgroups == nil {
 		return false, nil
 	}
+	if _, err := os.Lstat(filepath.Join(sb.dir, resources.HeldMarker)); err == nil {
+		// Frozen by a snapshot a dead daemon did not finish, not paused:
+		// thawed as the load goes on (thawLeftHeld). A snapshot never
+		// marks a paused sandbox held.
+		return false, nil
+	}
 	cg, err := b.cfg.Cgroups.Open(sb.cgroupName())
 	if err != nil {
 		return false, nil
 	}
-	frozen, err := cg.Frozen()
+	frozen, err := cg.Freezing()
 	if err != nil || !frozen {
 		return false, nil
 	}
@@ -179,7 +187,7 @@ func (b *Backend) endPause(sb *sandbox) {
 	if err != nil {
 		return
 	}
-	if frozen, err := cg.Frozen(); err != nil || !frozen {
+	if frozen, err := cg.Freezing(); err != nil || !frozen {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cgroupWait)
@@ -198,6 +206,6 @@ func (b *Backend) frozenGroup(name string) bool {
 	if err != nil {
 		return false
 	}
-	frozen, err := cg.Frozen()
+	frozen, err := cg.Freezing()
 	return err == nil && frozen
 }

@@ -255,6 +255,7 @@ func (b *Backend) load(id string) (*sandbox, error) {
 		if err := b.makeCgroup(context.Background(), sb); err != nil {
 			return nil, err
 		}
+		b.thawLeftHeld(sb) // its frozen processes went with the old group
 	}
 	sb.init = ip
 	return sb, nil
@@ -274,6 +275,8 @@ func (b *Backend) adoptLiveInit(sb *sandbox) *initProc {
 		return nil
 	}
 	log := b.log.With("sandbox", sb.id)
+	// Frozen by a daemon that died mid-snapshot: its init could not answer.
+	b.thawLeftHeld(sb)
 	ip, err := b.adoptInit(sb)
 	if err != nil {
 		log.Warn("the init a previous daemon left cannot be re-attached; it is replaced and its processes end", "error", err)
@@ -460,6 +463,9 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 		if err := b.makeGuestDir(sb, p); err != nil {
 			return backend.Info{}, fmt.Errorf("create sandbox %s: %w", id, err)
 		}
+	}
+	if err := b.seed(ctx, sb, spec); err != nil {
+		return backend.Info{}, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	if err := b.makeCgroup(ctx, sb); err != nil {
 		return backend.Info{}, err

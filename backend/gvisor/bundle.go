@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/agent"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/gvisor/gvwire"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/hostfs"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/statedir"
@@ -23,6 +24,8 @@ const (
 	// guestInit is where the sandboxes' init (Config.InitPath, or the
 	// daemon's own executable) is bound, read-only.
 	guestInit = gvwire.GuestInit
+	// guestProcs is where the sandbox's procs/ is bound (procs.go).
+	guestProcs = gvwire.GuestProcs
 )
 
 // Files bound into every sandbox's /etc, read-only, when the host has them:
@@ -59,7 +62,7 @@ func makeRootfs(dir, host string) error {
 	if err := os.MkdirAll(tmp, 0o755); err != nil {
 		return err
 	}
-	for _, d := range []string{"usr", "etc", "proc", "dev", "sys", "tmp", "workspace", "root"} {
+	for _, d := range []string{"usr", "etc", "proc", "dev", "sys", "tmp", "workspace", "root", guestProcs[1:]} {
 		if err := os.Mkdir(filepath.Join(tmp, d), 0o755); err != nil {
 			return err
 		}
@@ -264,6 +267,7 @@ func (b *Backend) specWith(sb *sandbox, root string, mounts []ociMount) ociSpec 
 		ociMount{Destination: guestInit, Type: "bind", Source: b.exe, Options: []string{"bind", "ro", "nodev"}},
 		ociMount{Destination: guestWorkspace, Type: "bind", Source: sb.workDir(), Options: []string{"rbind", "rw", "nosuid", "nodev"}},
 		ociMount{Destination: guestTmp, Type: "bind", Source: sb.tmpDir(), Options: []string{"rbind", "rw", "nosuid", "nodev"}},
+		ociMount{Destination: guestProcs, Type: "bind", Source: sb.procsDir(), Options: []string{"rbind", "rw", "nosuid", "nodev", "noexec"}},
 	)
 	// The network namespace: a new one of runsc's (--network=none: only
 	// lo), or the one the daemon made for an allowlist sandbox.
@@ -282,12 +286,16 @@ func (b *Backend) specWith(sb *sandbox, root string, mounts []ociMount) ociSpec 
 		}
 	}
 	rlimits = append(rlimits, ociRlimit{Type: "RLIMIT_CORE"})
+	env := []string{gvwire.InitEnv + "=1", "PATH=" + guestPath}
+	if fp := os.Getenv(agent.KeeperFailpointEnv); fp != "" {
+		env = append(env, agent.KeeperFailpointEnv+"="+fp) // tests only
+	}
 	return ociSpec{
 		OCIVersion: "1.0.2",
 		Process: ociProcess{
 			User:            ociUser{UID: 0, GID: 0},
 			Args:            []string{guestInit},
-			Env:             []string{gvwire.InitEnv + "=1", "PATH=" + guestPath},
+			Env:             env,
 			Cwd:             "/",
 			NoNewPrivileges: true,
 			Capabilities:    ociCaps{Bounding: initCaps, Effective: initCaps, Permitted: initCaps, Inheritable: []string{}, Ambient: []string{}},

@@ -15,11 +15,11 @@
 // process is an init of ours (sandbox-sidecar-init or the daemon's own executable, bound in
 // read-only; see InitMain) that starts every command, so a command costs a
 // fork and an exec inside gVisor rather than a `runsc exec`. The daemon and
-// init talk over the container's stdio pipes (see wire.go). Init kills
-// everything a command started when the command ends; the files and /tmp
-// persist between commands. A restarted daemon finds every init gone (its
-// pipes died with the previous daemon), deletes what runsc still lists and
-// boots a fresh sandbox at the sandbox's next command.
+// init talk over the container's stdio, two FIFOs (gvwire). Init kills
+// everything a command started when the command ends, but the durable
+// processes (procs.go); the files and /tmp persist between commands. A
+// sandbox's gVisor sandbox outlives the daemon, and a restarted daemon
+// re-attaches to its init (reattach.go).
 //
 // File operations run on the host through os.Root, on the directories
 // bound into the guest with gVisor's shared file access, so either side
@@ -49,6 +49,7 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/hostfs"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc/initexe"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/procstore"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/registry"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/statedir"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
@@ -164,6 +165,8 @@ type Config struct {
 	// allow_egress_to or allow_egress_to_cidrs (network "allowlist"; see
 	// egress.go). Nil: such specs are refused with ErrSpecUnenforceable.
 	Egress *egress.Egress
+	// Processes bounds each sandbox's durable processes (procstore).
+	Processes procstore.Limits
 	// Logger receives the backend's logs; nil discards them.
 	Logger hclog.Logger
 }
@@ -189,13 +192,17 @@ type Backend struct {
 
 	healthMu     sync.Mutex
 	healthyUntil time.Time
+
+	// watcher wakes the reads and waits of durable processes (procs.go).
+	watcher procstore.Watcher
 }
 
 var _ backend.Backend = (*Backend)(nil)
 
 // New validates cfg, finds runsc and checks that it runs, makes Dir and the
 // shared root, and removes every runsc sandbox a previous daemon left in
-// Dir (their inits died with it). It boots no sandbox; Health does.
+// Dir but those whose init lives on, for their sandboxes' loads to
+// re-attach to. It boots no sandbox; Health does.
 func New(cfg Config) (*Backend, error) {
 	var err error
 	if cfg.Dir, err = backend.CheckStateDir("gvisor", cfg.Dir); err != nil {
@@ -296,14 +303,20 @@ func New(cfg Config) (*Backend, error) {
 		return nil, fmt.Errorf("gvisor backend: cannot make the sandboxes' root filesystem: %w", err)
 	}
 	// No sandbox of this process runs yet: every runsc sandbox in our root
-	// was left by a daemon that died, and its init with it.
-	if n := b.sweepRunsc(context.Background(), nil); n > 0 {
+	// was left by a previous daemon. Those whose init lives are kept for
+	// their sandbox's load to re-attach to (reattach.go), or for the
+	// lifecycle's sweep to destroy; the rest are removed.
+	live := b.liveContainers(context.Background())
+	if n := b.sweepRunsc(context.Background(), live); n > 0 {
 		b.log.Warn("removed runsc sandboxes left by a previous daemon", "count", n)
+	}
+	if len(live) > 0 {
+		b.log.Info("runsc sandboxes a previous daemon left run on, to be re-attached", "count", len(live))
 	}
 	// And the processes of a boot it was killed in, which runsc never
 	// listed (killRunscStrays).
-	b.killRunscStrays("")
-	b.sweepCgroups()
+	b.killRunscStraysBut(b.bundlesOf(live))
+	b.sweepCgroups(live)
 	if probes, _ := filepath.Glob(filepath.Join(cfg.Dir, probePrefix+"*")); len(probes) > 0 {
 		for _, p := range probes {
 			_ = statedir.RemoveAll(p)
@@ -609,10 +622,10 @@ func (b *Backend) sandboxDir(id string) string { return filepath.Join(b.cfg.Dir,
 func (b *Backend) lookup(id string) (*sandbox, error) { return b.reg.Lookup(id) }
 
 // Adopt takes sandbox id back after a restart: its settings load, within
-// limits this daemon enforces, and its workspace is there. Its gVisor
-// sandbox died with the previous daemon's init (New deleted what runsc
-// still listed); a fresh one, in a fresh cgroup, boots with its next
-// command.
+// limits this daemon enforces, and its workspace is there. Its init, when
+// its gVisor sandbox outlived the previous daemon, is re-attached
+// (reattach.go); otherwise a fresh one, in a fresh cgroup, boots with its
+// next command.
 func (b *Backend) Adopt(ctx context.Context, id string) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("sandbox %s was not adopted: %w", id, err)
@@ -655,6 +668,9 @@ func (b *Backend) load(id string) (*sandbox, error) {
 	if _, err := os.Stat(sb.workDir()); err != nil {
 		return nil, backend.NotFound(id)
 	}
+	// The init a previous daemon left, with the durable processes it
+	// runs (reattach.go).
+	sb.init = b.adoptLiveInit(sb)
 	return sb, nil
 }
 
@@ -730,6 +746,9 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	if err := b.prepareDirs(sb); err != nil {
 		return backend.Info{}, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
+	if err := b.seed(ctx, sb, spec); err != nil {
+		return backend.Info{}, fmt.Errorf("create sandbox %s: %w", id, err)
+	}
 	if err := registry.SaveSpec(dir, saved); err != nil {
 		return backend.Info{}, fmt.Errorf("create sandbox %s: save its settings: %w", id, err)
 	}
@@ -761,6 +780,10 @@ func (b *Backend) prepareDirs(sb *sandbox) error {
 		if err := os.Lchown(p, guestUID, guestGID); err != nil {
 			return err
 		}
+	}
+	// The daemon's and root's inside the sandbox (procs.go).
+	if err := os.Mkdir(sb.procsDir(), 0o700); err != nil {
+		return err
 	}
 	return b.writeBundle(sb)
 }
@@ -867,17 +890,24 @@ func (b *Backend) sweepRunsc(ctx context.Context, keep map[string]bool) int {
 	return n
 }
 
-// Close stops every sandbox's gVisor sandbox (they would stop with the
-// daemon anyway, their inits' pipes closing). The sandboxes' files stay; a
-// daemon started on the same directory re-adopts them.
+// Close lets go of every sandbox's gVisor sandbox without stopping it
+// (detachInit): a daemon stopped for a restart or an upgrade leaves the
+// sandboxes' inits and durable processes running, and the next daemon on
+// the same directory re-attaches to them (reattach.go). What cannot be
+// re-attached is stopped.
 func (b *Backend) Close() error {
+	live := map[string]bool{}
 	for _, sb := range b.reg.All() {
 		sb.ops.CancelAll()
-		b.stopInit(sb)
+		if b.detachInit(sb) {
+			live[sb.containerID()] = true
+		}
 	}
-	b.sweepRunsc(context.Background(), nil)
-	b.sweepCgroups()
-	unmountNullNetNS(b.runscRoot())
+	b.sweepRunsc(context.Background(), live)
+	b.sweepCgroups(live)
+	if len(live) == 0 {
+		unmountNullNetNS(b.runscRoot())
+	}
 	return nil
 }
 

@@ -139,7 +139,13 @@ func TestGVisorConformance(t *testing.T) {
 		KillsEscapeesAtTimeout: true,
 		// The guest's processes live inside the sentry, not on the host.
 		HostProcesses: nil,
+		Processes:     true,
+		// runsc pause stops the guest's tasks, cgroup or not.
+		Snapshots: true, Freezes: true,
 		Reopen: func(t *testing.T, b backend.Backend) backend.Backend {
+			// A restart: the daemon before lets go of its sandboxes
+			// (as its death or its stop does) before the next starts.
+			_ = b.(*Backend).Close()
 			nb, err := New(b.(*Backend).cfg)
 			if err != nil {
 				t.Fatal(err)
@@ -313,52 +319,6 @@ print([n for n in range(1, signal.NSIG) if n not in (2, 9, 13, 19, 25) and signa
 	// And the next command starts as ever.
 	if got := execOK(t, b, id, "echo after"); got != "after\n" {
 		t.Errorf("after the failures: %q", got)
-	}
-}
-
-// TestGVisorRestartReadopts simulates a daemon killed with -9: the first
-// backend's pipes to init close without a destroy (init then ends its
-// sandbox), a new backend on the same directory removes every runsc
-// sandbox left in its root, and the sandbox's next command boots a fresh
-// gVisor sandbox over the same files.
-func TestGVisorRestartReadopts(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "gvisor")
-	first := newTestBackend(t, func(c *Config) { c.Dir = dir })
-	ctx := context.Background()
-	const id = "survivor"
-	if _, err := first.Create(ctx, id, backend.Spec{Env: map[string]string{"WHO": "me"}}); err != nil {
-		t.Fatal(err)
-	}
-	execOK(t, first, id, "echo kept > /workspace/f")
-	// What kill -9 of the daemon leaves: runsc's sandbox still listed (it
-	// may still be winding down), no destroy.
-	sb, err := first.lookup(id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sb.initMu.Lock()
-	sb.init.close()
-	sb.init = nil
-	sb.initMu.Unlock()
-
-	second := newTestBackend(t, func(c *Config) { c.Dir = dir })
-	if ids, err := second.runscList(ctx); err != nil || len(ids) != 0 {
-		t.Fatalf("after a restart runsc still lists %v (%v); New must remove what the dead daemon left", ids, err)
-	}
-	if ids, err := second.List(ctx); err != nil || len(ids) != 1 || ids[0] != id {
-		t.Fatalf("List after a restart: %v, %v", ids, err)
-	}
-	if got := execOK(t, second, id, `cat /workspace/f; echo "$WHO"`); got != "kept\nme\n" {
-		t.Fatalf("re-adopted sandbox printed %q", got)
-	}
-	if err := second.Destroy(ctx, id); err != nil {
-		t.Fatal(err)
-	}
-	if ids, err := second.runscList(ctx); err != nil || len(ids) != 0 {
-		t.Fatalf("after Destroy runsc still lists %v (%v)", ids, err)
-	}
-	if _, err := os.Stat(filepath.Join(dir, id)); !os.IsNotExist(err) {
-		t.Fatalf("after Destroy the sandbox's directory is still there: %v", err)
 	}
 }
 
@@ -564,6 +524,7 @@ func TestGVisorConformanceWithLimits(t *testing.T) {
 	}, backendtest.Options{
 		Workdir: guestWorkspace, RealIsolation: true, GuestView: true, AcceptBlockNetwork: true,
 		KillGrace: 500 * time.Millisecond, KillsEscapeesAtTimeout: true,
+		Snapshots: true, Freezes: true,
 	})
 }
 

@@ -10,6 +10,7 @@ package gvisor
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -29,7 +30,7 @@ type imageSpec = backend.ImageSpec
 // guestOwned are the top-level names of the guest's root that never come
 // from an image; etcOwn the /etc files that are the daemon's.
 var (
-	guestOwned = []string{"proc", "dev", "sys", "tmp", "workspace", "etc", strings.TrimPrefix(guestInit, "/")}
+	guestOwned = []string{"proc", "dev", "sys", "tmp", "workspace", "etc", strings.TrimPrefix(guestInit, "/"), strings.TrimPrefix(guestProcs, "/")}
 	etcOwn     = []string{"passwd", "group", "hosts", "resolv.conf"}
 	// imageEtcSkip are the image's /etc entries neither stubbed nor bound:
 	// those that never enter a guest, and resolv.conf (the daemon's).
@@ -39,7 +40,9 @@ var (
 // checkImage says whether this backend can run sandboxes on im, and returns
 // what spec.json keeps of it.
 func (b *Backend) checkImage(im backend.Image) (*imageSpec, error) {
-	if im.IsHost() {
+	if im.RunsOnHost() {
+		// The host's root (a snapshot of a sandbox on it only seeds the
+		// sandbox's own directories).
 		return nil, nil
 	}
 	if !b.static {
@@ -85,7 +88,17 @@ func (b *Backend) imageRootfsLocked(img *imageSpec) (string, error) {
 		// One made by an older daemon may lack the daemon's resolv.conf
 		// (or hold the image's, a symlink perhaps): the mount point an
 		// allowlist sandbox binds its own over.
-		if err := ownResolvConf(dir); err != nil {
+		// Nor the mount point of the sandbox's processes.
+		err := ownResolvConf(dir)
+		if err == nil {
+			err = os.Mkdir(filepath.Join(dir, guestProcs), 0o755)
+			if errors.Is(err, fs.ErrExist) {
+				err = nil
+			} else if err == nil {
+				err = os.Chmod(filepath.Join(dir, guestProcs), 0o755) // whatever the umask
+			}
+		}
+		if err != nil {
 			return "", fmt.Errorf("%w: cannot prepare the root of image %s: %v", backend.ErrUnavailable, backend.ShortName(img.Name), err)
 		}
 		return dir, nil
@@ -220,7 +233,7 @@ func makeImageRootfs(dir, root string) error {
 	if err := os.MkdirAll(filepath.Join(tmp, "etc"), 0o755); err != nil {
 		return err
 	}
-	for _, d := range []string{"proc", "dev", "sys", "tmp", "workspace"} {
+	for _, d := range []string{"proc", "dev", "sys", "tmp", "workspace", strings.TrimPrefix(guestProcs, "/")} {
 		if err := os.Mkdir(filepath.Join(tmp, d), 0o755); err != nil {
 			return err
 		}

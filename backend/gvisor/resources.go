@@ -53,9 +53,13 @@ func (b *Backend) removeCgroup(sb *sandbox) error {
 	return nil
 }
 
-// sweepCgroups removes every sandbox cgroup under the manager's base: New
-// calls it once no sandbox of this process runs.
-func (b *Backend) sweepCgroups() { resources.SweepCgroups(b.cfg.Cgroups, b.log, nil) }
+// sweepCgroups removes every sandbox cgroup under the manager's base but
+// those of the runsc sandboxes in live (by container name, which is the
+// cgroup's): New calls it once no sandbox of this process runs, Close once
+// none does but those it leaves running.
+func (b *Backend) sweepCgroups(live map[string]bool) {
+	resources.SweepCgroups(b.cfg.Cgroups, b.log, func(name string) bool { return live[name] })
+}
 
 // placed starts cmd inside sb's cgroup: on v2 it is born there
 // (CLONE_INTO_CGROUP); on v1 a shell holds it at a pipe until its pid has

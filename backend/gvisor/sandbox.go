@@ -55,6 +55,9 @@ type sandbox struct {
 	init         *initConn
 	gone         bool
 	goneReported bool
+	// detached: this process let go of the init at its stop, leaving it
+	// running for the next daemon (reattach.go).
+	detached bool
 }
 
 func newSandbox(id, dir string, spec persistedSpec, lim limits.Limits) *sandbox {
@@ -85,9 +88,14 @@ func (sb *sandbox) Ops() *registry.Ops { return &sb.ops }
 // initConn is the daemon's side of one running init: the write end of its
 // stdin, the read end of its stdout, and the frames read from it.
 type initConn struct {
+	// toInit and fromInit are the daemon's ends of the FIFOs that are
+	// init's stdin and stdout (reattach.go).
 	toInit   *os.File
 	fromInit *os.File
-	log      *os.File // runsc's and init's stderr
+	// pending is what a re-attach read of init's stream beyond its
+	// attached frame: readLoop's first bytes.
+	pending []byte
+	log     *os.File // runsc's and init's stderr
 	// egress is the network of an allowlist sandbox's gVisor sandbox
 	// (nil for the others); it ends with the connection.
 	egress *egress.Path
@@ -116,6 +124,11 @@ type initConn struct {
 	fileMu  sync.Mutex
 	fileSeq uint32
 	fop     *fileWait
+
+	// procWaits (under mu) are the proc requests waiting for their
+	// answers, by sequence number (procs.go).
+	procSeq   uint32
+	procWaits map[uint32]chan gvwire.ProcAnswer
 }
 
 // command is one command's share of the stream.
@@ -142,9 +155,10 @@ var errInitDied = errors.New("the sandbox's init died")
 // readLoop reads init's frames until the stream ends, handing them to the
 // current command.
 func (c *initConn) readLoop() {
-	r := bufio.NewReaderSize(c.fromInit, gvwire.MaxChunk+gvwire.FrameHeaderSize)
+	r := bufio.NewReaderSize(io.MultiReader(bytes.NewReader(c.pending), c.fromInit), gvwire.MaxChunk+gvwire.FrameHeaderSize)
+	c.pending = nil
 	const allowed = 1<<gvwire.KindStdout | 1<<gvwire.KindStderr | 1<<gvwire.KindExited | 1<<gvwire.KindFailed | 1<<gvwire.KindLstated |
-		1<<gvwire.KindFileData | 1<<gvwire.KindFileDone
+		1<<gvwire.KindFileData | 1<<gvwire.KindFileDone | 1<<gvwire.KindProcAnswer
 	var err error
 	for {
 		var kind byte
@@ -166,6 +180,12 @@ func (c *initConn) readLoop() {
 		}
 		if kind == gvwire.KindFileData || kind == gvwire.KindFileDone {
 			if err = c.fileFrame(kind, payload); err != nil {
+				break
+			}
+			continue
+		}
+		if kind == gvwire.KindProcAnswer {
+			if err = c.procAnswered(payload); err != nil {
 				break
 			}
 			continue
@@ -325,9 +345,8 @@ func (b *Backend) acquireInit(ctx context.Context, sb *sandbox) (*initConn, erro
 func (sb *sandbox) releaseInit() { sb.initSlot <- struct{}{} }
 
 // stopInit marks sb terminated and closes the daemon's ends of its init's
-// pipes: init reads EOF, kills every process of the sandbox and exits,
-// which stops the gVisor sandbox. Callers that want it gone at once also
-// run `runsc delete --force`.
+// streams. Init outlives that (it waits for a next daemon, reattach.go):
+// callers stop the gVisor sandbox with `runsc delete --force`.
 func (b *Backend) stopInit(sb *sandbox) {
 	sb.initMu.Lock()
 	defer sb.initMu.Unlock()
@@ -342,6 +361,13 @@ func (b *Backend) stopInit(sb *sandbox) {
 // the caller reports SandboxTerminated.
 func (b *Backend) terminate(sb *sandbox, c *initConn, why string) {
 	sb.initMu.Lock()
+	if sb.detached {
+		// The daemon let go of it as it stopped (detachInit): its init
+		// lives on, for the next daemon, and the command's caller is told
+		// its sandbox is gone from this one.
+		sb.initMu.Unlock()
+		return
+	}
 	if sb.init == c && c != nil {
 		b.log.With("sandbox", sb.id).Warn("sandbox terminated: "+why, "log", c.logTail())
 		c.close()
@@ -360,21 +386,19 @@ func (b *Backend) boot(ctx context.Context, sb *sandbox) (_ *initConn, err error
 	if out, err := b.cli(ctx, cliTimeout, "delete", "--force", sb.containerID()); err != nil && !notExist(out) {
 		return nil, fmt.Errorf("%w: a stale gVisor sandbox of %s cannot be removed: %v", backend.ErrUnavailable, sb.id, err)
 	}
+	// (A sandbox made before durable processes has no procs/ yet.)
+	if err := os.MkdirAll(sb.procsDir(), 0o700); err != nil {
+		return nil, fmt.Errorf("%w: the processes' directory of sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
+	}
 	if err := b.writeBundle(sb); err != nil {
 		return nil, fmt.Errorf("%w: write the OCI bundle of sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
 	}
 	if err := b.makeCgroup(ctx, sb); err != nil {
 		return nil, err
 	}
-	inR, inW, err := os.Pipe()
+	inR, outW, inW, outR, err := initFIFOs(sb)
 	if err != nil {
-		return nil, fmt.Errorf("%w: pipes for sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
-	}
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		inR.Close()
-		inW.Close()
-		return nil, fmt.Errorf("%w: pipes for sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
+		return nil, fmt.Errorf("%w: the init streams of sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
 	}
 	logf, err := os.OpenFile(filepath.Join(sb.dir, logName), os.O_RDWR|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o600)
 	if err != nil {

@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 )
 
@@ -27,10 +30,24 @@ const cmdlineBound = 64 << 10
 const strayWait = 2 * time.Second
 
 // runscArgv reports whether argv is of a process runsc started for this
-// backend's root: it has --root=<root> and, when bundle is not empty,
-// --bundle=<bundle>, each as a whole argument.
+// backend's root: it has --root=<root> as a whole argument and, when bundle
+// is not empty, that bundle (bundleArg).
 func runscArgv(argv []string, root, bundle string) bool {
-	return slices.Contains(argv, "--root="+root) && (bundle == "" || slices.Contains(argv, "--bundle="+bundle))
+	return slices.Contains(argv, "--root="+root) && (bundle == "" || bundleArg(argv) == bundle)
+}
+
+// bundleArg is the bundle a runsc command line names: --bundle=<dir> (its
+// sandbox) or --bundle <dir> (its gofer); "" when it names none.
+func bundleArg(argv []string) string {
+	for i, a := range argv {
+		if v, ok := strings.CutPrefix(a, "--bundle="); ok {
+			return v
+		}
+		if a == "--bundle" && i+1 < len(argv) {
+			return argv[i+1]
+		}
+	}
+	return ""
 }
 
 // readArgv reads /proc/PID/cmdline (bounded) as its arguments.
@@ -64,9 +81,34 @@ const strayPasses = 3
 // strayPasses times, until one finds nothing. It returns how many it
 // killed.
 func (b *Backend) killRunscStrays(bundle string) int {
+	root := b.runscRoot()
+	return b.killRunscMatching(func(argv []string) bool { return runscArgv(argv, root, bundle) }, bundle)
+}
+
+// killRunscStraysBut kills, as killRunscStrays does, every process runsc
+// started under this backend's root but those of the bundles in keep (the
+// runsc sandboxes a previous daemon left whose inits live, and their
+// gofers).
+func (b *Backend) killRunscStraysBut(keep map[string]bool) int {
+	root := b.runscRoot()
+	return b.killRunscMatching(func(argv []string) bool { return runscArgv(argv, root, "") && !keep[bundleArg(argv)] }, "")
+}
+
+// bundlesOf is the bundle directories of the sandboxes in ids.
+func (b *Backend) bundlesOf(ids map[string]bool) map[string]bool {
+	out := make(map[string]bool, len(ids))
+	for id := range ids {
+		out[filepath.Join(b.sandboxDir(id), bundleName)] = true
+	}
+	return out
+}
+
+// killRunscMatching kills every process whose command line match accepts
+// (bundle names them in the log).
+func (b *Backend) killRunscMatching(match func(argv []string) bool, bundle string) int {
 	total := 0
 	for range strayPasses {
-		n := b.killRunscStraysOnce(bundle)
+		n := b.killRunscStraysOnce(match, bundle)
 		total += n
 		if n == 0 {
 			break
@@ -75,8 +117,7 @@ func (b *Backend) killRunscStrays(bundle string) int {
 	return total
 }
 
-func (b *Backend) killRunscStraysOnce(bundle string) int {
-	root := b.runscRoot()
+func (b *Backend) killRunscStraysOnce(match func(argv []string) bool, bundle string) int {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return 0
@@ -87,7 +128,7 @@ func (b *Backend) killRunscStraysOnce(bundle string) int {
 		if err != nil || pid == os.Getpid() {
 			continue
 		}
-		if argv, ok := readArgv(pid); !ok || !runscArgv(argv, root, bundle) {
+		if argv, ok := readArgv(pid); !ok || !match(argv) {
 			continue
 		}
 		pfd, err := unix.PidfdOpen(pid, 0)
@@ -96,7 +137,7 @@ func (b *Backend) killRunscStraysOnce(bundle string) int {
 		}
 		// The pidfd pins this process: read its command line again, now
 		// that the pid cannot name another.
-		if argv, ok := readArgv(pid); !ok || !runscArgv(argv, root, bundle) {
+		if argv, ok := readArgv(pid); !ok || !match(argv) {
 			_ = unix.Close(pfd)
 			continue
 		}
@@ -122,4 +163,18 @@ func (b *Backend) killRunscStraysOnce(bundle string) int {
 		_ = unix.Close(pfd)
 	}
 	return len(pidfds)
+}
+
+// KillSandboxes kills every runsc process of the backend directory dir
+// (its sandboxes' sentries and gofers, and so everything they run) and
+// unmounts what runsc left mounted in its root: the gVisor sandboxes that
+// outlive a daemon. It is for what abandons a backend's state without
+// destroying its sandboxes (tests, benchmarks), as bwrap.KillSandboxes is;
+// a daemon's own destroys and offline `gc --all` end sandboxes one by one.
+// It returns how many processes it killed.
+func KillSandboxes(dir string) int {
+	b := &Backend{cfg: Config{Dir: dir}, log: hclog.NewNullLogger()}
+	n := b.killRunscStraysBut(nil)
+	unmountNullNetNS(b.runscRoot())
+	return n
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/agent"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/gvisor/gvwire"
 	"github.com/sandbox-sidecar/sandbox-sidecar/capture"
 )
@@ -173,5 +174,63 @@ func TestReadyFrameCarriesTheProtocol(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "install them together") {
 			t.Errorf("%s: %v, want a refusal that says what to do", name, err)
 		}
+	}
+}
+
+func TestProcFrames(t *testing.T) {
+	req := agent.Request{ID: "p-0123456789ab", Argv: []string{"sh", "-c", "true"}, Cwd: "/workspace", UID: 1000, GID: 1000}
+	start := gvwire.ProcStart{Seq: 7, Request: req.Encode(), Stdin: []byte("in\x00put")}
+	got, err := gvwire.DecodeProcStart(start.Encode())
+	if err != nil || got.Seq != 7 || !bytes.Equal(got.Request, start.Request) || !bytes.Equal(got.Stdin, start.Stdin) {
+		t.Fatalf("proc start round trip: %+v, %v", got, err)
+	}
+	enc := start.Encode()
+	for name, p := range map[string][]byte{
+		"empty":            nil,
+		"request too long": append(gvwire.U32s(1, uint32(len(enc))), enc[8:]...),
+		"request huge":     gvwire.U32s(1, agent.MaxRequestSize+1),
+	} {
+		if _, err := gvwire.DecodeProcStart(p); !errors.Is(err, gvwire.ErrBadFrame) {
+			t.Errorf("proc start %s: %v, want ErrBadFrame", name, err)
+		}
+	}
+	sig := gvwire.ProcSignal{Seq: 3, Signal: 15, ID: "p-0123456789ab"}
+	if got, err := gvwire.DecodeProcSignal(sig.Encode()); err != nil || got != sig {
+		t.Fatalf("proc signal round trip: %+v, %v", got, err)
+	}
+	for name, s := range map[string]gvwire.ProcSignal{"no signal": {ID: "p-1"}, "signal 65": {Signal: 65, ID: "p-1"}, "a path": {Signal: 9, ID: "../etc"}, "no id": {Signal: 9}} {
+		if _, err := gvwire.DecodeProcSignal(s.Encode()); !errors.Is(err, gvwire.ErrBadFrame) {
+			t.Errorf("proc signal %s: %v, want ErrBadFrame", name, err)
+		}
+	}
+	a, err := gvwire.DecodeProcAnswer(gvwire.ProcAnswer{Seq: 9, Errno: 0, Value: 42, Body: []byte("p-1\np-2")}.Encode())
+	if err != nil || a.Seq != 9 || a.Value != 42 {
+		t.Fatalf("proc answer round trip: %+v, %v", a, err)
+	}
+	if ids, err := a.IDs(); err != nil || !slices.Equal(ids, []string{"p-1", "p-2"}) {
+		t.Errorf("a list's ids: %q, %v", ids, err)
+	}
+	if _, err := (gvwire.ProcAnswer{Body: []byte("p-1\n../x")}).IDs(); !errors.Is(err, gvwire.ErrBadFrame) {
+		t.Errorf("a list naming a path: %v", err)
+	}
+	if _, err := gvwire.DecodeProcAnswer([]byte{1, 2, 3}); !errors.Is(err, gvwire.ErrBadFrame) {
+		t.Errorf("a short answer: %v", err)
+	}
+}
+
+// An attached frame, as init writes it, begins with the marker a
+// re-attaching daemon looks for.
+func TestAttachedMarker(t *testing.T) {
+	nonce := []byte("0123456789abcdef")
+	var buf bytes.Buffer
+	if err := gvwire.WriteFrame(&buf, gvwire.KindAttached, gvwire.Attached(nonce)); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(buf.Bytes(), gvwire.AttachedMarker(nonce)) {
+		t.Errorf("the attached frame %x is not its marker %x", buf.Bytes(), gvwire.AttachedMarker(nonce))
+	}
+	kind, p, err := gvwire.ReadFrame(&buf, 1<<gvwire.KindAttached)
+	if err != nil || kind != gvwire.KindAttached || len(p) != 4+gvwire.NonceSize {
+		t.Errorf("reading it back: %d %x %v", kind, p, err)
 	}
 }

@@ -21,6 +21,7 @@ func TestHostConformance(t *testing.T) {
 	}, backendtest.Options{
 		RealIsolation: false,
 		KillGrace:     time.Second,
+		Snapshots:     true,
 		KillSandboxInit: func(b backend.Backend, id string) error {
 			return b.(*Backend).Kill(id)
 		},

@@ -189,6 +189,9 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (bac
 	}
 	err := os.Mkdir(sb.workDir(), 0o700)
 	if err == nil {
+		err = b.seed(ctx, sb, spec)
+	}
+	if err == nil {
 		err = registry.SaveSpec(sb.dir, saved)
 	}
 	if err == nil {

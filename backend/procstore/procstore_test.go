@@ -17,6 +17,7 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/agent"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/proclog"
 )
 
 // The test binary is a keeper too, as the sandbox's init is.
@@ -192,4 +193,55 @@ func TestStoreBounds(t *testing.T) {
 	assert.LessOrEqual(t, len(list), 2)
 	_, err = s.Info(sleepers[0], true)
 	assert.ErrorIs(t, err, backend.ErrProcessNotFound, "the oldest ended record was dropped")
+}
+
+// A process without an exit record ends when the agent says it never got
+// it (Unstarted: killed, no end time) or the agent is gone for good
+// (AgentReplaced: sandbox_terminated), and reads so while the next agent
+// runs; one that the agent runs, or that had ended, keeps its own state.
+func TestRecordsWithoutAnAgentsKeeperEnd(t *testing.T) {
+	s := New(filepath.Join(t.TempDir(), "procs"), Limits{}, nil)
+	if n, err := s.Unstarted(nil); n != 0 || err != nil {
+		t.Fatalf("Unstarted before any process: %d, %v", n, err)
+	}
+	mk := func(id string) Files {
+		require.NoError(t, os.MkdirAll(s.dir, 0o700))
+		f, err := s.create(meta{ID: id, Command: "sleep 600", StartedNS: time.Now().UnixNano()})
+		require.NoError(t, err)
+		t.Cleanup(f.Close)
+		return f
+	}
+	mk("p-000000000001")
+	ended := mk("p-000000000002")
+	mk("p-000000000003")
+	mk("p-000000000004")
+	require.NoError(t, proclog.WriteExit(ended.Exit, proclog.Exit{How: proclog.EndExited, Code: 3, EndedNS: time.Now().UnixNano()}))
+
+	// The agent runs p-3 and p-4: only p-1 never got a keeper.
+	n, err := s.Unstarted([]string{"p-000000000003", "p-000000000004"})
+	require.NoError(t, err)
+	assert.Equal(t, 1, n)
+	p, err := s.Info("p-000000000001", true)
+	require.NoError(t, err)
+	assert.False(t, p.Running)
+	assert.Equal(t, "killed", p.Reason)
+	assert.Equal(t, 137, p.ExitCode)
+	assert.True(t, p.EndedAt.IsZero(), "when it ended is not known")
+	p, err = s.Info("p-000000000003", true)
+	require.NoError(t, err)
+	assert.True(t, p.Running, "a process the agent runs")
+
+	// Then the agent is gone: what had no end ends with it.
+	require.NoError(t, s.AgentReplaced())
+	p, err = s.Info("p-000000000004", true)
+	require.NoError(t, err)
+	assert.Equal(t, "sandbox_terminated", p.Reason, "while a next agent runs too")
+	assert.Equal(t, 137, p.ExitCode)
+	p, err = s.Info("p-000000000002", true)
+	require.NoError(t, err)
+	assert.Equal(t, "exited", p.Reason)
+	assert.Equal(t, 3, p.ExitCode)
+	p, err = s.Info("p-000000000001", true)
+	require.NoError(t, err)
+	assert.Equal(t, "killed", p.Reason, "an end said once stays")
 }

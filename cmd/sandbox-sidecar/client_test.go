@@ -19,25 +19,33 @@ func clientCommands(t *testing.T) map[string][]string {
 	tarball := filepath.Join(t.TempDir(), "root.tar")
 	require.NoError(t, os.WriteFile(tarball, nil, 0o644))
 	return map[string][]string{
-		"ls":            {"ls"},
-		"ls --json":     {"ls", "--json"},
-		"create":        {"create", "--ttl", "1m"},
-		"exec":          {"exec", "--", "true"},
-		"exec --sh":     {"exec", "--sandbox", "sc-1", "--sh", "true"},
-		"write":         {"write", "sc-1", "f"},
-		"read":          {"read", "sc-1", "f"},
-		"rm":            {"rm", "sc-1"},
-		"rm --run":      {"rm", "--run", "dag/run"},
-		"image ls":      {"image", "ls"},
-		"image inspect": {"image", "inspect", "python"},
-		"image rm":      {"image", "rm", "python"},
-		"image import":  {"image", "import", "--name", "x", tarball},
-		"exec --detach": {"exec", "--detach", "--sandbox", "sc-1", "--name", "job", "--", "true"},
-		"ps":            {"ps", "sc-1"},
-		"logs":          {"logs", "sc-1", "p-1"},
-		"logs -f":       {"logs", "-f", "sc-1", "p-1"},
-		"kill":          {"kill", "sc-1", "p-1"},
-		"wait":          {"wait", "sc-1", "p-1"},
+		"ls":               {"ls"},
+		"ls --json":        {"ls", "--json"},
+		"create":           {"create", "--ttl", "1m"},
+		"exec":             {"exec", "--", "true"},
+		"exec --sh":        {"exec", "--sandbox", "sc-1", "--sh", "true"},
+		"write":            {"write", "sc-1", "f"},
+		"read":             {"read", "sc-1", "f"},
+		"rm":               {"rm", "sc-1"},
+		"rm --run":         {"rm", "--run", "dag/run"},
+		"image ls":         {"image", "ls"},
+		"image inspect":    {"image", "inspect", "python"},
+		"image rm":         {"image", "rm", "python"},
+		"image import":     {"image", "import", "--name", "x", tarball},
+		"exec --detach":    {"exec", "--detach", "--sandbox", "sc-1", "--name", "job", "--", "true"},
+		"ps":               {"ps", "sc-1"},
+		"logs":             {"logs", "sc-1", "p-1"},
+		"logs -f":          {"logs", "-f", "sc-1", "p-1"},
+		"kill":             {"kill", "sc-1", "p-1"},
+		"wait":             {"wait", "sc-1", "p-1"},
+		"code -c":          {"code", "sc-1", "-c", "1"},
+		"code FILE":        {"code", "--context", "c", "sc-1", tarball},
+		"contexts":         {"contexts", "sc-1"},
+		"contexts rm":      {"contexts", "rm", "sc-1", "c"},
+		"contexts restart": {"contexts", "restart", "sc-1", "c"},
+		"snapshot":         {"snapshot", "sc-1", "prepared"},
+		"fork":             {"fork", "sc-1", "3"},
+		"image push":       {"image", "push", "python", "127.0.0.1:5000/python:1"},
 	}
 }
 
@@ -95,7 +103,7 @@ func TestClientCommandsBadDaemonUID(t *testing.T) {
 			var stdout, stderr bytes.Buffer
 			// Client flags go right after the (sub)command's name.
 			at := 1
-			if args[0] == "image" {
+			if args[0] == "image" || args[0] == "contexts" && len(args) > 2 {
 				at = 2
 			}
 			withFlag := append(append(append([]string{}, args[:at]...), "--daemon-uid", "no-such-user-here"), args[at:]...)

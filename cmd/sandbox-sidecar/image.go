@@ -48,8 +48,8 @@ func init() {
 
 func runImage(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		fmt.Fprintln(stderr, "Usage: sandbox-sidecar image <import|pull|ls|inspect|rm> [flags]")
-		for _, n := range []string{"import", "pull", "ls", "inspect", "rm"} {
+		fmt.Fprintln(stderr, "Usage: sandbox-sidecar image <import|pull|push|ls|inspect|rm> [flags]")
+		for _, n := range []string{"import", "pull", "push", "ls", "inspect", "rm"} {
 			fmt.Fprintf(stderr, "  %-8s %s\n", n, imageCommands[n].summary)
 		}
 		if len(args) == 0 {

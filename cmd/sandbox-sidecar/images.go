@@ -44,6 +44,7 @@ func openImages(cfg Config, be backend.Backend, log hclog.Logger) (daemonImages,
 		if err != nil {
 			return daemonImages{}, fmt.Errorf("image store: %w", err)
 		}
+		st.SetFailpoint(failpointFromEnv(log))
 		s := storeImages{st}
 		for _, in := range st.List() {
 			if err := letSandboxesIn(in.Root); err != nil {
@@ -62,7 +63,8 @@ type storeImages struct{ s *image.Store }
 
 func toImage(in image.Info) backend.Image {
 	return backend.Image{Name: in.Name, Digest: in.Digest, Root: in.Root, Env: in.Env, Entrypoint: in.Entrypoint, Cmd: in.Cmd,
-		WorkingDir: in.WorkingDir, User: in.User, Bytes: in.Bytes, Files: in.Files, Imported: in.Created, Source: in.Source}
+		WorkingDir: in.WorkingDir, User: in.User, Bytes: in.Bytes, Files: in.Files, Imported: in.Created, Source: in.Source,
+		Base: in.Base, Origin: imageOrigin(in.Origin)}
 }
 
 // storeErr gives the store's errors the backend's image errors, which
@@ -74,6 +76,7 @@ func storeErr(err error) error {
 		{image.ErrTooLarge, backend.ErrImageTooLarge},
 		{image.ErrBadImage, backend.ErrBadImage},
 		{image.ErrBadName, backend.ErrInvalidArgument},
+		{image.ErrNoSpace, backend.ErrNoSpace},
 	} {
 		if errors.Is(err, m.from) {
 			return fmt.Errorf("%w: %v", m.to, err)

@@ -86,6 +86,19 @@ func startDetached(cf clientFlags, set map[string]bool, req api.StartCommandRequ
 // positional arguments (`logs SANDBOX PROCESS -f`) and wants exactly the
 // ones named.
 func parsePositional(fs *flag.FlagSet, args []string, names ...string) ([]string, error) {
+	pos, err := positionals(fs, args)
+	if err != nil {
+		return nil, err
+	}
+	if len(pos) != len(names) {
+		return nil, &exitError{code: 2, err: fmt.Errorf("want %s", strings.Join(names, " "))}
+	}
+	return pos, nil
+}
+
+// positionals parses flags given before, between or after the positional
+// arguments and returns those, however many.
+func positionals(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
 		if err := parseFlags(fs, args); err != nil {
@@ -93,15 +106,11 @@ func parsePositional(fs *flag.FlagSet, args []string, names ...string) ([]string
 		}
 		rest := fs.Args()
 		if len(rest) == 0 {
-			break
+			return pos, nil
 		}
 		pos = append(pos, rest[0])
 		args = rest[1:]
 	}
-	if len(pos) != len(names) {
-		return nil, &exitError{code: 2, err: fmt.Errorf("want %s", strings.Join(names, " "))}
-	}
-	return pos, nil
 }
 
 // listedProcess is what ps --json prints of a process.

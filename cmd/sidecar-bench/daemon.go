@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/gvisor"
 	"io"
 	"os"
 	"os/exec"
@@ -122,6 +123,7 @@ func (d *daemon) stop() {
 	}
 	// A kept sandbox outlives its daemon: end what it still runs.
 	bwrap.KillSandboxes(filepath.Join(d.stateDir, "bwrap"))
+	gvisor.KillSandboxes(filepath.Join(d.stateDir, "gvisor"))
 	os.RemoveAll(d.dir)
 }
 

@@ -1,6 +1,8 @@
 // Command sidecar-bench measures sandbox-sidecar: RPC floor, command cost
 // against a direct bubblewrap run with the same isolation, durable
 // processes (start to first byte, a follower's wake-up) against a command,
+// code contexts (a fresh context's first cell, a follow-up cell, pandas
+// preloaded, their memory) against the commands they replace,
 // provisioning (cold and from the warm pool), the first commands of a pool
 // member, the gvisor backend against bwrap and a bare `runsc exec` (root
 // and runsc only), output floods, scale and recovery. It starts its own
@@ -32,6 +34,7 @@ type options struct {
 	runsc     string
 	quick     bool
 	profile   string
+	codeImage string // the code scenario's image with pandas (a rootfs tar or OCI layout)
 	scenario  string // the one running, for profile directories
 }
 
@@ -59,7 +62,8 @@ func main() {
 	flag.StringVar(&o.socket, "socket", "", "measure an already running daemon on this socket instead (memory and recovery scenarios need a daemon of our own and are skipped)")
 	flag.StringVar(&o.outJSON, "json", "bench.json", "write machine-readable results here")
 	flag.StringVar(&o.outMD, "md", "", "write the Markdown report here (e.g. docs/benchmarks.md)")
-	flag.StringVar(&o.only, "only", "", "comma-separated scenarios to run (rpc,command,processes,provision,first,gvisor,output,scale,agents,recovery,sbx)")
+	flag.StringVar(&o.only, "only", "", "comma-separated scenarios to run (rpc,command,processes,code,provision,first,gvisor,output,scale,agents,recovery,sbx,snapshot)")
+	flag.StringVar(&o.codeImage, "code-image", "", "an image with python3 and pandas (a rootfs tar or OCI layout, e.g. test/sandboximage's cached rootfs) for the code scenario's pandas rows (default: the host's python3 if it has pandas, else those rows are skipped)")
 	flag.StringVar(&o.runsc, "runsc", "", "runsc for the gvisor scenario (default: $SANDBOX_SIDECAR_RUNSC, the pinned build scripts/install-runsc.sh caches, else PATH)")
 	flag.BoolVar(&o.quick, "quick", false, "small counts: a smoke run, not a measurement")
 	flag.StringVar(&o.profile, "profile", "", "profile every daemon the run starts (CPU, mutex, block, heap) into DIR/<n>-<scenario>/ (the daemon's "+"SANDBOX_SIDECAR_PROFILE testing hook)")
@@ -115,6 +119,7 @@ func run(o options) error {
 		{"rpc", benchRPC},
 		{"command", benchCommand},
 		{"processes", benchProcesses},
+		{"code", benchCode},
 		{"provision", benchProvision},
 		{"first", benchFirst},
 		{"gvisor", benchGVisor},
@@ -123,6 +128,7 @@ func run(o options) error {
 		{"agents", benchAgents},
 		{"recovery", benchRecovery},
 		{"sbx", benchSbx},
+		{"snapshot", benchSnapshot},
 	}
 	for _, s := range scenarios {
 		if !want(s.name) {

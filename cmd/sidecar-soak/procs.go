@@ -156,7 +156,11 @@ var signalNames = []string{"TERM", "KILL", "INT", "HUP", "USR1", "USR2"}
 // processes are expected to survive a daemon's kill -9 (--expect-process-
 // survival); without it, a process lost with the daemon is tolerated
 // (said in tolerated), since the daemon's sandbox agent then dies with it.
-func judgeEnd(s procSpec, p api.ProcessInfo, sent map[int]bool, overdue, survival bool) (violation, tolerated string) {
+//
+// answered says whether the daemon answered the process's start: one it
+// did not (it was killed mid-start) may have been given up, and then
+// reads as killed (137) with no end time and no output, having never run.
+func judgeEnd(s procSpec, p api.ProcessInfo, sent map[int]bool, overdue, survival, answered bool) (violation, tolerated string) {
 	lost := func(what string) (string, string) {
 		if survival {
 			return what, ""
@@ -190,6 +194,9 @@ func judgeEnd(s procSpec, p api.ProcessInfo, sent map[int]bool, overdue, surviva
 	case reasonKilled:
 		if code > 128 && sent[code-128] {
 			return "", ""
+		}
+		if code == 137 && !answered && p.EndedAt == nil && p.StdoutBytes == 0 {
+			return "", "a start cut by a daemon kill, given up and never run"
 		}
 		if code == 137 {
 			return lost("killed by SIGKILL that no agent sent")

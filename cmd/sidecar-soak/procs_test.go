@@ -101,10 +101,31 @@ func TestJudgeEnd(t *testing.T) {
 		{"oom", fin, ended("oom_killed", 137), nil, false, true, true, false},
 		{"unknown reason", fin, ended("vanished", 1), nil, false, false, true, false},
 	} {
-		v, tol := judgeEnd(c.s, c.p, c.sent, c.overdue, c.survival)
+		v, tol := judgeEnd(c.s, c.p, c.sent, c.overdue, c.survival, true)
 		assert.Equal(t, c.violation, v != "", "%s: violation %q", c.name, v)
 		assert.Equal(t, c.tolerated, tol != "", "%s: tolerated %q", c.name, tol)
 	}
+}
+
+// A start the daemon never answered may have been given up: killed (137),
+// no end time, no output. Answered, or with output, it is a loss.
+func TestJudgeEndOfAStartCutByADaemonKill(t *testing.T) {
+	fin := testSpec(kindFinite, 100, 3, 0)
+	code, at := 137, 1.5
+	givenUp := api.ProcessInfo{Reason: "killed", ExitCode: &code}
+	v, tol := judgeEnd(fin, givenUp, nil, false, true, false)
+	assert.Empty(t, v)
+	assert.NotEmpty(t, tol)
+	v, _ = judgeEnd(fin, givenUp, nil, false, true, true)
+	assert.NotEmpty(t, v, "an answered start")
+	wrote := givenUp
+	wrote.StdoutBytes = fin.lineLen()
+	v, _ = judgeEnd(fin, wrote, nil, false, true, false)
+	assert.NotEmpty(t, v, "it ran")
+	timed := givenUp
+	timed.EndedAt = &at
+	v, _ = judgeEnd(fin, timed, nil, false, true, false)
+	assert.NotEmpty(t, v, "its end has a time: something killed it")
 }
 
 func TestJudgeBytes(t *testing.T) {

@@ -36,7 +36,7 @@ func (t procTally) String() string {
 			tol = append(tol, fmt.Sprintf("%d %s", n, w))
 		}
 		sort.Strings(tol)
-		s += "; tolerated without --expect-process-survival: " + strings.Join(tol, "; ")
+		s += "; tolerated (the contract allows them): " + strings.Join(tol, "; ")
 	}
 	return s
 }
@@ -110,7 +110,7 @@ func checkProcesses(d *daemon, work string, owned []string, token string, surviv
 			}
 			tally.started++
 			overdue := p.Running && time.Now().After(s.expectedEnd(unixTime(p.StartedAt)).Add(procEndSlack))
-			violation, tolerated := judgeEnd(s, p, pf.sentTo(p.Process), overdue, survival)
+			violation, tolerated := judgeEnd(s, p, pf.sentTo(p.Process), overdue, survival, pf.started[p.Name] == p.Process)
 			if violation != "" {
 				bad("sandbox %s: process %s (%s): %s", id, p.Process, p.Name, violation)
 			}

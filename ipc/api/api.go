@@ -323,6 +323,10 @@ type ImageInfo struct {
 	// pool's configured size.
 	Sandboxes int `msgpack:"sandboxes"`
 	PoolSize  int `msgpack:"pool_size"`
+	// Base is "host" for an image holding only a sandbox's files over the
+	// host's root; Origin says where a snapshot came from.
+	Base   string       `msgpack:"base,omitempty"`
+	Origin *ImageOrigin `msgpack:"origin,omitempty"`
 }
 
 // ImageListResult is image_ls's result.

@@ -242,7 +242,7 @@ func New(opts Options) (*Manager, error) {
 	} else {
 		for c, dir := range m.v1Base {
 			if err := os.MkdirAll(dir, 0o755); err != nil {
-				if c == freezerController {
+				if c == freezer {
 					// Optional: without it sandboxes cannot be paused,
 					// and nothing else is lost (CanFreeze says so).
 					delete(m.v1Base, c)
@@ -450,7 +450,18 @@ func plan(lay layout, opts Options) (*Manager, error) {
 		}
 		m.v1Base[c] = filepath.Join(dir, opts.Base)
 	}
-	m.planV1Freezer(v1[freezerController], lay, opts)
+	// The freezer, where v1 mounts it, comes along without being required:
+	// a group with it can be paused (Freeze) and held still (Hold);
+	// without it, CanFreeze says so.
+	if mt := v1[freezer]; mt != nil && m.v1Base[freezer] == "" {
+		parent := "/"
+		if p := lay.own[freezer]; !opts.UnderRoot && p != "" {
+			parent = p
+		}
+		if dir, err := onDisk(*mt, parent); err == nil {
+			m.v1Base[freezer] = filepath.Join(dir, opts.Base)
+		}
+	}
 	return m, nil
 }
 
@@ -1036,11 +1047,12 @@ func (c *Cgroup) Kill(ctx context.Context) error {
 			c.killIfMember(pid)
 		}
 		if !thawed {
-			// A frozen process dies of its SIGKILL only once thawed (cgroup
-			// v1's freezer; v2 lets it through): thawed after the signal,
-			// it runs none of its own code before it dies.
+			// A frozen process (a pause, a hold a crashed daemon left)
+			// dies of its SIGKILL only once thawed (cgroup v1's freezer;
+			// v2 lets it through): thawed after the signal, it runs none
+			// of its own code before it dies.
 			thawed = true
-			c.thawForKill()
+			c.thawIfFrozen()
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("cgroup %s still holds %d processes %v after %v of SIGKILL (stuck in the kernel?)", c.Name(), len(pids), pids[:min(len(pids), 8)], killWait)

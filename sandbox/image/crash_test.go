@@ -19,6 +19,8 @@ const (
 	crashArchiveEnv = "SANDBOX_IMAGE_CRASH_ARCHIVE"
 	crashStageEnv   = "SANDBOX_IMAGE_CRASH_STAGE"
 	crashReady      = "AT-STAGE"
+	// crashSnapshotEnv makes the helper snapshot this directory instead.
+	crashSnapshotEnv = "SANDBOX_IMAGE_CRASH_SNAPSHOT"
 )
 
 func TestMain(m *testing.M) {
@@ -43,6 +45,11 @@ func crashHelper() {
 			fmt.Println(crashReady)
 			time.Sleep(time.Hour)
 		}
+	}
+	if dir := os.Getenv(crashSnapshotEnv); dir != "" {
+		_, err = s.Snapshot(context.Background(), "img", SnapshotSource{Dirs: map[string]string{WorkspaceDir: dir}})
+		fmt.Println("snapshot ended without reaching the stage:", err)
+		os.Exit(3)
 	}
 	f, err := os.Open(os.Getenv(crashArchiveEnv))
 	if err != nil {

@@ -178,6 +178,12 @@ type Info struct {
 	Created time.Time
 	// Source says how the name was imported (the Source* constants).
 	Source string
+	// Base is BaseHost for an image that holds only a sandbox's own
+	// files (workspace, tmp) over the host's root; "" for an image whose
+	// root is all of it.
+	Base string
+	// Origin says where a snapshot came from (nil for other images).
+	Origin *Origin
 }
 
 // DefaultPath is the Env of an image that brings none (a rootfs tar).
@@ -206,11 +212,20 @@ type Store struct {
 	// import ("spooled", "prechecked", "layer", "unpacked", "placed"); a test stops the
 	// process there to see what a crash at that step leaves.
 	hook func(stage string)
+	// failpoint, when set (SetFailpoint), is called at the same steps as
+	// hook, named "image-" and the step.
+	failpoint func(name string)
+
+	// snapSem bounds the snapshots running at once (maxSnapshots).
+	snapSem chan struct{}
 }
 
 func (s *Store) at(stage string) {
 	if s.hook != nil {
 		s.hook(stage)
+	}
+	if s.failpoint != nil {
+		s.failpoint("image-" + stage)
 	}
 }
 
@@ -237,6 +252,9 @@ type imageRecord struct {
 	Bytes      int64     `json:"bytes"`
 	Files      int64     `json:"files"`
 	Unpacked   time.Time `json:"unpacked"`
+	// Base and Origin: see Info.
+	Base   string  `json:"base,omitempty"`
+	Origin *Origin `json:"origin,omitempty"`
 }
 
 // Directory modes. The store's top directory and images/ are 0711 so that
@@ -295,6 +313,7 @@ func Open(dir string, lim Limits, log hclog.Logger) (*Store, error) {
 		lim:       lim.withDefaults(),
 		log:       log,
 		importSem: make(chan struct{}, 1),
+		snapSem:   make(chan struct{}, maxSnapshots),
 		names:     map[string]nameRecord{},
 		images:    map[string]imageRecord{},
 		busy:      map[string]bool{},
@@ -475,7 +494,21 @@ func (s *Store) info(n nameRecord) Info {
 		Files:      im.Files,
 		Created:    n.Created,
 		Source:     n.Source,
+		Base:       im.Base,
+		Origin:     cloneOrigin(im.Origin),
 	}
+}
+
+func cloneOrigin(o *Origin) *Origin {
+	if o == nil {
+		return nil
+	}
+	c := *o
+	if o.UID != nil {
+		uid := *o.UID
+		c.UID = &uid
+	}
+	return &c
 }
 
 // Get returns the image bound to name. An unknown name is ErrNotFound, with

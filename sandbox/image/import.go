@@ -764,7 +764,7 @@ func parseConfig(raw []byte, layers int) (*v1.ConfigFile, error) {
 
 func recordFromConfig(digest v1.Hash, cfg *v1.ConfigFile) imageRecord {
 	c := cfg.Config
-	return imageRecord{
+	rec := imageRecord{
 		Digest:     digest.String(),
 		Env:        c.Env,
 		Entrypoint: c.Entrypoint,
@@ -772,6 +772,18 @@ func recordFromConfig(digest v1.Hash, cfg *v1.ConfigFile) imageRecord {
 		WorkingDir: c.WorkingDir,
 		User:       c.User,
 	}
+	// A snapshot pushed from another host says so in its labels (the
+	// push writes them): its base, and where it came from. Nothing else
+	// is taken from labels, and no uid: an imported image is everyone's.
+	if c.Labels[LabelBase] == BaseHost {
+		rec.Base = BaseHost
+	}
+	if sb := c.Labels[LabelSandbox]; sb != "" {
+		o := &Origin{Sandbox: sb, BaseImage: c.Labels[LabelBaseImage], BaseDigest: c.Labels[LabelBaseDigest]}
+		o.Taken, _ = time.Parse(time.RFC3339Nano, c.Labels[LabelTaken])
+		rec.Origin = o
+	}
+	return rec
 }
 
 // layerSource is one layer to unpack and how to check it.

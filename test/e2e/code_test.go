@@ -75,3 +75,87 @@ func TestCodeContextsOverTheWire(t *testing.T) {
 	_, err = c.RunCode(ctx, api.RunCodeRequest{Sandbox: id})
 	assert.Equal(t, ipc.CodeBadRequest, code(err))
 }
+
+// Hostile cells against the real daemon: a gibibyte of stdout, a repr of
+// 300 MiB, an image of 200 MiB, ten thousand displays, and frames the cell
+// writes itself on its results stream (one that says it is 4 GiB long, and
+// a flood of frames each as large as may be kept). Each result stays
+// within max_output_bytes and says what it left out; the daemon's peak
+// resident set stays far below its memory bound, as if the cells had
+// written nothing (everything past the bounds is read and dropped, never
+// held); the context and the sandbox live on.
+func TestCodeHostileCellsKeepTheDaemonBounded(t *testing.T) {
+	d := startDaemon(t, "")
+	bound := loggedMemoryBound(t, d.Logs())
+	pid := d.cmd.Process.Pid
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c := d.client(t)
+	created, err := c.Create(ctx, api.CreateRequest{TTLS: 600})
+	require.NoError(t, err)
+	id := created.Sandbox
+	const maxOut = 4 << 20 // the daemon's cap
+	cell := func(code string) api.RunCodeResult {
+		t.Helper()
+		mo := maxOut
+		res, err := c.RunCode(ctx, api.RunCodeRequest{Sandbox: id, Code: code, MaxOutputBytes: &mo, TimeoutS: 120})
+		require.NoError(t, err)
+		assert.False(t, res.ContextLost, "the context was lost: %+v", res.Error)
+		return res
+	}
+	cell("1")
+	idle := vmHWM(t, pid)
+
+	res := cell("import os\nb = b'x' * (1 << 20)\nfor i in range(1024):\n    os.write(1, b)\n'flooded'")
+	assert.True(t, res.StdoutTruncated)
+	assert.LessOrEqual(t, len(res.Stdout), maxOut)
+	res = cell("class Huge:\n    def __repr__(self): return 'y' * (300 << 20)\nHuge()")
+	assert.True(t, res.ResultsTruncated)
+	res = cell("class Giant:\n    def _repr_png_(self): return b'\\x89PNG' + bytes(200 << 20)\n    def __repr__(self): return 'Giant()'\nGiant()")
+	assert.True(t, res.ResultsTruncated)
+	require.Len(t, res.Results, 1)
+	assert.Equal(t, "Giant()", res.Results[0]["text/plain"])
+	res = cell("for i in range(10000):\n    display(i)\n'after'")
+	assert.True(t, res.ResultsTruncated)
+	assert.Equal(t, "'after'", res.Results[len(res.Results)-1]["text/plain"])
+	// The cell's own frames, written on its results stream (the stream
+	// socket among its descriptors): a frame that says it is 4 GiB long
+	// and 100 MiB behind it; then 64 frames of almost 4 MiB each.
+	res = cell(`import os, socket, struct, json
+def results():
+    for fd in range(3, 64):
+        try:
+            s = socket.socket(fileno=fd)
+        except OSError:
+            continue
+        kind = s.type
+        s.detach()
+        if kind == socket.SOCK_STREAM:
+            return fd
+fd = results()
+one = json.dumps({"t": "display", "data": {"text/plain": "z" * ((4 << 20) - 64)}}).encode()
+for i in range(64):
+    os.write(fd, struct.pack(">I", len(one)) + one)
+os.write(fd, b"\xff\xff\xff\xff")
+junk = b"j" * (1 << 20)
+for i in range(100):
+    os.write(fd, junk)
+'wrote'`)
+	assert.True(t, res.ResultsTruncated)
+	assert.Equal(t, 6, res.ExecutionCount)
+
+	peak := vmHWM(t, pid)
+	t.Logf("the daemon's peak resident set: %d MiB before the hostile cells, %d MiB after; its bound %d MiB", idle>>20, peak>>20, bound>>20)
+	assert.Less(t, peak, bound, "the daemon's peak resident set passed its bound")
+	// What a cell may make the daemon hold: its two streams' tails, its
+	// results (decoded and encoded) and one frame being read; 128 MiB is
+	// several times that, and far less than any of the floods.
+	assert.Less(t, peak-idle, int64(128<<20), "the hostile cells grew the daemon's peak resident set")
+
+	res = cell("'alive'")
+	assert.Equal(t, "'alive'", res.Results[0]["text/plain"])
+	assert.Equal(t, 7, res.ExecutionCount)
+	out, err := c.RunCommand(ctx, api.RunCommandRequest{Sandbox: id, Command: "echo still", TimeoutS: 30})
+	require.NoError(t, err)
+	assert.Equal(t, "still\n", string(out.Stdout))
+}

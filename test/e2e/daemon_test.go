@@ -79,7 +79,43 @@ func startDaemonEnv(t *testing.T, base string, env []string, extra ...string) *d
 // kept sandbox outlives its daemon): nothing of the test is left.
 func (d *daemon) end() {
 	d.stop()
-	testdaemon.EndSandboxes(d.t, daemonBin, d.socket, d.stateDir)
+	if d.arg("--backend") != "gvisor" {
+		testdaemon.EndSandboxes(d.t, daemonBin, d.socket, d.stateDir)
+		return
+	}
+	// gc --all on the gvisor backend, with the daemon's runsc: a config
+	// file says both.
+	conf := filepath.Join(d.base, "end-gvisor.toml")
+	body := fmt.Sprintf("[server]\nbackend = \"gvisor\"\nstate_dir = %q\n[gvisor]\nrunsc_path = %q\n", d.stateDir, d.arg("--gvisor-runsc-path"))
+	if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
+		d.t.Errorf("ending the gvisor sandboxes: %v", err)
+		return
+	}
+	cmd := exec.Command(daemonBin, "gc", "--all", "--config", conf, "--socket", d.socket)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		d.t.Logf("gc --all after the test: %v\n%s", err, out)
+	}
+}
+
+// arg is the value the daemon's command line gives flag ("" without).
+func (d *daemon) arg(flag string) string {
+	for i, a := range d.args {
+		if v, ok := strings.CutPrefix(a, flag+"="); ok {
+			return v
+		}
+		if a == flag && i+1 < len(d.args) {
+			return d.args[i+1]
+		}
+	}
+	return ""
+}
+
+// backendDir is where the daemon's backend keeps its sandboxes.
+func (d *daemon) backendDir() string {
+	if b := d.arg("--backend"); b != "" {
+		return filepath.Join(d.stateDir, b)
+	}
+	return filepath.Join(d.stateDir, "bwrap")
 }
 
 func (d *daemon) start() {

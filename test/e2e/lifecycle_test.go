@@ -37,6 +37,19 @@ func listed(t *testing.T, d *daemon) []string {
 	return ids
 }
 
+// recovered waits until the daemon's start-up recovery has finished its
+// background destroys (health's recovery.pending is 0): only then do the
+// journal and the backend's directories agree.
+func recovered(t *testing.T, d *daemon) {
+	t.Helper()
+	c := d.client(t)
+	defer c.Close()
+	require.Eventually(t, func() bool {
+		var h api.HealthResult
+		return c.Call(context.Background(), ipc.OpHealth, nil, &h) == nil && h.Recovery.Pending == 0
+	}, 60*time.Second, 10*time.Millisecond, "recovery's background destroys did not finish")
+}
+
 // assertConsistent checks that what the daemon knows is exactly what is on
 // disk, and that no process of any of its sandboxes runs (none is running a
 // command at this point).
@@ -106,6 +119,7 @@ func TestCrashAtEveryPhase(t *testing.T) {
 				c.Close()
 				d.env = nil
 				d.restart()
+				recovered(t, d)
 				ids := listed(t, d)
 				assert.Contains(t, ids, keeper, "iteration %d: a leased sandbox is re-adopted", i)
 				if victim != "" {

@@ -300,3 +300,38 @@ func TestPausedSandboxEndsAtItsTTL(t *testing.T) {
 	eventually(t, 10*time.Second, "its process ended", func() bool { return len(processesMatching("sleep "+tok)) == 0 })
 	assert.Empty(t, d.workspaces(t))
 }
+
+// A snapshot leaves a paused sandbox paused, and so does a daemon killed
+// while its snapshot holds one (a held sandbox is thawed by the next
+// daemon; a paused one is not held, and stays paused).
+func TestSnapshotOfAPausedSandboxLeavesItPaused(t *testing.T) {
+	d := startDaemon(t, "")
+	c := d.client(t)
+	id := create(t, c, map[string]any{"spec": map[string]any{"owner": "hitl/run-1"}, "ttl_s": 600})
+	d.startCounter(t, c, id)
+	pause(t, c, id)
+	call(t, c, ipc.OpSnapshot, map[string]any{"sandbox": id, "name": "paused-snap"})
+	state, _ := listedState(t, c, id)
+	require.Equal(t, "paused", state, "a snapshot leaves a paused sandbox paused")
+	d.stays(t, id, "after a snapshot")
+
+	c.Close()
+	d.stop()
+	d.env = []string{failpoint.Env + "=" + bwrap.FailSnapshotHeld}
+	d.restart()
+	c = d.client(t)
+	go c.Call(context.Background(), ipc.OpSnapshot, map[string]any{"sandbox": id, "name": "cut-snap"}, nil)
+	select {
+	case <-d.proc.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the daemon did not die while its snapshot held the sandbox")
+	}
+	d.env = nil
+	d.restart()
+	c = d.client(t)
+	state, _ = listedState(t, c, id)
+	require.Equal(t, "paused", state, "a paused sandbox a killed daemon's snapshot held stays paused")
+	d.stays(t, id, "after the restart")
+	require.Equal(t, 0, run(t, c, id, "true").ExitCode)
+	d.goesOn(t, id, "used after the restart")
+}

@@ -17,6 +17,7 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/agent"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/proclog"
+	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc/api"
 )
 
@@ -38,7 +39,7 @@ func countedLines(n int) string {
 // in sandbox id has written its exit record on the host.
 func (d *daemon) exitRecorded(t *testing.T, id, proc string) {
 	t.Helper()
-	path := filepath.Join(d.stateDir, "bwrap", id, "procs", proc, "exit")
+	path := filepath.Join(d.backendDir(), id, "procs", proc, "exit")
 	deadline := time.Now().Add(time.Minute)
 	for {
 		if b, err := os.ReadFile(path); err == nil {
@@ -244,4 +245,33 @@ func TestDurableProcessOfAnInitThatDiedIsTerminated(t *testing.T) {
 		res := run(t, c, created.Sandbox, "true")
 		require.Zero(t, res.ExitCode)
 	}
+}
+
+// The per-uid bound on durable processes holds across a kill -9: the
+// processes a previous daemon left running count against the next one's.
+func TestDurableProcessQuotaCountsWhatOutlivedTheDaemon(t *testing.T) {
+	base := baseDir(t)
+	conf := filepath.Join(base, "config.toml")
+	require.NoError(t, os.WriteFile(conf, []byte("[lifecycle]\nmax_processes = 4\nmax_processes_per_uid = 2\n"), 0o644))
+	d := startDaemon(t, base, "--config", conf)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	c := d.client(t)
+	created, err := c.Create(ctx, api.CreateRequest{TTLS: 600})
+	require.NoError(t, err)
+	id := created.Sandbox
+	for range 2 {
+		_, err := c.StartCommand(ctx, api.StartCommandRequest{Sandbox: id, Command: "sleep 600"})
+		require.NoError(t, err)
+	}
+	c.Close()
+	d.kill9()
+	d.restart()
+
+	c = d.client(t)
+	_, err = c.StartCommand(ctx, api.StartCommandRequest{Sandbox: id, Command: "sleep 600"})
+	var e *ipc.Error
+	require.ErrorAs(t, err, &e, "a third process for a uid allowed two, after a restart")
+	assert.Equal(t, ipc.CodeQuotaExceeded, e.Code)
+	assert.Contains(t, e.Message, "processes_per_uid")
 }

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -154,4 +155,62 @@ func TestDurableProcessesAreBounded(t *testing.T) {
 	}
 	assert.LessOrEqual(t, ended, 3, "max_ended 2, plus the one a start may have made room for")
 	assert.False(t, slices.ContainsFunc(list.Processes, func(p api.ProcessInfo) bool { return p.Process == ids[0] }), "the oldest ended record was dropped")
+}
+
+// A background process writes 1 GiB while a follower reads it: the daemon
+// reads only what it is asked for, so its peak resident set does not move
+// with the flood, and the log keeps its last processes.log_bytes on disk
+// (offsets stay absolute: a read from 0 says what was dropped).
+func TestDurableProcessFloodOf1GiBIsBounded(t *testing.T) {
+	const (
+		flood    = 1 << 30
+		logBytes = 1 << 20
+	)
+	base := baseDir(t)
+	conf := filepath.Join(base, "config.toml")
+	require.NoError(t, os.WriteFile(conf, []byte("[processes]\nlog_bytes = \"1MiB\"\n"), 0o644))
+	d := startDaemon(t, base, "--config", conf)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c := d.client(t)
+	created, err := c.Create(ctx, api.CreateRequest{TTLS: 600})
+	require.NoError(t, err)
+	id := created.Sandbox
+	before := vmHWM(t, d.cmd.Process.Pid)
+
+	p, err := c.StartCommand(ctx, api.StartCommandRequest{Sandbox: id, Command: "head -c 1073741824 /dev/zero"})
+	require.NoError(t, err)
+	// Follow it as a client does, asking for the most a read may return.
+	offset, reads := int64(0), 0
+	for {
+		r, err := c.ReadOutput(ctx, api.ReadOutputRequest{Sandbox: id, Process: p.Process, Stream: "stdout", Offset: offset, WaitS: 5})
+		require.NoError(t, err)
+		reads++
+		offset = r.NextOffset
+		if !r.Running && len(r.Data) == 0 {
+			require.NotNil(t, r.ExitCode)
+			assert.Equal(t, 0, *r.ExitCode)
+			break
+		}
+	}
+	info, err := c.WaitProcess(ctx, api.WaitProcessRequest{Sandbox: id, Process: p.Process})
+	require.NoError(t, err)
+	assert.EqualValues(t, flood, info.StdoutBytes)
+	assert.EqualValues(t, flood, offset, "the follower reached the end")
+
+	r, err := c.ReadOutput(ctx, api.ReadOutputRequest{Sandbox: id, Process: p.Process, Stream: "stdout", Offset: 0})
+	require.NoError(t, err)
+	assert.EqualValues(t, flood-logBytes, r.Offset, "the oldest byte kept")
+	assert.EqualValues(t, flood-logBytes, r.Dropped)
+
+	// The log on disk: the ring and its header, however much went through.
+	logs, err := filepath.Glob(filepath.Join(d.stateDir, "*", id, "procs", p.Process, "stdout"))
+	require.NoError(t, err)
+	require.Len(t, logs, 1, "the process's stdout log under the state directory")
+	var st syscall.Stat_t
+	require.NoError(t, syscall.Stat(logs[0], &st))
+	assert.LessOrEqual(t, st.Blocks*512, int64(logBytes+64<<10), "disk the 1 GiB log takes")
+	grew := vmHWM(t, d.cmd.Process.Pid) - before
+	t.Logf("1 GiB followed in %d reads; the daemon's peak resident set grew %d KiB; the log takes %d KiB", reads, grew>>10, st.Blocks/2)
+	assert.Less(t, grew, int64(64<<20), "the daemon's peak resident set grew with the flood")
 }

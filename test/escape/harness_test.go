@@ -36,6 +36,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/gvisor"
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc/api"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
@@ -232,6 +233,7 @@ func (h *harness) stop() {
 	}
 	// A kept sandbox outlives its daemon: end what it still runs.
 	testdaemon.EndSandboxes(h.t, daemonBin, h.socket, h.stateDir)
+	gvisor.KillSandboxes(filepath.Join(h.stateDir, "gvisor"))
 }
 
 func (h *harness) call(op string, args map[string]any, out any) error {

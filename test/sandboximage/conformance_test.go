@@ -84,6 +84,9 @@ func runscPath(t *testing.T) string {
 	return ""
 }
 
+// codePreload is what the image's code contexts preload.
+var codePreload = []string{"numpy", "pandas"}
+
 // TestConformanceOnAnImportedImage runs the shared backend suite with every
 // sandbox on an imported image (the numpy image, through the store), on
 // both backends that run one: what the daemon relies on holds on the
@@ -98,7 +101,8 @@ func TestConformanceOnAnImportedImage(t *testing.T) {
 
 	t.Run("bwrap", func(t *testing.T) {
 		open := func(t *testing.T, dir string) backend.Backend {
-			b, err := bwrap.New(bwrap.Config{Dir: dir, InitPath: initPath, SandboxUID: -1, SandboxGID: -1, KillGrace: grace})
+			b, err := bwrap.New(bwrap.Config{Dir: dir, InitPath: initPath, SandboxUID: -1, SandboxGID: -1, KillGrace: grace,
+				Code: bwrap.CodeConfig{Preload: codePreload}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -106,6 +110,10 @@ func TestConformanceOnAnImportedImage(t *testing.T) {
 			return bwrapOnImage{b, img, dir}
 		}
 		o := opts
+		// The image has numpy, pandas and matplotlib: the code contexts'
+		// tests that render DataFrames and figures, and check the
+		// preloads, must pass here.
+		o.Code, o.CodeLibraries, o.CodePreload = true, true, codePreload
 		o.Reopen = func(t *testing.T, b backend.Backend) backend.Backend { return open(t, b.(bwrapOnImage).dir) }
 		backendtest.Run(t, func(t *testing.T) backend.Backend { return open(t, filepath.Join(t.TempDir(), "bwrap")) }, o)
 	})
@@ -126,7 +134,12 @@ func TestConformanceOnAnImportedImage(t *testing.T) {
 			return gvisorOnImage{b, img, dir}
 		}
 		o := opts
-		o.Reopen = func(t *testing.T, b backend.Backend) backend.Backend { return open(t, b.(gvisorOnImage).dir) }
+		o.Reopen = func(t *testing.T, b backend.Backend) backend.Backend {
+			// A restart: the backend before lets go of its sandboxes
+			// (whose inits the next re-attaches to) before the next starts.
+			_ = b.(gvisorOnImage).Close()
+			return open(t, b.(gvisorOnImage).dir)
+		}
 		backendtest.Run(t, func(t *testing.T) backend.Backend { return open(t, filepath.Join(t.TempDir(), "gvisor")) }, o)
 	})
 }

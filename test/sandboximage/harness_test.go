@@ -1,10 +1,12 @@
 // Package sandboximage proves images end to end, against the real daemon
 // (built statically, as an image sandbox's init must be) and bubblewrap:
 // an image built from Debian packages (a debootstrapped bookworm with
-// python3 and numpy, cached under /var/cache/sandbox-sidecar-test as
-// test/packaging caches its rootfs, packed as an OCI layout with
-// go-containerregistry) imported through the CLI and the socket, in whose
-// sandboxes numpy imports while it does not on the host image; a small
+// python3, numpy, pandas and matplotlib, cached under
+// /var/cache/sandbox-sidecar-test as test/packaging caches its rootfs,
+// packed as an OCI layout with go-containerregistry) imported through the
+// CLI and the socket, in whose sandboxes numpy imports while it does not
+// on the host image, and the conformance suite on it (code contexts
+// rendering DataFrames and figures among it); a small
 // busybox image without any python; a pull from go-containerregistry's
 // in-memory registry on 127.0.0.1; a daemon killed with -9 mid-import;
 // and an image in use that cannot be removed.
@@ -27,6 +29,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/gvisor"
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/test/internal/testdaemon"
 )
@@ -104,6 +107,8 @@ func (d *daemon) stop() {
 		<-d.proc.Done()
 		d.t.Errorf("daemon did not stop within 60s of SIGTERM\n%s", d.proc.Logs())
 	}
+	// A kept gVisor sandbox outlives its daemon: end what it still runs.
+	gvisor.KillSandboxes(filepath.Join(d.stateDir, "gvisor"))
 }
 
 func (d *daemon) kill9() {

@@ -9,9 +9,10 @@ import (
 	"github.com/sandbox-sidecar/sandbox-sidecar/test/internal/debroot"
 )
 
-// The numpy image: a minimal Debian bookworm with python3 and numpy,
-// debootstrapped once and cached as a tarball under cacheDir, as
-// test/packaging caches its rootfs.
+// The numpy image: a minimal Debian bookworm with python3, numpy, pandas
+// and matplotlib (what the code contexts' tests render: DataFrames and
+// figures), debootstrapped once and cached as a tarball under cacheDir,
+// as test/packaging caches its rootfs.
 const (
 	suite   = "bookworm"
 	variant = "minbase"
@@ -23,11 +24,17 @@ const (
 
 var numpyPackages = []string{"python3", "python3-numpy"}
 
+// numpyAptPackages are installed with apt-get after debootstrap:
+// matplotlib's fonttools needs python3-scipy or python3-munkres, and
+// debootstrap would take scipy, with a compiler and a gigabyte of headers
+// (pythran's); apt takes munkres, named first.
+var numpyAptPackages = []string{"python3-munkres", "python3-pandas", "python3-matplotlib"}
+
 // numpyRootfs returns the cached rootfs tarball of the numpy image,
 // debootstrapping it when there is none; concurrent runs wait on a lock.
 func numpyRootfs(t *testing.T) string {
 	t.Helper()
-	return debroot.Root{Prefix: "sandbox-image-numpy", Format: rootfsFormat, Suite: suite, Variant: variant, Packages: numpyPackages,
+	return debroot.Root{Prefix: "sandbox-image-numpy", Format: rootfsFormat, Suite: suite, Variant: variant, Packages: numpyPackages, AptPackages: numpyAptPackages,
 		Timeout: debootstrapTimeout,
 		// What an image does not need: apt's lists and caches.
 		Tidy: func(root string) error {

@@ -24,9 +24,9 @@ func (r cellReply) Started() {
 }
 
 func (r cellReply) Ended(e agent.CellEnd) {
-	m := bwwire.Msg{Kind: bwwire.MsgCellEnd, B: e.How, C: e.Timed<<8 | e.Code&0xff}
+	m := bwwire.Msg{Kind: bwwire.MsgCellEnd, A: uint32(min(max(e.Count, 0), 1<<31-1)) << 1, B: e.How, C: e.Timed<<8 | e.Code&0xff}
 	if e.Lost {
-		m.A = 1
+		m.A |= 1
 	}
 	_ = unix.Sendmsg(r.status, m.Encode(), nil, nil, unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT)
 	_ = unix.Close(r.status)
@@ -86,9 +86,7 @@ func (st *initState) runCell(m bwwire.Msg, payload []byte, fds []int) {
 		reply.Failed(unix.EIO, "cannot hold the cell's code: "+err.Error())
 		return
 	}
-	if st.code.Table == nil {
-		st.code = agent.Contexts{Table: &st.procs, Cwd: "/workspace"}
-	}
+	st.codeReady()
 	if st.code.Zygote() == 0 {
 		// The zygote starts with the first cell's environment.
 		st.code.Env, st.code.Preload = req.Env, req.Preload
@@ -96,6 +94,45 @@ func (st *initState) runCell(m bwwire.Msg, payload []byte, fds []int) {
 	st.code.Max = int(req.MaxContexts)
 	st.children = true
 	st.code.Run(req.Context, agent.CellFiles{Stdout: fds[1], Stderr: fds[2], Results: fds[3], Code: code}, req.Timeout, req.Grace, reply)
+}
+
+// codeReady sets up init's contexts on first use.
+func (st *initState) codeReady() {
+	if st.code.Table == nil {
+		st.code = agent.Contexts{Table: &st.procs, Cwd: "/workspace"}
+	}
+}
+
+// warmCode takes a code warm message: it starts the zygote with the
+// request's environment and preloads, unless one runs, and answers on
+// reply once it is ready or could not be.
+func (st *initState) warmCode(m bwwire.Msg, payload []byte, reply int) {
+	answer := func(err error) {
+		msg := bwwire.Msg{Kind: bwwire.MsgProcDone, A: bwwire.ProcOK}
+		var body []byte
+		if err != nil {
+			body = []byte(err.Error())
+			if len(body) > 1024 {
+				body = body[:1024]
+			}
+			msg.A, msg.B = bwwire.ProcUnknown, uint32(len(body))
+		}
+		_ = unix.Sendmsg(reply, append(msg.Encode(), body...), nil, nil, unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT)
+		_ = unix.Close(reply)
+	}
+	if err := checkStatusSocket(reply); err != nil {
+		_ = unix.Close(reply)
+		return
+	}
+	req, err := bwwire.DecodeCodeRequest(payload)
+	if err != nil || int64(m.A) != int64(len(payload)) {
+		answer(fmt.Errorf("%w: a code warm request of %d bytes said %d", bwwire.ErrBadMessage, len(payload), m.A))
+		return
+	}
+	st.codeReady()
+	st.code.Max = int(req.MaxContexts)
+	st.children = true
+	st.code.Prestart(req.Env, req.Preload, answer)
 }
 
 // contextRequest answers a context list or delete on reply, and closes it.

@@ -603,6 +603,7 @@ func (st *initState) receive() bool {
 		st.startProc(m, payload, fds)
 		return false
 	case (m.Kind == bwwire.MsgProcSignal || m.Kind == bwwire.MsgProcList) && len(fds) == 1:
+		taken[0] = true // procRequest closes it
 		st.procRequest(m, payload, fds[0])
 		return false
 	case m.Kind == bwwire.MsgCode:
@@ -612,7 +613,12 @@ func (st *initState) receive() bool {
 		st.runCell(m, payload, fds)
 		return false
 	case (m.Kind == bwwire.MsgContextList || m.Kind == bwwire.MsgContextDelete) && len(fds) == 1:
+		taken[0] = true // contextRequest closes it
 		st.contextRequest(m, payload, fds[0])
+		return false
+	case m.Kind == bwwire.MsgCodeWarm && len(fds) == 1:
+		taken[0] = true // answered once the zygote is ready
+		st.warmCode(m, payload, fds[0])
 		return false
 	case m.Kind != bwwire.MsgRun:
 		err = fmt.Errorf("%w: kind %d on the control socket", bwwire.ErrBadMessage, m.Kind)

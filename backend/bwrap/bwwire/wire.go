@@ -108,9 +108,14 @@ const (
 	MsgProcDone   = 11
 	// Code contexts (backend/agent's Contexts).
 	MsgCode          = 12 // a cell: header values A (the request's length, 0: in a memfd), + CodeRequest
-	MsgCellEnd       = 13 // how a cell ended: A lost (1) or kept (0), B how (proclog.End*), C timed<<8 | code
+	MsgCellEnd       = 13 // how a cell ended: A count<<1 | lost (1) or kept (0), B how (proclog.End*), C timed<<8 | code
 	MsgContextList   = 14 // answered with a proc done whose payload lists "name running count" lines
 	MsgContextDelete = 15 // + the context's name; answered with a proc done
+	// MsgCodeWarm starts the zygote ahead of any cell (a warm-pool
+	// member's): A the CodeRequest's length (its Env and Preload count) +
+	// it + SCM_RIGHTS [reply]; answered with a proc done once the zygote
+	// is ready (ProcOK) or could not be (ProcUnknown, the reason after it).
+	MsgCodeWarm = 16
 )
 
 // Descriptors of a code message: status, stdout, stderr, results, then
@@ -169,6 +174,9 @@ func DecodeCodeRequest(b []byte) (CodeRequest, error) {
 	r.Code = append([]byte(nil), code...)
 	if r.Env, ok = d.List(MaxRequestEnv); !ok {
 		return bad("bad environment")
+	}
+	if err := wirefmt.CheckCommand(r.Env, "/"); err != nil {
+		return bad(err.Error())
 	}
 	if r.Preload, ok = d.String(); !ok {
 		return bad("bad preload")
@@ -246,7 +254,7 @@ func DecodeMsg(buf []byte) (Msg, error) {
 		B:    binary.LittleEndian.Uint32(buf[16:]),
 		C:    binary.LittleEndian.Uint32(buf[20:]),
 	}
-	if m.Kind < MsgReady || m.Kind > MsgContextDelete {
+	if m.Kind < MsgReady || m.Kind > MsgCodeWarm {
 		return Msg{}, fmt.Errorf("%w: unknown kind %d", ErrBadMessage, m.Kind)
 	}
 	return m, nil

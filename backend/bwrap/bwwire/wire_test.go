@@ -189,3 +189,75 @@ func TestDecodeInitThreads(t *testing.T) {
 		}
 	}
 }
+
+func TestCodeRequestRoundTrip(t *testing.T) {
+	r := CodeRequest{Context: "ctx-1", Code: []byte("print('é')\x00\n"), Env: []string{"A=b", "PATH=/usr/bin"}, Preload: "numpy,pandas",
+		Timeout: 3 * time.Second, Grace: time.Second, MaxContexts: 8}
+	got, err := DecodeCodeRequest(r.Encode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Context != r.Context || !bytes.Equal(got.Code, r.Code) || !slices.Equal(got.Env, r.Env) || got.Preload != r.Preload ||
+		got.Timeout != r.Timeout || got.Grace != r.Grace || got.MaxContexts != r.MaxContexts {
+		t.Errorf("round trip: %+v, want %+v", got, r)
+	}
+	// A warm request carries no cell.
+	if w, err := DecodeCodeRequest(CodeRequest{Env: r.Env, Preload: "numpy"}.Encode()); err != nil || w.Preload != "numpy" || w.Context != "" {
+		t.Errorf("a warm request: %+v, %v", w, err)
+	}
+}
+
+func TestDecodeCodeRequestRefuses(t *testing.T) {
+	ok := CodeRequest{Context: "default", Code: []byte("1"), Env: []string{"A=b"}, Timeout: time.Second}
+	cases := map[string][]byte{
+		"empty":             nil,
+		"wrong magic":       append([]byte("xxxx"), ok.Encode()[4:]...),
+		"trailing byte":     append(ok.Encode(), 0),
+		"truncated":         ok.Encode()[:len(ok.Encode())-1],
+		"budget too long":   CodeRequest{Context: "c", Timeout: backend.MaxTimeout + 1}.Encode(),
+		"grace too long":    CodeRequest{Context: "c", Grace: backend.MaxTimeout + 1}.Encode(),
+		"too many contexts": CodeRequest{Context: "c", MaxContexts: 1025}.Encode(),
+		"NUL in context":    CodeRequest{Context: "a\x00b"}.Encode(),
+		"NUL in env":        CodeRequest{Context: "c", Env: []string{"A=\x00"}}.Encode(),
+		"env without name":  CodeRequest{Context: "c", Env: []string{"=x"}}.Encode(),
+		"env without =":     CodeRequest{Context: "c", Env: []string{"PATH"}}.Encode(),
+		"NUL in preload":    CodeRequest{Context: "c", Preload: "numpy\x00"}.Encode(),
+		"huge env count":    binary.LittleEndian.AppendUint32(wirefmtString(wirefmtString(binary.LittleEndian.AppendUint32(nil, codeMagic), "c"), "1"), 1<<31),
+		"too large":         make([]byte, MaxRequestBytes+1),
+	}
+	for name, b := range cases {
+		if _, err := DecodeCodeRequest(b); !errors.Is(err, ErrBadMessage) {
+			t.Errorf("%s: err = %v, want ErrBadMessage", name, err)
+		}
+	}
+}
+
+// wirefmtString appends s as the wire's strings are: a length, the bytes.
+func wirefmtString(b []byte, s string) []byte {
+	return append(binary.LittleEndian.AppendUint32(b, uint32(len(s))), s...)
+}
+
+// FuzzDecodeCodeRequest: whatever the bytes, the decoder refuses or
+// returns a request within its bounds that encodes back to itself.
+func FuzzDecodeCodeRequest(f *testing.F) {
+	f.Add(CodeRequest{Context: "default", Code: []byte("x = 1\nx"), Env: []string{"A=b"}, Preload: "numpy", Timeout: time.Second, Grace: time.Second, MaxContexts: 8}.Encode())
+	f.Add(CodeRequest{Env: []string{"PATH=/usr/bin"}}.Encode())
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := DecodeCodeRequest(b)
+		if err != nil {
+			if !errors.Is(err, ErrBadMessage) {
+				t.Fatalf("refused without ErrBadMessage: %v", err)
+			}
+			return
+		}
+		if r.Timeout > backend.MaxTimeout || r.Grace > backend.MaxTimeout || r.MaxContexts > 1024 || len(r.Env) > MaxRequestEnv ||
+			strings.ContainsRune(r.Context, 0) || strings.ContainsRune(r.Preload, 0) {
+			t.Fatalf("accepted out of bounds: %+v", r)
+		}
+		again := r.Encode()
+		if !bytes.Equal(again, b) {
+			t.Fatalf("re-encoded differently:\n%x\n%x", again, b)
+		}
+	})
+}

@@ -21,6 +21,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/agent"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/gvisor/gvwire"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc"
 )
@@ -43,6 +44,7 @@ func IsInit() bool { return initproc.Is(gvwire.InitEnv) }
 func Main() {
 	initproc.WarmMain()
 	initproc.Main(openerEnv, runOpener)
+	initproc.Main(agent.KeeperEnv, agent.RunKeeper)
 	initproc.Main(gvwire.InitEnv, runInit)
 }
 
@@ -58,12 +60,14 @@ const (
 // as uid 1000 without capabilities, so they can neither signal nor trace it
 // (and init drops the signals a pid 1 may receive from inside); it makes
 // itself non-dumpable, so /proc/1/fd, environ and mem are closed to them;
-// the daemon's pipes are its stdin and stdout, which no command inherits
+// the daemon's streams are its stdin and stdout, which no command inherits
 // (each gets pipes of its own). Everything a command started is killed when
-// it ends, so no guest process lives between commands. Init still checks
-// every frame and bounds what it reads. It keeps each command's budget
-// itself (a timer: SIGTERM to the command's process group, then SIGKILL to
-// every process of the sandbox) and execs the command directly.
+// it ends, so no guest process lives between commands but the durable
+// processes (procs.go), each under a keeper that runs as root too. Init
+// still checks every frame and bounds what it reads. It keeps each
+// command's budget itself (a timer: SIGTERM to the command's process group,
+// then SIGKILL to every process of the command) and execs the command
+// directly.
 
 // initState is init's whole state.
 type initState struct {
@@ -77,8 +81,32 @@ type initState struct {
 	killAsked bool
 	files     fileOps
 	// chld gets a SIGCHLD whenever a child of init ends (buffered: one
-	// pending is enough, waitChildren polls with WNOHANG).
+	// pending is enough, reap polls with WNOHANG). The reaper goroutine
+	// and a running command's wait both take from it.
 	chld chan os.Signal
+	// stdout is the daemon's stream, which out writes to.
+	stdout *os.File
+
+	// pmu guards the keepers' table, the foreground command's pid and
+	// every wait4: whoever reaps a child hands it to its owner (reap), so
+	// a keeper or the command is never reaped unseen, and neither is
+	// started while a reap could miss it.
+	pmu   sync.Mutex
+	procs agent.Table
+	fg    *foreground // the command running, nil between commands
+	// reaped is closed, and replaced, each time a reap reaped a child.
+	reaped chan struct{}
+	// keeperLoop runs (procs.go) while keepers do; wake interrupts its
+	// poll when one is added.
+	keeperLoop bool
+	wake       [2]int
+}
+
+// foreground is the running command as the reaper sees it.
+type foreground struct {
+	pid    int
+	status unix.WaitStatus
+	done   chan struct{} // closed once it is reaped (status set)
 }
 
 func runInit() int {
@@ -104,29 +132,48 @@ func runInit() int {
 		return initFail("cannot take the daemon's pipe off fd 1: %v", err)
 	}
 	stdin, stdout := pollable(0, "daemon-in"), pollable(outFD, "daemon-out")
-	st := &initState{out: bufio.NewWriterSize(stdout, gvwire.MaxChunk+gvwire.FrameHeaderSize), files: fileOps{sock: -1}, chld: make(chan os.Signal, 1)}
+	st := &initState{out: bufio.NewWriterSize(stdout, gvwire.MaxChunk+gvwire.FrameHeaderSize), stdout: stdout, files: fileOps{sock: -1}, chld: make(chan os.Signal, 1), reaped: make(chan struct{}),
+		procs: agent.Table{Exe: guestInit, Stderr: 2, Failpoint: os.Getenv(agent.KeeperFailpointEnv)}}
+	if err := unix.Pipe2(st.wake[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+		return initFail("cannot make the keepers' wake-up pipe: %v", err)
+	}
 	signal.Notify(st.chld, unix.SIGCHLD)
+	go st.reaper()
 	if err := st.send(gvwire.KindReady, gvwire.U32s(gvwire.Protocol)); err != nil {
 		return initFail("cannot tell the daemon it is ready: %v", err)
 	}
 	in := bufio.NewReader(stdin)
+	const allowed = 1<<gvwire.KindRun | 1<<gvwire.KindKill | 1<<gvwire.KindLstat | 1<<gvwire.KindFileOp |
+		1<<gvwire.KindProcStart | 1<<gvwire.KindProcSignal | 1<<gvwire.KindProcList | 1<<gvwire.KindAttach
 	for {
-		kind, payload, err := gvwire.ReadFrame(in, 1<<gvwire.KindRun|1<<gvwire.KindKill|1<<gvwire.KindLstat|1<<gvwire.KindFileOp)
+		kind, payload, err := gvwire.ReadFrame(in, allowed)
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			// The daemon went away (its end of the stream closed: it
+			// died, or stopped and left the sandbox to the next one).
+			// Its command goes; the durable processes, and init, stay
+			// for the next daemon, which attaches.
+			st.daemonGone()
+			awaitDaemon(in, stdin)
+			continue
+		}
 		if err != nil {
-			// The daemon went away (EOF) or broke the protocol: either way
-			// nobody will collect what runs here.
-			killAllButInit()
-			if !errors.Is(err, io.EOF) {
-				return initFail("reading the daemon's requests: %v", err)
-			}
-			return 0
+			// The daemon broke the protocol: nothing here can be trusted
+			// to it any more.
+			_ = unix.Kill(-1, unix.SIGKILL)
+			return initFail("reading the daemon's requests: %v", err)
 		}
 		switch kind {
+		case gvwire.KindAttach:
+			st.attached(payload)
+		case gvwire.KindProcStart:
+			st.procStart(payload)
+		case gvwire.KindProcSignal, gvwire.KindProcList:
+			st.procRequest(kind, payload)
 		case gvwire.KindKill:
 			st.mu.Lock()
 			if st.running {
 				st.killAsked = true
-				killAllButInit()
+				st.killForeground()
 			}
 			st.mu.Unlock()
 		case gvwire.KindLstat:
@@ -200,8 +247,43 @@ func (st *initState) lstat(path string) {
 	_ = st.send(gvwire.KindLstated, gvwire.U32s(typ, errno))
 }
 
-// killAllButInit sends SIGKILL to every process of the sandbox but init.
-func killAllButInit() { _ = unix.Kill(-1, unix.SIGKILL) }
+// awaitDaemonPoll is how often init looks for the next daemon while none
+// is attached: a FIFO without a writer reads EOF at once, whoever polls
+// it, so it is read again after a pause.
+const awaitDaemonPoll = 100 * time.Millisecond
+
+// daemonGone ends the command of the daemon that went, if one runs:
+// nobody collects its output.
+func (st *initState) daemonGone() {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.running {
+		st.killAsked = true
+		st.killForeground()
+	}
+}
+
+// awaitDaemon drops what in holds of a frame the daemon that went did not
+// finish, and waits until another writes to the stream.
+func awaitDaemon(in *bufio.Reader, stream *os.File) {
+	in.Reset(stream)
+	for {
+		time.Sleep(awaitDaemonPoll)
+		if _, err := in.Peek(1); err == nil {
+			return
+		}
+	}
+}
+
+// attached answers a daemon's attach frame: its stream is new, and so is
+// the writer of init's (what failed to reach the previous daemon is
+// dropped).
+func (st *initState) attached(nonce []byte) {
+	st.outMu.Lock()
+	st.out.Reset(st.stdout)
+	st.outMu.Unlock()
+	_ = st.send(gvwire.KindAttached, gvwire.Attached(nonce))
+}
 
 // run starts one command with pipes of its own, forwards its output, waits
 // for it (reaping every orphan meanwhile), kills whatever it left and
@@ -258,11 +340,18 @@ func (st *initState) run(req gvwire.RunRequest) {
 		}
 	}
 	// Spawn, not syscall.ForkExec: its child makes no signal-handler
-	// resets, ~60 system calls into the sentry per command.
+	// resets, ~60 system calls into the sentry per command. Under pmu, so
+	// that the reaper knows the command's pid before it can reap it.
+	st.pmu.Lock()
 	pid, err := initproc.Spawn(prog, req.Argv, initproc.SpawnAttr{
 		Dir: req.Cwd, Env: req.Env, Stdio: child,
 		Cred: &initproc.Cred{UID: guestUID, GID: guestGID},
 	})
+	fg := &foreground{pid: pid, done: make(chan struct{})}
+	if err == nil {
+		st.fg = fg
+	}
+	st.pmu.Unlock()
 	for _, c := range child {
 		_ = unix.Close(c)
 	}
@@ -271,7 +360,7 @@ func (st *initState) run(req gvwire.RunRequest) {
 		killed := st.killAsked
 		st.mu.Unlock()
 		if killed { // asked before the command existed
-			killAllButInit()
+			st.killForeground()
 		}
 	}
 	if err != nil {
@@ -289,7 +378,7 @@ func (st *initState) run(req gvwire.RunRequest) {
 	}
 	// The budget, as GNU timeout keeps it: SIGTERM to the command's
 	// process group at the budget, SIGKILL to every process of the
-	// sandbox once the grace is spent too.
+	// command once the grace is spent too.
 	var timedMu sync.Mutex
 	timed, reaped := uint32(gvwire.TimedNo), false
 	term := time.AfterFunc(req.Timeout, func() {
@@ -305,7 +394,7 @@ func (st *initState) run(req gvwire.RunRequest) {
 		defer timedMu.Unlock()
 		if !reaped {
 			timed = gvwire.TimedKill
-			killAllButInit()
+			st.killForeground()
 		}
 	})
 
@@ -339,30 +428,36 @@ func (st *initState) run(req gvwire.RunRequest) {
 	outputClosed := make(chan struct{})
 	go func() { drained.Wait(); close(outputClosed) }()
 
-	// Reap everything until the command itself exits. When its output
-	// closes it has most likely exited: look then, not only at SIGCHLD,
-	// whose way to this goroutine (the signal, the runtime's signal
-	// goroutine, the channel) is three wake-ups of init's threads, each
-	// one a round trip through the sentry.
-	var status unix.WaitStatus
-	st.waitChildren(outputClosed, func(got int, ws unix.WaitStatus) bool {
-		if got == pid {
-			status = ws
-			return true
+	// Reap until the command itself exits. When its output closes it has
+	// most likely exited: look then, not only at SIGCHLD, whose way to
+	// this goroutine (the signal, the runtime's signal goroutine, the
+	// channel) is three wake-ups of init's threads, each one a round trip
+	// through the sentry. The reaper goroutine may take the SIGCHLD
+	// instead: it reaps the command as this would, and closes fg.done.
+	hint := (<-chan struct{})(outputClosed)
+	for waiting := true; waiting; {
+		select {
+		case <-fg.done:
+			waiting = false
+		case <-st.chld:
+			st.reap()
+		case <-hint:
+			hint = nil // once
+			st.reap()
 		}
-		return false
-	})
+	}
+	status := fg.status
 	timedMu.Lock()
 	reaped = true
 	timedMu.Unlock()
 	term.Stop()
 	kill.Stop()
 	// A command's processes end with it: background jobs, setsid and
-	// double-fork escapees alike, and the opener. No file op may start
-	// another opener meanwhile, or this would wait for it.
+	// double-fork escapees alike, and the opener; the durable processes
+	// do not. No file op may start another opener meanwhile, or this
+	// would wait for it.
 	st.files.mu.Lock()
-	killAllButInit()
-	st.waitChildren(nil, func(int, unix.WaitStatus) bool { return false })
+	st.endForeground()
 	st.dropOpener()
 	st.files.mu.Unlock()
 	select {
@@ -375,31 +470,6 @@ func (st *initState) run(req gvwire.RunRequest) {
 	}
 	idle()
 	_ = st.send(gvwire.KindExited, gvwire.U32s(how, value, timed))
-}
-
-// waitChildren reaps init's children, calling done with each, until done
-// says so or none is left (ECHILD). It waits for a child to end through
-// SIGCHLD, not in a blocking wait4, and looks once more when hint closes.
-func (st *initState) waitChildren(hint <-chan struct{}, done func(pid int, ws unix.WaitStatus) bool) {
-	for {
-		var ws unix.WaitStatus
-		got, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
-		switch {
-		case errors.Is(err, unix.EINTR):
-		case err != nil: // ECHILD: no child left
-			return
-		case got > 0:
-			if done(got, ws) {
-				return
-			}
-		default: // children, none ended yet
-			select {
-			case <-st.chld:
-			case <-hint:
-				hint = nil // once
-			}
-		}
-	}
 }
 
 // childPipe makes a pipe for a command's stdin (parentReads false) or

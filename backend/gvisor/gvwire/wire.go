@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/agent"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/wirefmt"
 )
@@ -22,9 +23,11 @@ import (
 // The conversation between the daemon and a sandbox's init.
 //
 // Init is the container's process (pid 1 inside gVisor). Its stdin and
-// stdout are two host pipes whose other ends only the daemon holds: runsc
-// donates the container process's stdio to the sandbox as host files, and
-// nothing else of the host reaches the guest that way. bubblewrap's init
+// stdout are two host FIFOs in the sandbox's directory (the daemon's, 0700)
+// whose other ends only the daemon holds: runsc donates the container
+// process's stdio to the sandbox as host files, and nothing else of the
+// host reaches the guest that way. FIFOs rather than pipes, so that a
+// daemon started after this one died can open them again (procwire.go). bubblewrap's init
 // protocol does not fit here: it hands init each command's pipes with
 // SCM_RIGHTS, and a descriptor cannot cross gVisor's boundary after the
 // sandbox started (the sentry does not accept host descriptors in control
@@ -43,6 +46,7 @@ import (
 //	daemon → init:  lstat (path)              what the guest sees at path
 //	init → daemon:  lstat result (type, errno)
 //	daemon → init:  file op; init → daemon: file data..., file done (filewire.go)
+//	daemon → init:  proc start, signal, list; init → daemon: proc answer (procwire.go)
 //
 // A frame is a kind byte, three zero bytes and a little-endian u32 payload
 // length, then the payload. Both sides check every header and bound every
@@ -93,8 +97,9 @@ var ErrBadFrame = errors.New("malformed frame")
 // Protocol is the version of this conversation, which init says in its
 // ready frame: the init is a binary of its own (sandbox-sidecar-init), so
 // a daemon started with an init of another version refuses it instead of
-// misreading its frames.
-const Protocol = 2
+// misreading its frames. 3: durable processes and re-attaching
+// (procwire.go).
+const Protocol = 3
 
 // ReadyFrom checks a ready frame's payload: init's protocol version,
 // which must be this daemon's.
@@ -132,6 +137,18 @@ func MaxPayload(kind byte) int {
 		return MaxFileData
 	case KindFileDone:
 		return FileDoneHeader + MaxReasonBytes
+	case KindProcStart:
+		return MaxProcStartPayload
+	case KindProcSignal:
+		return 8 + agent.MaxIDLen
+	case KindProcList:
+		return 4
+	case KindProcAnswer:
+		return procAnswerHeader + MaxProcListBody
+	case KindAttach:
+		return NonceSize
+	case KindAttached:
+		return 4 + NonceSize
 	}
 	return -1
 }

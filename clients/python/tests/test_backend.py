@@ -523,6 +523,8 @@ def test_model_fixable_codes_are_exactly_the_documented_ones():
         "file_too_large",
         "process_not_found",
         "process_ended",
+        "context_not_found",
+        "context_busy",
     }
 
 

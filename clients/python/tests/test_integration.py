@@ -548,6 +548,10 @@ def test_a_handle_from_another_host_fails_naming_the_host_it_lives_on(sidecar_bi
                 lambda: backend.wait_process(elsewhere, "p-000000000000"),
                 lambda: backend.signal_process(elsewhere, "p-000000000000"),
                 lambda: backend.list_processes(elsewhere),
+                lambda: backend.run_code(elsewhere, "1"),
+                lambda: backend.list_contexts(elsewhere),
+                lambda: backend.restart_context(elsewhere, "default"),
+                lambda: backend.delete_context(elsewhere, "default"),
                 lambda: backend.destroy(elsewhere),
             ]
             for call in calls:

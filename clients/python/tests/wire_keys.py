@@ -36,6 +36,9 @@ NOT_WIRE = {
     "details": "an error's details: keys per error code, documented in docs/protocol.md's error table",
     "context": "Airflow's task context",
     "policy": "the airflow_network tag's JSON: upstream Airflow's stamp format, not a msgpack map of the daemon's",
+    "bundle": "a MIME bundle of run_code's results: its keys are MIME types (docs/protocol.md, Code contexts)",
+    "tool_args": "a model's arguments to a tool, by the tool's JSON schema (sandbox_sidecar.tools)",
+    "kwargs": "a constructor's keyword arguments (upstream SandboxToolset's), not the wire",
 }
 
 

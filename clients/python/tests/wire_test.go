@@ -157,7 +157,8 @@ func TestPythonClientKeysAreTheWires(t *testing.T) {
 	for _, u := range s.Sent {
 		ops[u.Op] = true
 	}
-	for _, op := range []string{"create", "run_command", "start_command", "read_output", "wait_process", "signal_process", "list_processes"} {
+	for _, op := range []string{"create", "run_command", "start_command", "read_output", "wait_process", "signal_process", "list_processes",
+		"run_code", "list_contexts", "restart_context", "delete_context"} {
 		if !ops[op] {
 			t.Errorf("the scan found no argument sent to %s: wire_keys.py no longer sees the client's calls", op)
 		}
@@ -173,34 +174,38 @@ func TestPythonClientKeysAreTheWires(t *testing.T) {
 // The check catches a typo in each kind of key: a client with one key
 // misspelt fails it.
 func TestPythonClientKeyTyposAreCaught(t *testing.T) {
-	src, err := os.ReadFile("../src/sandbox_sidecar/processes.py")
+	const src = "../src/sandbox_sidecar"
+	files, err := os.ReadDir(src)
 	if err != nil {
 		t.Fatal(err)
 	}
-	client, err := os.ReadFile("../src/sandbox_sidecar/client.py")
-	if err != nil {
-		t.Fatal(err)
+	texts := map[string][]byte{}
+	for _, f := range files {
+		if !strings.HasSuffix(f.Name(), ".py") {
+			continue
+		}
+		text, err := os.ReadFile(src + "/" + f.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		texts[f.Name()] = text
 	}
-	backend, err := os.ReadFile("../src/sandbox_sidecar/backend.py")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range []struct {
-		file, from, to, want string
-		text                 []byte
-	}{
-		{"processes.py", `result.get("exit_code")`, `result.get("exit_cod")`, "reads exit_cod", src},
-		{"processes.py", `result.get("next_offset")`, `result["nxt_offset"]`, "reads nxt_offset", src},
-		{"client.py", `"wait_s": wait_s`, `"wait": wait_s`, "read_output has no argument wait", client},
-		{"client.py", `{"sandbox": sandbox, "process": process, "signal": signal}`, `{"sandbox": sandbox, "process": process, "sig": signal}`, "signal_process has no argument sig", client},
-		{"backend.py", `wire["env"] = `, `wire["environment"] = `, "environment is no op's argument", backend},
+	for _, c := range []struct{ file, from, to, want string }{
+		{"processes.py", `result.get("exit_code")`, `result.get("exit_cod")`, "reads exit_cod"},
+		{"processes.py", `result.get("next_offset")`, `result["nxt_offset"]`, "reads nxt_offset"},
+		{"client.py", `"wait_s": wait_s`, `"wait": wait_s`, "read_output has no argument wait"},
+		{"client.py", `{"sandbox": sandbox, "process": process, "signal": signal}`, `{"sandbox": sandbox, "process": process, "sig": signal}`, "signal_process has no argument sig"},
+		{"backend.py", `wire["env"] = `, `wire["environment"] = `, "environment is no op's argument"},
+		{"client.py", `"code": code,`, `"cell": code,`, "run_code has no argument cell"},
+		{"client.py", `"delete_context", {"sandbox": sandbox, "context": context}`, `"delete_context", {"sandbox": sandbox, "name": context}`, "delete_context has no argument name"},
+		{"code.py", `result.get("execution_count")`, `result.get("execution_counter")`, "reads execution_counter"},
+		{"code.py", `value.get("traceback")`, `value.get("trace")`, "reads trace"},
 	} {
-		if !strings.Contains(string(c.text), c.from) {
+		if !strings.Contains(string(texts[c.file]), c.from) {
 			t.Fatalf("%s no longer has %s: update this test", c.file, c.from)
 		}
 		dir := t.TempDir()
-		for _, name := range []string{"processes.py", "client.py", "backend.py"} {
-			text := map[string][]byte{"processes.py": src, "client.py": client, "backend.py": backend}[name]
+		for name, text := range texts {
 			if name == c.file {
 				text = []byte(strings.Replace(string(text), c.from, c.to, 1))
 			}

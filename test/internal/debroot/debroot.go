@@ -164,6 +164,12 @@ func Tail(s string, n int) string {
 type Root struct {
 	Prefix, Format, Suite, Variant string
 	Packages                       []string
+	// AptPackages are installed after debootstrap, by apt-get inside the
+	// root (without recommends), which resolves a dependency on
+	// alternatives as apt does: one already chosen satisfies it, where
+	// debootstrap takes the first, however heavy. Part of the cache key
+	// as "apt:name".
+	AptPackages []string
 	// Timeout bounds the wait for another run's build and this build.
 	Timeout time.Duration
 	// Tidy changes the root after debootstrap, before it is archived.
@@ -180,7 +186,11 @@ func (r Root) Tarball(t *testing.T) string {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatalf("creating the cache %s: %v", dir, err)
 	}
-	tarball := filepath.Join(dir, fmt.Sprintf("%s-%s-%s.tar", r.Prefix, r.Suite, Key(r.Format, r.Suite, r.Variant, r.Packages)))
+	keyed := slices.Clone(r.Packages)
+	for _, p := range r.AptPackages {
+		keyed = append(keyed, "apt:"+p)
+	}
+	tarball := filepath.Join(dir, fmt.Sprintf("%s-%s-%s.tar", r.Prefix, r.Suite, Key(r.Format, r.Suite, r.Variant, keyed)))
 	lock, err := os.OpenFile(tarball+".lock", os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
 		t.Fatal(err)
@@ -196,13 +206,22 @@ func (r Root) Tarball(t *testing.T) string {
 	}
 	mirror := Mirror(r.Suite)
 	start := time.Now()
-	t.Logf("%s: debootstrap %s (%s, +%s) from %s: no cached %s", r.Prefix, r.Suite, r.Variant, strings.Join(r.Packages, ","), mirror, tarball)
+	t.Logf("%s: debootstrap %s (%s, +%s; then apt-get +%s) from %s: no cached %s", r.Prefix, r.Suite, r.Variant, strings.Join(r.Packages, ","), strings.Join(r.AptPackages, ","), mirror, tarball)
 	root := filepath.Join(t.TempDir(), "root")
+	// debootstrap mounts /proc (and more) in the root, as the apt step
+	// does; one stopped midway (its timeout) leaves them mounted, and the
+	// root could not be removed.
+	t.Cleanup(func() { unmountUnder(root) })
 	ctx, cancel := context.WithTimeout(context.Background(), r.Timeout)
 	defer cancel()
 	out, err := RunHost(ctx, "debootstrap", "--variant="+r.Variant, "--include="+strings.Join(r.Packages, ","), r.Suite, root, mirror)
 	if err != nil {
 		t.Fatalf("debootstrap failed (%v); last output:\n%s", err, Tail(out, 40))
+	}
+	if len(r.AptPackages) > 0 {
+		if out, err := aptInstall(ctx, root, r.AptPackages); err != nil {
+			t.Fatalf("apt-get in the root failed (%v); last output:\n%s", err, Tail(out, 40))
+		}
 	}
 	if r.Tidy != nil {
 		if err := r.Tidy(root); err != nil {
@@ -220,4 +239,61 @@ func (r Root) Tarball(t *testing.T) string {
 	}
 	t.Logf("%s: built in %s", r.Prefix, time.Since(start).Round(time.Second))
 	return tarball
+}
+
+// aptInstall installs pkgs in root with its own apt-get (chrooted, its
+// /proc mounted, the host's resolver for the mirror's name), without
+// recommends, and leaves root as it found it but for the packages.
+func aptInstall(ctx context.Context, root string, pkgs []string) (string, error) {
+	resolv := filepath.Join(root, "etc", "resolv.conf")
+	had, _ := os.ReadFile(resolv)
+	if b, err := os.ReadFile("/etc/resolv.conf"); err == nil {
+		_ = os.Remove(resolv)
+		if err := os.WriteFile(resolv, b, 0o644); err != nil {
+			return "", err
+		}
+	}
+	defer func() {
+		_ = os.Remove(resolv)
+		if had != nil {
+			_ = os.WriteFile(resolv, had, 0o644)
+		}
+	}()
+	proc := filepath.Join(root, "proc")
+	if err := syscall.Mount("proc", proc, "proc", 0, ""); err != nil {
+		return "", fmt.Errorf("mount %s: %w", proc, err)
+	}
+	defer unmountUnder(proc)
+	var all strings.Builder
+	for _, args := range [][]string{
+		{"apt-get", "update", "-qq"},
+		append([]string{"apt-get", "install", "-y", "-qq", "--no-install-recommends"}, pkgs...),
+		{"apt-get", "clean"},
+	} {
+		out, err := RunHost(ctx, "chroot", append([]string{root, "/usr/bin/env", "DEBIAN_FRONTEND=noninteractive"}, args...)...)
+		all.WriteString(out)
+		if err != nil {
+			return all.String(), fmt.Errorf("%s: %w", strings.Join(args, " "), err)
+		}
+	}
+	return all.String(), nil
+}
+
+// unmountUnder detaches every mount at or below dir (deepest first).
+func unmountUnder(dir string) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return
+	}
+	var points []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
+			points = append(points, f[4])
+		}
+	}
+	slices.SortFunc(points, func(a, b string) int { return len(b) - len(a) })
+	for _, p := range points {
+		_ = syscall.Unmount(p, syscall.MNT_DETACH)
+	}
 }

@@ -6,6 +6,9 @@
   (``name = "sidecar"``). With ``apache-airflow-providers-common-ai`` installed
   it is upstream's ``AttachableSandboxBackend`` and raises upstream's errors;
   without it, the same-named classes re-exported here stand in.
+- :class:`PythonTool` is an agent's ``run_python`` tool (Python whose state
+  lasts between calls); ``sandbox_sidecar.toolset.SidecarSandboxToolset``,
+  importable where the provider is, puts it beside ``SandboxToolset``'s tools.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from .backend import (
     to_sandbox_error,
 )
 from .client import DEFAULT_SOCKET_PATH, SOCKET_ENV_VAR, SidecarClient, resolve_socket_path
+from .code import DEFAULT_CONTEXT, SidecarCodeError, SidecarCodeResult, SidecarContextInfo
 from .contract import (
     UPSTREAM,
     AttachableSandboxBackend,
@@ -37,21 +41,25 @@ from .contract import (
 )
 from .errors import SidecarConnectionError, SidecarError, SidecarProtocolError, SidecarTimeoutError
 from .processes import OutputFollower, SidecarOutput, SidecarProcess, SidecarProcessInfo
+from .tools import RUN_PYTHON, PythonTool, render_code_result
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEFAULT_CONTEXT",
     "DEFAULT_SOCKET_PATH",
     "ERROR_KINDS",
     "HOST_SEPARATOR",
     "MODEL",
     "RESOURCE_KEYS",
+    "RUN_PYTHON",
     "SOCKET_ENV_VAR",
     "TERMINAL",
     "UPSTREAM",
     "AttachableSandboxBackend",
     "AttachedSandbox",
     "OutputFollower",
+    "PythonTool",
     "SandboxBackend",
     "SandboxError",
     "SandboxExecResult",
@@ -59,7 +67,10 @@ __all__ = [
     "SandboxSpec",
     "SandboxTerminalError",
     "SidecarClient",
+    "SidecarCodeError",
+    "SidecarCodeResult",
     "SidecarConnectionError",
+    "SidecarContextInfo",
     "SidecarError",
     "SidecarExecResult",
     "SidecarOutput",
@@ -70,6 +81,7 @@ __all__ = [
     "SidecarTimeoutError",
     "check_resources",
     "labels_from_context",
+    "render_code_result",
     "resolve_socket_path",
     "split_handle",
     "to_sandbox_error",

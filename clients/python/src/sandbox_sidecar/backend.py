@@ -24,6 +24,13 @@ from .contract import (
     read_network_stamp,
     reason_of,
 )
+from .code import (
+    DEFAULT_CONTEXT,
+    SidecarCodeResult,
+    SidecarContextInfo,
+    code_result_from_wire,
+    context_info_from_wire,
+)
 from .processes import (
     SIGNALS,
     STREAMS,
@@ -78,6 +85,8 @@ ERROR_KINDS: Mapping[str, Tuple[str, str]] = {
     "file_too_large": (MODEL, "the file is over the read (or write) limit; raised as SandboxFileTooLargeError"),
     "process_not_found": (MODEL, "no such durable process in that sandbox (never started there, or its record was dropped)"),
     "process_ended": (MODEL, "signal_process: the process has ended; there is nothing to signal"),
+    "context_not_found": (MODEL, "restart_context, delete_context: no such code context in that sandbox"),
+    "context_busy": (MODEL, "run_code: the context still runs an earlier cell (one whose caller went away runs to its timeout)"),
     # Nothing the model does can help: the task fails, Airflow retries it.
     "not_found": (TERMINAL, "the sandbox is gone (destroyed, expired, idle too long, or another user's)"),
     "unauthorized": (TERMINAL, "the worker's user may not use the daemon (socket group membership)"),
@@ -93,11 +102,13 @@ ERROR_KINDS: Mapping[str, Tuple[str, str]] = {
     "wrong_host": (TERMINAL, "the handle names another host: the sandbox lives there"),
     "image_not_found": (TERMINAL, "the image the backend was made with is not on this host (the operator imports it)"),
     "no_shell": (TERMINAL, "the sandbox's image has no /bin/sh to run a command string (Airflow sends strings): give the image a shell"),
+    "no_python": (TERMINAL, "run_code: the sandbox's image has no python3: create the sandbox from an image with one"),
     "image_in_use": (TERMINAL, "image_rm: sandboxes or the warm pool run on the image"),
     "image_exists": (TERMINAL, "an import's name is taken by another image"),
     "bad_image": (TERMINAL, "an import is not an image, or a hostile one"),
     "image_too_large": (TERMINAL, "an import exceeds the daemon's image caps"),
-    "not_supported": (TERMINAL, "the daemon's backend cannot do this at all (durable processes on sbx)"),
+    "not_supported": (TERMINAL, "the daemon's backend cannot do this at all (durable processes, code contexts, snapshots and forks on sbx)"),
+    "no_space": (TERMINAL, "the host's disk filled up during a snapshot or a fork; nothing was kept"),
     "frame_too_large": (TERMINAL, "a request or response exceeded the frame limit"),
     "unsupported_version": (TERMINAL, "client and daemon share no protocol version"),
     "unknown_op": (TERMINAL, "the daemon is too old for this operation"),
@@ -949,6 +960,169 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
         except SidecarError as exc:
             raise to_sandbox_error(exc, op="list_processes") from exc
         return [process_info_from_wire(p) for p in processes if isinstance(p, Mapping)]
+
+    # -- code contexts -----------------------------------------------------------
+
+    def run_code(
+        self,
+        sandbox: str,
+        code: str,
+        context: str = DEFAULT_CONTEXT,
+        *,
+        timeout: Optional[float] = None,
+        max_output_bytes: Optional[int] = None,
+        on_stdout: Optional[Callable[[bytes], None]] = None,
+        on_stderr: Optional[Callable[[bytes], None]] = None,
+    ) -> SidecarCodeResult:
+        """Run ``code``, a cell of Python, in the sandbox's code context ``context``.
+
+        The context (made on first use) keeps its variables, imports and
+        open files from one cell to the next, as a notebook's kernel does;
+        its process is the sandbox's (same user, limits and network). The
+        cell's statements run in order, then the value of its last one when
+        it is an expression becomes its last result. ``timeout`` (seconds;
+        ``None``: the daemon's default) interrupts the cell with a
+        ``KeyboardInterrupt`` and keeps the context; a cell that ignores the
+        interrupt loses its context (``context_lost``).
+
+        ``on_stdout`` and ``on_stderr`` get the output's ``bytes`` as the
+        cell writes them (on the connection's reader thread: keep them
+        quick); a callback slower than the cell loses chunks, never stalls
+        it (``stdout_stream_dropped`` counts them). With ``log_output``
+        and no callbacks, the output goes to the ``sandbox_sidecar.output``
+        logger line by line.
+
+        An exception in the cell, a timeout, a lost context are results, not
+        errors: see :class:`~sandbox_sidecar.code.SidecarCodeResult`. An
+        image without ``python3`` raises ``SandboxTerminalError`` (code
+        ``no_python``); a context still running an earlier cell
+        ``SandboxError`` (``context_busy``). Cells of one sandbox run one at
+        a time, after its commands, as its commands do.
+
+        A daemon that does not answer within ``timeout`` plus the grace has
+        the context ended (the sandbox lives on) and the result says
+        ``timed_out`` and ``context_lost``; until the daemon has finished
+        the cell given up on, the sandbox may refuse another command or
+        cell for a moment (``quota_exceeded``).
+        """
+        if not isinstance(code, str):
+            raise SandboxError(f"code must be a string of Python, got {type(code).__name__}")
+        if not isinstance(context, str) or not context:
+            raise SandboxError(f"context must be a context's name (a non-empty str), got {context!r}")
+        if timeout is not None and not _positive_finite(timeout):
+            raise SandboxError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+        if max_output_bytes is not None and (
+            not isinstance(max_output_bytes, int) or isinstance(max_output_bytes, bool) or max_output_bytes < 0
+        ):
+            raise SandboxError(f"max_output_bytes must be an integer >= 0 or None, got {max_output_bytes!r}")
+        for name, callback in (("on_stdout", on_stdout), ("on_stderr", on_stderr)):
+            if callback is not None and not callable(callback):
+                raise SandboxError(f"{name} must be a callable taking bytes, or None")
+        sandbox = self.sandbox_id(sandbox)
+        on_output: Optional[Callable[[str, bytes], None]] = None
+        if on_stdout is not None or on_stderr is not None:
+            targets = {"stdout": on_stdout, "stderr": on_stderr}
+
+            def on_output(stream: str, data: bytes) -> None:
+                target = targets.get(stream)
+                if target is not None:
+                    target(data)
+
+        elif self._log_output:
+            on_output = _OutputLogger(sandbox)
+        try:
+            with self._command_lock(sandbox):
+                result = self.client.run_code(
+                    sandbox,
+                    code,
+                    context=context,
+                    timeout_s=float(timeout) if timeout is not None else None,
+                    max_output_bytes=max_output_bytes,
+                    on_output=on_output,
+                )
+                if isinstance(on_output, _OutputLogger):
+                    on_output.flush()
+        except SidecarTimeoutError:
+            # The daemon did not answer within the cell's budget plus a grace.
+            # The sure way to stop the cell is to end its context (not the
+            # sandbox: its files and other contexts are not the cell's).
+            self._delete_context_quietly(sandbox, context)
+            return SidecarCodeResult(
+                context=context,
+                stdout="",
+                stderr="the sandbox-sidecar daemon did not answer in time; the context was ended",
+                timed_out=True,
+                context_lost=True,
+                reason="timed_out",
+            )
+        except SidecarError as exc:
+            raise to_sandbox_error(exc, op="run_code") from exc
+        return code_result_from_wire(result, context)
+
+    def _delete_context_quietly(self, sandbox: str, context: str) -> None:
+        try:
+            self.client.delete_context(sandbox, context)
+        except SidecarError:
+            pass  # not answering, or already gone: the daemon ends it with the cell's budget or the sandbox
+
+    def list_contexts(self, sandbox: str) -> List[SidecarContextInfo]:
+        """The sandbox's code contexts, by name: each one's ``running`` and ``execution_count``."""
+        sandbox = self.sandbox_id(sandbox)
+        try:
+            contexts = self.client.list_contexts(sandbox)
+        except SidecarError as exc:
+            raise to_sandbox_error(exc, op="list_contexts") from exc
+        return [context_info_from_wire(c) for c in contexts if isinstance(c, Mapping)]
+
+    def restart_context(self, sandbox: str, context: str = DEFAULT_CONTEXT) -> None:
+        """Drop the context's variables: its process ends, its next cell starts a fresh one at ``execution_count`` 1.
+
+        A context that does not exist raises ``SandboxError`` (code ``context_not_found``).
+        """
+        self._end_context("restart_context", sandbox, context)
+
+    def delete_context(self, sandbox: str, context: str) -> None:
+        """End the context, its process and its state. One that does not exist raises ``SandboxError``
+        (code ``context_not_found``)."""
+        self._end_context("delete_context", sandbox, context)
+
+    def _end_context(self, op: str, sandbox: str, context: str) -> None:
+        if not isinstance(context, str) or not context:
+            raise SandboxError(f"context must be a context's name (a non-empty str), got {context!r}")
+        sandbox = self.sandbox_id(sandbox)
+        try:
+            getattr(self.client, op)(sandbox, context)
+        except SidecarError as exc:
+            raise to_sandbox_error(exc, op=op) from exc
+    # -- snapshots and forks -----------------------------------------------------
+
+    def snapshot(self, sandbox: str, name: str) -> Mapping[str, Any]:
+        """Make the sandbox's files the image ``name``, which later runs create sandboxes from.
+
+        A backend made with ``image=name`` (or a ``create(image=name)``) then
+        starts with this sandbox's ``/workspace`` and ``/tmp``. Returns the
+        daemon's answer (``image``, ``digest``, ``size_bytes``, ``files``,
+        ``frozen``, ...).
+        """
+        sandbox = self.sandbox_id(sandbox)
+        try:
+            return self.client.snapshot(sandbox, name)
+        except SidecarError as exc:
+            raise to_sandbox_error(exc, op="snapshot") from exc
+
+    def fork(self, sandbox: str, count: int = 1, *, owner: Optional[str] = None, ttl_s: Optional[float] = None) -> List[str]:
+        """``count`` new sandboxes as copies of ``sandbox`` (its files now, its spec, owner and lease); their ids.
+
+        All or nothing: a fork the daemon's quotas cannot take whole raises
+        ``SandboxTerminalError`` (``quota_exceeded``) and makes none.
+        """
+        sandbox = self.sandbox_id(sandbox)
+        try:
+            result = self.client.fork(sandbox, count, owner=owner, ttl_s=ttl_s)
+        except SidecarError as exc:
+            raise to_sandbox_error(exc, op="fork") from exc
+        host = self._host()
+        return [f"{s}{HOST_SEPARATOR}{host}" if host else s for s in result.get("sandboxes") or []]
 
     # -- attaching ---------------------------------------------------------------
 

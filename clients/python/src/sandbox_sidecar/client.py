@@ -57,8 +57,9 @@ _RECV_CHUNK = 256 * 1024
 
 # Ops that may be sent a second time after the connection broke with the first
 # one already written: running them twice leaves the same state as once.
-# create and run_command are not among them: a second create could leave a
-# sandbox nobody knows about, and a second run_command runs the command twice.
+# create, run_command and run_code are not among them: a second create could
+# leave a sandbox nobody knows about, and a second run_command (or cell) runs
+# twice.
 RETRY_SAFE_OPS = frozenset(
     {
         "hello",
@@ -77,6 +78,11 @@ RETRY_SAFE_OPS = frozenset(
         "read_output",
         "wait_process",
         "list_processes",
+        "list_contexts",
+        # Once or twice, the context's state is gone; a second one may answer
+        # context_not_found, for the first already ended it.
+        "restart_context",
+        "delete_context",
     }
 )
 
@@ -850,6 +856,95 @@ class SidecarClient:
     def list_processes(self, sandbox: str) -> List[dict]:
         """Every durable process the sandbox keeps a record of, oldest first (maps as ``wait_process``'s)."""
         return list(self.call("list_processes", {"sandbox": sandbox}).get("processes") or [])
+
+    # -- code contexts -----------------------------------------------------------
+
+    def run_code(
+        self,
+        sandbox: str,
+        code: str,
+        *,
+        context: Optional[str] = None,
+        timeout_s: Optional[float] = None,
+        max_output_bytes: Optional[int] = None,
+        on_output: Optional[Callable[[str, bytes], None]] = None,
+    ) -> dict:
+        """Run a cell of Python in one of the sandbox's code contexts; return the daemon's result map.
+
+        ``context`` names the context (made on first use; ``None``: the
+        daemon's ``"default"``), whose variables persist from one cell to the
+        next. The result has ``stdout``/``stderr`` (bytes, the kept tails),
+        ``results`` (MIME bundles), ``error``, ``execution_count``,
+        ``duration_s``, ``timed_out``, ``context_lost``, ``oom_killed`` and
+        ``reason``. ``on_output`` streams the output as for :meth:`run_command`.
+        Never sent again after a broken connection: the cell would run twice.
+        """
+        budget = timeout_s
+        if budget is None:
+            budget = self.limits.get("default_timeout_s") or self.op_timeout
+        return self.call(
+            "run_code",
+            {
+                "sandbox": sandbox,
+                "code": code,
+                "context": context,
+                "timeout_s": timeout_s,
+                "max_output_bytes": max_output_bytes,
+                "stream": True if on_output is not None else None,
+            },
+            timeout=budget,
+            on_event=on_output,
+        )
+
+    def list_contexts(self, sandbox: str) -> List[dict]:
+        """The sandbox's code contexts, by name: maps with ``context``, ``running`` and ``execution_count``."""
+        return list(self.call("list_contexts", {"sandbox": sandbox}).get("contexts") or [])
+
+    def restart_context(self, sandbox: str, context: str) -> None:
+        """End the context's process and state; its next cell starts afresh (``execution_count`` 1).
+
+        An unknown context is the error ``context_not_found``.
+        """
+        self.call("restart_context", {"sandbox": sandbox, "context": context})
+
+    def delete_context(self, sandbox: str, context: str) -> None:
+        """End the context: its process and its state. An unknown one is the error ``context_not_found``."""
+        self.call("delete_context", {"sandbox": sandbox, "context": context})
+
+    # -- snapshots and forks -----------------------------------------------------
+
+    def snapshot(self, sandbox: str, name: str, *, memory: bool = False, timeout: Optional[float] = None) -> dict:
+        """Make the sandbox's files (its image, ``/workspace`` and ``/tmp``) the image ``name``.
+
+        Later sandboxes created with ``image=name`` start with those files.
+        Returns ``image``, ``digest``, ``size_bytes``, ``files``, ``base_image``,
+        ``frozen`` (its processes were stopped while its files were copied)
+        and ``duration_ms``. A taken name is the error ``image_exists``, a full
+        disk ``no_space`` (nothing is kept, the sandbox is as it was).
+        """
+        return self.call("snapshot", {"sandbox": sandbox, "name": name, "memory": memory or None}, timeout=timeout)
+
+    def fork(
+        self,
+        sandbox: str,
+        count: int = 1,
+        *,
+        owner: Optional[str] = None,
+        ttl_s: Optional[float] = None,
+        memory: bool = False,
+        timeout: Optional[float] = None,
+    ) -> dict:
+        """Make ``count`` (1..16) new sandboxes as copies of ``sandbox``: its files now, its spec, its owner and lease.
+
+        ``owner`` and ``ttl_s`` give the forks others. All or nothing: a fork
+        the quotas cannot take whole is the error ``quota_exceeded`` and makes
+        none. Returns ``sandboxes`` (their ids), ``expires_at`` and ``frozen``.
+        """
+        return self.call(
+            "fork",
+            {"sandbox": sandbox, "count": count, "owner": owner, "ttl_s": ttl_s, "memory": memory or None},
+            timeout=timeout,
+        )
 
 
 def check_timeouts(*, connect_timeout: float, op_timeout: float, grace: float) -> None:
