@@ -312,8 +312,11 @@ func (b *Backend) ListContexts(ctx context.Context, id string) ([]backend.Contex
 		return nil, err
 	}
 	sb.initMu.Lock()
-	ip := sb.init
+	ip, paused := sb.init, sb.paused
 	sb.initMu.Unlock()
+	if paused {
+		return nil, sb.errPaused()
+	}
 	if ip == nil || !ip.alive() {
 		return nil, nil // no init: no context
 	}
@@ -351,8 +354,11 @@ func (b *Backend) DeleteContext(ctx context.Context, id, name string) error {
 
 func (b *Backend) deleteContext(ctx context.Context, sb *sandbox, name string) error {
 	sb.initMu.Lock()
-	ip := sb.init
+	ip, paused := sb.init, sb.paused
 	sb.initMu.Unlock()
+	if paused {
+		return sb.errPaused()
+	}
 	if ip == nil || !ip.alive() {
 		return fmt.Errorf("%w: %s", backend.ErrContextNotFound, name)
 	}

@@ -192,6 +192,10 @@ type LifecycleSection struct {
 	MaxProcesses       int `toml:"max_processes"`
 	MaxProcessesPerUID int `toml:"max_processes_per_uid"`
 	PoolSize           int `toml:"pool_size"`
+
+	// MaxPaused bounds how long a sandbox may stay paused (0: its lease
+	// alone bounds it).
+	MaxPaused Duration `toml:"max_paused"`
 }
 
 type LimitsSection struct {
@@ -661,6 +665,9 @@ func (c *Config) validate() error {
 	}
 	if c.Lifecycle.IdleTimeout < 0 {
 		bad("lifecycle.idle_timeout must not be negative (0 disables it)")
+	}
+	if c.Lifecycle.MaxPaused < 0 {
+		bad("lifecycle.max_paused must not be negative (0: a paused sandbox lives as long as its lease)")
 	}
 	if c.Server.MaxFrameBytes > maxFrameBytes {
 		bad("server.max_frame_bytes %s: at most %s", c.Server.MaxFrameBytes, Size(maxFrameBytes))
