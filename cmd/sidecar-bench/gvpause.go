@@ -32,9 +32,9 @@ while True:
 // numpy and pandas imported, and the memory the pause gives back (the RSS
 // of the sandbox's runsc processes before it; none are left after). It
 // drives the backend in this process, as the daemon does, with the
-// daemon's binary as the sandboxes' init: until the pause op is on the
-// wire there is no socket path to it; the socket adds a fraction of a
-// millisecond (rpc).
+// daemon's binary as the sandboxes' init, so that the RSS read is the
+// sandbox's alone; the socket and the journal add a few milliseconds
+// (the pause scenario's bwrap rows).
 func benchGVisorPause(o options, rep *report) error {
 	runsc := findRunsc(o)
 	if os.Geteuid() != 0 || runsc == "" || o.daemonBin == "" {
