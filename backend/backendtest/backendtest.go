@@ -94,6 +94,10 @@ type Options struct {
 	// sandbox (Spec.Seed), and the suite holds it to their contract.
 	// Freezes says it freezes the sandbox meanwhile, as configured.
 	Snapshots, Freezes bool
+	// Memory says Fork and SnapshotFiles take the processes and memory
+	// too (SnapshotOptions.Memory); without it both must refuse it with
+	// ErrUnsupported. The backend's own tests hold it to what they make.
+	Memory bool
 	// Pause says the backend, as configured, pauses sandboxes
 	// (backend.Pauser), and the suite holds it to their contract; it
 	// needs Processes. Without it a backend that implements Pauser must

@@ -141,7 +141,7 @@ func TestGVisorConformance(t *testing.T) {
 		HostProcesses: nil,
 		Processes:     true,
 		// runsc pause stops the guest's tasks, cgroup or not.
-		Snapshots: true, Freezes: true,
+		Snapshots: true, Freezes: true, Memory: true, Pause: true,
 		Reopen: func(t *testing.T, b backend.Backend) backend.Backend {
 			// A restart: the daemon before lets go of its sandboxes
 			// (as its death or its stop does) before the next starts.
@@ -523,8 +523,8 @@ func TestGVisorConformanceWithLimits(t *testing.T) {
 		return newTestBackend(t, func(c *Config) { c.Cgroups, c.Limits = cgm, limits.Defaults() })
 	}, backendtest.Options{
 		Workdir: guestWorkspace, RealIsolation: true, GuestView: true, AcceptBlockNetwork: true,
-		KillGrace: 500 * time.Millisecond, KillsEscapeesAtTimeout: true,
-		Snapshots: true, Freezes: true,
+		KillGrace: 500 * time.Millisecond, KillsEscapeesAtTimeout: true, Processes: true,
+		Snapshots: true, Freezes: true, Memory: true, Pause: true,
 	})
 }
 

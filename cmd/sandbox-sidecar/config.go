@@ -351,6 +351,9 @@ type GvisorSection struct {
 	// SystrapFastPath is auto (off on hosts of two CPUs or fewer, runsc's
 	// own choice otherwise), on or off: gvisor.Config.SystrapFastPath.
 	SystrapFastPath string `toml:"systrap_fast_path"`
+	// MaxCheckpointBytes caps the checkpoint a paused sandbox keeps on
+	// disk (its memory): gvisor.Config.MaxCheckpointBytes.
+	MaxCheckpointBytes Size `toml:"max_checkpoint_bytes"`
 }
 
 func defaultConfig() Config {
@@ -391,7 +394,8 @@ func defaultConfig() Config {
 			StartTimeout: Duration(sbx.DefaultStartTimeout), AutoStopGrace: Duration(sbx.DefaultAutoStopGrace),
 			HostPolicy: string(sbx.PolicyUnknown), KVMDevice: sbx.DefaultKVMDevice,
 		},
-		Gvisor: GvisorSection{Platform: gvisor.PlatformSystrap, KillGrace: Duration(gvisor.DefaultKillGrace), SystrapFastPath: gvisor.FastPathAuto},
+		Gvisor: GvisorSection{Platform: gvisor.PlatformSystrap, KillGrace: Duration(gvisor.DefaultKillGrace), SystrapFastPath: gvisor.FastPathAuto,
+			MaxCheckpointBytes: Size(gvisor.DefaultMaxCheckpointBytes)},
 		Airflow: AirflowSection{Auth: runwatch.AuthBearer, RunPath: runwatch.DefaultRunPath,
 			PollInterval: Duration(runwatch.DefaultInterval), RequestTimeout: Duration(runwatch.DefaultRequestTimeout)},
 		Images: ImagesSection{Default: "host", Pools: map[string]int{}},
@@ -630,6 +634,7 @@ func (c *Config) validate() error {
 		"sbx.start_timeout":                 int64(c.Sbx.StartTimeout),
 		"sbx.auto_stop_grace":               int64(c.Sbx.AutoStopGrace),
 		"gvisor.kill_grace":                 int64(c.Gvisor.KillGrace),
+		"gvisor.max_checkpoint_bytes":       int64(c.Gvisor.MaxCheckpointBytes),
 	}
 	for name, v := range positive {
 		if v <= 0 {

@@ -523,6 +523,7 @@ func newBackend(cfg Config, log hclog.Logger, enf *enforcement) (backend.Backend
 			SystrapFastPath: cfg.Gvisor.SystrapFastPath,
 			Limits:          cfg.Limits.sandboxLimits(), Cgroups: enf.cgroups, Logger: log.Named("gvisor"),
 			InitPath: sandboxInit(log), Egress: eg, Processes: cfg.Processes.procLimits(),
+			MaxCheckpointBytes: int64(cfg.Gvisor.MaxCheckpointBytes), Failpoint: failpointFromEnv(log),
 		})
 	}
 	return nil, errors.New("unknown backend; this build has: bwrap, gvisor, sbx")
