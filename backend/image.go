@@ -47,6 +47,11 @@ type Image struct {
 	Base string
 	// Origin says where a snapshot came from (nil for other images).
 	Origin *ImageOrigin
+	// Memory is a memory snapshot's directory of its sandbox's processes
+	// and memory (SandboxFiles.Memory as the store keeps it), which a
+	// backend that can restores a new sandbox from; "" for every other
+	// image.
+	Memory string
 }
 
 // IsHost reports whether im is the built-in host image.

@@ -96,7 +96,8 @@ func (im Image) UsableBy(uid uint32, admin bool) bool {
 // SnapshotOptions say what a snapshot or a fork takes of a sandbox.
 type SnapshotOptions struct {
 	// Memory asks for its processes and their memory too (gVisor's
-	// checkpoint). No backend takes it yet: ErrUnsupported.
+	// checkpoint, of a sandbox on the host's root); other backends
+	// answer ErrUnsupported.
 	Memory bool
 }
 
@@ -113,6 +114,11 @@ type SandboxFiles struct {
 	// half a file into the copy. Without it (no cgroup of its own, no
 	// freezer) the files are copied as they are at each moment.
 	Frozen bool
+	// Memory, with SnapshotOptions.Memory, is a host directory of the
+	// sandbox's processes and their memory as of the files (gVisor: its
+	// runsc checkpoint and its processes' records), for the image to
+	// keep (Image.Memory). Its content is the guest's memory.
+	Memory string
 }
 
 // Snapshotter is implemented by backends whose sandboxes' files are host
@@ -122,7 +128,8 @@ type Snapshotter interface {
 	// while fn runs where the backend can freeze them, and thawed after
 	// whatever fn did (unless they were frozen before: a paused sandbox
 	// stays paused). A crash meanwhile leaves them thawed at the next
-	// adopt. opts.Memory is ErrUnsupported.
+	// adopt. opts.Memory is ErrUnsupported where the backend cannot
+	// hand over SandboxFiles.Memory.
 	SnapshotFiles(ctx context.Context, id string, opts SnapshotOptions, fn func(SandboxFiles) error) error
 }
 
@@ -144,6 +151,6 @@ type Forker interface {
 	// /tmp copies of id's now (Spec.Seed, id frozen meanwhile where it
 	// can be). The source runs on. All or nothing: when one cannot be
 	// made, those made are destroyed and the error returned. opts.Memory
-	// is ErrUnsupported.
+	// is ErrUnsupported where the backend cannot copy processes.
 	Fork(ctx context.Context, id string, newIDs []string, opts SnapshotOptions) (ForkResult, error)
 }

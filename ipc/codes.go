@@ -45,6 +45,9 @@ const (
 	OpListContexts   = "list_contexts"
 	OpRestartContext = "restart_context"
 	OpDeleteContext  = "delete_context"
+	// Paused sandboxes (docs/protocol.md, "pause and resume").
+	OpPause  = "pause"
+	OpResume = "resume"
 )
 
 // Error codes: stable strings a client may switch on. docs/protocol.md says

@@ -58,7 +58,11 @@ func (m *Manager) Attach(ctx context.Context, c Caller, id, owner, holder string
 	if owner == "" || !validText(owner, MaxOwnerLen) || holder == "" || !validText(holder, MaxHolderLen) {
 		return Sandbox{}, fmt.Errorf("%w: owner (at most %d bytes) and holder (at most %d bytes) must be non-empty UTF-8", ErrInvalid, MaxOwnerLen, MaxHolderLen)
 	}
-	return m.mutate(c, id, func(r *record) error { return claim(r, owner, holder) })
+	sb, err := m.mutate(c, id, func(r *record) error { return claim(r, owner, holder) })
+	if err != nil {
+		return Sandbox{}, err
+	}
+	return m.resumeAttached(ctx, c, id, sb)
 }
 
 // claim applies the attach rules to r; m.mu must be held.

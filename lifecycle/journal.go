@@ -64,6 +64,13 @@ type journalRecord struct {
 	CreatedAt   time.Time `json:"created_at"`
 	ExpiresAt   time.Time `json:"expires_at"`
 	LastUsed    time.Time `json:"last_used"`
+	// Paused, PausedAt and MemoryReleased: the sandbox was paused (at
+	// PausedAt) when last journaled; absent in a record of a sandbox that
+	// runs, and in records from before pauses. Recovery takes the
+	// backend's word over it (reconcilePause).
+	Paused         bool      `json:"paused,omitempty"`
+	PausedAt       time.Time `json:"paused_at,omitzero"`
+	MemoryReleased bool      `json:"memory_released,omitempty"`
 }
 
 // journalResources are the limits a create asked for, as journaled (for

@@ -112,6 +112,11 @@ type Config struct {
 	// QuarantineRetryFor bounds how long a quarantined sandbox is retried
 	// (default DefaultQuarantineRetryFor); it is then reported failed.
 	QuarantineRetryFor time.Duration
+	// MaxPaused, when positive, bounds how long a sandbox may stay
+	// paused: one paused longer is destroyed by the reaper. Zero: a paused
+	// sandbox lives as long as its lease (its TTL, its run, MaxLifetime),
+	// as a running one does; the idle timeout never applies to it.
+	MaxPaused time.Duration
 	// RecoverWithin, when positive, bounds how long Recover takes,
 	// counted from when it began, once every sandbox's fate is decided:
 	// the kept sandboxes are adopted, and the victims destroyed, in the
@@ -224,6 +229,12 @@ type Sandbox struct {
 	// sandbox; QuarantineGaveUp that the background retries stopped.
 	Quarantine       string
 	QuarantineGaveUp bool
+	// Paused: a ready sandbox whose processes the backend stopped
+	// (pause.go), since PausedAt; MemoryReleased that the backend gave
+	// its memory back to the host too.
+	Paused         bool
+	PausedAt       time.Time
+	MemoryReleased bool
 }
 
 // record is a sandbox's live state, guarded by Manager.mu; jmu orders its
@@ -250,13 +261,17 @@ type record struct {
 	// it (its init died with the previous daemon). warming: the filler is
 	// at it.
 	warm, warming bool
+	// gate orders operations against a pause or resume; pmu (a 1-slot
+	// semaphore) lets one pause or resume at a time (pause.go).
+	gate pauseGate
+	pmu  chan struct{}
 
 	jmu     sync.Mutex
 	deleted bool // the journal record is gone; never write it again
 }
 
 func newRecord(s Sandbox) *record {
-	return &record{Sandbox: s, cmd: make(chan struct{}, 1)}
+	return &record{Sandbox: s, cmd: make(chan struct{}, 1), pmu: make(chan struct{}, 1)}
 }
 
 // Manager owns every sandbox of one daemon.
@@ -436,6 +451,8 @@ type Stats struct {
 	PendingDestroy int
 	// Pooled counts ready sandboxes waiting in the warm pool.
 	Pooled int
+	// Paused counts paused sandboxes.
+	Paused int
 	// Quarantined lists the sandboxes the backend could not adopt.
 	Quarantined []Sandbox
 	Recovery    RecoveryReport
@@ -454,6 +471,8 @@ func (m *Manager) Stats() Stats {
 			s.PendingDestroy++
 		case r.State == StatePooled:
 			s.Pooled++
+		case r.State == StateReady && r.Paused:
+			s.Paused++
 		case r.State == StateQuarantined:
 			s.Quarantined = append(s.Quarantined, r.snapshot())
 		}

@@ -157,7 +157,7 @@ func (m *Manager) ReadOutput(ctx context.Context, c Caller, id, proc string, std
 	if err != nil {
 		return backend.OutputRead{}, err
 	}
-	_, done, err := m.use(ctx, c, id)
+	_, done, err := m.useResumed(ctx, c, id)
 	if err != nil {
 		return backend.OutputRead{}, err
 	}
@@ -171,7 +171,7 @@ func (m *Manager) WaitProcess(ctx context.Context, c Caller, id, proc string, wa
 	if err != nil {
 		return backend.ProcessInfo{}, err
 	}
-	_, done, err := m.use(ctx, c, id)
+	_, done, err := m.useResumed(ctx, c, id)
 	if err != nil {
 		return backend.ProcessInfo{}, err
 	}

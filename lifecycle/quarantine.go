@@ -115,7 +115,7 @@ func (m *Manager) RetryQuarantined() int {
 	m.mu.Unlock()
 	adopted := 0
 	for _, r := range due {
-		err := m.adopt(r.ID)
+		err := m.adoptRecord(r)
 		log := m.log.With("sandbox", r.ID, "owner", r.Owner, "uid", r.UID)
 		m.mu.Lock()
 		if r.State != StateQuarantined || m.boxes[r.ID] != r {

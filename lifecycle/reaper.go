@@ -34,7 +34,8 @@ func reapReason(s Sandbox, disconnectedAt time.Time, running int, now time.Time,
 		return "expired"
 	case s.ConnBound && !disconnectedAt.IsZero() && now.Sub(disconnectedAt) >= connGrace:
 		return "connection closed"
-	case idle > 0 && running == 0 && now.Sub(s.LastUsed) >= idle:
+	case idle > 0 && running == 0 && !s.Paused && now.Sub(s.LastUsed) >= idle:
+		// A paused sandbox waits on purpose (MaxPaused bounds it).
 		return "idle"
 	}
 	return ""
@@ -57,7 +58,11 @@ func (m *Manager) Reap() int {
 				victims = append(victims, victim{r, "retrying failed destroy"})
 			}
 		default:
-			if why := reapReason(r.Sandbox, r.disconnectedAt, r.running, now, m.cfg.ConnGrace, m.cfg.IdleTimeout); why != "" && m.claimForDestroy(r) {
+			why := reapReason(r.Sandbox, r.disconnectedAt, r.running, now, m.cfg.ConnGrace, m.cfg.IdleTimeout)
+			if why == "" {
+				why = pausedTooLong(r.Sandbox, now, m.cfg.MaxPaused)
+			}
+			if why != "" && m.claimForDestroy(r) {
 				victims = append(victims, victim{r, why})
 			}
 		}

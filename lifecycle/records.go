@@ -73,6 +73,7 @@ func (r *record) journalRecord() journalRecord {
 		Resources: journalResources(r.Resources), HostUID: r.HostUID,
 		Image: r.Image, ImageDigest: r.ImageDigest,
 		CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt, LastUsed: r.LastUsed,
+		Paused: r.Paused, PausedAt: r.PausedAt, MemoryReleased: r.MemoryReleased,
 	}
 }
 
@@ -84,6 +85,7 @@ func fromJournal(jr journalRecord) *record {
 		Resources: backend.Resources(jr.Resources), HostUID: jr.HostUID,
 		Image: cmpOr(jr.Image, backend.HostImage), ImageDigest: jr.ImageDigest,
 		CreatedAt: jr.CreatedAt, ExpiresAt: jr.ExpiresAt, LastUsed: jr.LastUsed,
+		Paused: jr.Paused, PausedAt: jr.PausedAt, MemoryReleased: jr.MemoryReleased,
 	})
 }
 
@@ -134,10 +136,26 @@ func (m *Manager) lookup(c Caller, id string) (*record, error) {
 }
 
 // use marks the start of an operation on a sandbox; the returned func
-// marks its end. A request running on its connection's reader has the
-// connection released (internal/handoff) before use waits for a recovery
-// still adopting the sandbox.
+// marks its end. A paused sandbox is resumed first, and no pause comes
+// until the operation ended (awake). A request running on its connection's
+// reader has the connection released (internal/handoff) before use waits
+// for a recovery still adopting the sandbox, or for a resume.
 func (m *Manager) use(ctx context.Context, c Caller, id string) (*record, func(), error) {
+	r, done, err := m.enter(ctx, c, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	leave, err := m.awake(ctx, r)
+	if err != nil {
+		done()
+		return nil, nil, err
+	}
+	return r, func() { leave(); done() }, nil
+}
+
+// enter is use without the resume: the sandbox found, checked and counted
+// as in use (for the idle clock) until the returned func is called.
+func (m *Manager) enter(ctx context.Context, c Caller, id string) (*record, func(), error) {
 	m.mu.Lock()
 	if r := m.boxes[id]; r != nil && r.adopted != nil && r.UID == c.UID {
 		// Kept by a recovery that is still adopting it: first that.

@@ -156,7 +156,7 @@ func (m *Manager) Recover(ctx context.Context, dryRun bool) (RecoveryReport, err
 			wg.Add(1)
 			go func() {
 				defer func() { <-sem; wg.Done() }()
-				adoptErrs[i] = m.adopt(r.ID)
+				adoptErrs[i] = m.adoptRecord(r)
 			}()
 		}
 		wg.Wait()
@@ -346,7 +346,7 @@ func (m *Manager) takeAdopt(r *record) (taken bool, ch chan struct{}) {
 // adoptRecovered adopts r, which recovery kept, and settles its fate
 // from the backend's answer; the caller took the adopt (takeAdopt).
 func (m *Manager) adoptRecovered(r *record) {
-	err := m.adopt(r.ID)
+	err := m.adoptRecord(r)
 	log := m.log.With("sandbox", r.ID, "owner", r.Owner)
 	m.mu.Lock()
 	m.recovery.Pending--

@@ -47,7 +47,7 @@ func (m *Manager) Snapshot(ctx context.Context, c Caller, id string, opts backen
 	if !ok {
 		return SnapshotResult{}, fmt.Errorf("%w: the %s backend cannot snapshot a sandbox (its files are not the daemon's to copy)", backend.ErrUnsupported, m.be.Name())
 	}
-	r, done, err := m.use(ctx, c, id)
+	r, done, err := m.useAsIs(ctx, c, id)
 	if err != nil {
 		return SnapshotResult{}, err
 	}
@@ -112,7 +112,7 @@ func (m *Manager) Fork(ctx context.Context, c Caller, id string, req ForkRequest
 		return ForkResult{}, fmt.Errorf("%w: the %s backend cannot fork a sandbox", backend.ErrUnsupported, m.be.Name())
 	}
 	start := time.Now()
-	src, done, err := m.use(ctx, c, id)
+	src, done, err := m.useAsIs(ctx, c, id)
 	if err != nil {
 		return ForkResult{}, err
 	}

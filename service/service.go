@@ -52,6 +52,9 @@ func (s *Service) features() []string {
 	if s.snapshots() {
 		out = append(out, "snapshots")
 	}
+	if s.m.CanPause() {
+		out = append(out, "pause")
+	}
 	return out
 }
 
@@ -306,6 +309,10 @@ func (s *Service) dispatch(ctx context.Context, c lifecycle.Caller, peer *ipc.Pe
 		return with(args, func(r api.ContextRequest) (any, error) { return s.endContext(ctx, c, r, a, s.m.DeleteContext) })
 	case ipc.OpRestartContext:
 		return with(args, func(r api.ContextRequest) (any, error) { return s.endContext(ctx, c, r, a, s.m.RestartContext) })
+	case ipc.OpPause:
+		return with(args, func(r api.SandboxRequest) (any, error) { return s.pause(ctx, c, r, a) })
+	case ipc.OpResume:
+		return with(args, func(r api.SandboxRequest) (any, error) { return s.resume(ctx, c, r, a) })
 	}
 	if res, err, ok := s.dispatchSnapshots(ctx, c, peer, req, a); ok {
 		return res, err
@@ -395,7 +402,7 @@ func (s *Service) Health(ctx context.Context) HealthReport {
 	st := s.m.Stats()
 	r := HealthReport{Status: "ok", Version: s.version, Backend: s.m.Backend().Name(),
 		Sandboxes: st.Sandboxes, Commands: st.Commands, UptimeSeconds: time.Since(s.started).Seconds(),
-		PendingDestroy: st.PendingDestroy, Pooled: st.Pooled,
+		PendingDestroy: st.PendingDestroy, Pooled: st.Pooled, Paused: st.Paused,
 		Recovery: RecoveryReport{Adopted: st.Recovery.Adopted, Destroyed: st.Recovery.Destroyed, Swept: st.Recovery.Swept,
 			Failed: st.Recovery.Failed, AdoptFailed: st.Recovery.AdoptFailed, Pending: st.Recovery.Pending, MovedAside: st.Recovery.MovedAside, DurationS: st.Recovery.Duration.Seconds()},
 		Limits: s.limits, BackendInfo: s.backendInfo, Memory: s.memoryReport(), Images: s.m.ImageNames()}
@@ -737,7 +744,7 @@ func (s *Service) list(c lifecycle.Caller, r api.ListRequest) api.ListResult {
 			Owner:      b.Owner,
 			Holder:     b.Holder,
 			Labels:     nonNilMap(b.Labels),
-			State:      string(b.State),
+			State:      wireState(b),
 			Workdir:    b.Workdir,
 			Network:    b.Network,
 			ConnBound:  b.ConnBound,
@@ -751,6 +758,9 @@ func (s *Service) list(c lifecycle.Caller, r api.ListRequest) api.ListResult {
 		}
 		if b.State == lifecycle.StateQuarantined {
 			out[i].Quarantine = b.Quarantine
+		}
+		if b.Paused {
+			out[i].PausedAt = unixSeconds(b.PausedAt)
 		}
 	}
 	return api.ListResult{Sandboxes: out}
@@ -826,6 +836,8 @@ func (s *Service) toWire(err error) *ipc.Error {
 		{backend.ErrNoSpace, ipc.CodeNoSpace},
 		{backend.ErrContextNotFound, ipc.CodeContextNotFound},
 		{backend.ErrContextBusy, ipc.CodeContextBusy},
+		{backend.ErrBusy, ipc.CodeBusy},
+		{backend.ErrPaused, ipc.CodeBusy},
 		{lifecycle.ErrInvalid, ipc.CodeBadRequest},
 		{lifecycle.ErrShuttingDown, ipc.CodeShuttingDown},
 		{lifecycle.ErrJournal, ipc.CodeInternal},

@@ -100,6 +100,15 @@ type Options struct {
 	// sandbox (Spec.Seed), and the suite holds it to their contract.
 	// Freezes says it freezes the sandbox meanwhile, as configured.
 	Snapshots, Freezes bool
+	// Memory says Fork and SnapshotFiles take the processes and memory
+	// too (SnapshotOptions.Memory); without it both must refuse it with
+	// ErrUnsupported. The backend's own tests hold it to what they make.
+	Memory bool
+	// Pause says the backend, as configured, pauses sandboxes
+	// (backend.Pauser), and the suite holds it to their contract; it
+	// needs Processes. Without it a backend that implements Pauser must
+	// refuse with ErrUnsupported.
+	Pause bool
 	// Reopen, when set, returns a new instance of the backend on b's state,
 	// as a restarted daemon makes it (b is abandoned, not closed). Without
 	// it the Adopt checks adopt on b itself.
@@ -196,6 +205,11 @@ func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend, opts Optio
 	}
 	if opts.Snapshots {
 		tests = append(tests, snapshotTests...)
+	}
+	if opts.Pause {
+		tests = append(tests, pauseTests...)
+	} else {
+		tests = append(tests, pauseRefusedTests...)
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -299,8 +299,11 @@ func (b *Backend) ListContexts(ctx context.Context, id string) ([]backend.Contex
 		return nil, err
 	}
 	sb.initMu.Lock()
-	ip := sb.init
+	ip, paused := sb.init, sb.paused
 	sb.initMu.Unlock()
+	if paused {
+		return nil, sb.errPaused()
+	}
 	if ip == nil || !ip.alive() {
 		return nil, nil // no init: no context
 	}
@@ -349,8 +352,11 @@ func (b *Backend) deleteContext(ctx context.Context, sb *sandbox, name string) e
 // endContext asks init to delete or restart (kind) context name.
 func (b *Backend) endContext(ctx context.Context, sb *sandbox, kind uint32, name string) error {
 	sb.initMu.Lock()
-	ip := sb.init
+	ip, paused := sb.init, sb.paused
 	sb.initMu.Unlock()
+	if paused {
+		return sb.errPaused()
+	}
 	if ip == nil || !ip.alive() {
 		return fmt.Errorf("%w: %s", backend.ErrContextNotFound, name)
 	}

@@ -31,7 +31,7 @@ func TestBwrapConformance(t *testing.T) {
 		name    string
 		mode    testMode
 		tweak   func(t *testing.T, c *Config)
-		freezes bool // a cgroup per sandbox: snapshots freeze it
+		freezes bool // a cgroup per sandbox: snapshots freeze it, and it pauses
 	}
 	runs := []run{{name: daemonUID.name, mode: daemonUID}, {name: rangeUID.name, mode: rangeUID},
 		{name: rangeUID.name + "-limits", mode: rangeUID, freezes: true, tweak: func(t *testing.T, c *Config) {
@@ -65,6 +65,7 @@ func TestBwrapConformance(t *testing.T) {
 				Snapshots:              true,
 				Freezes:                r.freezes,
 				CodePreload:            conformancePreload,
+				Pause:                  r.freezes,
 				KillSandboxInit: func(b backend.Backend, id string) error {
 					return syscall.Kill(initPID(t, b.(*Backend), id), syscall.SIGKILL)
 				},

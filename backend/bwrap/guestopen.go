@@ -127,6 +127,8 @@ func (b *Backend) initForFiles(ctx context.Context, sb *sandbox, deadline time.T
 	sb.initMu.Lock()
 	defer sb.initMu.Unlock()
 	switch {
+	case sb.paused:
+		return nil, sb.errPaused()
 	case sb.initGone, sb.init != nil && !sb.init.alive():
 		return nil, fmt.Errorf("%w: sandbox %q was terminated (its init process died): only its /workspace and /tmp can still be read; destroy it and create a new one: %w", backend.ErrNotFound, sb.id, errNoGuest)
 	case sb.init == nil:

@@ -589,6 +589,8 @@ func (b *Backend) acquireInit(ctx context.Context, sb *sandbox, deadline time.Ti
 		sb.init, sb.initGone = nil, true
 	}
 	switch {
+	case sb.paused:
+		return nil, sb.errPaused()
 	case sb.initGone && !sb.goneReported:
 		sb.goneReported = true
 		return nil, errInitDied
@@ -1077,6 +1079,8 @@ func (b *Backend) Warm(ctx context.Context, id string) error {
 	sb.initMu.Lock()
 	defer sb.initMu.Unlock()
 	switch {
+	case sb.paused:
+		return sb.errPaused()
 	case sb.initGone, sb.init != nil && !sb.init.alive():
 		return fmt.Errorf("%w: sandbox %q was terminated (its init process died); destroy it and create a new one", backend.ErrNotFound, id)
 	case sb.init == nil:

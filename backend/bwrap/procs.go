@@ -138,6 +138,8 @@ func (b *Backend) liveInit(ctx context.Context, sb *sandbox) (*initProc, error) 
 		sb.init, sb.initGone = nil, true
 	}
 	switch {
+	case sb.paused:
+		return nil, sb.errPaused()
 	case sb.initGone:
 		return nil, fmt.Errorf("%w: sandbox %q was terminated (its init process died); destroy it and create a new one", backend.ErrNotFound, sb.id)
 	case sb.init == nil:
@@ -151,11 +153,12 @@ func (b *Backend) liveInit(ctx context.Context, sb *sandbox) (*initProc, error) 
 }
 
 // AgentAlive implements procstore.Agent: the sandbox's init runs (this
-// process started it, and it has not died).
+// process started it, and it has not died), or is paused with the
+// sandbox, not yet re-attached (pause.go).
 func (a *bwAgent) AgentAlive() bool {
 	a.sb.initMu.Lock()
 	defer a.sb.initMu.Unlock()
-	return a.sb.init != nil && a.sb.init.alive()
+	return a.sb.init != nil && a.sb.init.alive() || a.sb.reattach
 }
 
 // StartKeeper implements procstore.Agent.
@@ -217,8 +220,11 @@ func (a *bwAgent) StartKeeper(ctx context.Context, req agent.Request, f procstor
 // SignalKeeper implements procstore.Agent.
 func (a *bwAgent) SignalKeeper(ctx context.Context, proc string, sig syscall.Signal) error {
 	a.sb.initMu.Lock()
-	ip := a.sb.init
+	ip, paused := a.sb.init, a.sb.paused
 	a.sb.initMu.Unlock()
+	if paused {
+		return a.sb.errPaused()
+	}
 	if ip == nil || !ip.alive() {
 		return fmt.Errorf("%w: process %s's sandbox has no agent running", backend.ErrProcessEnded, proc)
 	}

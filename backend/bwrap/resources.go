@@ -473,7 +473,9 @@ func (b *Backend) Close() error {
 		ctx, cancel := context.WithTimeout(context.Background(), cgroupWait)
 		defer cancel()
 		for _, name := range names {
-			if !live[name] {
+			// A paused sandbox's group stays frozen, with its processes,
+			// for the next daemon.
+			if !live[name] && !b.frozenGroup(name) {
 				errs = append(errs, b.cfg.Cgroups.Remove(ctx, name))
 			}
 		}

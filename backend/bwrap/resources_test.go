@@ -38,6 +38,7 @@ func testCgroups(t *testing.T) *cgroup.Manager {
 		for _, n := range names {
 			_ = m.Remove(context.Background(), n)
 		}
+		_ = m.Release() // and the freezer's anchor, if a pause made one
 		for _, d := range m.Dirs() {
 			if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("the test's cgroup base %s is left behind: %v", d, err)

@@ -104,6 +104,10 @@ type sandbox struct {
 	init         *initProc
 	initGone     bool
 	goneReported bool
+	// paused: its cgroup is frozen (pause.go); reattach: it was found so
+	// at its load, and an init a previous daemon left in it is
+	// re-attached at the resume. Guarded by initMu.
+	paused, reattach bool
 }
 
 func newSandbox(id, dir string, spec persistedSpec, lim limits.Limits) *sandbox {
@@ -219,6 +223,13 @@ func (b *Backend) load(id string) (*sandbox, error) {
 	b.setIDs(sb, spec)
 	if err := sb.readImageRoot(); err != nil {
 		return nil, err
+	}
+	// Paused by a previous daemon: kept paused, its init left alone.
+	if paused, err := b.loadPaused(sb); paused || err != nil {
+		if err != nil {
+			return nil, err
+		}
+		return sb, nil
 	}
 	// Re-adopted (the daemon restarted, or the host rebooted): its init
 	// may still run, with its processes (reattach.go); otherwise mount its
@@ -541,6 +552,7 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	// destroy it is; then kill init, which as pid 1 takes every process of
 	// the sandbox with it.
 	sb.ops.CancelAll()
+	b.endPause(sb)
 	b.killInit(sb)
 	if !sb.ops.Wait(ctx, registry.DestroyWait) {
 		log.Warn("running commands did not all end in time; removing the files anyway", "waited_up_to", registry.DestroyWait)

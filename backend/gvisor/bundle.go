@@ -3,6 +3,7 @@ package gvisor
 import (
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 
@@ -119,10 +120,62 @@ func makeRootfs(dir, host string) error {
 	if err := exactModes(tmp); err != nil {
 		return err
 	}
+	// One that is the same stays: the sandboxes a previous daemon left
+	// run on it. Removing a mount point detaches what is mounted on it in
+	// every namespace (the gofers' bind mounts of the workspaces), and a
+	// gVisor sandbox that was checkpointed or restored opens its files
+	// again by path.
+	if same, err := sameTree(tmp, dir); err == nil && same {
+		return statedir.RemoveAll(tmp)
+	}
 	if err := statedir.RemoveAll(dir); err != nil {
 		return err
 	}
 	return os.Rename(tmp, dir)
+}
+
+// sameTree reports whether the trees at a and b hold the same names,
+// types, modes, link targets and file contents (the small files of a
+// shared root).
+func sameTree(a, b string) (bool, error) {
+	type entry struct {
+		mode fs.FileMode
+		data string
+	}
+	read := func(root string) (map[string]entry, error) {
+		m := map[string]entry{}
+		err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			fi, err := d.Info()
+			if err != nil {
+				return err
+			}
+			e := entry{mode: fi.Mode()}
+			switch {
+			case fi.Mode()&fs.ModeSymlink != 0:
+				e.data, err = os.Readlink(p)
+			case fi.Mode().IsRegular():
+				var b []byte
+				b, err = os.ReadFile(p)
+				e.data = string(b)
+			}
+			rel, _ := filepath.Rel(root, p)
+			m[rel] = e
+			return err
+		})
+		return m, err
+	}
+	ma, err := read(a)
+	if err != nil {
+		return false, err
+	}
+	mb, err := read(b)
+	if err != nil {
+		return false, err
+	}
+	return maps.Equal(ma, mb), nil
 }
 
 // exactModes gives everything under dir the mode makeRootfs asks for

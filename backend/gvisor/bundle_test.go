@@ -58,3 +58,44 @@ func hostHas(name string) bool {
 	_, err := os.Stat("/" + name)
 	return err == nil
 }
+
+// The shared root a previous daemon made stays as it is when this one
+// would make the same (the gVisor sandboxes left running use it: removing
+// its mount points detaches their workspaces), and is replaced when it
+// differs.
+func TestRootfsKeptWhenTheSame(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), rootfsName)
+	inode := func() uint64 {
+		t.Helper()
+		var st syscall.Stat_t
+		if err := syscall.Stat(filepath.Join(dir, "workspace"), &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Ino
+	}
+	if err := makeRootfs(dir, "/"); err != nil {
+		t.Fatal(err)
+	}
+	first := inode()
+	if err := makeRootfs(dir, "/"); err != nil {
+		t.Fatal(err)
+	}
+	if inode() != first {
+		t.Fatal("the same root was made anew")
+	}
+	if err := os.WriteFile(filepath.Join(dir, "etc", "passwd"), []byte("changed\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := makeRootfs(dir, "/"); err != nil {
+		t.Fatal(err)
+	}
+	if inode() == first {
+		t.Fatal("a root that differs was kept")
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "etc", "passwd")); string(b) != etcFiles["passwd"] {
+		t.Fatalf("etc/passwd is %q", b)
+	}
+	if _, err := os.Stat(dir + ".new"); !os.IsNotExist(err) {
+		t.Fatalf("the new root's temporary is left: %v", err)
+	}
+}

@@ -113,6 +113,8 @@ func (b *Backend) initForFiles(ctx context.Context, sb *sandbox) (*initConn, err
 	switch {
 	case sb.gone, sb.init != nil && !sb.init.alive():
 		return nil, errNoGuest
+	case sb.paused:
+		return nil, sb.errPaused()
 	case sb.init == nil:
 		c, err := b.boot(ctx, sb)
 		if err != nil {

@@ -19,7 +19,8 @@
 // everything a command started when the command ends, but the durable
 // processes (procs.go); the files and /tmp persist between commands. A
 // sandbox's gVisor sandbox outlives the daemon, and a restarted daemon
-// re-attaches to its init (reattach.go).
+// re-attaches to its init (reattach.go). A paused sandbox is a runsc
+// checkpoint in its directory and no runsc process (pause.go).
 //
 // File operations run on the host through os.Root, on the directories
 // bound into the guest with gVisor's shared file access, so either side
@@ -170,6 +171,16 @@ type Config struct {
 	// Code configures code contexts: the modules their interpreter
 	// preloads, and how many a sandbox may have.
 	Code backend.CodeConfig
+	// MaxCheckpointBytes caps the checkpoint a paused sandbox keeps on
+	// disk (its guest's memory; pause.go): a larger one is not kept and
+	// the pause refused (default DefaultMaxCheckpointBytes).
+	MaxCheckpointBytes int64
+	// Failpoint, when set, is called at the named points (the Fail*
+	// constants) so crash tests can stop the daemon exactly there: one
+	// may end the calling goroutine (runtime.Goexit), whose deferred
+	// calls then only unlock what this process holds in memory.
+	// Production leaves it nil.
+	Failpoint func(name string)
 	// Logger receives the backend's logs; nil discards them.
 	Logger hclog.Logger
 }
@@ -243,6 +254,12 @@ func New(cfg Config) (*Backend, error) {
 	}
 	if err := cfg.Limits.Validate(); err != nil {
 		return nil, fmt.Errorf("gvisor backend: %w", err)
+	}
+	switch {
+	case cfg.MaxCheckpointBytes == 0:
+		cfg.MaxCheckpointBytes = DefaultMaxCheckpointBytes
+	case cfg.MaxCheckpointBytes < 0:
+		return nil, fmt.Errorf("gvisor backend: max_checkpoint_bytes %d is negative", cfg.MaxCheckpointBytes)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.NewNullLogger()
@@ -671,9 +688,19 @@ func (b *Backend) load(id string) (*sandbox, error) {
 	if _, err := os.Stat(sb.workDir()); err != nil {
 		return nil, backend.NotFound(id)
 	}
-	// The init a previous daemon left, with the durable processes it
-	// runs (reattach.go).
-	sb.init = b.adoptLiveInit(sb)
+	// What a pause or a resume cut short left (pause.go), then the init a
+	// previous daemon left, with the durable processes it runs
+	// (reattach.go). With a checkpoint in place, a live init means a
+	// resume restored it: the checkpoint goes. Without one, the sandbox
+	// is paused and its processes live in the checkpoint.
+	checkpointed := b.loadPause(sb)
+	sb.init = b.adoptLiveInit(sb, checkpointed)
+	switch {
+	case checkpointed && sb.init != nil:
+		b.dropCheckpoint(sb)
+	case checkpointed:
+		sb.paused = true
+	}
 	return sb, nil
 }
 
@@ -688,7 +715,17 @@ func (b *Backend) forget(sb *sandbox) {
 // Create makes Dir/<id> with an empty workspace and /tmp, records the spec
 // and boots the sandbox's gVisor sandbox with its init. Its network is none,
 // or with allow-lists the daemon's egress path (egress.go).
-func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ backend.Info, err error) {
+func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (backend.Info, error) {
+	mem, err := memoryOfImage(spec.Image)
+	if err != nil {
+		return backend.Info{}, err
+	}
+	return b.create(ctx, id, spec, mem)
+}
+
+// create is Create, or with mem a sandbox restored from a memory fork's
+// checkpoint instead of booted (fork.go).
+func (b *Backend) create(ctx context.Context, id string, spec backend.Spec, mem *memorySeed) (_ backend.Info, err error) {
 	if !backend.ValidID(id) {
 		return backend.Info{}, fmt.Errorf("%w: sandbox id %q is not a valid id (lowercase letters, digits and '-', at most 63)", backend.ErrInvalidArgument, id)
 	}
@@ -752,6 +789,11 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	if err := b.seed(ctx, sb, spec); err != nil {
 		return backend.Info{}, fmt.Errorf("create sandbox %s: %w", id, err)
 	}
+	if mem != nil {
+		if err := b.seedMemory(ctx, sb, mem); err != nil {
+			return backend.Info{}, fmt.Errorf("create sandbox %s: %w", id, err)
+		}
+	}
 	if err := registry.SaveSpec(dir, saved); err != nil {
 		return backend.Info{}, fmt.Errorf("create sandbox %s: save its settings: %w", id, err)
 	}
@@ -765,11 +807,15 @@ func (b *Backend) Create(ctx context.Context, id string, spec backend.Spec) (_ b
 	}
 	// Boot now: a sandbox that cannot boot fails its Create, not its first
 	// command. Registered first, so a Destroy meanwhile stops the boot.
-	if _, err := b.acquireInit(ctx, sb); err != nil {
+	if mem != nil {
+		err = b.restoreFork(ctx, sb, mem)
+	} else if _, err = b.acquireInit(ctx, sb); err == nil {
+		sb.releaseInit()
+	}
+	if err != nil {
 		b.reg.Done(id, sb)
 		return backend.Info{}, err
 	}
-	sb.releaseInit()
 	log.Info("sandbox created", "network", network, "env_vars", len(spec.Env), "image", spec.Image.DisplayName())
 	return backend.Info{Workdir: guestWorkspace, Network: network}, nil
 }

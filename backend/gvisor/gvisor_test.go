@@ -148,7 +148,7 @@ func TestGVisorConformance(t *testing.T) {
 		Code:          true,
 		CodePreload:   conformancePreload,
 		// runsc pause stops the guest's tasks, cgroup or not.
-		Snapshots: true, Freezes: true,
+		Snapshots: true, Freezes: true, Memory: true, Pause: true,
 		Reopen: func(t *testing.T, b backend.Backend) backend.Backend {
 			// A restart: the daemon before lets go of its sandboxes
 			// (as its death or its stop does) before the next starts.
@@ -530,8 +530,8 @@ func TestGVisorConformanceWithLimits(t *testing.T) {
 		return newTestBackend(t, func(c *Config) { c.Cgroups, c.Limits = cgm, limits.Defaults() })
 	}, backendtest.Options{
 		Workdir: guestWorkspace, RealIsolation: true, GuestView: true, AcceptBlockNetwork: true,
-		KillGrace: 500 * time.Millisecond, KillsEscapeesAtTimeout: true,
-		Snapshots: true, Freezes: true,
+		KillGrace: 500 * time.Millisecond, KillsEscapeesAtTimeout: true, Processes: true,
+		Snapshots: true, Freezes: true, Memory: true, Pause: true,
 		// With a memory limit: a cell past it loses its context, told as
 		// oom_killed; the host's OOM killer may take the sentry instead.
 		Code: true, CodeOOMMayEndSandbox: true,

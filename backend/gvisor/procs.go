@@ -132,11 +132,12 @@ type gvAgent struct {
 }
 
 // AgentAlive implements procstore.Agent: this process talks to the
-// sandbox's init, and it has not died.
+// sandbox's init, and it has not died; or the sandbox is paused, its init
+// and processes in its checkpoint.
 func (a *gvAgent) AgentAlive() bool {
 	a.sb.initMu.Lock()
 	defer a.sb.initMu.Unlock()
-	return !a.sb.gone && a.sb.init != nil && a.sb.init.alive()
+	return !a.sb.gone && (a.sb.paused || a.sb.init != nil && a.sb.init.alive())
 }
 
 // StartKeeper implements procstore.Agent. The logs and exit file init
@@ -168,8 +169,11 @@ func (a *gvAgent) StartKeeper(ctx context.Context, req agent.Request, f procstor
 // SignalKeeper implements procstore.Agent.
 func (a *gvAgent) SignalKeeper(ctx context.Context, proc string, sig syscall.Signal) error {
 	a.sb.initMu.Lock()
-	c := a.sb.init
+	c, paused := a.sb.init, a.sb.paused
 	a.sb.initMu.Unlock()
+	if paused {
+		return a.sb.errPaused()
+	}
 	if c == nil || !c.alive() {
 		return fmt.Errorf("%w: process %s's sandbox has no agent running", backend.ErrProcessEnded, proc)
 	}

@@ -209,12 +209,17 @@ func skipToAttached(r *os.File, nonce []byte, deadline time.Time) ([]byte, error
 // records of processes that never got a keeper. An init it cannot keep is
 // stopped, with its processes, and nil returned: the sandbox boots
 // afresh at its next use. Either way, when it returns nil every process
-// of sb without an exit record has ended (procstore's AgentReplaced).
-func (b *Backend) adoptLiveInit(sb *sandbox) *initConn {
+// of sb without an exit record has ended (procstore's AgentReplaced),
+// unless sb is checkpointed (a paused sandbox's processes live in its
+// checkpoint).
+func (b *Backend) adoptLiveInit(sb *sandbox, checkpointed bool) *initConn {
 	log := b.log.With("sandbox", sb.id)
 	lost := func(running map[string]bool) {
 		st := b.store(sb)
 		if running == nil {
+			if checkpointed {
+				return
+			}
 			// Its init is gone: so is every process it ran.
 			if err := st.AgentReplaced(); err != nil {
 				log.Warn("cannot end the durable processes of an init that is gone", "error", err)

@@ -58,6 +58,9 @@ type sandbox struct {
 	// detached: this process let go of the init at its stop, leaving it
 	// running for the next daemon (reattach.go).
 	detached bool
+	// paused: the sandbox is its checkpoint on disk, with no init and no
+	// runsc process (pause.go).
+	paused bool
 }
 
 func newSandbox(id, dir string, spec persistedSpec, lim limits.Limits) *sandbox {
@@ -348,6 +351,8 @@ func (b *Backend) acquireInit(ctx context.Context, sb *sandbox) (*initConn, erro
 		err = errInitDied
 	case sb.gone:
 		err = fmt.Errorf("%w: sandbox %q was terminated (its gVisor sandbox died); destroy it and create a new one", backend.ErrNotFound, sb.id)
+	case sb.paused:
+		err = sb.errPaused()
 	case sb.init == nil:
 		sb.init, err = b.boot(ctx, sb)
 	}
@@ -397,7 +402,18 @@ func (b *Backend) terminate(sb *sandbox, c *initConn, why string) {
 // boot starts sb's gVisor sandbox with init as its process and waits for
 // init's ready frame. A sandbox runsc still has under that name (left by a
 // daemon that died) is deleted first.
-func (b *Backend) boot(ctx context.Context, sb *sandbox) (_ *initConn, err error) {
+func (b *Backend) boot(ctx context.Context, sb *sandbox) (*initConn, error) {
+	return b.start(ctx, sb, "")
+}
+
+// start boots sb's gVisor sandbox afresh (checkpoint ""), or restores it
+// from the runsc checkpoint in directory checkpoint (pause.go): the same
+// bundle, the same kind of cgroup and network, fresh FIFOs as init's
+// stdin and stdout (runsc hands the restored init the descriptors it was
+// started with), and instead of a ready frame the attach handshake a
+// re-attaching daemon makes (reattach.go), which the restored init, in
+// the middle of its loop, answers.
+func (b *Backend) start(ctx context.Context, sb *sandbox, checkpoint string) (_ *initConn, err error) {
 	log := b.log.With("sandbox", sb.id)
 	if out, err := b.cli(ctx, cliTimeout, "delete", "--force", sb.containerID()); err != nil && !notExist(out) {
 		return nil, fmt.Errorf("%w: a stale gVisor sandbox of %s cannot be removed: %v", backend.ErrUnavailable, sb.id, err)
@@ -406,8 +422,12 @@ func (b *Backend) boot(ctx context.Context, sb *sandbox) (_ *initConn, err error
 	if err := os.MkdirAll(sb.procsDir(), 0o700); err != nil {
 		return nil, fmt.Errorf("%w: the processes' directory of sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
 	}
-	if err := b.writeBundle(sb); err != nil {
-		return nil, fmt.Errorf("%w: write the OCI bundle of sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
+	// A restore keeps the bundle its checkpoint was taken with: runsc
+	// refuses one whose spec differs but for the mounts' sources.
+	if checkpoint == "" {
+		if err := b.writeBundle(sb); err != nil {
+			return nil, fmt.Errorf("%w: write the OCI bundle of sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
+		}
 	}
 	if err := b.makeCgroup(ctx, sb); err != nil {
 		return nil, err
@@ -446,6 +466,9 @@ func (b *Backend) boot(ctx context.Context, sb *sandbox) (_ *initConn, err error
 	bctx, cancel := context.WithTimeout(ctx, bootTimeout)
 	defer cancel()
 	args := append(runscNetwork(b.globalFlags(), sb), "run", "--detach", "--bundle", sb.bundleDir(), sb.containerID())
+	if checkpoint != "" {
+		args = append(runscNetwork(b.globalFlags(), sb), "restore", "--detach", "--bundle", sb.bundleDir(), "--image-path", checkpoint, sb.containerID())
+	}
 	cmd := exec.CommandContext(bctx, b.runsc, args...)
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, logf
@@ -471,6 +494,14 @@ func (b *Backend) boot(ctx context.Context, sb *sandbox) (_ *initConn, err error
 		}
 		return nil, fmt.Errorf("%w: runsc could not start sandbox %s (%v): %s; check `%s --version` and docs/operations.md (gVisor)",
 			backend.ErrUnavailable, sb.id, runErr, c.logTail(), b.runsc)
+	}
+	if checkpoint != "" {
+		if err := b.attachRestored(ctx, sb, c, start.Add(bootTimeout)); err != nil {
+			return nil, err
+		}
+		go c.readLoop()
+		log.Debug("gVisor sandbox restored", "duration", time.Since(start))
+		return c, nil
 	}
 	if err := outR.SetReadDeadline(start.Add(bootTimeout)); err != nil {
 		return nil, fmt.Errorf("%w: %v", backend.ErrUnavailable, err)

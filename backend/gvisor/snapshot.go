@@ -8,8 +8,8 @@ package gvisor
 // SIGSEGV or SIGKILL after the thaw), and new sandboxes made as copies
 // of one. A sandbox made from an image that holds a workspace or
 // a tmp (a snapshot) starts with copies of them (seed, in Create).
-// Memory (a runsc checkpoint) is not taken yet: SnapshotOptions.Memory is
-// refused.
+// A fork with memory restores the source's runsc checkpoint into each
+// copy; a snapshot with memory hands it over with the files (fork.go).
 
 import (
 	"context"
@@ -42,13 +42,17 @@ func (b *Backend) seed(ctx context.Context, sb *sandbox, spec backend.Spec) erro
 // hold stops every task of sb's gVisor sandbox, if it runs, for a copy of
 // its files; release lets them go on. A sandbox not booted (re-adopted,
 // no command since) runs nothing: frozen is false, and nothing writes.
-// A daemon that dies meanwhile leaves the gVisor sandbox paused, which
-// the next one deletes as it does every gVisor sandbox it finds.
+// A daemon that dies meanwhile leaves the gVisor sandbox stopped, which
+// the next one resumes when it loads the sandbox (loadPause). A paused
+// sandbox (a checkpoint, pause.go) runs nothing either.
 func (b *Backend) hold(ctx context.Context, sb *sandbox) (release func(), frozen bool) {
 	noop := func() {}
 	sb.initMu.Lock()
-	booted := sb.init != nil && !sb.gone
+	booted, paused := sb.init != nil && !sb.gone, sb.paused
 	sb.initMu.Unlock()
+	if paused {
+		return noop, true // its checkpoint: nothing of it runs
+	}
 	if !booted {
 		return noop, false
 	}
@@ -67,7 +71,7 @@ func (b *Backend) hold(ctx context.Context, sb *sandbox) (release func(), frozen
 // SnapshotFiles implements backend.Snapshotter.
 func (b *Backend) SnapshotFiles(ctx context.Context, id string, opts backend.SnapshotOptions, fn func(backend.SandboxFiles) error) error {
 	if opts.Memory {
-		return fmt.Errorf("%w: memory snapshots (a runsc checkpoint) are not taken yet; snapshot without memory", backend.ErrUnsupported)
+		return b.snapshotWithMemory(ctx, id, fn)
 	}
 	sb, err := b.lookup(id)
 	if err != nil {
@@ -100,7 +104,7 @@ func specOf(s persistedSpec) backend.Spec {
 // seed, the source's gVisor sandbox frozen until the last is made.
 func (b *Backend) Fork(ctx context.Context, id string, newIDs []string, opts backend.SnapshotOptions) (_ backend.ForkResult, err error) {
 	if opts.Memory {
-		return backend.ForkResult{}, fmt.Errorf("%w: forks with memory (a runsc checkpoint restored into clones) are not made yet; fork without memory", backend.ErrUnsupported)
+		return b.forkWithMemory(ctx, id, newIDs)
 	}
 	src, err := b.lookup(id)
 	if err != nil {

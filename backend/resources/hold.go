@@ -26,6 +26,11 @@ func Hold(ctx context.Context, cg *cgroup.Cgroup, marker string, log hclog.Logge
 	if cg == nil {
 		return noop, false
 	}
+	if paused, err := cg.Freezing(); err == nil && paused {
+		// Paused: frozen already, and it stays so after the copy. No
+		// marker, which would have the next daemon thaw it.
+		return noop, true
+	}
 	if err := os.WriteFile(marker, nil, 0o600); err != nil {
 		log.Warn("cannot mark the sandbox held; its files are copied without freezing it", "error", err)
 		return noop, false

@@ -121,8 +121,12 @@ func runHealth(args []string, stdout, stderr io.Writer) error {
 	if asJSON {
 		writeJSON(stdout, rep)
 	} else {
-		fmt.Fprintf(stdout, "%v: backend %v, %v sandboxes, %v commands running, version %v, up %.0fs\n",
-			rep["status"], rep["backend"], rep["sandboxes"], rep["commands"], rep["version"], toFloat(rep["uptime_s"]))
+		paused := ""
+		if n := toFloat(rep["paused"]); n > 0 {
+			paused = fmt.Sprintf(" (%.0f paused)", n)
+		}
+		fmt.Fprintf(stdout, "%v: backend %v, %v sandboxes%s, %v commands running, version %v, up %.0fs\n",
+			rep["status"], rep["backend"], rep["sandboxes"], paused, rep["commands"], rep["version"], toFloat(rep["uptime_s"]))
 		if e, ok := rep["backend_error"]; ok {
 			fmt.Fprintf(stdout, "backend: %v\n", e)
 		}

@@ -192,6 +192,10 @@ type LifecycleSection struct {
 	MaxProcesses       int `toml:"max_processes"`
 	MaxProcessesPerUID int `toml:"max_processes_per_uid"`
 	PoolSize           int `toml:"pool_size"`
+
+	// MaxPaused bounds how long a sandbox may stay paused (0: its lease
+	// alone bounds it).
+	MaxPaused Duration `toml:"max_paused"`
 }
 
 type LimitsSection struct {
@@ -347,6 +351,9 @@ type GvisorSection struct {
 	// SystrapFastPath is auto (off on hosts of two CPUs or fewer, runsc's
 	// own choice otherwise), on or off: gvisor.Config.SystrapFastPath.
 	SystrapFastPath string `toml:"systrap_fast_path"`
+	// MaxCheckpointBytes caps the checkpoint a paused sandbox keeps on
+	// disk (its memory): gvisor.Config.MaxCheckpointBytes.
+	MaxCheckpointBytes Size `toml:"max_checkpoint_bytes"`
 }
 
 func defaultConfig() Config {
@@ -387,7 +394,8 @@ func defaultConfig() Config {
 			StartTimeout: Duration(sbx.DefaultStartTimeout), AutoStopGrace: Duration(sbx.DefaultAutoStopGrace),
 			HostPolicy: string(sbx.PolicyUnknown), KVMDevice: sbx.DefaultKVMDevice,
 		},
-		Gvisor: GvisorSection{Platform: gvisor.PlatformSystrap, KillGrace: Duration(gvisor.DefaultKillGrace), SystrapFastPath: gvisor.FastPathAuto},
+		Gvisor: GvisorSection{Platform: gvisor.PlatformSystrap, KillGrace: Duration(gvisor.DefaultKillGrace), SystrapFastPath: gvisor.FastPathAuto,
+			MaxCheckpointBytes: Size(gvisor.DefaultMaxCheckpointBytes)},
 		Airflow: AirflowSection{Auth: runwatch.AuthBearer, RunPath: runwatch.DefaultRunPath,
 			PollInterval: Duration(runwatch.DefaultInterval), RequestTimeout: Duration(runwatch.DefaultRequestTimeout)},
 		Images: ImagesSection{Default: "host", Pools: map[string]int{}},
@@ -626,6 +634,7 @@ func (c *Config) validate() error {
 		"sbx.start_timeout":                 int64(c.Sbx.StartTimeout),
 		"sbx.auto_stop_grace":               int64(c.Sbx.AutoStopGrace),
 		"gvisor.kill_grace":                 int64(c.Gvisor.KillGrace),
+		"gvisor.max_checkpoint_bytes":       int64(c.Gvisor.MaxCheckpointBytes),
 	}
 	for name, v := range positive {
 		if v <= 0 {
@@ -656,6 +665,9 @@ func (c *Config) validate() error {
 	}
 	if c.Lifecycle.IdleTimeout < 0 {
 		bad("lifecycle.idle_timeout must not be negative (0 disables it)")
+	}
+	if c.Lifecycle.MaxPaused < 0 {
+		bad("lifecycle.max_paused must not be negative (0: a paused sandbox lives as long as its lease)")
 	}
 	if c.Server.MaxFrameBytes > maxFrameBytes {
 		bad("server.max_frame_bytes %s: at most %s", c.Server.MaxFrameBytes, Size(maxFrameBytes))

@@ -89,7 +89,7 @@ func openDaemon(cfg Config, log hclog.Logger, mode daemonMode) (_ *daemonParts, 
 	}
 	d.mgr, err = lifecycle.New(lifecycle.Config{
 		Backend: d.be, Journal: d.journal, Logger: log.Named("lifecycle"), Failpoint: failpoint,
-		ConnGrace: lc.ConnGrace.D(), MaxLifetime: lc.MaxLifetime.D(), DefaultTTL: lc.DefaultTTL.D(), IdleTimeout: idle,
+		ConnGrace: lc.ConnGrace.D(), MaxLifetime: lc.MaxLifetime.D(), DefaultTTL: lc.DefaultTTL.D(), IdleTimeout: idle, MaxPaused: lc.MaxPaused.D(),
 		ReapInterval: lc.ReapInterval.D(), MaxPerHost: lc.MaxSandboxes, MaxPerUID: lc.MaxSandboxesPerUID,
 		MaxPerOwner: lc.MaxSandboxesPerOwner, MaxCmdsPerHost: lc.MaxCommands, MaxCmdsPerUID: lc.MaxCommandsPerUID,
 		MaxProcsPerHost: lc.MaxProcesses, MaxProcsPerUID: lc.MaxProcessesPerUID,

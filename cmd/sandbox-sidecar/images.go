@@ -64,7 +64,7 @@ type storeImages struct{ s *image.Store }
 func toImage(in image.Info) backend.Image {
 	return backend.Image{Name: in.Name, Digest: in.Digest, Root: in.Root, Env: in.Env, Entrypoint: in.Entrypoint, Cmd: in.Cmd,
 		WorkingDir: in.WorkingDir, User: in.User, Bytes: in.Bytes, Files: in.Files, Imported: in.Created, Source: in.Source,
-		Base: in.Base, Origin: imageOrigin(in.Origin)}
+		Base: in.Base, Origin: imageOrigin(in.Origin), Memory: in.Memory}
 }
 
 // storeErr gives the store's errors the backend's image errors, which

@@ -54,6 +54,8 @@ func init() {
 		"write":    {"write stdin to a file in a sandbox", runWrite},
 		"read":     {"print a file of a sandbox to stdout", runRead},
 		"rm":       {"destroy sandboxes (or every sandbox of a run with --run)", runRemove},
+		"pause":    {"pause sandboxes: every process stops, using no CPU, until the sandbox is used or resumed", runPause},
+		"resume":   {"resume paused sandboxes: their processes go on where they were", runResume},
 		"gc":       {"destroy orphaned sandboxes now (via the daemon, or offline when none runs)", runGC},
 		"image":    {"import, pull, list, inspect and remove the images sandboxes run on", runImage},
 		"version":  {"print the version", runVersion},

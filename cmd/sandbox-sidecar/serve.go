@@ -77,6 +77,7 @@ func serveConfig(args []string, stderr io.Writer) (Config, error) {
 	fs.Var(&l.MaxLifetime, "max-lifetime", "hard cap on any sandbox's life")
 	fs.Var(&l.DefaultTTL, "default-ttl", "life of an owned sandbox created without ttl_s")
 	fs.Var(&l.IdleTimeout, "idle-timeout", "destroy a sandbox that ran nothing for this long (0: never)")
+	fs.Var(&l.MaxPaused, "max-paused", "destroy a sandbox paused for longer than this (0: a paused sandbox lives as long as its lease; the idle timeout never applies to one)")
 	fs.Var(&l.ReapInterval, "reap-interval", "how often the reaper looks for expired and abandoned sandboxes")
 	fs.IntVar(&l.MaxSandboxes, "max-sandboxes", l.MaxSandboxes, "most sandboxes on this host")
 	fs.IntVar(&l.MaxSandboxesPerUID, "max-sandboxes-per-uid", l.MaxSandboxesPerUID, "most sandboxes per client uid")
@@ -522,6 +523,7 @@ func newBackend(cfg Config, log hclog.Logger, enf *enforcement) (backend.Backend
 			SystrapFastPath: cfg.Gvisor.SystrapFastPath,
 			Limits:          cfg.Limits.sandboxLimits(), Cgroups: enf.cgroups, Logger: log.Named("gvisor"),
 			InitPath: sandboxInit(log), Egress: eg, Processes: cfg.Processes.procLimits(), Code: cfg.Code.codeConfig(),
+			MaxCheckpointBytes: int64(cfg.Gvisor.MaxCheckpointBytes), Failpoint: failpointFromEnv(log),
 		})
 	}
 	return nil, errors.New("unknown backend; this build has: bwrap, gvisor, sbx")

@@ -32,7 +32,7 @@ func (a storeImages) Snapshot(ctx context.Context, name string, src lifecycle.Sn
 		dirs[image.TmpDir] = src.Files.Tmp
 	}
 	uid := src.UID
-	in, err := a.s.Snapshot(ctx, name, image.SnapshotSource{BaseDigest: src.ImageDigest, Dirs: dirs, ReadAs: src.Files.ReadAs,
+	in, err := a.s.Snapshot(ctx, name, image.SnapshotSource{BaseDigest: src.ImageDigest, Dirs: dirs, ReadAs: src.Files.ReadAs, Memory: src.Files.Memory,
 		Origin: image.Origin{Sandbox: src.Sandbox, BaseImage: src.Image, BaseDigest: src.ImageDigest, UID: &uid}})
 	if err != nil {
 		return backend.Image{}, storeErr(err)

@@ -63,7 +63,7 @@ func main() {
 	flag.StringVar(&o.socket, "socket", "", "measure an already running daemon on this socket instead (memory and recovery scenarios need a daemon of our own and are skipped)")
 	flag.StringVar(&o.outJSON, "json", "bench.json", "write machine-readable results here")
 	flag.StringVar(&o.outMD, "md", "", "write the Markdown report here (e.g. docs/benchmarks.md)")
-	flag.StringVar(&o.only, "only", "", "comma-separated scenarios to run (rpc,command,processes,code,provision,first,gvisor,output,scale,agents,recovery,sbx,snapshot)")
+	flag.StringVar(&o.only, "only", "", "comma-separated scenarios to run (rpc,command,processes,code,provision,first,gvisor,output,scale,agents,recovery,sbx,snapshot,pause,gvpause)")
 	flag.StringVar(&o.codeImage, "code-image", "", "an image with python3 and pandas (a rootfs tar or OCI layout, e.g. test/sandboximage's cached rootfs) for the code scenario's pandas rows (default: the host's python3 if it has pandas, else those rows are skipped)")
 	flag.StringVar(&o.runsc, "runsc", "", "runsc for the gvisor scenario (default: $SANDBOX_SIDECAR_RUNSC, the pinned build scripts/install-runsc.sh caches, else PATH)")
 	flag.BoolVar(&o.quick, "quick", false, "small counts: a smoke run, not a measurement")
@@ -130,6 +130,8 @@ func run(o options) error {
 		{"recovery", benchRecovery},
 		{"sbx", benchSbx},
 		{"snapshot", benchSnapshot},
+		{"pause", benchPause},
+		{"gvpause", benchGVisorPause},
 	}
 	for _, s := range scenarios {
 		if !want(s.name) {

@@ -21,8 +21,8 @@ import (
 // connection-bound ones of its own, until it is killed. It records every
 // write before it asks ("intent") and once the daemon acknowledged it
 // ("file"), every connection-bound sandbox it made ("created"), every
-// durable process it starts or signals (procFile), and what broke an
-// invariant in its violations file.
+// durable process it starts or signals (procFile), its pauses (pause.go),
+// and what broke an invariant in its violations file.
 type agent struct {
 	socket, sandbox string
 	acks, bad       *os.File
@@ -43,18 +43,22 @@ type agent struct {
 	procs     []*soakProc
 	procFile  *os.File
 	tolerated *os.File
+
+	// pauses records its pauses and resumes (pause.go).
+	pauses *os.File
 }
 
 func agentMain(args []string) int {
 	fs := flag.NewFlagSet("agent", flag.ExitOnError)
 	a := &agent{pid: os.Getpid(), acked: map[string]string{}, pending: map[string][]string{}}
-	var ackPath, badPath, procPath string
+	var ackPath, badPath, procPath, pausePath string
 	fs.StringVar(&a.socket, "socket", "", "")
 	fs.StringVar(&a.sandbox, "sandbox", "", "")
 	fs.StringVar(&ackPath, "ack", "", "")
 	fs.StringVar(&badPath, "violations", "", "")
 	fs.IntVar(&a.index, "index", 0, "")
 	fs.StringVar(&procPath, "procs", "", "")
+	fs.StringVar(&pausePath, "pauses", "", "")
 	fs.StringVar(&a.token, "token", "", "")
 	fs.BoolVar(&a.survival, "expect-process-survival", true, "")
 	_ = fs.Parse(args)
@@ -68,6 +72,10 @@ func agentMain(args []string) int {
 		return 2
 	}
 	if a.reqLog, err = os.OpenFile(fmt.Sprintf("%s/requests-%d", dirOf(ackPath), a.index), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	if a.pauses, err = os.OpenFile(pausePath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
@@ -144,7 +152,9 @@ func (a *agent) owned(op string, err error) {
 }
 
 func (a *agent) step(seq int) {
-	switch n := rand.IntN(26); {
+	switch n := rand.IntN(28); {
+	case n >= 26:
+		a.pauseStep()
 	case n >= 20:
 		a.procStep(seq)
 	case n < 7:

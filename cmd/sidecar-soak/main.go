@@ -1,7 +1,7 @@
 // Command sidecar-soak is a chaos soak of a real sandbox-sidecar daemon:
 // concurrent agent processes run commands, write and read back files, make
-// and drop sandboxes, and start, follow, signal, wait for and abandon
-// durable processes (start_command & co), while a controller SIGKILLs
+// and drop sandboxes, start, follow, signal, wait for and abandon durable
+// processes (start_command & co), and pause and resume their sandboxes, while a controller SIGKILLs
 // agents mid-request, has clients vanish during run_command, SIGKILLs the
 // daemon and restarts it at once on the same state, and SIGSTOPs it for
 // seconds. Then it checks the invariants, and exits 1 if any fails:
@@ -16,6 +16,9 @@
 //     writes numbered lines of a fixed length, so a byte at any offset is
 //     known; a read that says it ended with nothing more is at its end),
 //     and a start by a name taken finds that process;
+//   - a pause answers paused (or busy while a command runs), a resume
+//     ready, the list shows a paused sandbox paused, and the processes of
+//     a sandbox paused and resumed go on as the checks above demand;
 //   - after the agents are gone, what the daemon lists is exactly the owned
 //     sandboxes, and exactly what is on disk (connection-bound ones reaped);
 //   - after a clean stop: no process of a sandbox (by the sandboxes' marker
@@ -222,6 +225,13 @@ func soak(o options) (violations []string, err error) {
 	if err := d.start(); err != nil {
 		return nil, err
 	}
+	var hello api.HelloResult
+	if err := d.call(ipc.OpHello, api.HelloRequest{Versions: []int{1}}, &hello); err != nil {
+		return nil, fmt.Errorf("hello: %w", err)
+	}
+	if !contains(hello.Features, "pause") {
+		return nil, fmt.Errorf("the daemon does not offer pause (features %v): the soak pauses sandboxes, which needs sandbox cgroups with a freezer", hello.Features)
+	}
 	fmt.Printf("soak: %d agents for %v (processes expected to survive kill -9: %v); work %s\n", o.agents, o.duration, o.survival, work)
 
 	// Each agent owns one sandbox for the whole soak.
@@ -243,7 +253,7 @@ func soak(o options) (violations []string, err error) {
 	startAgent := func(i int) error {
 		cmd := exec.Command(self, "agent", "-socket", d.socket, "-sandbox", owned[i], "-ack", ackPath(work, i),
 			"-violations", filepath.Join(work, fmt.Sprintf("violations-%d", i)), "-index", strconv.Itoa(i),
-			"-procs", procsPath(work, i), "-token", token, "-expect-process-survival="+strconv.FormatBool(o.survival))
+			"-procs", procsPath(work, i), "-pauses", pausesPath(work, i), "-token", token, "-expect-process-survival="+strconv.FormatBool(o.survival))
 		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 		if err := cmd.Start(); err != nil {
 			return err
@@ -304,6 +314,7 @@ func soak(o options) (violations []string, err error) {
 	fmt.Printf("soak: chaos done: %d agent kills, %d daemon kill -9 and restarts, %d SIGSTOPs\n", agentKills, d.kills, d.stops)
 
 	bad := func(format string, args ...any) { violations = append(violations, fmt.Sprintf(format, args...)) }
+	var pauses pauseTally
 	requests := 0
 	for i := range owned {
 		b, _ := os.ReadFile(filepath.Join(work, fmt.Sprintf("violations-%d", i)))
@@ -311,6 +322,9 @@ func soak(o options) (violations []string, err error) {
 			if line != "" {
 				bad("agent %d: %s", i, line)
 			}
+		}
+		if err := pauses.read(pausesPath(work, i)); err != nil {
+			bad("agent %d's pauses: %v", i, err)
 		}
 		b, _ = os.ReadFile(filepath.Join(work, fmt.Sprintf("requests-%d", i)))
 		for _, line := range strings.Fields(string(b)) {
@@ -336,6 +350,20 @@ func soak(o options) (violations []string, err error) {
 			got[s.Sandbox] = s.State
 		}
 		for id := range ownedSet {
+			if got[id] == statePaused {
+				// Its agent was killed with it paused: a paused sandbox
+				// stays so, across restarts, until used or resumed.
+				var res api.PauseResult
+				err := d.call(ipc.OpResume, api.SandboxRequest{Sandbox: id}, &res)
+				if why := judgePause(ipc.OpResume, err == nil, res, err); why != "" {
+					bad("sandbox %s at the end: %s", id, why)
+				}
+				if err != nil {
+					return err.Error(), false
+				}
+				pauses.atEnd++
+				got[id] = res.State
+			}
 			if got[id] != "ready" {
 				return fmt.Sprintf("owned sandbox %s is %q", id, got[id]), false
 			}
@@ -378,6 +406,7 @@ func soak(o options) (violations []string, err error) {
 		}
 	}
 	fmt.Printf("soak: %d acknowledged files checked\n", checked)
+	fmt.Printf("soak: %s\n", pauses)
 	procViolations, tally := checkProcesses(d, work, owned, token, o.survival)
 	violations = append(violations, procViolations...)
 	fmt.Printf("soak: %s\n", tally)

@@ -82,6 +82,9 @@ type HealthResult struct {
 	Damaged     []DamagedSandbox     `msgpack:"damaged,omitempty"`
 	// Images names the images a create may ask for, as hello does.
 	Images []string `msgpack:"images"`
+
+	// Paused counts the paused sandboxes (counted in Sandboxes too).
+	Paused int `msgpack:"paused"`
 }
 
 // MemoryReport is health's memory section: what every sandbox together
@@ -291,6 +294,8 @@ type SandboxInfo struct {
 	Resources  Resources         `msgpack:"resources"`
 	// Quarantine is why the sandbox is quarantined (only in that state).
 	Quarantine string `msgpack:"quarantine,omitempty"`
+	// PausedAt is when a paused sandbox (state "paused") was paused.
+	PausedAt float64 `msgpack:"paused_at,omitempty"`
 	// Image is the image the sandbox runs on.
 	Image string `msgpack:"image"`
 }

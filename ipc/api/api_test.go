@@ -86,7 +86,8 @@ func TestEveryOpHasAResult(t *testing.T) {
 		ipc.OpImageImportBegin, ipc.OpImageImportData, ipc.OpImageImportEnd,
 		ipc.OpStartCommand, ipc.OpReadOutput, ipc.OpWaitProcess, ipc.OpSignalProcess, ipc.OpListProcesses,
 		ipc.OpRunCode, ipc.OpListContexts, ipc.OpRestartContext, ipc.OpDeleteContext,
-		ipc.OpSnapshot, ipc.OpFork, ipc.OpImageExportBegin, ipc.OpImageExportData, ipc.OpImageExportEnd}
+		ipc.OpSnapshot, ipc.OpFork, ipc.OpImageExportBegin, ipc.OpImageExportData, ipc.OpImageExportEnd,
+		ipc.OpPause, ipc.OpResume}
 	var missing []string
 	for _, op := range ops {
 		_, res := api.Results[op]

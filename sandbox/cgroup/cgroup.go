@@ -1,7 +1,9 @@
 // Package cgroup gives each sandbox a control group of its own: a memory
 // limit whose breach kills the guest (and is counted, so a result can say
 // "oom_killed"), a cap on processes (a fork bomb stays inside), a CPU quota
-// and weight, and a way to kill everything in the group and remove it.
+// and weight, a way to stop every process of the group and let it go on
+// (the freezer: freeze.go), and a way to kill everything in the group and
+// remove it.
 //
 // It speaks both hierarchies. cgroup v2 is used when the memory, pids and cpu
 // controllers are available there: sandboxes live in a subtree the daemon
@@ -165,6 +167,11 @@ type Manager struct {
 	v1Base map[string]string
 	// mountPoints are where the host's cgroup hierarchies are mounted.
 	mountPoints map[string]bool
+
+	// anchorMu guards anchored: the v1 freezer's anchor group is made
+	// and frozen (freeze.go).
+	anchorMu sync.Mutex
+	anchored bool
 }
 
 // Version reports which hierarchy the manager uses.
@@ -235,6 +242,12 @@ func New(opts Options) (*Manager, error) {
 	} else {
 		for c, dir := range m.v1Base {
 			if err := os.MkdirAll(dir, 0o755); err != nil {
+				if c == freezer {
+					// Optional: without it sandboxes cannot be paused,
+					// and nothing else is lost (CanFreeze says so).
+					delete(m.v1Base, c)
+					continue
+				}
 				return nil, fmt.Errorf("%w: cannot create %s for the %s controller: %v; run the daemon as root or give it a delegated cgroup", ErrUnavailable, dir, c, err)
 			}
 		}
@@ -438,7 +451,8 @@ func plan(lay layout, opts Options) (*Manager, error) {
 		m.v1Base[c] = filepath.Join(dir, opts.Base)
 	}
 	// The freezer, where v1 mounts it, comes along without being required:
-	// a group with it can be held still (Hold); without it, Hold says so.
+	// a group with it can be paused (Freeze) and held still (Hold);
+	// without it, CanFreeze says so.
 	if mt := v1[freezer]; mt != nil && m.v1Base[freezer] == "" {
 		parent := "/"
 		if p := lay.own[freezer]; !opts.UnderRoot && p != "" {
@@ -627,6 +641,7 @@ type Cgroup struct {
 	version Version
 	dir     string            // v2
 	dirs    map[string]string // v1: controller -> directory
+	m       *Manager          // the manager that made or opened it
 }
 
 // Name returns the sandbox name the group was made for.
@@ -644,7 +659,7 @@ func (m *Manager) cgroupFor(name string) (*Cgroup, error) {
 	if !validName().MatchString(name) {
 		return nil, fmt.Errorf("cgroup name %q must be a plain name (letters, digits, '.', '_', '-')", name)
 	}
-	c := &Cgroup{name: name, version: m.version}
+	c := &Cgroup{name: name, version: m.version, m: m}
 	if m.version == V2 {
 		c.dir = filepath.Join(m.v2Base, name)
 		return c, nil
@@ -1003,10 +1018,6 @@ func (o *OOMCounter) Close() error { return unix.Close(o.fd) }
 // pidfd and checked to still be in the group before it is signalled, so a
 // recycled pid is never hit.
 func (c *Cgroup) Kill(ctx context.Context) error {
-	// A frozen v1 group's processes take no signal until thawed (a hold
-	// a crashed daemon left, a pause); v2's die frozen, but thawing
-	// costs nothing there.
-	c.thawIfFrozen()
 	if c.version == V2 {
 		err := writeFile(filepath.Join(c.dir, "cgroup.kill"), "1")
 		switch {
@@ -1019,6 +1030,7 @@ func (c *Cgroup) Kill(ctx context.Context) error {
 			return fmt.Errorf("kill cgroup %s: %w", c.dir, err)
 		}
 	}
+	thawed := false
 	deadline := time.Now().Add(killWait)
 	for {
 		pids, err := c.PIDs()
@@ -1033,6 +1045,14 @@ func (c *Cgroup) Kill(ctx context.Context) error {
 		}
 		for _, pid := range pids {
 			c.killIfMember(pid)
+		}
+		if !thawed {
+			// A frozen process (a pause, a hold a crashed daemon left)
+			// dies of its SIGKILL only once thawed (cgroup v1's freezer;
+			// v2 lets it through): thawed after the signal, it runs none
+			// of its own code before it dies.
+			thawed = true
+			c.thawIfFrozen()
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("cgroup %s still holds %d processes %v after %v of SIGKILL (stuck in the kernel?)", c.Name(), len(pids), pids[:min(len(pids), 8)], killWait)

@@ -190,6 +190,7 @@ func realManager(t *testing.T, opts Options) *Manager {
 				t.Errorf("cleanup: %v", err)
 			}
 		}
+		m.releaseAnchor()
 		for _, d := range m.Dirs() {
 			_ = syscall.Rmdir(d)
 		}

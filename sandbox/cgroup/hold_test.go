@@ -11,26 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func TestPlanTakesTheV1FreezerWithoutRequiringIt(t *testing.T) {
-	mounts := []mount{
-		{point: "/sys/fs/cgroup/memory", root: "/", controllers: []string{"memory"}},
-		{point: "/sys/fs/cgroup/pids", root: "/", controllers: []string{"pids"}},
-		{point: "/sys/fs/cgroup/cpu,cpuacct", root: "/", controllers: []string{"cpu", "cpuacct"}},
-	}
-	m, err := plan(layout{mounts: mounts, own: map[string]string{"": "/"}}, Options{Base: "sbx"})
-	require.NoError(t, err)
-	require.NotContains(t, m.v1Base, freezer)
-	c, err := m.cgroupFor("a")
-	require.NoError(t, err)
-	_, err = c.Hold(context.Background())
-	require.ErrorIs(t, err, ErrNoFreezer)
-
-	mounts = append(mounts, mount{point: "/sys/fs/cgroup/freezer", root: "/", controllers: []string{"freezer"}})
-	m, err = plan(layout{mounts: mounts, own: map[string]string{"": "/", "freezer": "/svc"}}, Options{Base: "sbx"})
-	require.NoError(t, err)
-	require.Equal(t, "/sys/fs/cgroup/freezer/svc/sbx", m.v1Base[freezer])
-}
-
 // TestRealHold holds a group whose process counts into a file: the count
 // stops while held and goes on after; a group frozen by someone else (a
 // pause) stays frozen after a hold's release.
@@ -104,7 +84,8 @@ func TestRealKillOfAHeldGroup(t *testing.T) {
 
 // TestHoldRoundsThawAStuckFreeze scripts a v1 freezer that never finishes
 // the first freeze (a vfork parent caught between its clone and its wait
-// is never counted frozen) and finishes the one after a thaw: Hold thaws,
+// is never counted frozen) and finishes the one after a thaw: a freeze
+// (Hold's, Freeze's) thaws,
 // freezes again and holds; on v2, which counts such a parent, one freeze
 // is all it writes.
 func TestHoldRoundsThawAStuckFreeze(t *testing.T) {
@@ -123,7 +104,7 @@ func TestHoldRoundsThawAStuckFreeze(t *testing.T) {
 			},
 			frozen: func() (bool, error) { return v == V2 || rounds > 1, nil },
 		}
-		release, err := hold(context.Background(), f, v)
+		release, err := freezeRounds(context.Background(), f, v)
 		require.NoError(t, err)
 		if v == V2 {
 			require.Equal(t, []string{"freeze"}, writes)
@@ -145,7 +126,7 @@ func TestHoldRoundsThawAStuckFreeze(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	_, err := hold(ctx, f, V1)
+	_, err := freezeRounds(ctx, f, V1)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.Equal(t, "thaw", last)
 }

@@ -56,6 +56,7 @@ func (m *Manager) BaseAtHierarchyTop() (string, bool) {
 // a process) and does not count a group still in use, or already gone, as
 // a failure; the errors are the others.
 func (m *Manager) Release() error {
+	m.releaseAnchor()
 	names, _ := m.List()
 	for _, base := range m.Dirs() {
 		for _, name := range names {

@@ -184,6 +184,11 @@ type Info struct {
 	Base string
 	// Origin says where a snapshot came from (nil for other images).
 	Origin *Origin
+	// Memory is the directory of a memory snapshot's processes (a
+	// backend's checkpoint, as SnapshotSource.Memory handed it over):
+	// the daemon's alone (0700), beside Root, never exported; "" for
+	// every other image.
+	Memory string
 }
 
 // DefaultPath is the Env of an image that brings none (a rootfs tar).
@@ -255,6 +260,9 @@ type imageRecord struct {
 	// Base and Origin: see Info.
 	Base   string  `json:"base,omitempty"`
 	Origin *Origin `json:"origin,omitempty"`
+	// Memory: a snapshot that took its sandbox's memory (Info.Memory).
+	// Only Snapshot sets it: an import never carries memory.
+	Memory bool `json:"memory,omitempty"`
 }
 
 // Directory modes. The store's top directory and images/ are 0711 so that
@@ -382,6 +390,14 @@ func (s *Store) load() error {
 				err = errors.New("rootfs is not a directory")
 			}
 		}
+		if err == nil && rec.Memory {
+			// Only a snapshot of the host's root holds memory, in a
+			// directory of the daemon's alone.
+			fi, lerr := os.Lstat(filepath.Join(s.imageDir(hex), MemoryDir))
+			if lerr != nil || !fi.IsDir() || fi.Mode().Perm() != modePrivate || rec.Base != BaseHost {
+				err = fmt.Errorf("its memory is not a private directory of a snapshot of the host's root (%v)", lerr)
+			}
+		}
 		if err != nil {
 			s.log.Warn("image store: dropping a broken image directory", "dir", s.imageDir(hex), "error", err)
 			continue
@@ -496,7 +512,18 @@ func (s *Store) info(n nameRecord) Info {
 		Source:     n.Source,
 		Base:       im.Base,
 		Origin:     cloneOrigin(im.Origin),
+		Memory:     s.memoryDir(n.Digest, im.Memory),
 	}
+}
+
+// memoryDir is the memory directory of the image of digest, beside its
+// root (never in it: an export is the root), when it has one.
+func (s *Store) memoryDir(digest string, has bool) string {
+	if !has {
+		return ""
+	}
+	h, _ := digestHex(digest)
+	return filepath.Join(s.imageDir(h), MemoryDir)
 }
 
 func cloneOrigin(o *Origin) *Origin {

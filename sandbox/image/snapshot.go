@@ -93,7 +93,17 @@ type SnapshotSource struct {
 	ReadAs func(fn func() error) error
 	// Origin is recorded with the image (Taken: now, when zero).
 	Origin Origin
+	// Memory, when set, is a directory of the sandbox's processes and
+	// their memory (a gVisor checkpoint) the image keeps beside its root
+	// (Info.Memory), only for a snapshot of a sandbox on the host's root.
+	// Its content is the guest's memory: copied with the same care and
+	// caps, and kept where no sandbox reaches.
+	Memory string
 }
+
+// MemoryDir is the name, in an image's directory, of a memory snapshot's
+// memory (beside rootfs).
+const MemoryDir = "memory"
 
 // FailSnapshotCopied is the point (SetFailpoint) where a snapshot's files
 // are all copied into its work directory and nothing is synced or placed.
@@ -232,6 +242,24 @@ func (s *Store) snapshot(ctx context.Context, w *work, name string, src Snapshot
 		if err != nil {
 			return Info{}, st, s.snapshotErr("/"+d, err)
 		}
+	}
+	if src.Memory != "" {
+		if !onHost {
+			return Info{}, st, fmt.Errorf("%w: a snapshot with memory is taken only of a sandbox on the host's root", ErrBadImage)
+		}
+		into := filepath.Join(imgDir, MemoryDir)
+		if err := os.Mkdir(into, modePrivate); err != nil {
+			return Info{}, st, fmt.Errorf("image store: %w", noSpace(err))
+		}
+		err := fscopy.Copy(ctx, src.Memory, into, fscopy.Options{
+			Limits: lim, Stats: &st, UID: -1, GID: -1,
+			FileMode: func(fs.FileMode) fs.FileMode { return 0o600 },
+			DirMode:  func(fs.FileMode) fs.FileMode { return modePrivate },
+		})
+		if err != nil {
+			return Info{}, st, s.snapshotErr("its memory", err)
+		}
+		rec.Memory = true
 	}
 	if st.Skipped > 0 {
 		s.log.Warn("snapshot: FIFOs, sockets and device nodes skipped (an image holds files, directories and symlinks)",

@@ -320,3 +320,54 @@ func TestExportRoundTrip(t *testing.T) {
 		t.Errorf("the symlink came back as %q", l)
 	}
 }
+
+// A snapshot with memory keeps it beside its root, the daemon's alone
+// (0700, files 0600), counted against the caps and out of the export; a
+// sandbox on an image cannot give one; a record claiming memory whose
+// directory is not private is dropped at the next open, and an import
+// never carries any.
+func TestSnapshotWithMemory(t *testing.T) {
+	e := newEnv(t, Limits{})
+	mem := t.TempDir()
+	must(t, os.MkdirAll(filepath.Join(mem, "checkpoint"), 0o755))
+	must(t, os.WriteFile(filepath.Join(mem, "checkpoint", "pages.img"), []byte("the guest's memory"), 0o644))
+	info, err := e.s.Snapshot(context.Background(), "with-memory", SnapshotSource{Dirs: sandboxDirs(t), Memory: mem, Origin: Origin{Sandbox: "sc-3", BaseImage: HostName}})
+	must(t, err)
+	if info.Memory != filepath.Join(filepath.Dir(info.Root), MemoryDir) {
+		t.Fatalf("Memory %q, root %q", info.Memory, info.Root)
+	}
+	for p, want := range map[string]os.FileMode{info.Memory: 0o700, filepath.Join(info.Memory, "checkpoint"): 0o700, filepath.Join(info.Memory, "checkpoint", "pages.img"): 0o600} {
+		fi, err := os.Stat(p)
+		if err != nil || fi.Mode().Perm() != want {
+			t.Errorf("%s: %v, %v; want mode %o", p, fi, err, want)
+		}
+	}
+	var tarball strings.Builder
+	_, err = e.s.Export(context.Background(), "with-memory", &tarball)
+	must(t, err)
+	if strings.Contains(tarball.String(), "the guest's memory") {
+		t.Error("the export carries the memory")
+	}
+	plain, err := e.s.Snapshot(context.Background(), "files-only", SnapshotSource{Dirs: sandboxDirs(t), Origin: Origin{Sandbox: "sc-3", BaseImage: HostName}})
+	must(t, err)
+	if plain.Memory != "" {
+		t.Errorf("a snapshot of files only has memory %q", plain.Memory)
+	}
+	base := e.mustImport("base", ociArchive(t, imageOf(t, baseLayer(), nil)))
+	if base.Memory != "" {
+		t.Errorf("an import has memory %q", base.Memory)
+	}
+	_, err = e.s.Snapshot(context.Background(), "on-image", SnapshotSource{BaseDigest: base.Digest, Dirs: sandboxDirs(t), Memory: mem})
+	if !errors.Is(err, ErrBadImage) {
+		t.Errorf("a memory snapshot of a sandbox on an image: %v", err)
+	}
+	e.open(Limits{})
+	if got, err := e.s.Get("with-memory"); err != nil || got.Memory != info.Memory {
+		t.Fatalf("after a reopen: %+v, %v", got, err)
+	}
+	must(t, os.Chmod(info.Memory, 0o755))
+	e.open(Limits{})
+	if _, err := e.s.Get("with-memory"); err == nil {
+		t.Error("an image whose memory others can reach was kept")
+	}
+}

@@ -92,7 +92,7 @@ ERROR_KINDS: Mapping[str, Tuple[str, str]] = {
     "unauthorized": (TERMINAL, "the worker's user may not use the daemon (socket group membership)"),
     "spec_unenforceable": (TERMINAL, "this host cannot guarantee the SandboxSpec or resources (e.g. allow_egress_to)"),
     "quota_exceeded": (TERMINAL, "too many sandboxes or commands on this host, user or run"),
-    "busy": (TERMINAL, "the daemon has too many connections"),
+    "busy": (TERMINAL, "the daemon has too many connections, or a pause met a sandbox running a command"),
     "backend_unavailable": (TERMINAL, "the isolation backend cannot work on this host right now"),
     "backend_error": (TERMINAL, "the isolation backend failed"),
     "shutting_down": (TERMINAL, "the daemon is stopping or restarting"),
@@ -107,7 +107,7 @@ ERROR_KINDS: Mapping[str, Tuple[str, str]] = {
     "image_exists": (TERMINAL, "an import's name is taken by another image"),
     "bad_image": (TERMINAL, "an import is not an image, or a hostile one"),
     "image_too_large": (TERMINAL, "an import exceeds the daemon's image caps"),
-    "not_supported": (TERMINAL, "the daemon's backend cannot do this at all (durable processes, code contexts, snapshots and forks on sbx)"),
+    "not_supported": (TERMINAL, "the daemon's backend cannot do this at all (durable processes, code contexts, snapshots and forks on sbx; pause where the host cannot freeze)"),
     "no_space": (TERMINAL, "the host's disk filled up during a snapshot or a fork; nothing was kept"),
     "frame_too_large": (TERMINAL, "a request or response exceeded the frame limit"),
     "unsupported_version": (TERMINAL, "client and daemon share no protocol version"),
@@ -1124,6 +1124,34 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
             raise to_sandbox_error(exc, op="fork") from exc
         host = self._host()
         return [f"{s}{HOST_SEPARATOR}{host}" if host else s for s in result.get("sandboxes") or []]
+
+    # -- paused sandboxes --------------------------------------------------------
+
+    def pause(self, sandbox: str) -> Mapping[str, Any]:
+        """Pause ``sandbox`` while the run waits (a human's review, an external event, a later task).
+
+        Its processes stop where they are and use no CPU; its files,
+        processes, code contexts, owner and lease stay. Any later use of it,
+        an ``attach`` by the next task included, resumes it first, so a DAG
+        need not call :meth:`resume`. It still ends at its lease (``renew``
+        extends it without resuming it). Returns the daemon's answer
+        (``state``, ``paused_at``, ``memory_released``, ``expires_at``,
+        ``remaining_s``). A sandbox running a command raises
+        ``SandboxTerminalError`` (``busy``).
+        """
+        sandbox = self.sandbox_id(sandbox)
+        try:
+            return self.client.pause(sandbox)
+        except SidecarError as exc:
+            raise to_sandbox_error(exc, op="pause") from exc
+
+    def resume(self, sandbox: str) -> Mapping[str, Any]:
+        """Let a paused ``sandbox`` run again, its processes going on where they were; the daemon's answer."""
+        sandbox = self.sandbox_id(sandbox)
+        try:
+            return self.client.resume(sandbox)
+        except SidecarError as exc:
+            raise to_sandbox_error(exc, op="resume") from exc
 
     # -- attaching ---------------------------------------------------------------
 

@@ -947,6 +947,32 @@ class SidecarClient:
         )
 
 
+    # -- paused sandboxes --------------------------------------------------------
+
+    def pause(self, sandbox: str, *, timeout: Optional[float] = None) -> dict:
+        """Stop every process of the sandbox where it is, until it is used or resumed.
+
+        A paused sandbox uses no CPU (on gVisor its memory goes back to the
+        host too: ``memory_released``) and keeps its files, processes, code
+        contexts, owner and lease; any later use of it (a command, a file, a
+        process, a cell, an ``attach``) resumes it first. Returns ``sandbox``,
+        ``state`` (``"paused"``), ``paused_at``, ``memory_released``,
+        ``expires_at`` and ``remaining_s``. A sandbox running a command is
+        the error ``busy`` (pause it once the command ended); a daemon that
+        cannot pause says ``not_supported``. Pausing a paused sandbox
+        changes nothing.
+        """
+        return self.call("pause", {"sandbox": sandbox}, timeout=timeout)
+
+    def resume(self, sandbox: str, *, timeout: Optional[float] = None) -> dict:
+        """Let a paused sandbox's processes go on where they were.
+
+        Returns what :meth:`pause` does, with ``state`` ``"ready"``. Resuming
+        a running sandbox changes nothing.
+        """
+        return self.call("resume", {"sandbox": sandbox}, timeout=timeout)
+
+
 def check_timeouts(*, connect_timeout: float, op_timeout: float, grace: float) -> None:
     """Raise ValueError unless the timeouts are usable (positive and finite; grace may be 0)."""
     for name, value in (("connect_timeout", connect_timeout), ("op_timeout", op_timeout)):
