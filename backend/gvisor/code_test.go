@@ -332,3 +332,44 @@ func TestGVisorWarmStartsTheCodeZygote(t *testing.T) {
 		t.Errorf("the first cell: %+v", res)
 	}
 }
+
+// Code contexts go with their sandbox through a pause and a resume, and
+// into the copies of a fork with memory, with their variables; there a
+// context (and the spare forked ahead, which a new context is) holds the
+// same random state in every copy until it reseeds, which it does at its
+// first cell after the restore (the copy's /tmp/.sandbox-restored): the
+// copies and the source draw apart, each keeping its variables.
+func TestGVisorCodeContextsThroughPauseAndMemoryForks(t *testing.T) {
+	b := newTestBackend(t)
+	ctx := context.Background()
+	const id = "code-forked"
+	if _, err := b.Create(ctx, id, backend.Spec{}); err != nil {
+		t.Fatal(err)
+	}
+	runCell(t, b, id, "", "import random\nx = 41")
+	if _, err := b.Pause(ctx, id); err != nil {
+		t.Fatalf("Pause: %v", err)
+	}
+	if err := b.Resume(ctx, id); err != nil {
+		t.Fatalf("Resume: %v", err)
+	}
+	if res := runCell(t, b, id, "", "x + 1"); lastText(res) != "42" || res.ExecutionCount != 2 {
+		t.Fatalf("the context after a pause and a resume: %+v", res)
+	}
+	copies := []string{"code-copy-1", "code-copy-2"}
+	if _, err := b.Fork(ctx, id, copies, backend.SnapshotOptions{Memory: true}); err != nil {
+		t.Fatalf("Fork with memory: %v", err)
+	}
+	kept, fresh := map[string]string{}, map[string]string{}
+	for _, sb := range append([]string{id}, copies...) {
+		res := runCell(t, b, sb, "", "(x, random.random())")
+		if !strings.HasPrefix(lastText(res), "(41, ") || res.ExecutionCount != 3 {
+			t.Errorf("the context in %s: %+v", sb, res)
+		}
+		kept[lastText(res)] = sb
+		fresh[lastText(runCell(t, b, sb, "new", "import random\nrandom.random()"))] = sb
+	}
+	if len(kept) != 3 || len(fresh) != 3 {
+		t.Errorf("the source and its copies drew the same numbers: in the forked context %v, in a new one %v", kept, fresh)
+	}
+}
