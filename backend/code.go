@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"syscall"
 	"time"
 )
 
@@ -20,6 +22,12 @@ type CodeRunner interface {
 	// DeleteContext ends context name (its state is gone; a later cell
 	// of that name starts afresh). ErrContextNotFound when there is none.
 	DeleteContext(ctx context.Context, id, name string) error
+	// RestartContext ends context name's process and state but keeps
+	// the context: it stays listed, idle, at execution count 0, and its
+	// next cell runs in a fresh interpreter (as the context was made: the
+	// sandbox's environment, working directory and preloads); a cell it
+	// runs ends with context_lost. ErrContextNotFound when there is none.
+	RestartContext(ctx context.Context, id, name string) error
 }
 
 // CodeRequest is one cell to run.
@@ -119,3 +127,43 @@ func (e *ContextQuotaError) Error() string {
 
 // Is makes errors.Is(err, ErrTooManyContexts) hold.
 func (e *ContextQuotaError) Is(target error) bool { return target == ErrTooManyContexts }
+
+// CodeConfig configures a sandbox's code contexts, on the backends whose
+// agent runs them (bwrap, gvisor).
+type CodeConfig struct {
+	// Preload names the Python modules the contexts' interpreter imports
+	// before it forks the first context; ImagePreload replaces it for the
+	// sandboxes of an image (by the image's short name, "host" for the
+	// built-in one).
+	Preload      []string
+	ImagePreload map[string][]string
+	// MaxContexts bounds a sandbox's contexts (0: the agent's default, 8).
+	MaxContexts int
+}
+
+// PreloadFor is the modules the contexts of a sandbox of image preload,
+// comma-separated, as the agent takes them.
+func (c CodeConfig) PreloadFor(image string) string {
+	mods := c.Preload
+	if m, ok := c.ImagePreload[image]; ok {
+		mods = m
+	}
+	return strings.Join(mods, ",")
+}
+
+// CellFailure is the error of a cell a sandbox's agent could not run, from
+// the errno it answered with (backend/agent's Reply.Failed) and its reason;
+// limit is the sandbox's bound on contexts.
+func CellFailure(errno syscall.Errno, reason string, limit int) error {
+	switch errno {
+	case syscall.ENOENT:
+		return fmt.Errorf("%w: %s; run_code needs an image with python3 (the host image has it where the host does)", ErrNoPython, reason)
+	case syscall.EAGAIN:
+		return &ContextQuotaError{Limit: limit}
+	case syscall.EBUSY:
+		return fmt.Errorf("%w: %s", ErrContextBusy, reason)
+	case syscall.EINVAL:
+		return fmt.Errorf("%w: %s", ErrInvalidArgument, reason)
+	}
+	return fmt.Errorf("%w: the cell could not run: %s", ErrUnavailable, reason)
+}

@@ -79,3 +79,18 @@ func (m *Manager) DeleteContext(ctx context.Context, c Caller, id, name string) 
 	defer done()
 	return cr.DeleteContext(ctx, id, name)
 }
+
+// RestartContext ends one of a sandbox's code contexts' state and keeps
+// the context, fresh.
+func (m *Manager) RestartContext(ctx context.Context, c Caller, id, name string) error {
+	cr, err := m.coder()
+	if err != nil {
+		return err
+	}
+	_, done, err := m.use(ctx, c, id)
+	if err != nil {
+		return err
+	}
+	defer done()
+	return cr.RestartContext(ctx, id, name)
+}

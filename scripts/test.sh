@@ -89,6 +89,9 @@ fuzz FuzzReadAt 30000x ./backend/proclog
 fuzz FuzzDecodeRequest 50000x ./backend/agent
 fuzz FuzzCellresRead 200000x ./backend/cellres
 fuzz FuzzDecodeCodeRequest 300000x ./backend/bwrap/bwwire
+fuzz FuzzDecodeCellRequest 300000x ./backend/agent
+fuzz FuzzParseContextList 200000x ./backend/agent
+fuzz FuzzDecodeCodeFrames 100000x ./backend/gvisor
 
 # The .deb is built for 32-bit hosts too, where a 32-bit length in a frame
 # overflows an int: the frame walk's tests run there as well. As a 386

@@ -99,15 +99,17 @@ func (s *Service) listContexts(ctx context.Context, c lifecycle.Caller, r api.Sa
 	return api.ListContextsResult{Contexts: out}, nil
 }
 
-// deleteContext serves delete_context and restart_context: either ends the
-// context's process and state; a restarted one's next cell starts afresh.
-func (s *Service) deleteContext(ctx context.Context, c lifecycle.Caller, r api.ContextRequest, a *audit) (any, error) {
+// endContext serves delete_context and restart_context (end, the
+// manager's DeleteContext or RestartContext): either ends the context's
+// process and state; a restarted one stays, fresh.
+func (s *Service) endContext(ctx context.Context, c lifecycle.Caller, r api.ContextRequest, a *audit,
+	end func(ctx context.Context, c lifecycle.Caller, id, name string) error) (any, error) {
 	if !validContextName(r.Context) {
 		return nil, fmt.Errorf("%w: %q", backend.ErrContextNotFound, truncateRunes(r.Context, 80))
 	}
 	a.sandbox(r.Sandbox)
 	a.add("context", r.Context)
-	return api.ContextResult{}, s.m.DeleteContext(ctx, c, r.Sandbox, r.Context)
+	return api.ContextResult{}, end(ctx, c, r.Sandbox, r.Context)
 }
 
 func validContextName(name string) bool {

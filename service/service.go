@@ -305,8 +305,10 @@ func (s *Service) dispatch(ctx context.Context, c lifecycle.Caller, peer *ipc.Pe
 		return with(args, func(r api.RunCodeRequest) (any, error) { return s.runCode(ctx, c, req, r, a) })
 	case ipc.OpListContexts:
 		return with(args, func(r api.SandboxRequest) (any, error) { return s.listContexts(ctx, c, r, a) })
-	case ipc.OpRestartContext, ipc.OpDeleteContext:
-		return with(args, func(r api.ContextRequest) (any, error) { return s.deleteContext(ctx, c, r, a) })
+	case ipc.OpDeleteContext:
+		return with(args, func(r api.ContextRequest) (any, error) { return s.endContext(ctx, c, r, a, s.m.DeleteContext) })
+	case ipc.OpRestartContext:
+		return with(args, func(r api.ContextRequest) (any, error) { return s.endContext(ctx, c, r, a, s.m.RestartContext) })
 	case ipc.OpPause:
 		return with(args, func(r api.SandboxRequest) (any, error) { return s.pause(ctx, c, r, a) })
 	case ipc.OpResume:

@@ -645,6 +645,21 @@ func (c *Contexts) Delete(name string) bool {
 	return true
 }
 
+// Restart ends context name's process and state but keeps the context: it
+// stays listed, idle, at execution count 0, and its next cell runs in a
+// fresh fork of the zygote (the interpreter's environment, working
+// directory and preloads, as when it was made). A cell it runs ends lost,
+// as one of a deleted context; false when there is none.
+func (c *Contexts) Restart(name string) bool {
+	x := c.byName[name]
+	if x == nil {
+		return false
+	}
+	c.lose(x, proclog.EndKilled, uint32(unix.SIGKILL))
+	c.byName[name] = &codeContext{name: name, pid: -1, sock: -1}
+	return true
+}
+
 // Zygote reports the zygote's pid, or 0.
 func (c *Contexts) Zygote() int {
 	if c.z == nil || c.z.pid <= 0 {

@@ -1,7 +1,9 @@
 package agent
 
 import (
+	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -266,4 +268,74 @@ func TestPrestartWaitsForTheZygote(t *testing.T) {
 	require.NoError(t, unix.Shutdown(z.sock, unix.SHUT_RDWR))
 	z.pump("gone", func() bool { return len(got) == 1 })
 	assert.True(t, strings.Contains(got[0], "zygote"), got[0])
+}
+
+// A restarted context is kept: listed, idle, at count 0; its process is
+// killed and a cell it ran ends lost; its next cell gets a new fork and
+// is its first. The other contexts are untouched.
+func TestRestartKeepsTheContextFresh(t *testing.T) {
+	z := newFakeZygote(t, true)
+	assert.False(t, z.c.Restart("a"), "the restart of no context")
+	// start runs a cell in name's context, forked for it when x is nil.
+	start := func(name string, x *fakeContext) (*recorder, *fakeContext) {
+		t.Helper()
+		r := &recorder{}
+		z.c.Run(name, cellFiles(t), time.Minute, time.Second, r)
+		if x == nil {
+			x = z.fork(name)
+		}
+		z.pump(name+"'s cell's start", func() bool { return r.started })
+		x.takeCell(t)
+		return r, x
+	}
+	end := func(r *recorder, x *fakeContext, count int) {
+		t.Helper()
+		x.say(t, "done "+strconv.Itoa(count))
+		z.pump("the cell's end", func() bool { return r.ended != nil })
+		require.Equal(t, CellEnd{Count: count}, *r.ended)
+	}
+	r, b := start("b", nil)
+	end(r, b, 1)
+	r, a := start("a", nil)
+	end(r, a, 1)
+	running, _ := start("a", a) // its second cell, running at the restart
+	assert.Equal(t, []ContextInfo{{Name: "a", Running: true, Count: 1}, {Name: "b", Count: 1}}, sortedInfo(z.c.List()))
+
+	require.True(t, z.c.Restart("a"))
+	require.NotNil(t, running.ended, "the restarted context's cell did not end")
+	assert.True(t, running.ended.Lost)
+	assert.Equal(t, []ContextInfo{{Name: "a"}, {Name: "b", Count: 1}}, sortedInfo(z.c.List()))
+	deadline := time.Now().Add(10 * time.Second)
+	for !processEnded(a.pid) {
+		require.True(t, time.Now().Before(deadline), "the restarted context's process %d was not killed", a.pid)
+		time.Sleep(10 * time.Millisecond)
+	}
+	// The zygote's word of the old process's death changes nothing.
+	_, err := unix.Write(z.sock, []byte("died "+strconv.Itoa(a.pid)+" 9"))
+	require.NoError(t, err)
+	deadline = time.Now().Add(200 * time.Millisecond)
+	z.pump("a while", func() bool { return time.Now().After(deadline) })
+	assert.Equal(t, []ContextInfo{{Name: "a"}, {Name: "b", Count: 1}}, sortedInfo(z.c.List()))
+
+	// Its next cell is a new fork's first.
+	r, fresh := start("a", nil)
+	assert.Equal(t, []ContextInfo{{Name: "a", Running: true}, {Name: "b", Count: 1}}, sortedInfo(z.c.List()))
+	end(r, fresh, 1)
+	assert.Equal(t, []ContextInfo{{Name: "a", Count: 1}, {Name: "b", Count: 1}}, sortedInfo(z.c.List()))
+}
+
+func sortedInfo(list []ContextInfo) []ContextInfo {
+	slices.SortFunc(list, func(a, b ContextInfo) int { return strings.Compare(a.Name, b.Name) })
+	return list
+}
+
+// processEnded reports whether pid is gone or a zombie (killed, not yet
+// reaped).
+func processEnded(pid int) bool {
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return true
+	}
+	f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+	return len(f) > 0 && f[0] == "Z"
 }

@@ -45,6 +45,10 @@ MAX_CELL_RESULTS = 16 << 20  # bytes of every bundle frame of a cell together
 MAX_MSG = 1 << 20         # a control message
 MAX_CODE = 4 << 20        # a cell's code
 PR_SET_DUMPABLE = 4
+# A sandbox restored from another's memory (a gVisor fork with memory)
+# finds this file in its /tmp (backend/gvisor's RestoredMarker): every
+# copy's contexts hold the same random state until they reseed.
+RESTORED_MARKER = "/tmp/.sandbox-restored"
 PR_SET_CHILD_SUBREAPER = 36
 BINARY = ("image/png", "image/jpeg")
 REPRS = (
@@ -222,6 +226,17 @@ def reseed():
     os.environ["SANDBOX_SIDECAR_CONTEXT_FORKED"] = "1"
 
 
+def restored():
+    """What the restore marker is now (None: there is none): a context
+    that finds it changed before a cell was restored into a copy since it
+    last reseeded."""
+    try:
+        st = os.stat(RESTORED_MARKER)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
 def encode(msg):
     return json.dumps(msg, ensure_ascii=False).encode("utf-8", "replace")
 
@@ -375,6 +390,7 @@ def context(ctl):
     except OSError:
         pass
     reseed()
+    seeded = restored()
     rehearse(me)
     ns = {"__name__": "__main__", "__builtins__": builtins}
     count = 0
@@ -401,6 +417,11 @@ def context(ctl):
                 os.close(fd)
             continue
         count += 1
+        if restored() != seeded:
+            # Restored into a copy of the sandbox (this context, or the
+            # spare it was, with it): draw apart from the other copies.
+            reseed()
+            seeded = restored()
         out_fd, err_fd, res_fd, code_fd = fds
         try:
             code = os.pread(code_fd, MAX_CODE, 0).decode("utf-8", "replace")

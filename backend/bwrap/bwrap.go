@@ -214,26 +214,7 @@ func (b *Backend) failpoint(name string) {
 }
 
 // CodeConfig configures a sandbox's code contexts.
-type CodeConfig struct {
-	// Preload names the Python modules the contexts' interpreter imports
-	// before it forks the first context; ImagePreload replaces it for the
-	// sandboxes of an image (by the image's short name, "host" for the
-	// built-in one).
-	Preload      []string
-	ImagePreload map[string][]string
-	// MaxContexts bounds a sandbox's contexts (0: the agent's default, 8).
-	MaxContexts int
-}
-
-// preload is the modules the contexts of a sandbox of image preload,
-// comma-separated.
-func (c CodeConfig) preload(image string) string {
-	mods := c.Preload
-	if m, ok := c.ImagePreload[image]; ok {
-		mods = m
-	}
-	return strings.Join(mods, ",")
-}
+type CodeConfig = backend.CodeConfig
 
 // Backend implements backend.Backend with bubblewrap.
 type Backend struct {

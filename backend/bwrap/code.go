@@ -5,9 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sort"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -81,7 +78,7 @@ func (b *Backend) RunCode(ctx context.Context, id string, req backend.CodeReques
 	if sb.image != nil {
 		image = sb.image.Name
 	}
-	payload := bwwire.CodeRequest{Context: req.Context, Code: []byte(req.Code), Env: env, Preload: b.cfg.Code.preload(image),
+	payload := bwwire.CodeRequest{Context: req.Context, Code: []byte(req.Code), Env: env, Preload: b.cfg.Code.PreloadFor(image),
 		Timeout: applied, Grace: grace, MaxContexts: uint32(b.cfg.Code.MaxContexts)}.Encode()
 	child := streams.ChildFDs()
 	fds := []int{int(statusInit.Fd()), child[1], child[2], int(resultsInit.Fd())}
@@ -249,17 +246,7 @@ func (b *Backend) cellEnd(ctx context.Context, status *os.File, outer time.Time)
 
 // cellFailure is the error of a cell init could not run.
 func cellFailure(errno unix.Errno, reason string, limit int) error {
-	switch errno {
-	case unix.ENOENT:
-		return fmt.Errorf("%w: %s; run_code needs an image with python3 (the host image has it where the host does)", backend.ErrNoPython, reason)
-	case unix.EAGAIN:
-		return &backend.ContextQuotaError{Limit: limit}
-	case unix.EBUSY:
-		return fmt.Errorf("%w: %s", backend.ErrContextBusy, reason)
-	case unix.EINVAL:
-		return fmt.Errorf("%w: %s", backend.ErrInvalidArgument, reason)
-	}
-	return fmt.Errorf("%w: the cell could not run: %s", backend.ErrUnavailable, reason)
+	return backend.CellFailure(errno, reason, limit)
 }
 
 // zygoteStartTimeout bounds a zygote's start: the interpreter's and its
@@ -278,7 +265,7 @@ func (b *Backend) warmCode(ctx context.Context, sb *sandbox, ip *initProc) {
 	if sb.image != nil {
 		image = sb.image.Name
 	}
-	preload := b.cfg.Code.preload(image)
+	preload := b.cfg.Code.PreloadFor(image)
 	if preload == "" {
 		return
 	}
@@ -328,15 +315,9 @@ func (b *Backend) ListContexts(ctx context.Context, id string) ([]backend.Contex
 		return nil, fmt.Errorf("%w: the sandbox's init refused to list its contexts", backend.ErrUnavailable)
 	}
 	var out []backend.ContextInfo
-	for _, line := range strings.Split(body, "\n") {
-		f := strings.Fields(line)
-		if len(f) != 3 || !agent.ValidContextName(f[0]) {
-			continue
-		}
-		count, _ := strconv.Atoi(f[2])
-		out = append(out, backend.ContextInfo{Name: f[0], Running: f[1] == "1", ExecutionCount: count})
+	for _, x := range agent.ParseContextList([]byte(body)) {
+		out = append(out, backend.ContextInfo{Name: x.Name, Running: x.Running, ExecutionCount: x.Count})
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
 }
 
@@ -352,7 +333,24 @@ func (b *Backend) DeleteContext(ctx context.Context, id, name string) error {
 	return b.deleteContext(ctx, sb, name)
 }
 
+// RestartContext implements backend.CodeRunner.
+func (b *Backend) RestartContext(ctx context.Context, id, name string) error {
+	sb, err := b.lookup(id)
+	if err != nil {
+		return err
+	}
+	if !agent.ValidContextName(name) {
+		return fmt.Errorf("%w: %q", backend.ErrContextNotFound, name)
+	}
+	return b.endContext(ctx, sb, bwwire.MsgContextRestart, name)
+}
+
 func (b *Backend) deleteContext(ctx context.Context, sb *sandbox, name string) error {
+	return b.endContext(ctx, sb, bwwire.MsgContextDelete, name)
+}
+
+// endContext asks init to delete or restart (kind) context name.
+func (b *Backend) endContext(ctx context.Context, sb *sandbox, kind uint32, name string) error {
 	sb.initMu.Lock()
 	ip, paused := sb.init, sb.paused
 	sb.initMu.Unlock()
@@ -362,7 +360,7 @@ func (b *Backend) deleteContext(ctx context.Context, sb *sandbox, name string) e
 	if ip == nil || !ip.alive() {
 		return fmt.Errorf("%w: %s", backend.ErrContextNotFound, name)
 	}
-	_, answer, err := b.askInit(ctx, ip, bwwire.Msg{Kind: bwwire.MsgContextDelete, A: uint32(len(name))}, []byte(name))
+	_, answer, err := b.askInit(ctx, ip, bwwire.Msg{Kind: kind, A: uint32(len(name))}, []byte(name))
 	if err != nil {
 		return err
 	}

@@ -38,6 +38,10 @@ var etcFiles = []string{
 	"/etc/localtime",
 	"/etc/ssl/certs",
 	"/etc/ca-certificates",
+	// Debian's matplotlib reads its defaults only from here (it moved
+	// the file out of mpl-data): without it, importing matplotlib.pyplot
+	// fails ("Could not find matplotlibrc file").
+	"/etc/matplotlibrc",
 }
 
 // Files added when the sandbox shares the host's network, so names resolve.

@@ -37,6 +37,10 @@ var etcBinds = []string{
 	"/etc/localtime",
 	"/etc/ssl/certs",
 	"/etc/ca-certificates",
+	// Debian's matplotlib reads its defaults only from here (it moved
+	// the file out of mpl-data): without it, importing matplotlib.pyplot
+	// fails ("Could not find matplotlibrc file").
+	"/etc/matplotlibrc",
 }
 
 // The synthetic /etc files of the shared root.

@@ -36,6 +36,7 @@ func TestRootfsModesIgnoreUmask(t *testing.T) {
 		"etc/ca-certificates": 0o755 | fs.ModeDir,
 		"etc/alternatives":    0o755 | fs.ModeDir,
 		"etc/localtime":       0o644,
+		"etc/matplotlibrc":    0o644,
 	}
 	for name, mode := range want {
 		fi, err := os.Lstat(filepath.Join(dir, name))

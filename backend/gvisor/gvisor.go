@@ -168,6 +168,9 @@ type Config struct {
 	Egress *egress.Egress
 	// Processes bounds each sandbox's durable processes (procstore).
 	Processes procstore.Limits
+	// Code configures code contexts: the modules their interpreter
+	// preloads, and how many a sandbox may have.
+	Code backend.CodeConfig
 	// MaxCheckpointBytes caps the checkpoint a paused sandbox keeps on
 	// disk (its guest's memory; pause.go): a larger one is not kept and
 	// the pause refused (default DefaultMaxCheckpointBytes).

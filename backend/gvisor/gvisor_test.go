@@ -122,13 +122,18 @@ func sandboxPIDs(t testing.TB, b *Backend, id string) []int {
 	return pids
 }
 
+// conformancePreload is what the suite's contexts preload, as on bwrap: a
+// module of the standard library no interpreter imports at start, and
+// numpy and pandas where the sandbox has them.
+var conformancePreload = []string{"decimal", "numpy", "pandas"}
+
 // TestGVisorConformance runs the shared backend suite on gVisor. It needs
 // root and runsc: it skips without them on a workstation and fails under
 // CI=true.
 func TestGVisorConformance(t *testing.T) {
 	testRunsc(t)
 	backendtest.Run(t, func(t *testing.T) backend.Backend {
-		return newTestBackend(t)
+		return newTestBackend(t, func(c *Config) { c.Code.Preload = conformancePreload })
 	}, backendtest.Options{
 		Workdir:            guestWorkspace,
 		RealIsolation:      true,
@@ -140,6 +145,8 @@ func TestGVisorConformance(t *testing.T) {
 		// The guest's processes live inside the sentry, not on the host.
 		HostProcesses: nil,
 		Processes:     true,
+		Code:          true,
+		CodePreload:   conformancePreload,
 		// runsc pause stops the guest's tasks, cgroup or not.
 		Snapshots: true, Freezes: true, Memory: true, Pause: true,
 		Reopen: func(t *testing.T, b backend.Backend) backend.Backend {
@@ -525,6 +532,9 @@ func TestGVisorConformanceWithLimits(t *testing.T) {
 		Workdir: guestWorkspace, RealIsolation: true, GuestView: true, AcceptBlockNetwork: true,
 		KillGrace: 500 * time.Millisecond, KillsEscapeesAtTimeout: true, Processes: true,
 		Snapshots: true, Freezes: true, Memory: true, Pause: true,
+		// With a memory limit: a cell past it loses its context, told as
+		// oom_killed; the host's OOM killer may take the sentry instead.
+		Code: true, CodeOOMMayEndSandbox: true,
 	})
 }
 

@@ -203,6 +203,11 @@ func (b *Backend) initForProcs(ctx context.Context, sb *sandbox) (*initConn, err
 // procCall sends init a proc request (made by frame with its sequence
 // number) and waits, within procAnswerTimeout, for its answer.
 func (c *initConn) procCall(ctx context.Context, kind byte, frame func(seq uint32) []byte) (gvwire.ProcAnswer, error) {
+	return c.procCallWithin(ctx, kind, frame, procAnswerTimeout)
+}
+
+// procCallWithin is procCall answered within timeout.
+func (c *initConn) procCallWithin(ctx context.Context, kind byte, frame func(seq uint32) []byte, timeout time.Duration) (gvwire.ProcAnswer, error) {
 	ch := make(chan gvwire.ProcAnswer, 1)
 	c.mu.Lock()
 	c.procSeq++
@@ -220,7 +225,7 @@ func (c *initConn) procCall(ctx context.Context, kind byte, frame func(seq uint3
 	if err := c.send(kind, frame(seq)); err != nil {
 		return gvwire.ProcAnswer{}, err
 	}
-	t := time.NewTimer(procAnswerTimeout)
+	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {
 	case a := <-ch:
@@ -228,7 +233,7 @@ func (c *initConn) procCall(ctx context.Context, kind byte, frame func(seq uint3
 	case <-c.dead:
 		return gvwire.ProcAnswer{}, errInitGone
 	case <-t.C:
-		return gvwire.ProcAnswer{}, fmt.Errorf("no answer within %v", procAnswerTimeout)
+		return gvwire.ProcAnswer{}, fmt.Errorf("no answer within %v", timeout)
 	case <-ctx.Done():
 		return gvwire.ProcAnswer{}, ctx.Err()
 	}

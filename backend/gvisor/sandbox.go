@@ -132,6 +132,11 @@ type initConn struct {
 	// answers, by sequence number (procs.go).
 	procSeq   uint32
 	procWaits map[uint32]chan gvwire.ProcAnswer
+
+	// cells (under mu) are the cells running, by sequence number
+	// (code.go).
+	cellSeq uint32
+	cells   map[uint32]*cellWait
 }
 
 // command is one command's share of the stream.
@@ -161,7 +166,7 @@ func (c *initConn) readLoop() {
 	r := bufio.NewReaderSize(io.MultiReader(bytes.NewReader(c.pending), c.fromInit), gvwire.MaxChunk+gvwire.FrameHeaderSize)
 	c.pending = nil
 	const allowed = 1<<gvwire.KindStdout | 1<<gvwire.KindStderr | 1<<gvwire.KindExited | 1<<gvwire.KindFailed | 1<<gvwire.KindLstated |
-		1<<gvwire.KindFileData | 1<<gvwire.KindFileDone | 1<<gvwire.KindProcAnswer
+		1<<gvwire.KindFileData | 1<<gvwire.KindFileDone | 1<<gvwire.KindProcAnswer | 1<<gvwire.KindCellOutput | 1<<gvwire.KindCellStatus
 	var err error
 	for {
 		var kind byte
@@ -189,6 +194,17 @@ func (c *initConn) readLoop() {
 		}
 		if kind == gvwire.KindProcAnswer {
 			if err = c.procAnswered(payload); err != nil {
+				break
+			}
+			continue
+		}
+		if kind == gvwire.KindCellOutput || kind == gvwire.KindCellStatus {
+			if kind == gvwire.KindCellOutput {
+				err = c.cellOutput(payload)
+			} else {
+				err = c.cellStatus(payload)
+			}
+			if err != nil {
 				break
 			}
 			continue
@@ -519,7 +535,10 @@ var _ backend.Warmer = (*Backend)(nil)
 // none until now), and has it run a command before any client's (warmUp),
 // so that its first command costs what any later one does. It waits for a
 // command in flight to end, until ctx does; a command that comes during
-// the warm-up waits for it likewise.
+// the warm-up waits for it likewise. Where the image's code contexts
+// preload modules, Warm also starts the sandbox's code zygote and waits
+// for its imports (warmCode), so that a pool member's first run_code
+// costs a fork.
 func (b *Backend) Warm(ctx context.Context, id string) error {
 	sb, err := b.lookup(id)
 	if err != nil {
@@ -542,7 +561,11 @@ func (b *Backend) Warm(ctx context.Context, id string) error {
 	if warm {
 		return nil
 	}
-	return b.warmUp(ctx, opCtx, sb)
+	if err := b.warmUp(ctx, opCtx, sb); err != nil {
+		return err
+	}
+	b.warmCode(opCtx, sb)
+	return nil
 }
 
 // warmTimeout bounds Warm's warm-up command, which exits at once.

@@ -62,7 +62,7 @@ type CodeSection struct {
 	MaxContexts int `toml:"max_contexts"`
 }
 
-// codeConfig is the bwrap backend's.
+// codeConfig is the bwrap and gvisor backends'.
 func (c CodeSection) codeConfig() bwrap.CodeConfig {
 	per := make(map[string][]string, len(c.ImagePreload))
 	for image, mods := range c.ImagePreload {

@@ -522,7 +522,7 @@ func newBackend(cfg Config, log hclog.Logger, enf *enforcement) (backend.Backend
 			Platform: cfg.Gvisor.Platform, ExtraFlags: cfg.Gvisor.ExtraFlags, KillGrace: cfg.Gvisor.KillGrace.D(),
 			SystrapFastPath: cfg.Gvisor.SystrapFastPath,
 			Limits:          cfg.Limits.sandboxLimits(), Cgroups: enf.cgroups, Logger: log.Named("gvisor"),
-			InitPath: sandboxInit(log), Egress: eg, Processes: cfg.Processes.procLimits(),
+			InitPath: sandboxInit(log), Egress: eg, Processes: cfg.Processes.procLimits(), Code: cfg.Code.codeConfig(),
 			MaxCheckpointBytes: int64(cfg.Gvisor.MaxCheckpointBytes), Failpoint: failpointFromEnv(log),
 		})
 	}

@@ -2,10 +2,11 @@
 // against a direct bubblewrap run with the same isolation, durable
 // processes (start to first byte, a follower's wake-up) against a command,
 // code contexts (a fresh context's first cell, a follow-up cell, pandas
-// preloaded, their memory) against the commands they replace,
-// provisioning (cold and from the warm pool), the first commands of a pool
-// member, the gvisor backend against bwrap and a bare `runsc exec` (root
-// and runsc only), output floods, scale and recovery. It starts its own
+// preloaded, their memory; bwrap, and gvisor where runsc is) against the
+// commands they replace, provisioning (cold and from the warm pool), the
+// first commands of a pool member, the gvisor backend against bwrap and a
+// bare `runsc exec` (root and runsc only), output floods, scale and
+// recovery. It starts its own
 // daemons (temporary socket and state) unless pointed at one, measures
 // every comparison side by side in one run, and writes a table, JSON, and
 // docs/benchmarks.md.

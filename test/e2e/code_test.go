@@ -59,6 +59,9 @@ func TestCodeContextsOverTheWire(t *testing.T) {
 	require.Len(t, list.Contexts, 1)
 	assert.Equal(t, api.ContextInfo{Context: "default", ExecutionCount: 4}, list.Contexts[0])
 	require.NoError(t, c.RestartContext(ctx, api.ContextRequest{Sandbox: id, Context: "default"}))
+	list, err = c.ListContexts(ctx, id)
+	require.NoError(t, err)
+	assert.Equal(t, []api.ContextInfo{{Context: "default"}}, list.Contexts, "a restarted context is still listed, fresh")
 	res, err = c.RunCode(ctx, api.RunCodeRequest{Sandbox: id, Code: "'rows' in globals()"})
 	require.NoError(t, err)
 	assert.Equal(t, "False", res.Results[0]["text/plain"])
@@ -85,7 +88,17 @@ func TestCodeContextsOverTheWire(t *testing.T) {
 // written nothing (everything past the bounds is read and dropped, never
 // held); the context and the sandbox live on.
 func TestCodeHostileCellsKeepTheDaemonBounded(t *testing.T) {
-	d := startDaemon(t, "")
+	hostileCells(t, startDaemon(t, ""))
+}
+
+// The same on the gvisor backend, where a cell's streams come out of the
+// sandbox through its init's stream (copied in cell output frames).
+func TestGVisorCodeHostileCellsKeepTheDaemonBounded(t *testing.T) {
+	runsc := testRunsc(t)
+	hostileCells(t, startDaemon(t, "", "--backend", "gvisor", "--gvisor-runsc-path", runsc))
+}
+
+func hostileCells(t *testing.T, d *daemon) {
 	bound := loggedMemoryBound(t, d.Logs())
 	pid := d.cmd.Process.Pid
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

@@ -120,7 +120,8 @@ func TestConformanceOnAnImportedImage(t *testing.T) {
 	t.Run("gvisor", func(t *testing.T) {
 		runsc := runscPath(t)
 		open := func(t *testing.T, dir string) backend.Backend {
-			b, err := gvisor.New(gvisor.Config{Dir: dir, RunscPath: runsc, InitPath: initPath, KillGrace: grace})
+			b, err := gvisor.New(gvisor.Config{Dir: dir, RunscPath: runsc, InitPath: initPath, KillGrace: grace,
+				Code: backend.CodeConfig{Preload: codePreload}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -134,6 +135,8 @@ func TestConformanceOnAnImportedImage(t *testing.T) {
 			return gvisorOnImage{b, img, dir}
 		}
 		o := opts
+		// The code contexts' contract on the image, as on bwrap.
+		o.Code, o.CodeLibraries, o.CodePreload = true, true, codePreload
 		o.Reopen = func(t *testing.T, b backend.Backend) backend.Backend {
 			// A restart: the backend before lets go of its sandboxes
 			// (whose inits the next re-attaches to) before the next starts.

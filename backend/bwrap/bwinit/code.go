@@ -3,8 +3,6 @@ package bwinit
 import (
 	"fmt"
 	"os"
-	"sort"
-	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -75,25 +73,9 @@ func (st *initState) runCell(m bwwire.Msg, payload []byte, fds []int) {
 		reply.Failed(unix.EINVAL, err.Error())
 		return
 	}
-	code, err := unix.MemfdCreate("sandbox-cell", unix.MFD_CLOEXEC)
-	if err == nil {
-		if _, err = unix.Write(code, req.Code); err != nil {
-			_ = unix.Close(code)
-		}
-	}
-	if err != nil {
-		closeFDs(fds[1:4])
-		reply.Failed(unix.EIO, "cannot hold the cell's code: "+err.Error())
-		return
-	}
 	st.codeReady()
-	if st.code.Zygote() == 0 {
-		// The zygote starts with the first cell's environment.
-		st.code.Env, st.code.Preload = req.Env, req.Preload
-	}
-	st.code.Max = int(req.MaxContexts)
 	st.children = true
-	st.code.Run(req.Context, agent.CellFiles{Stdout: fds[1], Stderr: fds[2], Results: fds[3], Code: code}, req.Timeout, req.Grace, reply)
+	st.code.RunCell(req, fds[1], fds[2], fds[3], reply)
 }
 
 // codeReady sets up init's contexts on first use.
@@ -135,26 +117,22 @@ func (st *initState) warmCode(m bwwire.Msg, payload []byte, reply int) {
 	st.code.Prestart(req.Env, req.Preload, answer)
 }
 
-// contextRequest answers a context list or delete on reply, and closes it.
+// contextRequest answers a context list, delete or restart on reply, and
+// closes it.
 func (st *initState) contextRequest(m bwwire.Msg, payload []byte, reply int) {
 	defer unix.Close(reply)
 	answer := bwwire.Msg{Kind: bwwire.MsgProcDone, A: bwwire.ProcOK}
 	var body []byte
 	switch m.Kind {
 	case bwwire.MsgContextList:
-		var lines []string
-		for _, c := range st.code.List() {
-			running := 0
-			if c.Running {
-				running = 1
-			}
-			lines = append(lines, fmt.Sprintf("%s %d %d", c.Name, running, c.Count))
-		}
-		sort.Strings(lines)
-		body = []byte(strings.Join(lines, "\n"))
+		body = st.code.ListText()
 		answer.B = uint32(len(body))
 	case bwwire.MsgContextDelete:
 		if !st.code.Delete(string(payload)) {
+			answer.A = bwwire.ProcUnknown
+		}
+	case bwwire.MsgContextRestart:
+		if !st.code.Restart(string(payload)) {
 			answer.A = bwwire.ProcUnknown
 		}
 	}

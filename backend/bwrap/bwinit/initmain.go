@@ -612,7 +612,7 @@ func (st *initState) receive() bool {
 		}
 		st.runCell(m, payload, fds)
 		return false
-	case (m.Kind == bwwire.MsgContextList || m.Kind == bwwire.MsgContextDelete) && len(fds) == 1:
+	case (m.Kind == bwwire.MsgContextList || m.Kind == bwwire.MsgContextDelete || m.Kind == bwwire.MsgContextRestart) && len(fds) == 1:
 		taken[0] = true // contextRequest closes it
 		st.contextRequest(m, payload, fds[0])
 		return false

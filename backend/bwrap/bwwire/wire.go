@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/agent"
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/wirefmt"
 )
 
@@ -116,78 +117,32 @@ const (
 	// it + SCM_RIGHTS [reply]; answered with a proc done once the zygote
 	// is ready (ProcOK) or could not be (ProcUnknown, the reason after it).
 	MsgCodeWarm = 16
+	// MsgContextRestart ends a context's process and state and keeps the
+	// context (agent.Contexts.Restart): + the context's name; answered
+	// with a proc done (ProcUnknown: no such context).
+	MsgContextRestart = 17
 )
 
 // Descriptors of a code message: status, stdout, stderr, results, then
 // the request's memfd when its first value is 0.
 const CodeFDs = 4
 
-// CodeRequest is one cell: the context's name, its code, the
-// environment and preloaded modules its zygote starts with (when it is
-// not running yet), and its budget (0: none) and the grace between the
-// interrupt and the kill.
-type CodeRequest struct {
-	Context        string
-	Code           []byte
-	Env            []string
-	Preload        string
-	Timeout, Grace time.Duration
-	// MaxContexts bounds the sandbox's contexts (0: the agent's default).
-	MaxContexts uint32
-}
+// CodeRequest is one cell (backend/agent's, which both inits carry).
+type CodeRequest = agent.CellRequest
 
-const codeMagic = 0x65646f63 // "code"
-
-// Encode returns r as init reads it.
-func (r CodeRequest) Encode() []byte {
-	buf := binary.LittleEndian.AppendUint32(nil, codeMagic)
-	buf = wirefmt.AppendString(buf, r.Context)
-	buf = wirefmt.AppendString(buf, string(r.Code))
-	buf = wirefmt.AppendList(buf, r.Env)
-	buf = wirefmt.AppendString(buf, r.Preload)
-	buf = binary.LittleEndian.AppendUint64(buf, uint64(r.Timeout))
-	buf = binary.LittleEndian.AppendUint64(buf, uint64(r.Grace))
-	return binary.LittleEndian.AppendUint32(buf, r.MaxContexts)
-}
-
-// DecodeCodeRequest reads and checks a cell's request.
+// DecodeCodeRequest reads and checks a cell's request (agent's, within
+// this wire's bounds).
 func DecodeCodeRequest(b []byte) (CodeRequest, error) {
-	bad := func(what string) (CodeRequest, error) {
-		return CodeRequest{}, fmt.Errorf("%w: code request: %s", ErrBadMessage, what)
-	}
 	if len(b) > MaxRequestBytes {
-		return bad("too large")
+		return CodeRequest{}, fmt.Errorf("%w: code request: too large", ErrBadMessage)
 	}
-	d := wirefmt.NewDecoder(b)
-	var r CodeRequest
-	if magic, ok := d.U32(); !ok || magic != codeMagic {
-		return bad("wrong magic")
+	r, err := agent.DecodeCellRequest(b)
+	if err != nil {
+		return CodeRequest{}, fmt.Errorf("%w: %v", ErrBadMessage, err)
 	}
-	var ok bool
-	if r.Context, ok = d.String(); !ok {
-		return bad("bad context")
+	if r.Timeout > backend.MaxTimeout || r.Grace > backend.MaxTimeout || len(r.Env) > MaxRequestEnv {
+		return CodeRequest{}, fmt.Errorf("%w: code request: bad budget or environment", ErrBadMessage)
 	}
-	code, ok := d.Bytes()
-	if !ok {
-		return bad("bad code")
-	}
-	r.Code = append([]byte(nil), code...)
-	if r.Env, ok = d.List(MaxRequestEnv); !ok {
-		return bad("bad environment")
-	}
-	if err := wirefmt.CheckCommand(r.Env, "/"); err != nil {
-		return bad(err.Error())
-	}
-	if r.Preload, ok = d.String(); !ok {
-		return bad("bad preload")
-	}
-	timeout, ok1 := d.U64()
-	grace, ok2 := d.U64()
-	maxContexts, ok3 := d.U32()
-	if !ok1 || !ok2 || !ok3 || d.Left() != 0 || timeout > uint64(backend.MaxTimeout) || grace > uint64(backend.MaxTimeout) || maxContexts > 1024 {
-		return bad("bad budget or bound")
-	}
-	r.Timeout, r.Grace, r.MaxContexts = time.Duration(timeout), time.Duration(grace), maxContexts
 	return r, nil
 }
 
@@ -254,7 +209,7 @@ func DecodeMsg(buf []byte) (Msg, error) {
 		B:    binary.LittleEndian.Uint32(buf[16:]),
 		C:    binary.LittleEndian.Uint32(buf[20:]),
 	}
-	if m.Kind < MsgReady || m.Kind > MsgCodeWarm {
+	if m.Kind < MsgReady || m.Kind > MsgContextRestart {
 		return Msg{}, fmt.Errorf("%w: unknown kind %d", ErrBadMessage, m.Kind)
 	}
 	return m, nil

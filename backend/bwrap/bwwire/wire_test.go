@@ -222,7 +222,7 @@ func TestDecodeCodeRequestRefuses(t *testing.T) {
 		"env without name":  CodeRequest{Context: "c", Env: []string{"=x"}}.Encode(),
 		"env without =":     CodeRequest{Context: "c", Env: []string{"PATH"}}.Encode(),
 		"NUL in preload":    CodeRequest{Context: "c", Preload: "numpy\x00"}.Encode(),
-		"huge env count":    binary.LittleEndian.AppendUint32(wirefmtString(wirefmtString(binary.LittleEndian.AppendUint32(nil, codeMagic), "c"), "1"), 1<<31),
+		"huge env count":    binary.LittleEndian.AppendUint32(wirefmtString(wirefmtString(CodeRequest{}.Encode()[:4], "c"), "1"), 1<<31),
 		"too large":         make([]byte, MaxRequestBytes+1),
 	}
 	for name, b := range cases {

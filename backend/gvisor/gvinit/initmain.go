@@ -71,8 +71,11 @@ const (
 
 // initState is init's whole state.
 type initState struct {
-	out     *bufio.Writer // to the daemon
-	outMu   sync.Mutex
+	out   *bufio.Writer // to the daemon
+	outMu sync.Mutex
+	// gen (under outMu) counts the daemons that attached: a cell's frames
+	// go only to the daemon that asked for it (sendAs).
+	gen     uint64
 	mu      sync.Mutex
 	running bool
 	// killAsked: the daemon asked to kill the running command. A kill
@@ -93,13 +96,14 @@ type initState struct {
 	// started while a reap could miss it.
 	pmu   sync.Mutex
 	procs agent.Table
-	fg    *foreground // the command running, nil between commands
+	code  agent.Contexts // the code contexts and their zygote (code.go)
+	fg    *foreground    // the command running, nil between commands
 	// reaped is closed, and replaced, each time a reap reaped a child.
 	reaped chan struct{}
-	// keeperLoop runs (procs.go) while keepers do; wake interrupts its
-	// poll when one is added.
-	keeperLoop bool
-	wake       [2]int
+	// agentLoop runs (procs.go) while keepers or the contexts' zygote
+	// do; wake interrupts its poll when one is added.
+	agentLoop bool
+	wake      [2]int
 }
 
 // foreground is the running command as the reaper sees it.
@@ -144,7 +148,8 @@ func runInit() int {
 	}
 	in := bufio.NewReader(stdin)
 	const allowed = 1<<gvwire.KindRun | 1<<gvwire.KindKill | 1<<gvwire.KindLstat | 1<<gvwire.KindFileOp |
-		1<<gvwire.KindProcStart | 1<<gvwire.KindProcSignal | 1<<gvwire.KindProcList | 1<<gvwire.KindAttach
+		1<<gvwire.KindProcStart | 1<<gvwire.KindProcSignal | 1<<gvwire.KindProcList | 1<<gvwire.KindAttach |
+		1<<gvwire.KindCode | 1<<gvwire.KindContextList | 1<<gvwire.KindContextDelete | 1<<gvwire.KindCodeWarm | 1<<gvwire.KindContextRestart
 	for {
 		kind, payload, err := gvwire.ReadFrame(in, allowed)
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
@@ -169,6 +174,12 @@ func runInit() int {
 			st.procStart(payload)
 		case gvwire.KindProcSignal, gvwire.KindProcList:
 			st.procRequest(kind, payload)
+		case gvwire.KindCode:
+			st.runCell(payload)
+		case gvwire.KindCodeWarm:
+			st.warmCode(payload)
+		case gvwire.KindContextList, gvwire.KindContextDelete, gvwire.KindContextRestart:
+			st.contextRequest(kind, payload)
 		case gvwire.KindKill:
 			st.mu.Lock()
 			if st.running {
@@ -219,6 +230,30 @@ func (st *initState) send(kind byte, payload []byte) error {
 		return err
 	}
 	return st.out.Flush()
+}
+
+// sendAs writes one frame to the daemon if it is still the one of
+// attach generation gen (generation); a later one never gets it.
+func (st *initState) sendAs(gen uint64, kind byte, payload []byte) error {
+	st.outMu.Lock()
+	defer st.outMu.Unlock()
+	if gen != st.gen {
+		return errDaemonGone
+	}
+	if err := gvwire.WriteFrame(st.out, kind, payload); err != nil {
+		return err
+	}
+	return st.out.Flush()
+}
+
+// errDaemonGone: the daemon a frame was for is no longer attached.
+var errDaemonGone = errors.New("the daemon that asked is gone")
+
+// generation is the attach generation of the daemon now attached.
+func (st *initState) generation() uint64 {
+	st.outMu.Lock()
+	defer st.outMu.Unlock()
+	return st.gen
 }
 
 func (st *initState) failed(reason string) {
@@ -281,6 +316,7 @@ func awaitDaemon(in *bufio.Reader, stream *os.File) {
 func (st *initState) attached(nonce []byte) {
 	st.outMu.Lock()
 	st.out.Reset(st.stdout)
+	st.gen++
 	st.outMu.Unlock()
 	_ = st.send(gvwire.KindAttached, gvwire.Attached(nonce))
 }

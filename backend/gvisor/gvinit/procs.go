@@ -22,11 +22,11 @@ import (
 // init opens them there and hands them to the keeper, since no descriptor
 // of the host can reach the sentry once it runs. Init keeps the keepers in
 // an agent.Table, polls their sockets in a goroutine of its own while any
-// runs (keeperLoop), and spares them and everything under them when it
+// runs (the agent loop), and spares them and everything under them when it
 // cleans up after a command (killForeground): a keeper is its process's
 // subreaper, so nothing of a durable process is ever init's child.
 
-// keeperPollMillis bounds keeperLoop's wait: it also reaps then, should a
+// keeperPollMillis bounds the agent loop's wait: it also reaps then, should a
 // SIGCHLD have been taken by a wait that did not reap (none does).
 const keeperPollMillis = 1000
 
@@ -68,7 +68,7 @@ func (st *initState) reapLocked() (none bool) {
 			return false
 		}
 		reaped = true
-		if st.procs.Reaped(pid) {
+		if st.procs.Reaped(pid) || st.code.Reaped(pid) {
 			continue
 		}
 		if fg := st.fg; fg != nil && fg.pid == pid {
@@ -80,9 +80,10 @@ func (st *initState) reapLocked() (none bool) {
 }
 
 // killForeground sends SIGKILL to every process of the sandbox but init,
-// the keepers and their processes: a command's, its leftovers, the
-// opener. Without keepers that is one kill(-1); with them, every direct
-// child of init but the keepers, pass after pass (agent.Table).
+// the keepers and their processes, and the contexts' zygote and what it
+// forked: a command's, its leftovers, the opener. Without keepers or a
+// zygote that is one kill(-1); with them, every direct child of init but
+// those, pass after pass (agent.Table).
 func (st *initState) killForeground() {
 	st.pmu.Lock()
 	defer st.pmu.Unlock()
@@ -90,7 +91,7 @@ func (st *initState) killForeground() {
 }
 
 func (st *initState) killForegroundLocked() {
-	if st.procs.Len() == 0 {
+	if !st.procs.Busy() {
 		_ = unix.Kill(-1, unix.SIGKILL)
 		return
 	}
@@ -98,14 +99,14 @@ func (st *initState) killForegroundLocked() {
 }
 
 // endForeground kills what a command left and waits until it is gone:
-// without keepers, until init has no child left; with them,
-// KillForeground waits for each killed process to die.
+// without keepers (or the zygote), until init has no child left; with
+// them, KillForeground waits for each killed process to die.
 func (st *initState) endForeground() {
 	st.killForeground()
 	for {
 		st.pmu.Lock()
 		none := st.reapLocked()
-		keepers := st.procs.Len() > 0
+		keepers := st.procs.Busy()
 		if !none && keepers {
 			// A process started meanwhile, or it ran all along: what
 			// is left but the keepers is killed and waited for.
@@ -175,9 +176,8 @@ func (st *initState) procStart(p []byte) {
 		// never holds up the reaping.
 		go st.answer(gvwire.ProcAnswer{Seq: seq, Value: uint32(pid)})
 	})
-	if err == nil && !st.keeperLoop {
-		st.keeperLoop = true
-		go st.runKeeperLoop()
+	if err == nil {
+		st.startAgentLoopLocked()
 	}
 	st.pmu.Unlock()
 	if err != nil {
@@ -187,7 +187,7 @@ func (st *initState) procStart(p []byte) {
 		failed("process "+req.ID, err)
 		return
 	}
-	_, _ = unix.Write(st.wake[1], []byte{0})
+	st.wakeAgentLoop()
 }
 
 // procFiles opens what a keeper gets for process id: its logs and exit
@@ -273,19 +273,33 @@ func (st *initState) procRequest(kind byte, p []byte) {
 	st.answer(a)
 }
 
-// runKeeperLoop reads what the keepers say (their process started, or
-// ended), for as long as any runs: their sockets and the wake-up pipe in
-// one poll, and a reap after each.
-func (st *initState) runKeeperLoop() {
+// startAgentLoopLocked starts the agent loop if it does not run (under
+// pmu).
+func (st *initState) startAgentLoopLocked() {
+	if !st.agentLoop {
+		st.agentLoop = true
+		go st.runAgentLoop()
+	}
+}
+
+// wakeAgentLoop has the agent loop poll again, with what was added.
+func (st *initState) wakeAgentLoop() { _, _ = unix.Write(st.wake[1], []byte{0}) }
+
+// runAgentLoop reads what the keepers say (their process started, or
+// ended) and serves the code contexts (their zygote's and their sockets,
+// their cells' budgets), for as long as a keeper or the zygote runs: their
+// descriptors and the wake-up pipe in one poll, and a reap after each.
+func (st *initState) runAgentLoop() {
 	var drain [64]byte
 	for {
 		st.pmu.Lock()
-		if st.procs.Len() == 0 {
-			st.keeperLoop = false
+		if st.procs.Len() == 0 && st.code.Zygote() == 0 {
+			st.agentLoop = false
 			st.pmu.Unlock()
 			return
 		}
 		fds := st.procs.PollFDs([]unix.PollFd{{Fd: int32(st.wake[0]), Events: unix.POLLIN}})
+		fds = st.code.PollFDs(fds)
 		st.pmu.Unlock()
 		if _, err := unix.Poll(fds, keeperPollMillis); err != nil && !errors.Is(err, unix.EINTR) {
 			time.Sleep(10 * time.Millisecond)
@@ -295,8 +309,8 @@ func (st *initState) runKeeperLoop() {
 		}
 		st.pmu.Lock()
 		for _, p := range fds[1:] {
-			if p.Revents != 0 {
-				st.procs.Handle(int(p.Fd))
+			if p.Revents != 0 && !st.procs.Handle(int(p.Fd)) {
+				st.code.Handle(int(p.Fd))
 			}
 		}
 		st.reapLocked()

@@ -47,6 +47,7 @@ import (
 //	init → daemon:  lstat result (type, errno)
 //	daemon → init:  file op; init → daemon: file data..., file done (filewire.go)
 //	daemon → init:  proc start, signal, list; init → daemon: proc answer (procwire.go)
+//	daemon → init:  code, context list, delete; init → daemon: cell output, status (codewire.go)
 //
 // A frame is a kind byte, three zero bytes and a little-endian u32 payload
 // length, then the payload. Both sides check every header and bound every
@@ -98,8 +99,8 @@ var ErrBadFrame = errors.New("malformed frame")
 // ready frame: the init is a binary of its own (sandbox-sidecar-init), so
 // a daemon started with an init of another version refuses it instead of
 // misreading its frames. 3: durable processes and re-attaching
-// (procwire.go).
-const Protocol = 3
+// (procwire.go); 4: code contexts (codewire.go).
+const Protocol = 4
 
 // ReadyFrom checks a ready frame's payload: init's protocol version,
 // which must be this daemon's.
@@ -144,11 +145,21 @@ func MaxPayload(kind byte) int {
 	case KindProcList:
 		return 4
 	case KindProcAnswer:
-		return procAnswerHeader + MaxProcListBody
+		return procAnswerHeader + MaxAnswerBody
 	case KindAttach:
 		return NonceSize
 	case KindAttached:
 		return 4 + NonceSize
+	case KindCode, KindCodeWarm:
+		return MaxCodePayload
+	case KindContextList:
+		return 4
+	case KindContextDelete, KindContextRestart:
+		return 4 + agent.MaxContextName
+	case KindCellOutput:
+		return cellOutputHeader + MaxChunk
+	case KindCellStatus:
+		return cellStatusHeader + MaxReasonBytes
 	}
 	return -1
 }

@@ -125,6 +125,7 @@ def test_restart_delete_and_their_refusals(backend, sandbox):
     backend.run_code(sandbox, "x = 1", "work")
     backend.run_code(sandbox, "x += 1", "work")
     backend.restart_context(sandbox, "work")
+    assert [(c.context, c.execution_count) for c in backend.list_contexts(sandbox)] == [("work", 0)]
     fresh = backend.run_code(sandbox, "'x' in globals()", "work")
     assert (fresh.text, fresh.execution_count) == ("False", 1)
     backend.delete_context(sandbox, "work")

@@ -1075,7 +1075,8 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
         return [context_info_from_wire(c) for c in contexts if isinstance(c, Mapping)]
 
     def restart_context(self, sandbox: str, context: str = DEFAULT_CONTEXT) -> None:
-        """Drop the context's variables: its process ends, its next cell starts a fresh one at ``execution_count`` 1.
+        """Drop the context's variables: its process ends, it stays listed at ``execution_count`` 0, and its next
+        cell starts a fresh one at ``execution_count`` 1.
 
         A context that does not exist raises ``SandboxError`` (code ``context_not_found``).
         """

@@ -901,7 +901,7 @@ class SidecarClient:
         return list(self.call("list_contexts", {"sandbox": sandbox}).get("contexts") or [])
 
     def restart_context(self, sandbox: str, context: str) -> None:
-        """End the context's process and state; its next cell starts afresh (``execution_count`` 1).
+        """End the context's process and state and keep it: listed at ``execution_count`` 0, its next cell starts afresh.
 
         An unknown context is the error ``context_not_found``.
         """
