@@ -327,6 +327,9 @@ type ImageInfo struct {
 	// host's root; Origin says where a snapshot came from.
 	Base   string       `msgpack:"base,omitempty"`
 	Origin *ImageOrigin `msgpack:"origin,omitempty"`
+	// Memory: a snapshot that keeps its sandbox's processes and memory
+	// (a gVisor checkpoint); a sandbox created from it starts with them.
+	Memory bool `msgpack:"memory,omitempty"`
 }
 
 // ImageListResult is image_ls's result.
