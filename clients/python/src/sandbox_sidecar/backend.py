@@ -107,7 +107,7 @@ ERROR_KINDS: Mapping[str, Tuple[str, str]] = {
     "image_exists": (TERMINAL, "an import's name is taken by another image"),
     "bad_image": (TERMINAL, "an import is not an image, or a hostile one"),
     "image_too_large": (TERMINAL, "an import exceeds the daemon's image caps"),
-    "not_supported": (TERMINAL, "the daemon's backend cannot do this at all (durable processes, code contexts, snapshots and forks on sbx; pause where the host cannot freeze)"),
+    "not_supported": (TERMINAL, "the daemon's backend cannot do this at all (durable processes, code contexts, snapshots and forks on sbx, with memory but on gVisor; pause where the host cannot freeze)"),
     "no_space": (TERMINAL, "the host's disk filled up during a snapshot or a fork; nothing was kept"),
     "frame_too_large": (TERMINAL, "a request or response exceeded the frame limit"),
     "unsupported_version": (TERMINAL, "client and daemon share no protocol version"),
