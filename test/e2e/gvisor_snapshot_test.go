@@ -143,6 +143,19 @@ func TestGVisorSnapshotWithMemoryThroughTheSocket(t *testing.T) {
 	holderRuns(t, c, src, p)
 	assert.Equal(t, before.token, ask(t, c, src).token, "the source's holder lost its token")
 
+	// The CLI's --memory: the same, and image inspect says so.
+	out, errOut, code := d.cli(t, "snapshot", src, "prepared-cli", "--memory")
+	require.Equal(t, 0, code, "%s", errOut)
+	assert.Contains(t, out, "with its processes' memory")
+	out, errOut, code = d.cli(t, "image", "inspect", "prepared-cli")
+	require.Equal(t, 0, code, "%s", errOut)
+	var inspected map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &inspected), "%s", out)
+	assert.Equal(t, true, inspected["memory"], "image inspect: %s", out)
+	assert.Positive(t, inspected["size_bytes"], "image inspect prints the wire's keys: %s", out)
+	require.IsType(t, map[string]any{}, inspected["origin"], "%s", out)
+	assert.Equal(t, "host", inspected["origin"].(map[string]any)["base_image"], "%s", out)
+
 	e := callErr(t, c, ipc.OpImageRm, map[string]any{"name": "prepared"})
 	assert.Equal(t, ipc.CodeImageInUse, e.Code, "%v", e)
 	call(t, c, ipc.OpDestroy, map[string]any{"sandbox": from})
@@ -212,6 +225,14 @@ func TestGVisorForkWithMemoryThroughTheSocket(t *testing.T) {
 		}
 		assert.Equal(t, want, out, "%s", id)
 	}
+	// The CLI's fork --memory.
+	out, errOut, code := d.cli(t, "fork", src, "1", "--memory")
+	require.Equal(t, 0, code, "%s", errOut)
+	third := strings.TrimSpace(out)
+	got := ask(t, c, third)
+	assert.Equal(t, before.token, got.token, "the CLI's fork: the holder's token is not the source's")
+	assert.True(t, got.restored)
+	call(t, c, ipc.OpDestroy, map[string]any{"sandbox": third})
 	// A copy's process killed, the source's and the other's run on.
 	call(t, c, ipc.OpSignalProcess, map[string]any{"sandbox": forks[0], "process": p, "signal": "KILL"})
 	eventually(t, 30*time.Second, "the killed holder ends", func() bool {
