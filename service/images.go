@@ -76,7 +76,7 @@ func (s *Service) imageInfo(im backend.Image, counts map[string]int) api.ImageIn
 	info := api.ImageInfo{Name: name, Builtin: im.IsHost(), Default: name == m.DefaultImage(), Digest: im.Digest,
 		SizeBytes: im.Bytes, Files: im.Files, Source: im.Source, Env: im.Env, Entrypoint: im.Entrypoint, Cmd: im.Cmd,
 		WorkingDir: im.WorkingDir, User: im.User, Sandboxes: counts[name], PoolSize: m.ImagePoolSize(name),
-		Base: im.Base, Origin: imageOrigin(im)}
+		Base: im.Base, Origin: imageOrigin(im), Memory: im.Memory != ""}
 	if !im.Created.IsZero() {
 		info.CreatedAt = unixSeconds(im.Created)
 	}

@@ -38,9 +38,9 @@ func init() {
 func runSnapshot(args []string, stdout, stderr io.Writer) error {
 	var cf clientFlags
 	var memory bool
-	fs := newFlags("snapshot", "SANDBOX NAME", stderr)
+	fs := newFlags("snapshot", "SANDBOX NAME [--memory]", stderr)
 	cf.register(fs, time.Hour)
-	fs.BoolVar(&memory, "memory", false, "keep the processes' memory too (no backend takes it yet)")
+	fs.BoolVar(&memory, "memory", false, "keep the processes and their memory too (gvisor only): sandboxes created from the image start with them")
 	pos, err := parsePositional(fs, args, "SANDBOX", "NAME")
 	if err != nil {
 		return err
@@ -54,6 +54,9 @@ func runSnapshot(args []string, stdout, stderr io.Writer) error {
 		if !res.Frozen {
 			held = "not frozen: copied as its commands left the files"
 		}
+		if memory {
+			held += ", with its processes' memory"
+		}
 		fmt.Fprintf(stdout, "%s: a snapshot of %s on %s, %s, %s in %d files (%s, %.0f ms)\n", res.Image, pos[0], res.BaseImage,
 			res.Digest, humanBytes(res.SizeBytes), res.Files, held, res.DurationMS)
 		return nil
@@ -65,11 +68,11 @@ func runFork(args []string, stdout, stderr io.Writer) error {
 	var owner string
 	var ttl time.Duration
 	var memory bool
-	fs := newFlags("fork", "SANDBOX N [--owner DAG_ID/RUN_ID] [--ttl D]", stderr)
+	fs := newFlags("fork", "SANDBOX N [--owner DAG_ID/RUN_ID] [--ttl D] [--memory]", stderr)
 	cf.register(fs, 10*time.Minute)
 	fs.StringVar(&owner, "owner", "", "the forks' owner (Airflow run; default: the source's)")
 	fs.DurationVar(&ttl, "ttl", 0, "the forks' lease (default: they end when the source does)")
-	fs.BoolVar(&memory, "memory", false, "copy the processes' memory too (no backend takes it yet)")
+	fs.BoolVar(&memory, "memory", false, "copy the processes and their memory too (gvisor only)")
 	pos, err := parsePositional(fs, args, "SANDBOX", "N")
 	if err != nil {
 		return err

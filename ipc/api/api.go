@@ -302,31 +302,34 @@ type SandboxInfo struct {
 
 // ImageInfo is one image as image_ls and image_inspect report it.
 type ImageInfo struct {
-	Name string `msgpack:"name"`
+	Name string `msgpack:"name" json:"name"`
 	// Builtin: the host image, which is not in the store.
-	Builtin bool `msgpack:"builtin"`
+	Builtin bool `msgpack:"builtin" json:"builtin"`
 	// Default: a create that names no image gets this one.
-	Default bool   `msgpack:"default"`
-	Digest  string `msgpack:"digest,omitempty"`
+	Default bool   `msgpack:"default" json:"default"`
+	Digest  string `msgpack:"digest,omitempty" json:"digest,omitempty"`
 	// SizeBytes and Files are the unpacked root's.
-	SizeBytes  int64    `msgpack:"size_bytes"`
-	Files      int64    `msgpack:"files"`
-	CreatedAt  float64  `msgpack:"created_at,omitempty"`
-	ImportedAt float64  `msgpack:"imported_at,omitempty"`
-	Source     string   `msgpack:"source,omitempty"`
-	Env        []string `msgpack:"env,omitempty"`
-	Entrypoint []string `msgpack:"entrypoint,omitempty"`
-	Cmd        []string `msgpack:"cmd,omitempty"`
-	WorkingDir string   `msgpack:"working_dir,omitempty"`
-	User       string   `msgpack:"user,omitempty"`
+	SizeBytes  int64    `msgpack:"size_bytes" json:"size_bytes"`
+	Files      int64    `msgpack:"files" json:"files"`
+	CreatedAt  float64  `msgpack:"created_at,omitempty" json:"created_at,omitempty"`
+	ImportedAt float64  `msgpack:"imported_at,omitempty" json:"imported_at,omitempty"`
+	Source     string   `msgpack:"source,omitempty" json:"source,omitempty"`
+	Env        []string `msgpack:"env,omitempty" json:"env,omitempty"`
+	Entrypoint []string `msgpack:"entrypoint,omitempty" json:"entrypoint,omitempty"`
+	Cmd        []string `msgpack:"cmd,omitempty" json:"cmd,omitempty"`
+	WorkingDir string   `msgpack:"working_dir,omitempty" json:"working_dir,omitempty"`
+	User       string   `msgpack:"user,omitempty" json:"user,omitempty"`
 	// Sandboxes counts the sandboxes on it now; PoolSize is its warm
 	// pool's configured size.
-	Sandboxes int `msgpack:"sandboxes"`
-	PoolSize  int `msgpack:"pool_size"`
+	Sandboxes int `msgpack:"sandboxes" json:"sandboxes"`
+	PoolSize  int `msgpack:"pool_size" json:"pool_size"`
 	// Base is "host" for an image holding only a sandbox's files over the
 	// host's root; Origin says where a snapshot came from.
-	Base   string       `msgpack:"base,omitempty"`
-	Origin *ImageOrigin `msgpack:"origin,omitempty"`
+	Base   string       `msgpack:"base,omitempty" json:"base,omitempty"`
+	Origin *ImageOrigin `msgpack:"origin,omitempty" json:"origin,omitempty"`
+	// Memory: a snapshot that keeps its sandbox's processes and memory
+	// (a gVisor checkpoint); a sandbox created from it starts with them.
+	Memory bool `msgpack:"memory,omitempty" json:"memory,omitempty"`
 }
 
 // ImageListResult is image_ls's result.

@@ -123,3 +123,18 @@ func TestNameOnTheWire(t *testing.T) {
 		}
 	}
 }
+
+// TestImageInfoPrintsAsTheWire: the CLI prints image_ls's and
+// image_inspect's answers (image ls --json, image inspect) by encoding
+// ImageInfo as JSON, so its keys must be the wire's (size_bytes, origin's
+// base_image), not Go's field names.
+func TestImageInfoPrintsAsTheWire(t *testing.T) {
+	for _, typ := range []reflect.Type{reflect.TypeFor[api.ImageInfo](), reflect.TypeFor[api.ImageOrigin]()} {
+		for i := range typ.NumField() {
+			f := typ.Field(i)
+			if j, m := f.Tag.Get("json"), f.Tag.Get("msgpack"); j != m {
+				t.Errorf("%s.%s: json tag %q, msgpack tag %q", typ.Name(), f.Name, j, m)
+			}
+		}
+	}
+}

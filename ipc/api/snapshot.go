@@ -5,8 +5,8 @@ package api
 // Requests below, kept apart from the rest of the ops.
 
 // SnapshotRequest is snapshot's arguments: the sandbox whose files become
-// image Name. Memory (a gVisor checkpoint too) is refused until a backend
-// takes it.
+// image Name. Memory keeps its processes and their memory too (a gVisor
+// checkpoint; other backends refuse it with not_supported).
 type SnapshotRequest struct {
 	Sandbox string `msgpack:"sandbox" wire:"required"`
 	Name    string `msgpack:"name" wire:"required"`
@@ -46,13 +46,13 @@ type ForkResult struct {
 
 // ImageOrigin is where a snapshot came from (ImageInfo.Origin).
 type ImageOrigin struct {
-	Sandbox    string  `msgpack:"sandbox"`
-	BaseImage  string  `msgpack:"base_image"`
-	BaseDigest string  `msgpack:"base_digest,omitempty"`
-	TakenAt    float64 `msgpack:"taken_at,omitempty"`
+	Sandbox    string  `msgpack:"sandbox" json:"sandbox"`
+	BaseImage  string  `msgpack:"base_image" json:"base_image"`
+	BaseDigest string  `msgpack:"base_digest,omitempty" json:"base_digest,omitempty"`
+	TakenAt    float64 `msgpack:"taken_at,omitempty" json:"taken_at,omitempty"`
 	// UID is the uid that took it (absent for one pulled from a
 	// registry): only it and admins run sandboxes on it or remove it.
-	UID *uint32 `msgpack:"uid,omitempty"`
+	UID *uint32 `msgpack:"uid,omitempty" json:"uid,omitempty"`
 }
 
 // ImageExportBeginRequest is image_export_begin's arguments.

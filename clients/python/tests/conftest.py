@@ -90,6 +90,8 @@ class RunningDaemon:
         # installed has one) would give the test's daemon whatever that
         # host's operator set.
         config = [] if any(a == "--config" or a.startswith("--config=") for a in extra_args) else ["--config", "/dev/null"]
+        # gc reads the backend (and gVisor's runsc) from the same config.
+        self.config = next((b for a, b in zip(extra_args, extra_args[1:]) if a == "--config"), "/dev/null")
         self.proc = subprocess.Popen(
             [binary, "serve", *config, "--socket", self.socket, "--state-dir", os.path.join(self.dir, "state"), *extra_args],
             stdout=subprocess.DEVNULL,
@@ -130,7 +132,7 @@ class RunningDaemon:
         # A kept sandbox outlives its daemon (its init and durable
         # processes go on for the next one): end them with the test.
         subprocess.run(
-            [self.binary, "gc", "--all", "--config", "/dev/null", "--socket", self.socket, "--state-dir", os.path.join(self.dir, "state")],
+            [self.binary, "gc", "--all", "--config", self.config, "--socket", self.socket, "--state-dir", os.path.join(self.dir, "state")],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             timeout=120,
@@ -156,6 +158,25 @@ def sidecar_daemon(sidecar_binary: str) -> Iterator[RunningDaemon]:
     if health.get("status") != "ok":
         daemon.stop()
         unavailable(f"the daemon's backend is not usable here: {health.get('backend_error')}")
+    yield daemon
+    daemon.stop()
+
+
+@pytest.fixture(scope="session")
+def gvisor_daemon(sidecar_binary: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
+    """A real daemon for the session, with the gVisor backend and $SANDBOX_SIDECAR_RUNSC (scripts/test.sh sets it)."""
+    runsc = os.environ.get("SANDBOX_SIDECAR_RUNSC") or shutil.which("runsc")
+    if not runsc or not os.access(runsc, os.X_OK):
+        unavailable("runsc is not installed (scripts/install-runsc.sh builds it; SANDBOX_SIDECAR_RUNSC names it)")
+    if os.geteuid() != 0:
+        unavailable("the gVisor backend needs root")
+    config = tmp_path_factory.mktemp("gvisor") / "config.toml"
+    config.write_text(f'[server]\nbackend = "gvisor"\n[gvisor]\nrunsc_path = "{runsc}"\n')
+    daemon = RunningDaemon(sidecar_binary, "--config", str(config))
+    problem = daemon.wait_ready(timeout=60)
+    if problem:
+        daemon.stop()
+        pytest.fail(problem, pytrace=False)
     yield daemon
     daemon.stop()
 

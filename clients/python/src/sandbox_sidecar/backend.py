@@ -107,7 +107,7 @@ ERROR_KINDS: Mapping[str, Tuple[str, str]] = {
     "image_exists": (TERMINAL, "an import's name is taken by another image"),
     "bad_image": (TERMINAL, "an import is not an image, or a hostile one"),
     "image_too_large": (TERMINAL, "an import exceeds the daemon's image caps"),
-    "not_supported": (TERMINAL, "the daemon's backend cannot do this at all (durable processes, code contexts, snapshots and forks on sbx; pause where the host cannot freeze)"),
+    "not_supported": (TERMINAL, "the daemon's backend cannot do this at all (durable processes, code contexts, snapshots and forks on sbx, with memory but on gVisor; pause where the host cannot freeze)"),
     "no_space": (TERMINAL, "the host's disk filled up during a snapshot or a fork; nothing was kept"),
     "frame_too_large": (TERMINAL, "a request or response exceeded the frame limit"),
     "unsupported_version": (TERMINAL, "client and daemon share no protocol version"),
@@ -1097,29 +1097,37 @@ class SidecarSandboxBackend(AttachableSandboxBackend):
             raise to_sandbox_error(exc, op=op) from exc
     # -- snapshots and forks -----------------------------------------------------
 
-    def snapshot(self, sandbox: str, name: str) -> Mapping[str, Any]:
+    def snapshot(self, sandbox: str, name: str, *, memory: bool = False) -> Mapping[str, Any]:
         """Make the sandbox's files the image ``name``, which later runs create sandboxes from.
 
         A backend made with ``image=name`` (or a ``create(image=name)``) then
-        starts with this sandbox's ``/workspace`` and ``/tmp``. Returns the
-        daemon's answer (``image``, ``digest``, ``size_bytes``, ``files``,
-        ``frozen``, ...).
+        starts with this sandbox's ``/workspace`` and ``/tmp``. With
+        ``memory=True`` (gVisor only; elsewhere ``SandboxTerminalError``
+        with ``code`` ``not_supported``) the image keeps its processes and
+        their memory too, and those sandboxes start with them running
+        where they were, ``/tmp/.sandbox-restored`` telling the guest to
+        reseed. Returns the daemon's answer (``image``, ``digest``,
+        ``size_bytes``, ``files``, ``frozen``, ...).
         """
         sandbox = self.sandbox_id(sandbox)
         try:
-            return self.client.snapshot(sandbox, name)
+            return self.client.snapshot(sandbox, name, memory=memory)
         except SidecarError as exc:
             raise to_sandbox_error(exc, op="snapshot") from exc
 
-    def fork(self, sandbox: str, count: int = 1, *, owner: Optional[str] = None, ttl_s: Optional[float] = None) -> List[str]:
+    def fork(
+        self, sandbox: str, count: int = 1, *, owner: Optional[str] = None, ttl_s: Optional[float] = None, memory: bool = False
+    ) -> List[str]:
         """``count`` new sandboxes as copies of ``sandbox`` (its files now, its spec, owner and lease); their ids.
 
         All or nothing: a fork the daemon's quotas cannot take whole raises
-        ``SandboxTerminalError`` (``quota_exceeded``) and makes none.
+        ``SandboxTerminalError`` (``quota_exceeded``) and makes none. With
+        ``memory=True`` (gVisor only, as :meth:`snapshot`) each copy also
+        has the source's processes and their memory, its own from then on.
         """
         sandbox = self.sandbox_id(sandbox)
         try:
-            result = self.client.fork(sandbox, count, owner=owner, ttl_s=ttl_s)
+            result = self.client.fork(sandbox, count, owner=owner, ttl_s=ttl_s, memory=memory)
         except SidecarError as exc:
             raise to_sandbox_error(exc, op="fork") from exc
         host = self._host()

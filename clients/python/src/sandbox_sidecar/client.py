@@ -921,6 +921,9 @@ class SidecarClient:
         ``frozen`` (its processes were stopped while its files were copied)
         and ``duration_ms``. A taken name is the error ``image_exists``, a full
         disk ``no_space`` (nothing is kept, the sandbox is as it was).
+        ``memory=True`` keeps its processes and their memory too (gVisor
+        only; elsewhere ``not_supported``): sandboxes created from the image
+        start with them, and ``/tmp/.sandbox-restored`` in each.
         """
         return self.call("snapshot", {"sandbox": sandbox, "name": name, "memory": memory or None}, timeout=timeout)
 
@@ -938,7 +941,9 @@ class SidecarClient:
 
         ``owner`` and ``ttl_s`` give the forks others. All or nothing: a fork
         the quotas cannot take whole is the error ``quota_exceeded`` and makes
-        none. Returns ``sandboxes`` (their ids), ``expires_at`` and ``frozen``.
+        none. ``memory=True`` copies the processes and their memory too
+        (gVisor only; elsewhere ``not_supported``). Returns ``sandboxes``
+        (their ids), ``expires_at`` and ``frozen``.
         """
         return self.call(
             "fork",
