@@ -110,6 +110,15 @@ func run(o options) error {
 			return fmt.Errorf("no daemon binary: build it (make build) or pass --daemon-bin or --socket")
 		}
 	}
+	if o.daemonBin != "" {
+		// Absolute: scenarios hand it to runsc, which resolves paths
+		// elsewhere (make bench passes bin/sandbox-sidecar).
+		abs, err := filepath.Abs(o.daemonBin)
+		if err != nil {
+			return err
+		}
+		o.daemonBin = abs
+	}
 	raiseOpenFiles()
 	rep := &report{Date: time.Now().UTC().Format("2006-01-02 15:04 MST"), Machine: machine(), Go: runtime.Version(), Quick: o.quick}
 	want := func(s string) bool { return o.only == "" || strings.Contains(","+o.only+",", ","+s+",") }
