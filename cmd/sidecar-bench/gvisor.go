@@ -86,7 +86,7 @@ func gvisorSteady(o options, rep *report, runsc string, gvFlags, bwFlags []strin
 	}
 	// The bare runsc exec runs in a sandbox of its own: a command right
 	// after a runsc exec into the same sandbox costs gVisor 1.5–2 ms more
-	// (docs/benchmarks.md, "gVisor: where a command's time goes"), which a
+	// (docs/performance.md, "gVisor: where a command's time goes"), which a
 	// fixed order would charge to one side.
 	rid, err := create(gc, map[string]any{"ttl_s": 3600})
 	if err != nil {

@@ -14,7 +14,7 @@ import (
 
 // Formatting a filesystem is most of what a capped disk costs at create:
 // mkfs.ext4 is a process to start, and it fsyncs the image before it
-// exits (14-26 ms on a 1 GiB image here: docs/benchmarks.md, "bwrap: a
+// exits (14-26 ms on a 1 GiB image here: docs/performance.md, "bwrap: a
 // cold create's first result"). Sandboxes with the same cap get the same
 // empty filesystem, so Templates formats each shape once per daemon and
 // gives every new sandbox a copy: a reflink

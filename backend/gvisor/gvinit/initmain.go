@@ -125,7 +125,7 @@ func runInit() int {
 	// awaited through SIGCHLD: no goroutine of init sits in a blocking
 	// system call while it waits, so the Go runtime's monitor thread goes
 	// to sleep instead of polling every 20 µs, each poll a system call the
-	// sentry serves (docs/benchmarks.md, "gVisor: where a command's time goes").
+	// sentry serves (docs/performance.md, "gVisor: where a command's time goes").
 	// The daemon's pipe is written through a descriptor of its own above
 	// 2: a write to fd 1 or 2 that fails with EPIPE ends a Go program that
 	// has not asked for SIGPIPE (os/signal), which init does not shield
