@@ -288,6 +288,8 @@ func TestGVisorExitRecordedAcrossAKill9AtItsEnd(t *testing.T) {
 		}
 		keeper = strings.TrimPrefix(strings.TrimSpace(string(out)), "/proc/")
 		if keeper == "" && time.Now().After(deadline) {
+			dbg, _ := first.cli(ctx, cliTimeout, "exec", id, "/bin/sh", "-c", `for d in /proc/[0-9]*; do echo "$d $(cat $d/stat) :: $(cat $d/task/*/comm | tr '\n' ' ')"; done`)
+			t.Logf("procs:\n%s", dbg)
 			t.Fatal("the keeper did not stop at its failpoint within a minute")
 		}
 		time.Sleep(50 * time.Millisecond)
