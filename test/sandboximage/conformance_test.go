@@ -135,8 +135,11 @@ func TestConformanceOnAnImportedImage(t *testing.T) {
 			return gvisorOnImage{b, img, dir}
 		}
 		o := opts
-		// The code contexts' contract on the image, as on bwrap.
+		// The code contexts' contract on the image, as on bwrap; and
+		// pause, which gVisor does on any image (a checkpoint of the
+		// sandbox as it runs), with the durable processes it needs.
 		o.Code, o.CodeLibraries, o.CodePreload = true, true, codePreload
+		o.Pause, o.Processes = true, true
 		o.Reopen = func(t *testing.T, b backend.Backend) backend.Backend {
 			// A restart: the backend before lets go of its sandboxes
 			// (whose inits the next re-attaches to) before the next starts.
