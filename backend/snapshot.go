@@ -154,3 +154,25 @@ type Forker interface {
 	// is ErrUnsupported where the backend cannot copy processes.
 	Fork(ctx context.Context, id string, newIDs []string, opts SnapshotOptions) (ForkResult, error)
 }
+
+// CreateEach creates one sandbox of b per id with spec, in order: all or
+// nothing. When one cannot be made, those made are destroyed (whatever
+// ctx says: cleanup is detached), each destroy that fails is handed to
+// destroyFailed, and the create's error is returned. The forks of every
+// backend are made so.
+func CreateEach(ctx context.Context, b Backend, ids []string, spec Spec, destroyFailed func(id string, err error)) ([]Info, error) {
+	infos := make([]Info, 0, len(ids))
+	for i, id := range ids {
+		info, err := b.Create(ctx, id, spec)
+		if err != nil {
+			for _, made := range ids[:i] {
+				if derr := b.Destroy(context.WithoutCancel(ctx), made); derr != nil {
+					destroyFailed(made, derr)
+				}
+			}
+			return nil, err
+		}
+		infos = append(infos, info)
+	}
+	return infos, nil
+}

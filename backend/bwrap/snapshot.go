@@ -146,25 +146,13 @@ func (b *Backend) Fork(ctx context.Context, id string, newIDs []string, opts bac
 	spec.Seed = backend.Seed{Workspace: src.workDir(), Tmp: src.tmpDir(), ReadAs: b.readerAs(src), KeepModes: true}
 	release, frozen := b.hold(ctx, src)
 	defer release()
-	var made []string
-	defer func() {
-		if err != nil {
-			for _, nid := range made {
-				if derr := b.Destroy(context.WithoutCancel(ctx), nid); derr != nil {
-					b.log.Error("cannot remove a sandbox of a failed fork", "sandbox", nid, "error", derr)
-				}
-			}
-		}
-	}()
-	res := backend.ForkResult{Frozen: frozen}
-	for _, nid := range newIDs {
-		info, err := b.Create(ctx, nid, spec)
-		if err != nil {
-			return backend.ForkResult{}, fmt.Errorf("fork of sandbox %s: %w", id, err)
-		}
-		made = append(made, nid)
-		res.Infos = append(res.Infos, info)
+	infos, err := backend.CreateEach(ctx, b, newIDs, spec, func(nid string, derr error) {
+		b.log.Error("cannot remove a sandbox of a failed fork", "sandbox", nid, "error", derr)
+	})
+	if err != nil {
+		return backend.ForkResult{}, fmt.Errorf("fork of sandbox %s: %w", id, err)
 	}
+	res := backend.ForkResult{Infos: infos, Frozen: frozen}
 	b.failpoint(FailForkCopied)
 	b.log.Info("sandbox forked", "sandbox", id, "forks", newIDs, "frozen", frozen)
 	return res, nil
