@@ -38,13 +38,7 @@ func (m *Manager) RunCode(ctx context.Context, c Caller, id string, req backend.
 	defer release()
 	m.mu.Lock()
 	left := r.ExpiresAt.Sub(m.cfg.Now())
-	if len(r.Env) > 0 {
-		env := cloneMap(r.Env)
-		for k, v := range req.Env {
-			env[k] = v
-		}
-		req.Env = env
-	}
+	req.Env = r.withEnv(req.Env)
 	m.mu.Unlock()
 	if req.Timeout > left {
 		req.Timeout = max(left, time.Millisecond)
@@ -54,43 +48,24 @@ func (m *Manager) RunCode(ctx context.Context, c Caller, id string, req backend.
 
 // ListContexts lists a sandbox's code contexts.
 func (m *Manager) ListContexts(ctx context.Context, c Caller, id string) ([]backend.ContextInfo, error) {
-	cr, err := m.coder()
-	if err != nil {
-		return nil, err
-	}
-	_, done, err := m.use(ctx, c, id)
-	if err != nil {
-		return nil, err
-	}
-	defer done()
-	return cr.ListContexts(ctx, id)
+	return through(m, ctx, c, id, m.coder, func(cr backend.CodeRunner) ([]backend.ContextInfo, error) {
+		return cr.ListContexts(ctx, id)
+	})
 }
 
 // DeleteContext ends one of a sandbox's code contexts.
 func (m *Manager) DeleteContext(ctx context.Context, c Caller, id, name string) error {
-	cr, err := m.coder()
-	if err != nil {
-		return err
-	}
-	_, done, err := m.use(ctx, c, id)
-	if err != nil {
-		return err
-	}
-	defer done()
-	return cr.DeleteContext(ctx, id, name)
+	_, err := through(m, ctx, c, id, m.coder, func(cr backend.CodeRunner) (struct{}, error) {
+		return struct{}{}, cr.DeleteContext(ctx, id, name)
+	})
+	return err
 }
 
 // RestartContext ends one of a sandbox's code contexts' state and keeps
 // the context, fresh.
 func (m *Manager) RestartContext(ctx context.Context, c Caller, id, name string) error {
-	cr, err := m.coder()
-	if err != nil {
-		return err
-	}
-	_, done, err := m.use(ctx, c, id)
-	if err != nil {
-		return err
-	}
-	defer done()
-	return cr.RestartContext(ctx, id, name)
+	_, err := through(m, ctx, c, id, m.coder, func(cr backend.CodeRunner) (struct{}, error) {
+		return struct{}{}, cr.RestartContext(ctx, id, name)
+	})
+	return err
 }

@@ -41,15 +41,7 @@ func (m *Manager) Exec(ctx context.Context, c Caller, id string, req backend.Exe
 	r.commands++
 	m.lastCommand = time.Now()
 	left := r.ExpiresAt.Sub(m.cfg.Now())
-	if len(r.Env) > 0 {
-		// A sandbox claimed from the pool: its spec's env travels with
-		// each command; the request's own env wins.
-		env := cloneMap(r.Env)
-		for k, v := range req.Env {
-			env[k] = v
-		}
-		req.Env = env
-	}
+	req.Env = r.withEnv(req.Env)
 	m.mu.Unlock()
 	if left < req.Timeout {
 		req.Timeout = max(left, time.Millisecond)

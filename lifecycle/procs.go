@@ -38,15 +38,7 @@ func (m *Manager) StartProcess(ctx context.Context, c Caller, id string, req bac
 		return backend.ProcessInfo{}, err
 	}
 	m.mu.Lock()
-	if len(r.Env) > 0 {
-		// A sandbox claimed from the pool: its spec's env travels with
-		// each command and process; the request's own env wins.
-		env := cloneMap(r.Env)
-		for k, v := range req.Env {
-			env[k] = v
-		}
-		req.Env = env
-	}
+	req.Env = r.withEnv(req.Env)
 	m.mu.Unlock()
 	p, err := pb.StartProcess(ctx, id, req)
 	if err == nil && !p.Existing {
@@ -181,28 +173,15 @@ func (m *Manager) WaitProcess(ctx context.Context, c Caller, id, proc string, wa
 
 // SignalProcess sends sig to a durable process's group.
 func (m *Manager) SignalProcess(ctx context.Context, c Caller, id, proc string, sig syscall.Signal) error {
-	pb, err := m.processes()
-	if err != nil {
-		return err
-	}
-	_, done, err := m.use(ctx, c, id)
-	if err != nil {
-		return err
-	}
-	defer done()
-	return pb.SignalProcess(ctx, id, proc, sig)
+	_, err := through(m, ctx, c, id, m.processes, func(pb backend.Processes) (struct{}, error) {
+		return struct{}{}, pb.SignalProcess(ctx, id, proc, sig)
+	})
+	return err
 }
 
 // ListProcesses lists a sandbox's durable processes.
 func (m *Manager) ListProcesses(ctx context.Context, c Caller, id string) ([]backend.ProcessInfo, error) {
-	pb, err := m.processes()
-	if err != nil {
-		return nil, err
-	}
-	_, done, err := m.use(ctx, c, id)
-	if err != nil {
-		return nil, err
-	}
-	defer done()
-	return pb.ListProcesses(ctx, id)
+	return through(m, ctx, c, id, m.processes, func(pb backend.Processes) ([]backend.ProcessInfo, error) {
+		return pb.ListProcesses(ctx, id)
+	})
 }

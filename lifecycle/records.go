@@ -153,6 +153,37 @@ func (m *Manager) use(ctx context.Context, c Caller, id string) (*record, func()
 	return r, func() { leave(); done() }, nil
 }
 
+// withEnv is env with the sandbox's own spec env under it: a sandbox
+// claimed from the pool carries its spec's env to each command, process
+// and cell, and the request's own env wins. m.mu is held.
+func (r *record) withEnv(env map[string]string) map[string]string {
+	if len(r.Env) == 0 {
+		return env
+	}
+	merged := cloneMap(r.Env)
+	for k, v := range env {
+		merged[k] = v
+	}
+	return merged
+}
+
+// through calls fn with the backend's capability, got by capability (an
+// ErrUnsupported when the backend has none), while c uses sandbox id:
+// the one shape of every op that needs no more than that.
+func through[B, T any](m *Manager, ctx context.Context, c Caller, id string, capability func() (B, error), fn func(B) (T, error)) (T, error) {
+	var zero T
+	b, err := capability()
+	if err != nil {
+		return zero, err
+	}
+	_, done, err := m.use(ctx, c, id)
+	if err != nil {
+		return zero, err
+	}
+	defer done()
+	return fn(b)
+}
+
 // enter is use without the resume: the sandbox found, checked and counted
 // as in use (for the idle clock) until the returned func is called.
 func (m *Manager) enter(ctx context.Context, c Caller, id string) (*record, func(), error) {
