@@ -71,7 +71,12 @@ func (b *Backend) seedMemory(ctx context.Context, sb *sandbox, mem *memorySeed) 
 	}
 	p := filepath.Join(sb.tmpDir(), RestoredMarker)
 	_ = os.Remove(p) // the source's own, if it was a copy too
-	return os.WriteFile(p, append(data, '\n'), 0o444)
+	if err := os.WriteFile(p, append(data, '\n'), 0o444); err != nil {
+		return err
+	}
+	// Whatever the daemon's umask (the packaged unit's 0077 left it
+	// root's alone, and the guest could not read it).
+	return os.Chmod(p, 0o444)
 }
 
 // restoreFork boots sb, just created, from mem's checkpoint.
