@@ -96,8 +96,8 @@ func (im Image) UsableBy(uid uint32, admin bool) bool {
 // SnapshotOptions say what a snapshot or a fork takes of a sandbox.
 type SnapshotOptions struct {
 	// Memory asks for its processes and their memory too (gVisor's
-	// checkpoint, of a sandbox on the host's root); other backends
-	// answer ErrUnsupported.
+	// checkpoint, of a sandbox without egress allow-lists); other
+	// backends answer ErrUnsupported.
 	Memory bool
 }
 

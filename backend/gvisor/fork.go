@@ -71,7 +71,12 @@ func (b *Backend) seedMemory(ctx context.Context, sb *sandbox, mem *memorySeed) 
 	}
 	p := filepath.Join(sb.tmpDir(), RestoredMarker)
 	_ = os.Remove(p) // the source's own, if it was a copy too
-	return os.WriteFile(p, append(data, '\n'), 0o444)
+	if err := os.WriteFile(p, append(data, '\n'), 0o444); err != nil {
+		return err
+	}
+	// Whatever the daemon's umask (the packaged unit's 0077 left it
+	// root's alone, and the guest could not read it).
+	return os.Chmod(p, 0o444)
 }
 
 // restoreFork boots sb, just created, from mem's checkpoint.
@@ -212,8 +217,8 @@ func memoryOfImage(im backend.Image) (*memorySeed, error) {
 	if im.Memory == "" {
 		return nil, nil
 	}
-	if !im.RunsOnHost() || !filepath.IsAbs(im.Memory) {
-		return nil, fmt.Errorf("%w: image %s holds memory but is not a snapshot of a sandbox on the host's root; snapshot again", backend.ErrUnavailable, backend.ShortName(im.Name))
+	if !filepath.IsAbs(im.Memory) {
+		return nil, fmt.Errorf("%w: image %s holds memory at %q, not a directory of the store; snapshot again", backend.ErrUnavailable, backend.ShortName(im.Name), im.Memory)
 	}
 	src := ""
 	if im.Origin != nil {
@@ -225,19 +230,24 @@ func memoryOfImage(im backend.Image) (*memorySeed, error) {
 // snapshotWithMemory implements SnapshotFiles with SnapshotOptions.Memory:
 // fn gets the files and, in SandboxFiles.Memory, a checkpoint and the
 // processes' records taken while every task of the sandbox is stopped by
-// runsc (a paused sandbox: its own checkpoint), so the three agree. Only
-// a sandbox on the host's root: a restore needs the spec its checkpoint
-// was taken with, which a new image's root would change.
+// runsc (a paused sandbox: its own checkpoint), so the three agree.
+//
+// Of a sandbox on an imported image too: runsc restores a checkpoint
+// into a spec whose root path and mount sources differ from those it was
+// taken with, as long as the mounts' destinations, types and options are
+// the same (runsc/specutils's restore validation), and the guest's files
+// are found again by path. The snapshot's root is its base's root
+// hard-linked with the sandbox's workspace and tmp beside it, which a
+// sandbox's mounts leave out (guestOwned): a sandbox of the snapshot has
+// the same mounts, of the same files, on the snapshot's own root, which
+// needs nothing of the base once taken (the base may be removed).
 func (b *Backend) snapshotWithMemory(ctx context.Context, id string, fn func(backend.SandboxFiles) error) error {
 	sb, err := b.lookup(id)
 	if err != nil {
 		return err
 	}
-	switch {
-	case sb.network == networkAllowlist:
+	if sb.network == networkAllowlist {
 		return fmt.Errorf("%w: sandbox %s has an egress allow-list, whose network a gVisor checkpoint cannot carry; snapshot its files without memory", backend.ErrUnsupported, id)
-	case sb.image != nil:
-		return fmt.Errorf("%w: a snapshot with memory is taken only of a sandbox on the host's root (%s runs on image %s); snapshot its files without memory", backend.ErrUnsupported, id, backend.ShortName(sb.image.Name))
 	}
 	ctx, done, err := sb.ops.Begin(ctx)
 	if err != nil {

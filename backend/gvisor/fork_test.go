@@ -1,8 +1,11 @@
 package gvisor
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
 	"encoding/json"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +15,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/initproc/inittest"
 	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/image"
 )
 
@@ -101,7 +105,7 @@ func TestGVisorForkWithMemory(t *testing.T) {
 // of the store (sandbox/image) that keeps the checkpoint beside its root,
 // where no sandbox reaches and no export takes it; a sandbox created from
 // it starts with the source's processes where they were, its files, and
-// the restored marker. A sandbox on another image is refused.
+// the restored marker.
 func TestGVisorSnapshotWithMemory(t *testing.T) {
 	b := newTestBackend(t)
 	st, err := image.Open(filepath.Join(t.TempDir(), "images"), image.Limits{}, hclog.NewNullLogger())
@@ -161,5 +165,129 @@ func TestGVisorSnapshotWithMemory(t *testing.T) {
 	}
 	if strings.Contains(tarball.String(), "pages") || strings.Contains(tarball.String(), "checkpoint") {
 		t.Error("the export carries the memory checkpoint")
+	}
+}
+
+// rootTar is a plain rootfs tar of the tree at root (what `image import`
+// takes).
+func rootTar(t *testing.T, root string) *bytes.Buffer {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || p == root {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		link := ""
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			if link, err = os.Readlink(p); err != nil {
+				return err
+			}
+		}
+		hdr, err := tar.FileInfoHeader(fi, link)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, p)
+		hdr.Name = filepath.ToSlash(rel)
+		if d.IsDir() {
+			hdr.Name += "/"
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		if fi.Mode().IsRegular() {
+			data, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			_, err = tw.Write(data)
+			return err
+		}
+		return nil
+	})
+	if err == nil {
+		err = tw.Close()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &buf
+}
+
+// shellHolder is holder for an image with busybox alone: a token drawn
+// once and kept in the shell's memory, printed with a count.
+const shellHolder = `tok=$(busybox od -An -N8 -tx8 /dev/urandom | busybox tr -d ' ')
+i=0
+while :; do i=$((i+1)); echo "$i $tok same"; busybox sleep 0.01; done`
+
+// A snapshot with memory of a sandbox on an imported image (busybox, in a
+// real store): the store keeps the checkpoint beside the snapshot's root,
+// which is the base's hard-linked, and the base image can go; a sandbox
+// created from the snapshot runs on the snapshot's root and restores the
+// source's process where it was, with the source's files and a restored
+// marker the guest can read whatever the daemon's umask.
+func TestGVisorSnapshotWithMemoryOnAnImage(t *testing.T) {
+	b := newTestBackend(t, func(c *Config) { c.InitPath = inittest.Init(t, "exe") })
+	st, err := image.Open(filepath.Join(t.TempDir(), "images"), image.Limits{}, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	base, err := st.ImportArchive(ctx, rootTar(t, busyboxRoot(t, true)), "busybox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As the packaged unit runs it (UMask=0077).
+	old := syscall.Umask(0o077)
+	t.Cleanup(func() { syscall.Umask(old) })
+	const src = "on-busybox"
+	img := backend.Image{Name: base.Name, Digest: base.Digest, Root: base.Root, Env: []string{"PATH=/bin"}}
+	if _, err := b.Create(ctx, src, backend.Spec{Image: img}); err != nil {
+		t.Fatal(err)
+	}
+	execOK(t, b, src, "echo kept > /workspace/f")
+	p, err := b.StartProcess(ctx, src, backend.ProcessRequest{Argv: []string{"/bin/sh", "-c", shellHolder}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	advances(t, b, src, p.ID, 0, "before the snapshot")
+	var in image.Info
+	err = b.SnapshotFiles(ctx, src, backend.SnapshotOptions{Memory: true}, func(f backend.SandboxFiles) error {
+		var err error
+		in, err = st.Snapshot(ctx, "busybox-memory", image.SnapshotSource{BaseDigest: base.Digest,
+			Dirs:   map[string]string{image.WorkspaceDir: f.Workspace, image.TmpDir: f.Tmp},
+			Memory: f.Memory, Origin: image.Origin{Sandbox: src, BaseImage: base.Name, BaseDigest: base.Digest}})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("SnapshotFiles with memory of a sandbox on an image: %v", err)
+	}
+	if in.Memory == "" || in.Base != "" {
+		t.Fatalf("the snapshot: %+v", in)
+	}
+	advances(t, b, src, p.ID, written(t, b, src, p.ID), "the source after its snapshot")
+	if err := b.Destroy(ctx, src); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Remove("busybox"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.PruneImages([]string{in.Digest}); err != nil {
+		t.Fatal(err)
+	}
+	im := backend.Image{Name: in.Name, Digest: in.Digest, Root: in.Root, Env: in.Env, Memory: in.Memory,
+		Origin: &backend.ImageOrigin{Sandbox: src, BaseImage: base.Name, BaseDigest: base.Digest}}
+	if _, err := b.Create(ctx, "from-memory", backend.Spec{Image: im}); err != nil {
+		t.Fatalf("Create from a memory snapshot of a sandbox on an image: %v", err)
+	}
+	advances(t, b, "from-memory", p.ID, written(t, b, "from-memory", p.ID), "the restored holder")
+	holderLines(t, readProc(t, b, "from-memory", p.ID))
+	if got := execOK(t, b, "from-memory", "cat /workspace/f /tmp/"+RestoredMarker+" /etc/image-marker"); !strings.HasPrefix(got, "kept\n{\"from\":\""+src+"\"") || !strings.HasSuffix(got, "image\n") {
+		t.Errorf("a sandbox from the snapshot has %q", got)
 	}
 }

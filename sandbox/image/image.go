@@ -391,11 +391,11 @@ func (s *Store) load() error {
 			}
 		}
 		if err == nil && rec.Memory {
-			// Only a snapshot of the host's root holds memory, in a
-			// directory of the daemon's alone.
+			// Only a snapshot holds memory, in a directory of the
+			// daemon's alone.
 			fi, lerr := os.Lstat(filepath.Join(s.imageDir(hex), MemoryDir))
-			if lerr != nil || !fi.IsDir() || fi.Mode().Perm() != modePrivate || rec.Base != BaseHost {
-				err = fmt.Errorf("its memory is not a private directory of a snapshot of the host's root (%v)", lerr)
+			if lerr != nil || !fi.IsDir() || fi.Mode().Perm() != modePrivate || rec.Origin == nil {
+				err = fmt.Errorf("its memory is not a private directory of a snapshot (%v)", lerr)
 			}
 		}
 		if err != nil {

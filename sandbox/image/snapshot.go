@@ -95,9 +95,11 @@ type SnapshotSource struct {
 	Origin Origin
 	// Memory, when set, is a directory of the sandbox's processes and
 	// their memory (a gVisor checkpoint) the image keeps beside its root
-	// (Info.Memory), only for a snapshot of a sandbox on the host's root.
-	// Its content is the guest's memory: copied with the same care and
-	// caps, and kept where no sandbox reaches.
+	// (Info.Memory). Its content is the guest's memory: copied with the
+	// same care and caps, and kept where no sandbox reaches. Of a sandbox
+	// on a store image, the checkpoint's processes saw the base's files
+	// at the paths the snapshot's root (the base's, hard-linked) holds
+	// them too, so the snapshot needs nothing of the base once taken.
 	Memory string
 }
 
@@ -244,9 +246,6 @@ func (s *Store) snapshot(ctx context.Context, w *work, name string, src Snapshot
 		}
 	}
 	if src.Memory != "" {
-		if !onHost {
-			return Info{}, st, fmt.Errorf("%w: a snapshot with memory is taken only of a sandbox on the host's root", ErrBadImage)
-		}
 		into := filepath.Join(imgDir, MemoryDir)
 		if err := os.Mkdir(into, modePrivate); err != nil {
 			return Info{}, st, fmt.Errorf("image store: %w", noSpace(err))

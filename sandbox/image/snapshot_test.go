@@ -322,10 +322,10 @@ func TestExportRoundTrip(t *testing.T) {
 }
 
 // A snapshot with memory keeps it beside its root, the daemon's alone
-// (0700, files 0600), counted against the caps and out of the export; a
-// sandbox on an image cannot give one; a record claiming memory whose
-// directory is not private is dropped at the next open, and an import
-// never carries any.
+// (0700, files 0600), counted against the caps and out of the export, of
+// a sandbox on the host's root or on an image (which may go after); a
+// record claiming memory whose directory is not private is dropped at the
+// next open, and an import never carries any.
 func TestSnapshotWithMemory(t *testing.T) {
 	e := newEnv(t, Limits{})
 	mem := t.TempDir()
@@ -357,13 +357,30 @@ func TestSnapshotWithMemory(t *testing.T) {
 	if base.Memory != "" {
 		t.Errorf("an import has memory %q", base.Memory)
 	}
-	_, err = e.s.Snapshot(context.Background(), "on-image", SnapshotSource{BaseDigest: base.Digest, Dirs: sandboxDirs(t), Memory: mem})
-	if !errors.Is(err, ErrBadImage) {
-		t.Errorf("a memory snapshot of a sandbox on an image: %v", err)
+	// Of a sandbox on an image: its root is the base's, its memory beside
+	// it as ever, and neither needs the base once taken.
+	onImage, err := e.s.Snapshot(context.Background(), "on-image", SnapshotSource{BaseDigest: base.Digest, Dirs: sandboxDirs(t), Memory: mem,
+		Origin: Origin{Sandbox: "sc-4", BaseImage: "base", BaseDigest: base.Digest}})
+	must(t, err)
+	if onImage.Base != "" || onImage.Memory != filepath.Join(filepath.Dir(onImage.Root), MemoryDir) {
+		t.Fatalf("a memory snapshot of a sandbox on an image: %+v", onImage)
 	}
+	if _, err := os.Stat(filepath.Join(onImage.Memory, "checkpoint", "pages.img")); err != nil {
+		t.Fatal(err)
+	}
+	tarball.Reset()
+	_, err = e.s.Export(context.Background(), "on-image", &tarball)
+	must(t, err)
+	if strings.Contains(tarball.String(), "the guest's memory") || !strings.Contains(tarball.String(), "workspace/") {
+		t.Error("the export of a memory snapshot on an image carries the memory, or not its files")
+	}
+	must(t, e.s.Remove("base"))
 	e.open(Limits{})
 	if got, err := e.s.Get("with-memory"); err != nil || got.Memory != info.Memory {
 		t.Fatalf("after a reopen: %+v, %v", got, err)
+	}
+	if got, err := e.s.Get("on-image"); err != nil || got.Memory != onImage.Memory {
+		t.Fatalf("after its base's removal and a reopen: %+v, %v", got, err)
 	}
 	must(t, os.Chmod(info.Memory, 0o755))
 	e.open(Limits{})

@@ -7,7 +7,8 @@
 // CLI and the socket, in whose sandboxes numpy imports while it does not
 // on the host image, and the conformance suite on it (code contexts
 // rendering DataFrames and figures among it); a small
-// busybox image without any python; a pull from go-containerregistry's
+// busybox image without any python; a gVisor snapshot with memory of a
+// sandbox on the numpy image; a pull from go-containerregistry's
 // in-memory registry on 127.0.0.1; a daemon killed with -9 mid-import;
 // and an image in use that cannot be removed.
 //
