@@ -5,6 +5,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/egress/egresstest"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -107,7 +109,7 @@ func TestGVisorForkWithMemory(t *testing.T) {
 // it starts with the source's processes where they were, its files, and
 // the restored marker.
 func TestGVisorSnapshotWithMemory(t *testing.T) {
-	b := newTestBackend(t)
+	b, _ := egressBackend(t) // egress on: a create with an allow-list is refused for its memory alone
 	st, err := image.Open(filepath.Join(t.TempDir(), "images"), image.Limits{}, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
@@ -142,6 +144,11 @@ func TestGVisorSnapshotWithMemory(t *testing.T) {
 	advances(t, b, src, p.ID, written(t, b, src, p.ID), "the source after its snapshot")
 	im := backend.Image{Name: in.Name, Digest: in.Digest, Root: in.Root, Base: in.Base, Memory: in.Memory,
 		Origin: &backend.ImageOrigin{Sandbox: src}}
+	// A restore has its checkpoint's network: an allow-list is refused
+	// before anything is made, not by runsc's spec check at boot.
+	if _, err := b.Create(ctx, "from-memory-egress", backend.Spec{Image: im, AllowEgressTo: []string{egresstest.Allowed}}); !errors.Is(err, backend.ErrUnsupported) {
+		t.Errorf("Create from a memory snapshot with an allow-list: %v, want ErrUnsupported", err)
+	}
 	if _, err := b.Create(ctx, "from-memory", backend.Spec{Image: im}); err != nil {
 		t.Fatalf("Create from a memory snapshot: %v", err)
 	}

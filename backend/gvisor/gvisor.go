@@ -736,6 +736,9 @@ func (b *Backend) create(ctx context.Context, id string, spec backend.Spec, mem 
 	if err != nil {
 		return backend.Info{}, err
 	}
+	if mem != nil && network == networkAllowlist {
+		return backend.Info{}, fmt.Errorf("%w: a sandbox restored from memory has the network its checkpoint was taken with, and an egress allow-list is not one a checkpoint can carry; create it without allow_egress_to, or from a snapshot without memory", backend.ErrUnsupported)
+	}
 	img, err := b.checkImage(spec.Image)
 	if err != nil {
 		return backend.Info{}, err
