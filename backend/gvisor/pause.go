@@ -161,11 +161,14 @@ func (b *Backend) Pause(ctx context.Context, id string) (backend.PauseInfo, erro
 }
 
 // endSentry stops sb's runsc sandbox (its sentry and gofer) and removes
-// its cgroup: what it held of the host's memory goes back.
+// its cgroup: what it held of the host's memory goes back. The caller
+// holds sb.initMu, or has sb to itself (load).
 func (b *Backend) endSentry(sb *sandbox) {
 	log := b.log.With("sandbox", sb.id)
 	if out, err := b.cli(context.Background(), cliTimeout, "delete", "--force", sb.containerID()); err != nil && !notExist(out) {
 		log.Error("cannot end the gVisor sandbox of a paused sandbox; its resume deletes it", "error", err)
+	} else {
+		sb.runscGone = true
 	}
 	b.killRunscStrays(sb.bundleDir())
 	if err := b.removeCgroup(sb); err != nil {

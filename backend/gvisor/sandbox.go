@@ -61,6 +61,10 @@ type sandbox struct {
 	// paused: the sandbox is its checkpoint on disk, with no init and no
 	// runsc process (pause.go).
 	paused bool
+	// runscGone: this process saw `runsc delete` end sb's runsc sandbox
+	// (a pause's end) and has started none since, so the next start
+	// need not delete a stale one first.
+	runscGone bool
 }
 
 func newSandbox(id, dir string, spec persistedSpec, lim limits.Limits) *sandbox {
@@ -415,9 +419,14 @@ func (b *Backend) boot(ctx context.Context, sb *sandbox) (*initConn, error) {
 // the middle of its loop, answers.
 func (b *Backend) start(ctx context.Context, sb *sandbox, checkpoint string) (_ *initConn, err error) {
 	log := b.log.With("sandbox", sb.id)
-	if out, err := b.cli(ctx, cliTimeout, "delete", "--force", sb.containerID()); err != nil && !notExist(out) {
-		return nil, fmt.Errorf("%w: a stale gVisor sandbox of %s cannot be removed: %v", backend.ErrUnavailable, sb.id, err)
+	// A `runsc delete` is a runsc process (tens of milliseconds, more on a
+	// busy host): skipped when this process saw the last one end.
+	if !sb.runscGone {
+		if out, err := b.cli(ctx, cliTimeout, "delete", "--force", sb.containerID()); err != nil && !notExist(out) {
+			return nil, fmt.Errorf("%w: a stale gVisor sandbox of %s cannot be removed: %v", backend.ErrUnavailable, sb.id, err)
+		}
 	}
+	sb.runscGone = false
 	// (A sandbox made before durable processes has no procs/ yet.)
 	if err := os.MkdirAll(sb.procsDir(), 0o700); err != nil {
 		return nil, fmt.Errorf("%w: the processes' directory of sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
