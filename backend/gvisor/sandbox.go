@@ -65,6 +65,10 @@ type sandbox struct {
 	// (a pause's end) and has started none since, so the next start
 	// need not delete a stale one first.
 	runscGone bool
+	// settled, after a resume, is closed once its restore loaded the
+	// guest's memory and the checkpoint was dropped, or kept because the
+	// load failed (settleRestore). Set under initMu.
+	settled chan struct{}
 }
 
 func newSandbox(id, dir string, spec persistedSpec, lim limits.Limits) *sandbox {
@@ -393,6 +397,12 @@ func (b *Backend) terminate(sb *sandbox, c *initConn, why string) {
 		sb.initMu.Unlock()
 		return
 	}
+	if sb.paused {
+		// A resume's restore failed to load its memory (settleRestore):
+		// the sandbox is its checkpoint again, not terminated.
+		sb.initMu.Unlock()
+		return
+	}
 	if sb.init == c && c != nil {
 		b.log.With("sandbox", sb.id).Warn("sandbox terminated: "+why, "log", c.logTail())
 		c.close()
@@ -411,7 +421,9 @@ func (b *Backend) boot(ctx context.Context, sb *sandbox) (*initConn, error) {
 }
 
 // start boots sb's gVisor sandbox afresh (checkpoint ""), or restores it
-// from the runsc checkpoint in directory checkpoint (pause.go): the same
+// from the runsc checkpoint in directory checkpoint (pause.go), whose
+// pages the sentry goes on loading after runsc returns (`restore
+// --background`: the checkpoint must stay until restoreLoaded): the same
 // bundle, the same kind of cgroup and network, fresh FIFOs as init's
 // stdin and stdout (runsc hands the restored init the descriptors it was
 // started with), and instead of a ready frame the attach handshake a
@@ -476,7 +488,7 @@ func (b *Backend) start(ctx context.Context, sb *sandbox, checkpoint string) (_ 
 	defer cancel()
 	args := append(runscNetwork(b.globalFlags(), sb), "run", "--detach", "--bundle", sb.bundleDir(), sb.containerID())
 	if checkpoint != "" {
-		args = append(runscNetwork(b.globalFlags(), sb), "restore", "--detach", "--bundle", sb.bundleDir(), "--image-path", checkpoint, sb.containerID())
+		args = append(runscNetwork(b.globalFlags(), sb), "restore", "--detach", "--background", "--bundle", sb.bundleDir(), "--image-path", checkpoint, sb.containerID())
 	}
 	cmd := exec.CommandContext(bctx, b.runsc, args...)
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
