@@ -439,8 +439,9 @@ func crashAt(name, id string, b **Backend) func(*Config) {
 			if at != name {
 				return
 			}
-			// The operation holds the sandbox's lock: its state is this
-			// goroutine's to touch.
+			// The operation holds the sandbox's lock (at FailResumeLoaded
+			// the resume has returned and nothing else runs in the
+			// sandbox): its state is this goroutine's to touch.
 			sb := (*b).reg.All()
 			for _, s := range sb {
 				if s.id == id && s.init != nil {
@@ -464,6 +465,9 @@ func TestGVisorPauseAndResumeCutShort(t *testing.T) {
 		{FailPauseWritten, false, false},
 		{FailPauseCheckpointed, false, true},
 		{FailResumeRestored, true, false},
+		// After Resume returned, its restore's load complete, the
+		// checkpoint not yet dropped: the next daemon drops it.
+		{FailResumeLoaded, true, false},
 	} {
 		t.Run(tc.failpoint, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "gvisor")
@@ -485,7 +489,11 @@ func TestGVisorPauseAndResumeCutShort(t *testing.T) {
 			go func() {
 				defer close(ended)
 				if tc.resume {
-					_ = first.Resume(ctx, "cut")
+					if err := first.Resume(ctx, "cut"); err == nil && tc.failpoint == FailResumeLoaded {
+						sb, _ := first.lookup("cut")
+						_ = sb.awaitSettled(ctx)
+						return // its goroutine crashed at the failpoint
+					}
 				} else {
 					_, _ = first.Pause(ctx, "cut")
 				}
