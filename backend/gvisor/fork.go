@@ -79,7 +79,10 @@ func (b *Backend) seedMemory(ctx context.Context, sb *sandbox, mem *memorySeed) 
 	return os.Chmod(p, 0o444)
 }
 
-// restoreFork boots sb, just created, from mem's checkpoint.
+// restoreFork boots sb, just created, from mem's checkpoint, and waits
+// until the restore has loaded the guest's memory from it: the
+// checkpoint (a fork's, removed when the fork ends; a paused source's,
+// which its resume drops; an image's) is not the copy's to keep.
 func (b *Backend) restoreFork(ctx context.Context, sb *sandbox, mem *memorySeed) error {
 	select {
 	case <-sb.initSlot:
@@ -94,6 +97,9 @@ func (b *Backend) restoreFork(ctx context.Context, sb *sandbox, mem *memorySeed)
 		return err
 	}
 	sb.init = c
+	if err := b.restoreLoaded(ctx, sb); err != nil {
+		return fmt.Errorf("%w: the memory of sandbox %s could not be loaded from its checkpoint: %v", backend.ErrUnavailable, sb.id, err)
+	}
 	return nil
 }
 

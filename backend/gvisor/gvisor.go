@@ -697,7 +697,13 @@ func (b *Backend) load(id string) (*sandbox, error) {
 	sb.init = b.adoptLiveInit(sb, checkpointed)
 	switch {
 	case checkpointed && sb.init != nil:
-		b.dropCheckpoint(sb)
+		// A resume restored it; its checkpoint goes once the sentry has
+		// read all of it (a restore loads in the background).
+		if err := b.restoreLoaded(context.Background(), sb); err != nil {
+			b.log.With("sandbox", sb.id).Warn("cannot tell whether a resumed sandbox's memory was loaded from its checkpoint; the checkpoint stays until its next pause", "error", err)
+		} else {
+			b.dropCheckpoint(sb)
+		}
 	case checkpointed:
 		sb.paused = true
 	}

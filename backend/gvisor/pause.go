@@ -16,7 +16,14 @@ package gvisor
 // removed and the same sentry resumed, nothing lost. Only a complete
 // checkpoint, synced, is renamed into place; that rename is the pause's
 // commit, and the sentry is ended after it. A resume removes the
-// checkpoint only once the restored init answered.
+// checkpoint only once the restored init answered and the sentry has
+// read all of it: runsc restores in the background (the guest runs while
+// its memory's pages are still being read from the checkpoint, first
+// those it touches), and the checkpoint is dropped after `runsc wait
+// --restore` says the load is complete (settleRestore). A load that
+// fails ends the gVisor sandbox (gVisor kills it): the sandbox is then
+// paused again, its checkpoint intact. A pause waits for the previous
+// resume's load.
 //
 // A daemon killed in between leaves a state its successor reads when it
 // loads the sandbox (loadPause): a checkpoint in place means paused,
@@ -74,6 +81,10 @@ const (
 	// spaceReserve is the room a checkpoint leaves on the state
 	// directory's filesystem beyond its own estimated size.
 	spaceReserve = 64 << 20
+	// restoreLoadTimeout bounds the wait for a background restore's
+	// load of the guest's memory (the checkpoint's read, as
+	// checkpointTimeout its write).
+	restoreLoadTimeout = checkpointTimeout
 )
 
 // Failpoints of a pause and a resume (Config.Failpoint).
@@ -87,6 +98,10 @@ const (
 	// FailResumeRestored: the sandbox is restored and its init answered;
 	// the checkpoint is still in place.
 	FailResumeRestored = "gvisor-resume-restored"
+	// FailResumeLoaded: runsc says the restore has loaded the guest's
+	// memory; the checkpoint is still in place. It runs in the goroutine
+	// that drops the checkpoint, after Resume returned.
+	FailResumeLoaded = "gvisor-resume-loaded"
 )
 
 func (sb *sandbox) checkpointDir() string    { return filepath.Join(sb.dir, checkpointName) }
@@ -131,6 +146,9 @@ func (b *Backend) Pause(ctx context.Context, id string) (backend.PauseInfo, erro
 		return backend.PauseInfo{}, fmt.Errorf("%w: sandbox %s runs a command; pause it once the command ended", backend.ErrBusy, id)
 	}
 	defer sb.releaseInit()
+	if err := sb.awaitSettled(opCtx); err != nil {
+		return backend.PauseInfo{}, err
+	}
 	sb.initMu.Lock()
 	defer sb.initMu.Unlock()
 	if sb.paused {
@@ -161,11 +179,14 @@ func (b *Backend) Pause(ctx context.Context, id string) (backend.PauseInfo, erro
 }
 
 // endSentry stops sb's runsc sandbox (its sentry and gofer) and removes
-// its cgroup: what it held of the host's memory goes back.
+// its cgroup: what it held of the host's memory goes back. The caller
+// holds sb.initMu, or has sb to itself (load).
 func (b *Backend) endSentry(sb *sandbox) {
 	log := b.log.With("sandbox", sb.id)
 	if out, err := b.cli(context.Background(), cliTimeout, "delete", "--force", sb.containerID()); err != nil && !notExist(out) {
 		log.Error("cannot end the gVisor sandbox of a paused sandbox; its resume deletes it", "error", err)
+	} else {
+		sb.runscGone = true
 	}
 	b.killRunscStrays(sb.bundleDir())
 	if err := b.removeCgroup(sb); err != nil {
@@ -214,6 +235,10 @@ func (b *Backend) checkpoint(ctx context.Context, sb *sandbox) (int64, error) {
 		return undo(fmt.Errorf("%w: sandbox %s's checkpoint is %d bytes, more than gvisor.max_checkpoint_bytes (%d) allows; it runs on as it was (free memory in it, or raise the cap)", backend.ErrNoSpace, sb.id, size, b.cfg.MaxCheckpointBytes))
 	}
 	b.failpoint(FailPauseWritten)
+	// A previous resume's checkpoint that its load's end did not drop
+	// (settleRestore could not tell) is stale: the sentry read all of it
+	// before this checkpoint was written.
+	b.dropCheckpoint(sb)
 	if err := os.Rename(tmp, sb.checkpointDir()); err != nil {
 		return undo(fmt.Errorf("%w: the checkpoint of sandbox %s cannot be put in place (it runs on as it was): %v", backend.ErrUnavailable, sb.id, err))
 	}
@@ -318,14 +343,102 @@ func (b *Backend) Resume(ctx context.Context, id string) error {
 	sb.init, sb.gone, sb.goneReported = c, false, false
 	b.failpoint(FailResumeRestored)
 	sb.paused = false
-	b.dropCheckpoint(sb)
+	sb.settled = b.settleRestore(sb, c)
 	b.log.With("sandbox", id).Info("sandbox resumed: restored from its checkpoint", "took", time.Since(start))
 	return nil
 }
 
+// awaitSettled waits, until ctx ends, for the end of the load of sb's
+// last resume (settleRestore).
+func (sb *sandbox) awaitSettled(ctx context.Context) error {
+	sb.initMu.Lock()
+	settled := sb.settled
+	sb.initMu.Unlock()
+	if settled == nil {
+		return nil
+	}
+	select {
+	case <-settled:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// restoreLoaded waits until the sentry of sb, restored in the background,
+// has loaded all of the guest's memory from its checkpoint (at once when
+// it has): runsc is done with the checkpoint's files. An error means the
+// load failed (gVisor then kills the sandbox), or runsc could not say.
+func (b *Backend) restoreLoaded(ctx context.Context, sb *sandbox) error {
+	out, err := b.cli(ctx, restoreLoadTimeout, "wait", "--restore", sb.containerID())
+	if err != nil {
+		return fmt.Errorf("%v: %s", err, lastLine(out))
+	}
+	return nil
+}
+
+// settleRestore drops, in the background, the checkpoint of sb, just
+// resumed with init c, once its restore has loaded the guest's memory
+// from it; it returns a channel closed when that is settled. A load that
+// failed ended the restored gVisor sandbox: sb is paused again, its
+// checkpoint kept, as a daemon that restarted then would find it (load).
+// Destroy and Close stop the wait and leave the checkpoint: the next
+// daemon settles it when it loads the sandbox.
+func (b *Backend) settleRestore(sb *sandbox, c *initConn) chan struct{} {
+	settled := make(chan struct{})
+	ctx, done, err := sb.ops.Begin(context.Background())
+	if err != nil {
+		close(settled)
+		return settled
+	}
+	go func() {
+		defer close(settled)
+		defer done()
+		err := b.restoreLoaded(ctx, sb)
+		switch {
+		case ctx.Err() != nil:
+		case err == nil:
+			b.failpoint(FailResumeLoaded)
+			b.dropCheckpoint(sb)
+		default:
+			b.restoreFailed(sb, c, err)
+		}
+	}()
+	return settled
+}
+
+// restoreFailed makes sb paused again after its restore failed to load the
+// guest's memory (err), once its restored init c is gone (gVisor kills
+// the sandbox). Commands that ran in it meanwhile read sandbox_terminated.
+// A restored init that lives on keeps the checkpoint until the next pause
+// replaces it: runsc could not say whether the load ended.
+func (b *Backend) restoreFailed(sb *sandbox, c *initConn, err error) {
+	log := b.log.With("sandbox", sb.id)
+	t := time.NewTimer(reattachTimeout)
+	select {
+	case <-c.dead:
+	case <-t.C:
+	}
+	t.Stop()
+	sb.initMu.Lock()
+	defer sb.initMu.Unlock()
+	if c.alive() || sb.paused || sb.init != c && (sb.init != nil || !sb.gone) {
+		log.Warn("cannot tell whether a resumed sandbox's memory was loaded from its checkpoint; the checkpoint stays until its next pause", "error", err)
+		return
+	}
+	if sb.init == c {
+		c.close()
+	}
+	sb.init, sb.paused, sb.gone, sb.goneReported = nil, true, false, false
+	b.endSentry(sb)
+	log.Error("a resumed sandbox's memory could not be loaded from its checkpoint: it is paused again, as it was", "error", err, "log", c.logTail())
+}
+
 // dropCheckpoint removes the checkpoint of a sandbox that runs again.
 func (b *Backend) dropCheckpoint(sb *sandbox) {
-	if err := os.Rename(sb.checkpointDir(), sb.checkpointOldDir()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := os.Rename(sb.checkpointDir(), sb.checkpointOldDir()); errors.Is(err, fs.ErrNotExist) {
+		return
+	} else if err != nil {
 		b.log.With("sandbox", sb.id).Warn("cannot remove the checkpoint of a resumed sandbox", "error", err)
 		return
 	}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -236,6 +237,7 @@ func TestGVisorPauseReleasesMemoryAndResumes(t *testing.T) {
 	if paused(t, b, id) {
 		t.Fatal("Paused says yes after a resume")
 	}
+	settle(t, b, id)
 	if _, err := os.Stat(filepath.Join(b.sandboxDir(id), checkpointName)); !os.IsNotExist(err) {
 		t.Errorf("the checkpoint outlived the resume: %v", err)
 	}
@@ -257,6 +259,136 @@ func TestGVisorPauseReleasesMemoryAndResumes(t *testing.T) {
 	if _, err := os.Stat(b.sandboxDir(id)); !os.IsNotExist(err) {
 		t.Fatalf("a destroyed paused sandbox's directory is still there: %v", err)
 	}
+}
+
+// settle waits for the end of the load of sandbox id's last resume.
+func settle(t *testing.T, b *Backend, id string) {
+	t.Helper()
+	sb, err := b.lookup(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), restoreLoadTimeout+cliTimeout)
+	defer cancel()
+	if err := sb.awaitSettled(ctx); err != nil {
+		t.Fatalf("the load of the resume of %s did not end: %v", id, err)
+	}
+}
+
+// runscLogger returns a runsc that runs the real one and appends to the
+// returned file a line per run once it ended: its subcommand and
+// arguments (not the global flags the backend puts first).
+func runscLogger(t *testing.T) (wrapper, log string) {
+	t.Helper()
+	runsc := testRunsc(t)
+	dir := t.TempDir()
+	wrapper, log = filepath.Join(dir, "runsc"), filepath.Join(dir, "runs.log")
+	script := `#!/bin/sh
+"` + runsc + `" "$@"
+rc=$?
+for a in "$@"; do
+  case "$a" in --*) shift;; *) break;; esac
+done
+echo "$*" >>"` + log + `"
+exit $rc
+`
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return wrapper, log
+}
+
+// runs is the subcommands (with their flags) runscLogger's runsc ran.
+func runs(t *testing.T, log string) []string {
+	t.Helper()
+	data, err := os.ReadFile(log)
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	var subs []string
+	for line := range strings.Lines(string(data)) {
+		f := strings.Fields(line)
+		sub := f[0]
+		for _, a := range f[1:] {
+			if a == "--background" || a == "--restore" {
+				sub += " " + a
+			}
+		}
+		subs = append(subs, sub)
+	}
+	return subs
+}
+
+// A resume restores in the background: Resume returns once the restored
+// init answers, and the checkpoint stays until runsc says the sentry has
+// loaded all of the guest's memory from it; only then is it dropped. On
+// its path runs nothing but `runsc restore` (the runsc sandbox the pause
+// ended needs no delete). A pause right after a resume waits for that
+// load and leaves its own checkpoint, from which the same process goes
+// on again.
+func TestGVisorResumeLoadsInTheBackground(t *testing.T) {
+	wrapper, log := runscLogger(t)
+	const id = "lazy"
+	var b *Backend
+	var atLoaded []string
+	var keptAtLoaded bool
+	b = newTestBackend(t, func(c *Config) {
+		c.RunscPath = wrapper
+		c.Failpoint = func(at string) {
+			if at == FailResumeLoaded {
+				atLoaded = runs(t, log)
+				_, err := os.Stat(filepath.Join(b.sandboxDir(id), checkpointName, "pages.img"))
+				keptAtLoaded = err == nil
+			}
+		}
+	})
+	ctx := context.Background()
+	if _, err := b.Create(ctx, id, backend.Spec{}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := b.StartProcess(ctx, id, backend.ProcessRequest{Argv: []string{"python3", "-c", holder}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	advances(t, b, id, p.ID, 0, "before the pause")
+	mustPause(t, b, id)
+	if err := os.Remove(log); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Resume(ctx, id); err != nil {
+		t.Fatalf("Resume: %v", err)
+	}
+	if got := runs(t, log); len(got) == 0 || got[0] != "restore --background" {
+		t.Fatalf("runsc ran %q for a resume, want a background restore and nothing before it", got)
+	}
+	settle(t, b, id)
+	if want := []string{"restore --background", "wait --restore"}; !slices.Equal(atLoaded, want) {
+		t.Errorf("when the checkpoint was to be dropped runsc had run %q, want %q", atLoaded, want)
+	}
+	if !keptAtLoaded {
+		t.Error("the checkpoint was gone before runsc said the restore had loaded it")
+	}
+	if _, err := os.Stat(filepath.Join(b.sandboxDir(id), checkpointName)); !os.IsNotExist(err) {
+		t.Errorf("the checkpoint outlived the load of its restore: %v", err)
+	}
+	advances(t, b, id, p.ID, written(t, b, id, p.ID), "after the resume")
+
+	// Pause at once after a resume, twice.
+	for range 2 {
+		if err := b.Resume(ctx, id); err != nil {
+			t.Fatalf("Resume: %v", err)
+		}
+		mustPause(t, b, id)
+		if _, err := os.Stat(filepath.Join(b.sandboxDir(id), checkpointName, "pages.img")); err != nil {
+			t.Fatalf("a pause right after a resume has no checkpoint: %v", err)
+		}
+	}
+	if err := b.Resume(ctx, id); err != nil {
+		t.Fatalf("Resume: %v", err)
+	}
+	advances(t, b, id, p.ID, written(t, b, id, p.ID), "after pauses right after resumes")
+	holderLines(t, readProc(t, b, id, p.ID))
+	execOK(t, b, id, "true")
 }
 
 // A paused sandbox stays paused across a restart of the daemon, and its
@@ -307,8 +439,9 @@ func crashAt(name, id string, b **Backend) func(*Config) {
 			if at != name {
 				return
 			}
-			// The operation holds the sandbox's lock: its state is this
-			// goroutine's to touch.
+			// The operation holds the sandbox's lock (at FailResumeLoaded
+			// the resume has returned and nothing else runs in the
+			// sandbox): its state is this goroutine's to touch.
 			sb := (*b).reg.All()
 			for _, s := range sb {
 				if s.id == id && s.init != nil {
@@ -332,6 +465,9 @@ func TestGVisorPauseAndResumeCutShort(t *testing.T) {
 		{FailPauseWritten, false, false},
 		{FailPauseCheckpointed, false, true},
 		{FailResumeRestored, true, false},
+		// After Resume returned, its restore's load complete, the
+		// checkpoint not yet dropped: the next daemon drops it.
+		{FailResumeLoaded, true, false},
 	} {
 		t.Run(tc.failpoint, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "gvisor")
@@ -353,7 +489,11 @@ func TestGVisorPauseAndResumeCutShort(t *testing.T) {
 			go func() {
 				defer close(ended)
 				if tc.resume {
-					_ = first.Resume(ctx, "cut")
+					if err := first.Resume(ctx, "cut"); err == nil && tc.failpoint == FailResumeLoaded {
+						sb, _ := first.lookup("cut")
+						_ = sb.awaitSettled(ctx)
+						return // its goroutine crashed at the failpoint
+					}
 				} else {
 					_, _ = first.Pause(ctx, "cut")
 				}
@@ -492,4 +632,127 @@ func TestGVisorPauseOnAFullDisk(t *testing.T) {
 	}
 	advances(t, b, id, p.ID, written(t, b, id, p.ID), "after the resume")
 	holderLines(t, readProc(t, b, id, p.ID))
+}
+
+// A resume whose restore cannot load the guest's memory (its pages file
+// cut short) leaves the sandbox paused, its checkpoint in place: from it,
+// whole again, the next resume goes on where the pause was.
+func TestGVisorResumeWhoseLoadFailsStaysPaused(t *testing.T) {
+	b := newTestBackend(t)
+	ctx := context.Background()
+	const id = "cut-pages"
+	if _, err := b.Create(ctx, id, backend.Spec{}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := b.StartProcess(ctx, id, backend.ProcessRequest{Argv: []string{"python3", "-c", holder}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	advances(t, b, id, p.ID, 0, "before the pause")
+	mustPause(t, b, id)
+	pages := filepath.Join(b.sandboxDir(id), checkpointName, "pages.img")
+	whole := filepath.Join(t.TempDir(), "pages.img")
+	if err := os.Rename(pages, whole); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(whole)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(pages, data[:len(data)*19/20], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err = b.Resume(ctx, id)
+	t.Logf("Resume from a checkpoint whose pages are cut short: %v", err)
+	if err == nil {
+		settle(t, b, id)
+	}
+	if !paused(t, b, id) {
+		res, err := b.Exec(ctx, id, backend.ExecRequest{Command: "true", Timeout: 10 * time.Second})
+		t.Fatalf("after a restore that could not load its memory the sandbox is not paused (a command: %+v, %v)", res, err)
+	}
+	if left := runscProcesses(b, id); len(left) != 0 {
+		t.Errorf("a sandbox paused again has runsc processes %v", left)
+	}
+	if err := copyFileTest(whole, pages); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Resume(ctx, id); err != nil {
+		t.Fatalf("Resume from the whole checkpoint: %v", err)
+	}
+	advances(t, b, id, p.ID, written(t, b, id, p.ID), "after the second resume")
+	holderLines(t, readProc(t, b, id, p.ID))
+	execOK(t, b, id, "true")
+}
+
+func copyFileTest(from, to string) error {
+	data, err := os.ReadFile(from)
+	if err != nil {
+		return err
+	}
+	_ = os.Remove(to)
+	return os.WriteFile(to, data, 0o600)
+}
+
+// A restore whose background load fails after Resume returned (forced
+// here: at FailResumeLoaded the restored gVisor sandbox is killed, as
+// gVisor kills one whose load failed, and the failure is reported) leaves
+// the sandbox paused again with its checkpoint, not terminated: a command
+// meanwhile is refused as paused, and the next resume goes on where the
+// pause was.
+func TestGVisorResumeLoadFailureRepauses(t *testing.T) {
+	const id = "repause"
+	var b *Backend
+	armed := false
+	b = newTestBackend(t, func(c *Config) {
+		c.Failpoint = func(at string) {
+			if at != FailResumeLoaded || !armed {
+				return
+			}
+			armed = false
+			sb, err := b.lookup(id)
+			if err != nil {
+				t.Error(err)
+				runtime.Goexit()
+			}
+			sb.initMu.Lock()
+			init := sb.init
+			sb.initMu.Unlock()
+			if out, err := b.cli(context.Background(), cliTimeout, "kill", id, "KILL"); err != nil {
+				t.Errorf("runsc kill: %v: %s", err, out)
+			}
+			b.restoreFailed(sb, init, errors.New("a load failure forced by the test"))
+			runtime.Goexit() // the checkpoint is not dropped
+		}
+	})
+	ctx := context.Background()
+	if _, err := b.Create(ctx, id, backend.Spec{}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := b.StartProcess(ctx, id, backend.ProcessRequest{Argv: []string{"python3", "-c", holder}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	advances(t, b, id, p.ID, 0, "before the pause")
+	mustPause(t, b, id)
+	armed = true
+	if err := b.Resume(ctx, id); err != nil {
+		t.Fatalf("Resume: %v", err)
+	}
+	settle(t, b, id)
+	if !paused(t, b, id) {
+		t.Fatal("after a failed load the sandbox is not paused")
+	}
+	if _, err := b.Exec(ctx, id, backend.ExecRequest{Command: "true", Timeout: 10 * time.Second}); !errors.Is(err, backend.ErrPaused) {
+		t.Errorf("a command after a failed load: %v, want ErrPaused", err)
+	}
+	if left := runscProcesses(b, id); len(left) != 0 {
+		t.Errorf("a sandbox paused again has runsc processes %v", left)
+	}
+	if err := b.Resume(ctx, id); err != nil {
+		t.Fatalf("Resume after a failed load: %v", err)
+	}
+	advances(t, b, id, p.ID, written(t, b, id, p.ID), "after the second resume")
+	holderLines(t, readProc(t, b, id, p.ID))
+	execOK(t, b, id, "true")
 }

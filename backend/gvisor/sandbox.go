@@ -61,6 +61,14 @@ type sandbox struct {
 	// paused: the sandbox is its checkpoint on disk, with no init and no
 	// runsc process (pause.go).
 	paused bool
+	// runscGone: this process saw `runsc delete` end sb's runsc sandbox
+	// (a pause's end) and has started none since, so the next start
+	// need not delete a stale one first.
+	runscGone bool
+	// settled, after a resume, is closed once its restore loaded the
+	// guest's memory and the checkpoint was dropped, or kept because the
+	// load failed (settleRestore). Set under initMu.
+	settled chan struct{}
 }
 
 func newSandbox(id, dir string, spec persistedSpec, lim limits.Limits) *sandbox {
@@ -389,6 +397,12 @@ func (b *Backend) terminate(sb *sandbox, c *initConn, why string) {
 		sb.initMu.Unlock()
 		return
 	}
+	if sb.paused {
+		// A resume's restore failed to load its memory (settleRestore):
+		// the sandbox is its checkpoint again, not terminated.
+		sb.initMu.Unlock()
+		return
+	}
 	if sb.init == c && c != nil {
 		b.log.With("sandbox", sb.id).Warn("sandbox terminated: "+why, "log", c.logTail())
 		c.close()
@@ -407,7 +421,9 @@ func (b *Backend) boot(ctx context.Context, sb *sandbox) (*initConn, error) {
 }
 
 // start boots sb's gVisor sandbox afresh (checkpoint ""), or restores it
-// from the runsc checkpoint in directory checkpoint (pause.go): the same
+// from the runsc checkpoint in directory checkpoint (pause.go), whose
+// pages the sentry goes on loading after runsc returns (`restore
+// --background`: the checkpoint must stay until restoreLoaded): the same
 // bundle, the same kind of cgroup and network, fresh FIFOs as init's
 // stdin and stdout (runsc hands the restored init the descriptors it was
 // started with), and instead of a ready frame the attach handshake a
@@ -415,9 +431,14 @@ func (b *Backend) boot(ctx context.Context, sb *sandbox) (*initConn, error) {
 // the middle of its loop, answers.
 func (b *Backend) start(ctx context.Context, sb *sandbox, checkpoint string) (_ *initConn, err error) {
 	log := b.log.With("sandbox", sb.id)
-	if out, err := b.cli(ctx, cliTimeout, "delete", "--force", sb.containerID()); err != nil && !notExist(out) {
-		return nil, fmt.Errorf("%w: a stale gVisor sandbox of %s cannot be removed: %v", backend.ErrUnavailable, sb.id, err)
+	// A `runsc delete` is a runsc process (tens of milliseconds, more on a
+	// busy host): skipped when this process saw the last one end.
+	if !sb.runscGone {
+		if out, err := b.cli(ctx, cliTimeout, "delete", "--force", sb.containerID()); err != nil && !notExist(out) {
+			return nil, fmt.Errorf("%w: a stale gVisor sandbox of %s cannot be removed: %v", backend.ErrUnavailable, sb.id, err)
+		}
 	}
+	sb.runscGone = false
 	// (A sandbox made before durable processes has no procs/ yet.)
 	if err := os.MkdirAll(sb.procsDir(), 0o700); err != nil {
 		return nil, fmt.Errorf("%w: the processes' directory of sandbox %s: %v", backend.ErrUnavailable, sb.id, err)
@@ -467,7 +488,7 @@ func (b *Backend) start(ctx context.Context, sb *sandbox, checkpoint string) (_ 
 	defer cancel()
 	args := append(runscNetwork(b.globalFlags(), sb), "run", "--detach", "--bundle", sb.bundleDir(), sb.containerID())
 	if checkpoint != "" {
-		args = append(runscNetwork(b.globalFlags(), sb), "restore", "--detach", "--bundle", sb.bundleDir(), "--image-path", checkpoint, sb.containerID())
+		args = append(runscNetwork(b.globalFlags(), sb), "restore", "--detach", "--background", "--bundle", sb.bundleDir(), "--image-path", checkpoint, sb.containerID())
 	}
 	cmd := exec.CommandContext(bctx, b.runsc, args...)
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}

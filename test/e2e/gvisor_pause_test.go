@@ -124,8 +124,12 @@ func TestGVisorPauseThroughTheSocketAndKill9(t *testing.T) {
 	gvGoesOn(t, d, id, "resumed after the restart")
 	w := call(t, c, ipc.OpWaitProcess, map[string]any{"sandbox": id, "process": p})
 	require.Equal(t, true, w["running"], "the durable process survived: %v", w)
-	_, err = os.Stat(filepath.Join(d.stateDir, "gvisor", id, "checkpoint"))
-	assert.True(t, os.IsNotExist(err), "the checkpoint outlived the resume: %v", err)
+	// The checkpoint goes once the restore has loaded the guest's memory
+	// from it, in the background after the resume.
+	eventually(t, time.Minute, "the checkpoint to go after the resume", func() bool {
+		_, err := os.Stat(filepath.Join(d.stateDir, "gvisor", id, "checkpoint"))
+		return os.IsNotExist(err)
+	})
 	// Destroyed paused, it leaves nothing.
 	gvPause(t, c, id)
 	call(t, c, ipc.OpDestroy, map[string]any{"sandbox": id})
@@ -195,9 +199,13 @@ func TestGVisorCrashDuringPauseAndResume(t *testing.T) {
 			gvGoesOn(t, d, id, "after a command")
 			w := call(t, c, ipc.OpWaitProcess, map[string]any{"sandbox": id, "process": p})
 			require.Equal(t, true, w["running"], "the durable process survived: %v", w)
+			// A resume drops the checkpoint once its restore has loaded
+			// the guest's memory, in the background.
 			for _, leftover := range []string{"checkpoint", "checkpoint.new", "checkpoint.old"} {
-				_, err := os.Stat(filepath.Join(d.stateDir, "gvisor", id, leftover))
-				assert.True(t, os.IsNotExist(err), "%s is left after a resume: %v", leftover, err)
+				eventually(t, time.Minute, leftover+" to go after a resume", func() bool {
+					_, err := os.Stat(filepath.Join(d.stateDir, "gvisor", id, leftover))
+					return os.IsNotExist(err)
+				})
 			}
 			if t.Failed() {
 				t.Logf("daemon log:\n%s", d.Logs())
