@@ -37,6 +37,7 @@ import socket
 import struct
 import sys
 import traceback
+import warnings
 
 MAX_BUNDLES = 64          # display bundles kept per cell (the result besides)
 MAX_VALUE = 4 << 20       # one MIME value: characters of text, bytes of an image
@@ -50,6 +51,7 @@ PR_SET_DUMPABLE = 4
 # copy's contexts hold the same random state until they reseed.
 RESTORED_MARKER = "/tmp/.sandbox-restored"
 PR_SET_CHILD_SUBREAPER = 36
+SPARE_WARM_DELAY = 0.2    # seconds a spare waits before its warm-ups
 BINARY = ("image/png", "image/jpeg")
 REPRS = (
     ("_repr_html_", "text/html"),
@@ -110,6 +112,7 @@ def zygote():
             __import__(name)
         except BaseException:  # a module that cannot import is only not preloaded
             pass
+    warm_up()
     gc.collect()
     gc.freeze()
     # A child's death wakes the loop (the signal's byte on a pipe): the
@@ -211,6 +214,86 @@ def rehearse(me):
     except Exception:
         pass
     linecache.cache.pop("<cell-0>", None)
+
+
+# Warm-ups: an agent's first use of a module the operator preloads (a
+# DataFrame shown, described, grouped, a CSV read), in small steps, on
+# data of ours. The zygote runs them once after its imports: what a
+# module imports or caches on its first use is done once, shared by every
+# fork. The spare runs them again while it waits: Python writes to every
+# object it uses (reference counts), so the first use in a fork copies
+# every page those objects are on (copy-on-write), a thousand and more
+# for pandas; paid ahead, not by its first cell. They run in functions
+# of ours, draw no random number and leave no name in a context.
+# matplotlib has none: a first figure's cost is its rendering, and a
+# rendering in the zygote would leave every context a font file's
+# descriptor.
+def warm_numpy():
+    import numpy as np
+    a = np.arange(6.0).reshape(2, 3)
+    encode(bundle(a)[0])
+    str(a), (a @ a.T).sum(), a.mean(axis=0), a[a > 1].tolist()
+
+
+def sample_frame():
+    import pandas as pd
+    return pd.DataFrame({"n": [1, 2, 3], "x": [0.5, 1.5, 2.5], "s": ["a", "b", "a"]})
+
+
+def warm_pandas_show():
+    # As a cell's value or display shows them: text/plain and text/html.
+    df = sample_frame()
+    encode(bundle(df)[0])
+    encode(bundle(df["x"])[0])
+    df.shape, df.head(2), df.columns.tolist()
+
+
+def warm_pandas_describe():
+    df = sample_frame()
+    encode(bundle(df.describe())[0])
+    df.info(buf=io.StringIO())
+    repr(df.dtypes), df.isna().sum()
+
+
+def warm_pandas_compute():
+    df = sample_frame()
+    df.groupby("s")["x"].sum(), df.sort_values("x"), df[df["n"] > 1]
+    df.mean(numeric_only=True), df.assign(y=df["x"] * 2), df["s"].value_counts()
+
+
+def warm_pandas_csv():
+    import pandas as pd
+    pd.read_csv(io.StringIO("n,x,s\n1,0.5,a\n2,1.5,b\n"))
+
+
+# (module, step): a step runs where the module was imported by the
+# preloads (numpy by pandas too), in this order.
+WARM_UPS = (
+    ("numpy", warm_numpy),
+    ("pandas", warm_pandas_show),
+    ("pandas", warm_pandas_describe),
+    ("pandas", warm_pandas_compute),
+    ("pandas", warm_pandas_csv),
+)
+
+
+def warm_up(stop=None):
+    """Runs the warm-ups of the modules imported; stop, when given, is
+    asked before each step and ends them when it says so. A step that
+    fails is only not warm (another version of the module)."""
+    with warnings.catch_warnings():
+        # Ours: no warning printed, and none registered as shown (a
+        # cell's first warning still shows).
+        warnings.simplefilter("ignore")
+        for name, step in WARM_UPS:
+            if name not in sys.modules:
+                continue
+            try:
+                if stop is not None and stop():
+                    return
+                step()
+            except Exception:
+                pass
 
 
 def reseed():
@@ -392,6 +475,18 @@ def context(ctl):
     reseed()
     seeded = restored()
     rehearse(me)
+    # Until a cell comes: a cell's first use of the preloaded modules,
+    # paid now (the zygote's warm-ups again, their pages copied), and
+    # what they made collected. Not at once: a spare is forked as the
+    # one before it is handed out, whose first cell runs now, and an
+    # agent's next call comes seconds later. A cell that comes meanwhile
+    # ends them.
+    try:
+        if not select.select([ctl], [], [], SPARE_WARM_DELAY)[0]:
+            warm_up(lambda: select.select([ctl], [], [], 0)[0])
+            gc.collect()
+    except OSError:
+        pass
     ns = {"__name__": "__main__", "__builtins__": builtins}
     count = 0
     current = [None]

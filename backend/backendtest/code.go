@@ -395,18 +395,31 @@ func testCodePreload(s *suite) {
 	if s.opts.CodeLibraries {
 		s.needLibraries(sb)
 	}
+	// A fresh context's first cell sees nothing of what the zygote and
+	// the spare it was ran before it (the warm-ups of the preloaded
+	// modules among them): a namespace of two names, no `_`, count 1.
+	if res := s.cell(sb, "bare", "sorted(globals()), hasattr(__builtins__, '_')", time.Minute); text(res) != "(['__builtins__', '__name__'], False)" || res.ExecutionCount != 1 || res.Error != nil {
+		s.Errorf("a fresh context's first cell saw more than a fresh namespace: %+v", res)
+	}
 	if len(s.opts.CodePreload) > 0 {
 		// A fresh context's first cell, before it imports anything: what
 		// the zygote imported is there, each module the sandbox has.
+		// Where pandas is, the zygote's warm-ups showed a DataFrame: the
+		// module pandas imports on its first HTML is imported.
 		res := s.cell(sb, "fresh", fmt.Sprintf(`import sys, importlib.util
 mods = %s
 loaded = [m for m in mods if m in sys.modules]
-loaded == [m for m in mods if importlib.util.find_spec(m) is not None], loaded`, pyList(s.opts.CodePreload)), time.Minute)
+loaded == [m for m in mods if importlib.util.find_spec(m) is not None], loaded, "pandas.io.formats.html" in sys.modules`, pyList(s.opts.CodePreload)), time.Minute)
 		if !strings.HasPrefix(text(res), "(True, ") || res.ExecutionCount != 1 {
 			s.Errorf("the preloaded modules in a fresh context (imported, all there are): %+v", res)
 		}
-		if s.opts.CodeLibraries && strings.Contains(pyList(s.opts.CodePreload), `"pandas"`) && !strings.Contains(text(res), "'pandas'") {
-			s.Errorf("pandas is preloaded and in the sandbox, yet not imported in a fresh context: %s", text(res))
+		if s.opts.CodeLibraries && strings.Contains(pyList(s.opts.CodePreload), `"pandas"`) {
+			if !strings.Contains(text(res), "'pandas'") {
+				s.Errorf("pandas is preloaded and in the sandbox, yet not imported in a fresh context: %s", text(res))
+			}
+			if !strings.HasSuffix(text(res), ", True)") {
+				s.Errorf("pandas is preloaded, yet the zygote did not warm it up (its HTML formatter not imported): %s", text(res))
+			}
 		}
 	}
 	// Two forks of one zygote draw their own numbers: Python's random
