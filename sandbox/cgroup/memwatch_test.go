@@ -1,0 +1,64 @@
+package cgroup
+
+import (
+	"context"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// A watch fires once the group's memory use reaches its level, below the
+// hard limit, and nothing is killed: the owner decides what to free.
+func TestRealMemoryWatchFiresAtItsLevel(t *testing.T) {
+	m := realManager(t, Options{})
+	const limit, level = 128 << 20, 64 << 20
+	cg, err := m.Create("watch", Limits{MemoryBytes: limit, PIDs: 16})
+	require.NoError(t, err)
+	w, err := cg.WatchMemory(level)
+	require.NoError(t, err)
+	defer w.Close()
+	if m.Version() == V2 {
+		require.Equal(t, "67108864", readTrim(t, cg.dir+"/memory.high"))
+	}
+	_, err = cg.WatchMemory(0)
+	require.Error(t, err)
+
+	// Nothing crosses the level: a wait ends with its context.
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	for {
+		err := w.Wait(ctx)
+		if err != nil {
+			require.ErrorIs(t, err, context.DeadlineExceeded)
+			break
+		}
+		u, err := w.Usage()
+		require.NoError(t, err)
+		require.Less(t, u, int64(level), "a wake-up with nothing in the group")
+	}
+
+	// 96 MiB, touched and held: over the level, under the limit.
+	g := startGated(t, `exec /usr/bin/python3 -c 'import time; b = bytearray(96 << 20); time.sleep(60)'`)
+	require.NoError(t, cg.Add(g.cmd.Process.Pid))
+	g.release(t)
+	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		require.NoError(t, w.Wait(ctx), "the watch did not fire at %d bytes", level)
+		u, err := w.Usage()
+		require.NoError(t, err)
+		if u >= level {
+			break
+		}
+	}
+	kills, err := cg.OOMKills()
+	require.NoError(t, err)
+	require.Zero(t, kills)
+	require.NoError(t, syscall.Kill(g.cmd.Process.Pid, syscall.SIGKILL))
+	g.wait(t, 10*time.Second)
+	u, err := w.Usage()
+	require.NoError(t, err)
+	require.Less(t, u, int64(level))
+}
