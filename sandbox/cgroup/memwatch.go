@@ -116,3 +116,32 @@ func (w *MemoryWatch) Close() error {
 	}
 	return err
 }
+
+// SetMemoryMax sets the group's hard memory limit (v2 memory.max; v1
+// memory.limit_in_bytes and, where swap is accounted, the memory+swap
+// limit with it, which must never be below it).
+func (c *Cgroup) SetMemoryMax(n int64) error {
+	if n <= 0 {
+		return fmt.Errorf("a memory limit must be above 0, not %d", n)
+	}
+	v := strconv.FormatInt(n, 10)
+	if c.version == V2 {
+		return writeFile(filepath.Join(c.dir, "memory.max"), v)
+	}
+	mem := filepath.Join(c.dirs["memory"], "memory.limit_in_bytes")
+	memsw := filepath.Join(c.dirs["memory"], "memory.memsw.limit_in_bytes")
+	cur, err := readInt(mem)
+	if err != nil {
+		return err
+	}
+	order := []string{mem, memsw}
+	if n > cur {
+		order = []string{memsw, mem}
+	}
+	for _, p := range order {
+		if err := writeFile(p, v); err != nil && !(p == memsw && errors.Is(err, os.ErrNotExist)) {
+			return fmt.Errorf("cannot set %s to %s: %w", p, v, err)
+		}
+	}
+	return nil
+}

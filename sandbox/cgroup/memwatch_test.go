@@ -2,6 +2,8 @@ package cgroup
 
 import (
 	"context"
+	"os"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -61,4 +63,29 @@ func TestRealMemoryWatchFiresAtItsLevel(t *testing.T) {
 	u, err := w.Usage()
 	require.NoError(t, err)
 	require.Less(t, u, int64(level))
+}
+
+// SetMemoryMax raises and lowers the hard limit (v1: with the memory+swap
+// limit, which may never be below it).
+func TestRealSetMemoryMax(t *testing.T) {
+	m := realManager(t, Options{})
+	cg, err := m.Create("max", Limits{MemoryBytes: 64 << 20})
+	require.NoError(t, err)
+	file := cg.dir + "/memory.max"
+	if m.Version() == V1 {
+		file = cg.dirs["memory"] + "/memory.limit_in_bytes"
+	}
+	for _, n := range []int64{96 << 20, 32 << 20, 64 << 20} {
+		require.NoError(t, cg.SetMemoryMax(n))
+		require.Equal(t, strconv.FormatInt(n, 10), readTrim(t, file))
+		if sw := cg.dirs["memory"] + "/memory.memsw.limit_in_bytes"; m.Version() == V1 && fileExists(sw) {
+			require.Equal(t, strconv.FormatInt(n, 10), readTrim(t, sw))
+		}
+	}
+	require.Error(t, cg.SetMemoryMax(0))
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }
