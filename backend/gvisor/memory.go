@@ -32,12 +32,13 @@ import (
 // or starved of CPU) can still lose its sandbox.
 
 // memoryHeadroom is how far above the sandbox's limit its cgroup's hard
-// limit is: an eighth of the limit, at least 32 MiB and at most 256 MiB.
-// A guest fills it at well under a gigabyte a second (a systrap guest
-// first touching its pages, ~130 MB/s; the sentry copying into them,
-// faster), and the daemon reacts within milliseconds.
+// limit is: an eighth of the limit, at least 64 MiB and at most 256 MiB.
+// A systrap guest first touching its pages fills it at ~130 MB/s (the
+// sentry copying into them, faster); from the watch's wake-up to init's
+// answer took 14 to 50 ms, in which the group grew by 2 to 6 MiB, on a
+// loaded 2-CPU host with a race-detector build.
 func memoryHeadroom(limit int64) int64 {
-	return min(max(limit/8, 32<<20), 256<<20)
+	return min(max(limit/8, 64<<20), 256<<20)
 }
 
 // Bounds of a reclaim.

@@ -17,7 +17,7 @@ import (
 )
 
 func TestMemoryHeadroom(t *testing.T) {
-	for limit, want := range map[int64]int64{64 << 20: 32 << 20, 256 << 20: 32 << 20, 1 << 30: 128 << 20, 8 << 30: 256 << 20} {
+	for limit, want := range map[int64]int64{64 << 20: 64 << 20, 256 << 20: 64 << 20, 1 << 30: 128 << 20, 8 << 30: 256 << 20} {
 		if got := memoryHeadroom(limit); got != want {
 			t.Errorf("memoryHeadroom(%d) = %d, want %d", limit, got, want)
 		}
