@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend/gvisor/gvwire"
+	"github.com/sandbox-sidecar/sandbox-sidecar/sandbox/cgroup"
 )
 
 // A sandbox at its memory limit loses its largest guest process, never
@@ -50,6 +51,9 @@ const (
 	reclaimSettle = 2 * time.Second
 	// reclaimPoll is how often the group's use is read meanwhile.
 	reclaimPoll = 10 * time.Millisecond
+	// cachePoll is how often a group over the limit on its files' page
+	// cache alone is looked at again (memory.stat: tens of µs a read).
+	cachePoll = 25 * time.Millisecond
 )
 
 // watchMemory gives sb's cgroup its headroom and watches it at the
@@ -91,19 +95,33 @@ func (b *Backend) watchMemory(sb *sandbox, c *initConn) {
 				}
 				return
 			}
-			b.reclaim(ctx, sb, c, w.Usage, limit)
+			b.reclaim(ctx, sb, c, w, limit)
 		}
 	}()
 }
 
 // reclaim kills sb's largest guest process, through init c, for as long
-// as the group's use (usage) is at or over limit.
-func (b *Backend) reclaim(ctx context.Context, sb *sandbox, c *initConn, usage func() (int64, error), limit int64) {
+// as the group is at or over limit (w's Usage) with memory it holds (w's
+// Held) at or over it too: a group over the limit on the page cache of
+// the files its guest writes is looked at again every reclaimPoll until
+// it is under (cachePoll: the kernel drops that cache at the hard limit;
+// nothing is killed for it), since a watch fires only at crossings.
+func (b *Backend) reclaim(ctx context.Context, sb *sandbox, c *initConn, w *cgroup.MemoryWatch, limit int64) {
 	log := b.log.With("sandbox", sb.id)
 	for {
-		u, err := usage()
-		if err != nil || u < limit {
+		if u, err := w.Usage(); err != nil || u < limit {
 			return
+		}
+		held, err := w.Held()
+		if err != nil {
+			log.Warn("cannot read the sandbox's memory use; the host's OOM killer alone holds its memory limit until the next watch", "error", err)
+			return
+		}
+		if held < limit {
+			if !sleepCtx(ctx, cachePoll) {
+				return
+			}
+			continue
 		}
 		// Counted before the kill: whatever reports the killed process's
 		// end reads the count after it.
@@ -116,19 +134,29 @@ func (b *Backend) reclaim(ctx context.Context, sb *sandbox, c *initConn, usage f
 			}
 			return
 		case ans.Errno != 0:
-			log.Warn("the sandbox is at its memory limit with no guest process to end", "errno", ans.Errno, "memory_bytes", u)
+			log.Warn("the sandbox is at its memory limit with no guest process to end", "errno", ans.Errno, "memory_bytes", held)
 			return
 		}
 		log.Info("the sandbox reached its memory limit: its largest process was killed", "pid", ans.Value, "process", string(ans.Body), "memory_limit_bytes", limit)
 		for deadline := time.Now().Add(reclaimSettle); time.Now().Before(deadline); {
-			select {
-			case <-ctx.Done():
+			if !sleepCtx(ctx, reclaimPoll) {
 				return
-			case <-time.After(reclaimPoll):
 			}
-			if u, err := usage(); err != nil || u < limit {
-				return
+			if h, err := w.Held(); err != nil || h < limit {
+				break
 			}
 		}
+	}
+}
+
+// sleepCtx sleeps for d, or until ctx ends (false).
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }

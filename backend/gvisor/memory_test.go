@@ -174,3 +174,32 @@ func readCgroupInt(t *testing.T, sb *sandbox, v1, v2 string) int64 {
 	t.Fatalf("sandbox %s's cgroup has neither %s nor %s", sb.id, v1, v2)
 	return 0
 }
+
+// Files written through the gofer fill the host's page cache, charged to
+// the sandbox's cgroup: the group's use reaches the sandbox's limit though
+// the guest's processes hold little. The kernel reclaims that cache; the
+// daemon must not kill a process for it.
+func TestGVisorPageCacheKillsNothing(t *testing.T) {
+	cgm := testCgroups(t)
+	b := newTestBackend(t, func(c *Config) { c.Cgroups, c.Limits = cgm, limits.Defaults() })
+	ctx := context.Background()
+	const id, limit = "cache", 256 << 20
+	if _, err := b.Create(ctx, id, backend.Spec{Resources: backend.Resources{MemoryBytes: limit}}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := b.StartProcess(ctx, id, backend.ProcessRequest{Argv: []string{"python3", "-u", "-c", "import time\nb = bytearray(32 << 20)\nprint('ready')\ntime.sleep(600)"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitOutput(t, b, id, p.ID, "ready")
+	for _, dir := range []string{"/workspace", "/tmp"} {
+		res, err := b.Exec(ctx, id, backend.ExecRequest{Command: "for i in 1 2 3; do dd if=/dev/zero of=" + dir + "/big bs=1M count=600 conv=fsync 2>/dev/null || exit 9; done; echo done", Timeout: 3 * time.Minute})
+		if err != nil || res.ExitCode != 0 || res.OOMKilled || string(res.Stdout) != "done\n" {
+			t.Errorf("writing 1.8 GB to %s under a 256 MiB limit: %+v, %v", dir, res, err)
+		}
+		if info, err := b.WaitProcess(ctx, id, p.ID, 0); err != nil || !info.Running {
+			t.Errorf("a 32 MiB process after 1.8 GB written to %s: %+v, %v; want it running", dir, info, err)
+		}
+		execOK(t, b, id, "rm "+dir+"/big")
+	}
+}

@@ -26,6 +26,7 @@ type MemoryWatch struct {
 	f       *os.File // the eventfd (v1) or memory.events (v2)
 	v2      bool
 	usage   string // the control file of the group's memory use
+	stat    string // the group's memory.stat
 	control int    // v1: memory.usage_in_bytes held open while the threshold is registered
 }
 
@@ -45,7 +46,7 @@ func (c *Cgroup) WatchMemory(level int64) (*MemoryWatch, error) {
 		if err != nil {
 			return nil, &os.PathError{Op: "open", Path: p, Err: err}
 		}
-		return &MemoryWatch{f: os.NewFile(uintptr(fd), p), v2: true, usage: filepath.Join(c.dir, "memory.current"), control: -1}, nil
+		return &MemoryWatch{f: os.NewFile(uintptr(fd), p), v2: true, usage: filepath.Join(c.dir, "memory.current"), stat: filepath.Join(c.dir, "memory.stat"), control: -1}, nil
 	}
 	mem := c.dirs["memory"]
 	usage := filepath.Join(mem, "memory.usage_in_bytes")
@@ -64,7 +65,7 @@ func (c *Cgroup) WatchMemory(level int64) (*MemoryWatch, error) {
 		_ = unix.Close(ufd)
 		return nil, fmt.Errorf("%w: cannot register a memory threshold with %s: %v", ErrUnavailable, mem, err)
 	}
-	return &MemoryWatch{f: os.NewFile(uintptr(efd), "memory-threshold"), usage: usage, control: ufd}, nil
+	return &MemoryWatch{f: os.NewFile(uintptr(efd), "memory-threshold"), usage: usage, stat: filepath.Join(mem, "memory.stat"), control: ufd}, nil
 }
 
 // Wait returns nil when the watch fires, or ctx's error once ctx ends.
@@ -104,8 +105,41 @@ func (w *MemoryWatch) Wait(ctx context.Context) error {
 	return err
 }
 
-// Usage is the group's memory use now, in bytes.
+// Usage is the group's memory use now, in bytes: what the watch's level
+// is compared with, the page cache of the group's files included.
 func (w *MemoryWatch) Usage() (int64, error) { return readInt(w.usage) }
+
+// Held is the part of the group's memory use that the kernel cannot
+// reclaim without swap: anonymous memory and shared memory (tmpfs,
+// memfds), not the page cache of files, which the kernel drops or writes
+// back at the hard limit. A group that writes files sits at its level on
+// cache alone; only what it holds says it needs memory freed.
+func (w *MemoryWatch) Held() (int64, error) {
+	b, err := readBounded(w.stat)
+	if err != nil {
+		return 0, err
+	}
+	return heldOf(parseKeyed(b), w.v2)
+}
+
+// heldOf is Held's sum over memory.stat's keys: v2's anon and shmem;
+// v1's hierarchical total_rss (anonymous and swap cache, no shmem) and
+// total_shmem.
+func heldOf(stat map[string]uint64, v2 bool) (int64, error) {
+	keys := []string{"total_rss", "total_shmem"}
+	if v2 {
+		keys = []string{"anon", "shmem"}
+	}
+	var n uint64
+	for _, k := range keys {
+		v, ok := stat[k]
+		if !ok {
+			return 0, fmt.Errorf("memory.stat has no %s", k)
+		}
+		n += v
+	}
+	return int64(min(n, uint64(1<<62))), nil
+}
 
 // Close ends the watch (v1: the kernel drops the threshold with the
 // eventfd). It leaves memory.high as it is on v2.

@@ -89,3 +89,17 @@ func fileExists(p string) bool {
 	_, err := os.Stat(p)
 	return err == nil
 }
+
+// Held counts anonymous and shared memory, never the page cache of files.
+func TestHeldOfMemoryStat(t *testing.T) {
+	v1 := parseKeyed([]byte("cache 900\nrss 5\nshmem 7\ntotal_cache 1000000\ntotal_rss 300\ntotal_shmem 200\ntotal_inactive_file 999000\n"))
+	n, err := heldOf(v1, false)
+	require.NoError(t, err)
+	require.Equal(t, int64(500), n)
+	v2 := parseKeyed([]byte("anon 4096\nfile 1000000\nshmem 1024\nfile_dirty 5\n"))
+	n, err = heldOf(v2, true)
+	require.NoError(t, err)
+	require.Equal(t, int64(5120), n)
+	_, err = heldOf(parseKeyed([]byte("cache 1\n")), false)
+	require.Error(t, err)
+}
