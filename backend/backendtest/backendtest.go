@@ -82,12 +82,6 @@ type Options struct {
 	// and figures then fail without them. Without it they run where the
 	// sandbox has them and skip where it has not.
 	CodeLibraries bool
-	// CodeOOMMayEndSandbox says a cell past the sandbox's memory limit
-	// may take the whole sandbox with it (gVisor: the host's OOM killer
-	// may pick the sentry, which holds the guest's memory, rather than
-	// the context's stub): the cell must still say context_lost and
-	// oom_killed, and the sandbox is then terminated, not left half alive.
-	CodeOOMMayEndSandbox bool
 	// CodePreload is the modules the backend is configured to preload in
 	// its contexts' interpreter: the suite checks that a fresh context has
 	// imported each one the sandbox has, before its first cell.

@@ -149,8 +149,9 @@ func (b *Backend) RunCode(ctx context.Context, id string, req backend.CodeReques
 				return r, fmt.Errorf("%w: the daemon let go of sandbox %s during the cell (it is stopping); the context lives on", backend.ErrUnavailable, sb.id)
 			}
 			// The sandbox died (init's stream ends only with it), and
-			// every context with it: past its memory limit, the host's
-			// OOM killer ends the whole sentry.
+			// every context with it: past its cgroup's hard limit (the
+			// headroom above the sandbox's, memory.go), the host's OOM
+			// killer may end the whole sentry.
 			r.ContextLost = true
 			if after := sb.oomKills(); after > oomBefore {
 				r.OOMKills, r.OOMKilled = after-oomBefore, true

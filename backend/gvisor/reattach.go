@@ -280,6 +280,7 @@ func (b *Backend) adoptLiveInit(sb *sandbox, checkpointed bool) *initConn {
 		running[id] = true
 	}
 	lost(running)
+	b.watchMemory(sb, c)
 	log.Info("re-attached to the sandbox's init, which outlived the previous daemon", "processes_running", len(ids))
 	return c
 }

@@ -23,8 +23,10 @@ import (
 // (named after the container, even without a cgroupsPath in the spec) and
 // moves the sentry and gofer there. The guest's processes live inside
 // the sentry, but on systrap (and ptrace) each guest address space is also
-// a host stub process in the group: past its memory limit the host's OOM
-// killer takes the sentry (the sandbox dies whole: sandbox_terminated with
+// a host stub process in the group. At the sandbox's memory limit the
+// daemon has init kill the guest's largest process (memory.go); the
+// group's hard limit is a headroom above it, where the host's OOM killer
+// takes the sentry (the sandbox dies whole: sandbox_terminated with
 // oom_killed) or one stub (that guest process ends; classify).
 
 // effectiveLimits is what one sandbox gets (resources.Effective): it
@@ -136,13 +138,15 @@ func (b *Backend) classify(sb *sandbox, res *backend.ExecResult, outerFired, gue
 	}
 }
 
-// oomKills reads sb's cgroup OOM-kill counter (0 without one).
+// oomKills is sb's count of OOM kills: its cgroup's OOM-kill counter and
+// the guest processes the daemon killed at its memory limit (memory.go);
+// 0 without a cgroup.
 func (sb *sandbox) oomKills() uint64 {
 	if sb.cg == nil {
 		return 0
 	}
 	n, _ := sb.cg.OOMKills()
-	return n
+	return n + sb.reclaims.Load()
 }
 
 // LimitsInForce names the mechanism enforcing each limit.

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -69,6 +70,9 @@ type sandbox struct {
 	// guest's memory and the checkpoint was dropped, or kept because the
 	// load failed (settleRestore). Set under initMu.
 	settled chan struct{}
+	// reclaims counts the guest processes killed at the sandbox's memory
+	// limit (memory.go), which oomKills adds to the kernel's count.
+	reclaims atomic.Uint64
 }
 
 func newSandbox(id, dir string, spec persistedSpec, lim limits.Limits) *sandbox {
@@ -521,6 +525,7 @@ func (b *Backend) start(ctx context.Context, sb *sandbox, checkpoint string) (_ 
 			return nil, err
 		}
 		go c.readLoop()
+		b.watchMemory(sb, c)
 		log.Debug("gVisor sandbox restored", "duration", time.Since(start))
 		return c, nil
 	}
@@ -545,6 +550,7 @@ func (b *Backend) start(ctx context.Context, sb *sandbox, checkpoint string) (_ 
 		return nil, fmt.Errorf("%w: %v", backend.ErrUnavailable, err)
 	}
 	go c.readLoop()
+	b.watchMemory(sb, c)
 	log.Debug("gVisor sandbox booted", "duration", time.Since(start))
 	return c, nil
 }

@@ -97,6 +97,7 @@ type initState struct {
 	pmu   sync.Mutex
 	procs agent.Table
 	code  agent.Contexts // the code contexts and their zygote (code.go)
+	oom   *oomCounter    // the kills init made for memory (memory.go)
 	fg    *foreground    // the command running, nil between commands
 	// reaped is closed, and replaced, each time a reap reaped a child.
 	reaped chan struct{}
@@ -137,7 +138,7 @@ func runInit() int {
 	}
 	stdin, stdout := pollable(0, "daemon-in"), pollable(outFD, "daemon-out")
 	st := &initState{out: bufio.NewWriterSize(stdout, gvwire.MaxChunk+gvwire.FrameHeaderSize), stdout: stdout, files: fileOps{sock: -1}, chld: make(chan os.Signal, 1), reaped: make(chan struct{}),
-		procs: agent.Table{Exe: guestInit, Stderr: 2, Failpoint: os.Getenv(agent.KeeperFailpointEnv)}}
+		procs: agent.Table{Exe: guestInit, Stderr: 2, Failpoint: os.Getenv(agent.KeeperFailpointEnv)}, oom: newOOMCounter()}
 	if err := unix.Pipe2(st.wake[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
 		return initFail("cannot make the keepers' wake-up pipe: %v", err)
 	}
@@ -149,7 +150,7 @@ func runInit() int {
 	in := bufio.NewReader(stdin)
 	const allowed = 1<<gvwire.KindRun | 1<<gvwire.KindKill | 1<<gvwire.KindLstat | 1<<gvwire.KindFileOp |
 		1<<gvwire.KindProcStart | 1<<gvwire.KindProcSignal | 1<<gvwire.KindProcList | 1<<gvwire.KindAttach |
-		1<<gvwire.KindCode | 1<<gvwire.KindContextList | 1<<gvwire.KindContextDelete | 1<<gvwire.KindCodeWarm | 1<<gvwire.KindContextRestart
+		1<<gvwire.KindCode | 1<<gvwire.KindContextList | 1<<gvwire.KindContextDelete | 1<<gvwire.KindCodeWarm | 1<<gvwire.KindContextRestart | 1<<gvwire.KindReclaim
 	for {
 		kind, payload, err := gvwire.ReadFrame(in, allowed)
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
@@ -180,6 +181,8 @@ func runInit() int {
 			st.warmCode(payload)
 		case gvwire.KindContextList, gvwire.KindContextDelete, gvwire.KindContextRestart:
 			st.contextRequest(kind, payload)
+		case gvwire.KindReclaim:
+			go st.reclaim(payload)
 		case gvwire.KindKill:
 			st.mu.Lock()
 			if st.running {

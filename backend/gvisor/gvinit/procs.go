@@ -168,6 +168,7 @@ func (st *initState) procStart(p []byte) {
 		failed("its files", err)
 		return
 	}
+	files.OOM = st.oom.dup()
 	seq := ps.Seq
 	st.pmu.Lock()
 	err = st.procs.Start(req.ID, files, func(pid int) {

@@ -48,6 +48,7 @@ import (
 //	daemon → init:  file op; init → daemon: file data..., file done (filewire.go)
 //	daemon → init:  proc start, signal, list; init → daemon: proc answer (procwire.go)
 //	daemon → init:  code, context list, delete; init → daemon: cell output, status (codewire.go)
+//	daemon → init:  reclaim; init → daemon: proc answer (memwire.go)
 //
 // A frame is a kind byte, three zero bytes and a little-endian u32 payload
 // length, then the payload. Both sides check every header and bound every
@@ -99,8 +100,9 @@ var ErrBadFrame = errors.New("malformed frame")
 // ready frame: the init is a binary of its own (sandbox-sidecar-init), so
 // a daemon started with an init of another version refuses it instead of
 // misreading its frames. 3: durable processes and re-attaching
-// (procwire.go); 4: code contexts (codewire.go).
-const Protocol = 4
+// (procwire.go); 4: code contexts (codewire.go); 5: reclaim at the
+// memory limit (memwire.go).
+const Protocol = 5
 
 // ReadyFrom checks a ready frame's payload: init's protocol version,
 // which must be this daemon's.
@@ -142,7 +144,7 @@ func MaxPayload(kind byte) int {
 		return MaxProcStartPayload
 	case KindProcSignal:
 		return 8 + agent.MaxIDLen
-	case KindProcList:
+	case KindProcList, KindReclaim:
 		return 4
 	case KindProcAnswer:
 		return procAnswerHeader + MaxAnswerBody
