@@ -31,13 +31,36 @@ func busyboxRoot(t *testing.T) string {
 			t.Fatal(err)
 		}
 	}
-	for _, d := range []string{"bin", "etc/alternatives", "etc/ssl/certs", "etc/ca-certificates", "proc", "dev", "workspace", "tmp"} {
+	for _, d := range []string{"bin", "etc", "proc", "dev", "workspace", "tmp"} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for _, name := range []string{"etc/passwd", "etc/group", "etc/hosts", "etc/ld.so.cache", "etc/localtime"} {
+	for _, name := range []string{"etc/passwd", "etc/group", "etc/hosts"} {
 		if err := os.WriteFile(filepath.Join(root, name), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The mount points of the host files every sandbox gets where the
+	// host has them (etcFiles): bubblewrap cannot make them in this root,
+	// which the sandbox's uid may not write. Which of them the host has
+	// (a matplotlibrc where python3-matplotlib is installed) is the
+	// host's business: each gets its kind of mount point.
+	for _, f := range etcFiles {
+		fi, err := os.Stat(f)
+		if err != nil {
+			continue
+		}
+		p := filepath.Join(root, f)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if fi.IsDir() {
+			err = os.MkdirAll(p, 0o755)
+		} else {
+			err = os.WriteFile(p, nil, 0o644)
+		}
+		if err != nil {
 			t.Fatal(err)
 		}
 	}
