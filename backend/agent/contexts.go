@@ -481,6 +481,12 @@ func (c *Contexts) contextSaid(x *codeContext) {
 	x.cell = nil
 	c.stopTimer(ce)
 	ce.reply.Ended(CellEnd{Timed: ce.timed, Count: count})
+	if count == 1 && c.z != nil && c.z.sock >= 0 {
+		// A new context's first cell ended: the zygote forks the next
+		// spare now, not during that cell (pyrt.py). A zygote that
+		// misses it forks it a second after the hand-out anyway.
+		_ = unix.Sendmsg(c.z.sock, []byte("spare"), nil, nil, unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT)
+	}
 	c.advance()
 }
 

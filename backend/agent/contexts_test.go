@@ -91,10 +91,24 @@ func (z *fakeZygote) pump(what string, done func() bool) {
 func (z *fakeZygote) read() string {
 	z.t.Helper()
 	buf := make([]byte, 4096)
+	fds := []unix.PollFd{{Fd: int32(z.sock), Events: unix.POLLIN}}
+	if n, err := unix.Poll(fds, 10_000); err != nil || n == 0 {
+		z.t.Fatalf("the agent told the zygote nothing within 10s (%v)", err)
+	}
 	require.NoError(z.t, unix.SetNonblock(z.sock, false))
 	n, _, err := unix.Recvfrom(z.sock, buf, 0)
 	require.NoError(z.t, err)
 	return string(buf[:n])
+}
+
+// nothingSaid checks that the agent sent the zygote nothing more.
+func (z *fakeZygote) nothingSaid() {
+	z.t.Helper()
+	buf := make([]byte, 4096)
+	n, _, err := unix.Recvfrom(z.sock, buf, unix.MSG_DONTWAIT)
+	if err != unix.EAGAIN {
+		z.t.Fatalf("the agent told the zygote %q (%v), want nothing", buf[:max(n, 0)], err)
+	}
 }
 
 // fork answers the agent's "fork NAME" as pyrt.py does.
@@ -187,6 +201,9 @@ func TestContextAnswersOnlyForItsCell(t *testing.T) {
 	z.pump("the first cell's end", func() bool { return r.ended != nil })
 	assert.Equal(t, CellEnd{Count: 1}, *r.ended)
 	assert.Equal(t, []ContextInfo{{Name: "a", Count: 1}}, z.c.List())
+	// The first cell of a context ended: the zygote is told to fork the
+	// next spare now (pyrt.py holds it back during that cell).
+	assert.Equal(t, "spare", z.read())
 
 	r = &recorder{}
 	z.c.Run("a", cellFiles(t), time.Minute, time.Second, r)
@@ -196,6 +213,7 @@ func TestContextAnswersOnlyForItsCell(t *testing.T) {
 	z.pump("the forged end", func() bool { return r.ended != nil })
 	assert.Equal(t, CellEnd{Lost: true, How: proclog.EndLost, Count: 2}, *r.ended)
 	assert.Empty(t, z.c.List())
+	z.nothingSaid() // no spare after a cell but a first
 
 	// A "done" with no cell running: lost as well.
 	r = &recorder{}
@@ -205,6 +223,7 @@ func TestContextAnswersOnlyForItsCell(t *testing.T) {
 	y.takeCell(t)
 	y.say(t, "done 1")
 	z.pump("b's cell's end", func() bool { return r.ended != nil })
+	assert.Equal(t, "spare", z.read())
 	y.say(t, "done 2")
 	z.pump("b lost", func() bool { return len(z.c.List()) == 0 })
 
@@ -293,6 +312,9 @@ func TestRestartKeepsTheContextFresh(t *testing.T) {
 		x.say(t, "done "+strconv.Itoa(count))
 		z.pump("the cell's end", func() bool { return r.ended != nil })
 		require.Equal(t, CellEnd{Count: count}, *r.ended)
+		if count == 1 {
+			require.Equal(t, "spare", z.read(), "a context's first cell ended: the zygote forks the next spare")
+		}
 	}
 	r, b := start("b", nil)
 	end(r, b, 1)

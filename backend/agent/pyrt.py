@@ -36,6 +36,7 @@ import signal
 import socket
 import struct
 import sys
+import time
 import traceback
 import warnings
 
@@ -52,6 +53,7 @@ PR_SET_DUMPABLE = 4
 RESTORED_MARKER = "/tmp/.sandbox-restored"
 PR_SET_CHILD_SUBREAPER = 36
 SPARE_WARM_DELAY = 0.2    # seconds a spare waits before its warm-ups
+SPARE_FORK_DELAY = 1.0    # seconds after a hand-out by which the next spare is forked
 BINARY = ("image/png", "image/jpeg")
 REPRS = (
     ("_repr_html_", "text/html"),
@@ -143,17 +145,27 @@ def zygote():
         return pid, mine
 
     # One context is always forked ahead, the spare: a new context is
-    # handed out at once, and the next spare forked once it is, so that a
-    # context's fork and start (page faults on every page of the
-    # interpreter it touches) are not its first cell's. It never ran a
-    # cell, and was reseeded at its own fork.
+    # handed out at once, so that a context's fork and start (page faults
+    # on every page of the interpreter it touches) are not its first
+    # cell's. The next spare is forked when the agent says that first
+    # cell ended ("spare"), or SPARE_FORK_DELAY after the hand-out if that
+    # comes first: its fork would take the CPU (and under gVisor the
+    # sentry, ~0.1 s for a zygote that imported pandas) from the first
+    # cell. A context asked for before then is forked at once. The spare
+    # never ran a cell, and was reseeded at its own fork.
     spare = [None]
     spare[0] = fork_context()
+    refork_at = None
     send(ctl, ["ready", sys.version.split()[0]])
     while True:
         reap(ctl, spare)
+        if refork_at is not None and time.monotonic() >= refork_at:
+            refork_at = None
+            if spare[0] is None:
+                spare[0] = fork_context()
+        wait = None if refork_at is None else max(0.0, refork_at - time.monotonic())
         try:
-            ready, _, _ = select.select([ctl, wake_r], [], [])
+            ready, _, _ = select.select([ctl, wake_r], [], [], wait)
         except OSError:
             os._exit(0)
         if wake_r in ready:
@@ -171,6 +183,9 @@ def zygote():
             os._exit(0)
         if msg is None:
             os._exit(0)  # the agent is gone: so is the sandbox
+        if msg == ["spare"]:
+            refork_at = time.monotonic()  # forked at the loop's top
+            continue
         if len(msg) != 2 or msg[0] != "fork":
             continue
         reap(ctl, spare)  # a spare that died is not handed out
@@ -181,7 +196,7 @@ def zygote():
         except OSError:
             os._exit(0)
         mine.close()
-        spare[0] = fork_context()
+        refork_at = time.monotonic() + SPARE_FORK_DELAY
 
 
 def reap(ctl, spare):
