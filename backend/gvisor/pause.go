@@ -85,6 +85,9 @@ const (
 	// load of the guest's memory (the checkpoint's read, as
 	// checkpointTimeout its write).
 	restoreLoadTimeout = checkpointTimeout
+	// settleDelay is how long after a resume its checkpoint's drop starts
+	// (settleRestore).
+	settleDelay = 250 * time.Millisecond
 )
 
 // Failpoints of a pause and a resume (Config.Failpoint).
@@ -394,6 +397,15 @@ func (b *Backend) settleRestore(sb *sandbox, c *initConn) chan struct{} {
 	go func() {
 		defer close(settled)
 		defer done()
+		// Not at once: a runsc process's start (tens of ms of CPU) would
+		// take the CPU from the command that resumed the sandbox.
+		t := time.NewTimer(settleDelay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
 		err := b.restoreLoaded(ctx, sb)
 		switch {
 		case ctx.Err() != nil:
