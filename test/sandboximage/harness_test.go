@@ -81,7 +81,7 @@ func startDaemon(t *testing.T, base string, extra ...string) *daemon {
 	d := &daemon{t: t, socket: filepath.Join(base, "run", "sidecar.sock"), stateDir: filepath.Join(base, "state")}
 	d.args = testdaemon.NoHostConfig(append([]string{"serve", "--socket", d.socket, "--state-dir", d.stateDir, "--log-format", "json", "--reap-interval", "200ms"}, extra...))
 	d.start()
-	t.Cleanup(d.stop)
+	t.Cleanup(d.end)
 	return d
 }
 
@@ -96,6 +96,7 @@ func (d *daemon) start() {
 	d.cmd = cmd
 }
 
+// stop stops the daemon; its kept sandboxes live on, for a restart.
 func (d *daemon) stop() {
 	if !d.proc.Running() {
 		return
@@ -108,7 +109,14 @@ func (d *daemon) stop() {
 		<-d.proc.Done()
 		d.t.Errorf("daemon did not stop within 60s of SIGTERM\n%s", d.proc.Logs())
 	}
-	// A kept gVisor sandbox outlives its daemon: end what it still runs.
+}
+
+// end stops the daemon and ends what its kept sandboxes still run (a kept
+// sandbox outlives its daemon, a kill -9 too), their disks with them,
+// before the state directory goes: nothing of the test is left.
+func (d *daemon) end() {
+	d.stop()
+	testdaemon.EndSandboxes(d.t, daemonBin, d.socket, d.stateDir)
 	gvisor.KillSandboxes(filepath.Join(d.stateDir, "gvisor"))
 }
 
