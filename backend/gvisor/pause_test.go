@@ -75,6 +75,22 @@ func written(t *testing.T, b *Backend, id, proc string) int64 {
 	return p.StdoutBytes
 }
 
+// holding creates sandbox id on b with a holder running in it, and waits
+// until the holder writes: what a pause, a resume or a fork then carries.
+func holding(t *testing.T, b *Backend, id, what string) backend.ProcessInfo {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := b.Create(ctx, id, backend.Spec{}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := b.StartProcess(ctx, id, backend.ProcessRequest{Argv: []string{"python3", "-c", holder}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	advances(t, b, id, p.ID, 0, what)
+	return p
+}
+
 // advances waits until process proc has written more than n bytes.
 func advances(t *testing.T, b *Backend, id, proc string, n int64, what string) {
 	t.Helper()
@@ -343,14 +359,7 @@ func TestGVisorResumeLoadsInTheBackground(t *testing.T) {
 		}
 	})
 	ctx := context.Background()
-	if _, err := b.Create(ctx, id, backend.Spec{}); err != nil {
-		t.Fatal(err)
-	}
-	p, err := b.StartProcess(ctx, id, backend.ProcessRequest{Argv: []string{"python3", "-c", holder}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	advances(t, b, id, p.ID, 0, "before the pause")
+	p := holding(t, b, id, "before the pause")
 	mustPause(t, b, id)
 	if err := os.Remove(log); err != nil {
 		t.Fatal(err)
@@ -398,14 +407,7 @@ func TestGVisorPausedSurvivesARestart(t *testing.T) {
 	first := newTestBackend(t, func(c *Config) { c.Dir = dir })
 	ctx := context.Background()
 	const id = "sleeper"
-	if _, err := first.Create(ctx, id, backend.Spec{}); err != nil {
-		t.Fatal(err)
-	}
-	p, err := first.StartProcess(ctx, id, backend.ProcessRequest{Argv: []string{"python3", "-c", holder}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	advances(t, first, id, p.ID, 0, "before the pause")
+	p := holding(t, first, id, "before the pause")
 	mustPause(t, first, id)
 	if err := first.Close(); err != nil {
 		t.Fatal(err)
@@ -540,15 +542,8 @@ func TestGVisorPauseRefusedLeavesItRunning(t *testing.T) {
 	b := newTestBackend(t, func(c *Config) { c.MaxCheckpointBytes = 1 << 20 })
 	ctx := context.Background()
 	const id = "toolarge"
-	if _, err := b.Create(ctx, id, backend.Spec{}); err != nil {
-		t.Fatal(err)
-	}
-	p, err := b.StartProcess(ctx, id, backend.ProcessRequest{Argv: []string{"python3", "-c", holder}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	advances(t, b, id, p.ID, 0, "before")
-	_, err = b.Pause(ctx, id)
+	p := holding(t, b, id, "before")
+	_, err := b.Pause(ctx, id)
 	if !errors.Is(err, backend.ErrNoSpace) || !strings.Contains(err.Error(), "max_checkpoint_bytes") {
 		t.Fatalf("Pause past the cap: %v, want ErrNoSpace naming the cap", err)
 	}
@@ -577,14 +572,7 @@ func TestGVisorPauseOnAFullDisk(t *testing.T) {
 	b := newTestBackend(t, func(c *Config) { c.Dir = filepath.Join(mnt, "gvisor") })
 	ctx := context.Background()
 	const id = "fulldisk"
-	if _, err := b.Create(ctx, id, backend.Spec{}); err != nil {
-		t.Fatal(err)
-	}
-	p, err := b.StartProcess(ctx, id, backend.ProcessRequest{Argv: []string{"python3", "-c", holder}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	advances(t, b, id, p.ID, 0, "before")
+	p := holding(t, b, id, "before")
 	// Leave more than the reserve the pause checks for, and less than the
 	// checkpoint of 64 MiB of random bytes: runsc runs out of room.
 	var st syscall.Statfs_t
@@ -641,14 +629,7 @@ func TestGVisorResumeWhoseLoadFailsStaysPaused(t *testing.T) {
 	b := newTestBackend(t)
 	ctx := context.Background()
 	const id = "cut-pages"
-	if _, err := b.Create(ctx, id, backend.Spec{}); err != nil {
-		t.Fatal(err)
-	}
-	p, err := b.StartProcess(ctx, id, backend.ProcessRequest{Argv: []string{"python3", "-c", holder}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	advances(t, b, id, p.ID, 0, "before the pause")
+	p := holding(t, b, id, "before the pause")
 	mustPause(t, b, id)
 	pages := filepath.Join(b.sandboxDir(id), checkpointName, "pages.img")
 	whole := filepath.Join(t.TempDir(), "pages.img")
@@ -726,14 +707,7 @@ func TestGVisorResumeLoadFailureRepauses(t *testing.T) {
 		}
 	})
 	ctx := context.Background()
-	if _, err := b.Create(ctx, id, backend.Spec{}); err != nil {
-		t.Fatal(err)
-	}
-	p, err := b.StartProcess(ctx, id, backend.ProcessRequest{Argv: []string{"python3", "-c", holder}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	advances(t, b, id, p.ID, 0, "before the pause")
+	p := holding(t, b, id, "before the pause")
 	mustPause(t, b, id)
 	armed = true
 	if err := b.Resume(ctx, id); err != nil {
