@@ -493,9 +493,9 @@ def context(ctl):
     # Until a cell comes: a cell's first use of the preloaded modules,
     # paid now (the zygote's warm-ups again, their pages copied), and
     # what they made collected. Not at once: a spare is forked as the
-    # one before it is handed out, whose first cell runs now, and an
-    # agent's next call comes seconds later. A cell that comes meanwhile
-    # ends them.
+    # context before it ends its first cell, and that context's next cell
+    # often follows within milliseconds, while an agent's next new
+    # context comes seconds later. A cell that comes meanwhile ends them.
     try:
         if not select.select([ctl], [], [], SPARE_WARM_DELAY)[0]:
             warm_up(lambda: select.select([ctl], [], [], 0)[0])

@@ -399,12 +399,8 @@ func (b *Backend) settleRestore(sb *sandbox, c *initConn) chan struct{} {
 		defer done()
 		// Not at once: a runsc process's start (tens of ms of CPU) would
 		// take the CPU from the command that resumed the sandbox.
-		t := time.NewTimer(settleDelay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !sleepCtx(ctx, settleDelay) {
 			return
-		case <-t.C:
 		}
 		err := b.restoreLoaded(ctx, sb)
 		switch {
