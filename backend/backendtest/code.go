@@ -556,13 +556,16 @@ func testCodeChildren(s *suite) {
 	// next cell's output is its own, and the child ends with its context.
 	res = s.cell(sb, "", `import os, time
 if os.fork() == 0:
-    open("child.pid", "w").write(str(os.getpid()))
+    open("child.tmp", "w").write(str(os.getpid()))
+    os.rename("child.tmp", "child.pid")
     while True:
         try:
             os.write(1, b"late\n")
         except OSError:
             pass
         time.sleep(0.02)
+while not os.path.exists("child.pid"):
+    time.sleep(0.01)
 "parent"`, time.Minute)
 	if text(res) != "'parent'" || res.ContextLost || res.ExecutionCount != 2 {
 		s.Errorf("a cell whose child outlives it: %+v", res)
