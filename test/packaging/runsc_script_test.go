@@ -23,7 +23,13 @@ import (
 	"strings"
 )
 
+// A runsc built with its seccomp programs precompiled holds their keys.
+const precompiled = ` + "`" + `GOARCH="amd64" Platform="systrap" HostNetwork=false HostNetworkRawSockets=false HostFilesystem=true` + "`" + `
+
 func main() {
+	if len(os.Args) == 3 && os.Args[1] == "--programs" {
+		fmt.Println(precompiled)
+	}
 	if len(os.Args) != 2 || os.Args[1] != "--version" {
 		os.Exit(2)
 	}
@@ -36,8 +42,8 @@ func main() {
 const installRunscTimeout = 2 * time.Minute
 
 // TestInstallRunscKeepsAGoodCache: scripts/install-runsc.sh takes a
-// cached runsc that says the pinned version and was built with the pinned
-// Go, prints its path and builds nothing, whatever the binary prints after
+// cached runsc that says the pinned version, was built with the pinned Go
+// and holds precompiled seccomp programs, prints its path and builds nothing, whatever the binary prints after
 // its version line. The check piped runsc --version into grep -q, which
 // exits at its match; runsc then got SIGPIPE about every other time,
 // pipefail failed the check, and the script rebuilt a good cache (its
