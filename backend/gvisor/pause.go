@@ -470,6 +470,23 @@ func (b *Backend) Paused(ctx context.Context, id string) (bool, error) {
 	return sb.paused, nil
 }
 
+// checkpointPagesName is the file of a checkpoint that holds the guest's
+// memory (runsc's name).
+const checkpointPagesName = "pages.img"
+
+// directReads reports whether runsc may read the guest's memory of the
+// checkpoint in dir with O_DIRECT (`restore --direct`,
+// Config.BufferedRestoreReads), which its filesystem may refuse (EINVAL:
+// tmpfs before Linux 6.6, some FUSE and network filesystems).
+func directReads(dir string) bool {
+	fd, err := unix.Open(filepath.Join(dir, checkpointPagesName), unix.O_RDONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	unix.Close(fd)
+	return true
+}
+
 // attachRestored makes the attach handshake with the init of a sandbox
 // just restored, through c's fresh FIFOs, by deadline.
 func (b *Backend) attachRestored(ctx context.Context, sb *sandbox, c *initConn, deadline time.Time) error {

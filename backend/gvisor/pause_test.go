@@ -730,3 +730,24 @@ func TestGVisorResumeLoadFailureRepauses(t *testing.T) {
 	holderLines(t, readProc(t, b, id, p.ID))
 	execOK(t, b, id, "true")
 }
+
+// TestDirectReads: a restore asks runsc for O_DIRECT reads of the guest's
+// memory only when the checkpoint's pages file opens with O_DIRECT (every
+// resume of the gVisor tests takes that path where the state directory's
+// filesystem allows it); a checkpoint without one restores without.
+func TestDirectReads(t *testing.T) {
+	dir := t.TempDir()
+	if directReads(dir) {
+		t.Error("direct reads of a checkpoint without a pages file")
+	}
+	if err := os.WriteFile(filepath.Join(dir, checkpointPagesName), make([]byte, 4096), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := syscall.Open(filepath.Join(dir, checkpointPagesName), syscall.O_RDONLY|syscall.O_DIRECT, 0)
+	if err == nil {
+		syscall.Close(fd)
+	}
+	if got := directReads(dir); got != (err == nil) {
+		t.Errorf("directReads on a filesystem whose O_DIRECT open says %v: %v", err, got)
+	}
+}

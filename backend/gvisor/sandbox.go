@@ -492,7 +492,11 @@ func (b *Backend) start(ctx context.Context, sb *sandbox, checkpoint string) (_ 
 	defer cancel()
 	args := append(runscNetwork(b.globalFlags(), sb), "run", "--detach", "--bundle", sb.bundleDir(), sb.containerID())
 	if checkpoint != "" {
-		args = append(runscNetwork(b.globalFlags(), sb), "restore", "--detach", "--background", "--bundle", sb.bundleDir(), "--image-path", checkpoint, sb.containerID())
+		args = append(runscNetwork(b.globalFlags(), sb), "restore", "--detach", "--background")
+		if !b.cfg.BufferedRestoreReads && directReads(checkpoint) {
+			args = append(args, "--direct")
+		}
+		args = append(args, "--bundle", sb.bundleDir(), "--image-path", checkpoint, sb.containerID())
 	}
 	cmd := exec.CommandContext(bctx, b.runsc, args...)
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}

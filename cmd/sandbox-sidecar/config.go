@@ -351,6 +351,8 @@ type GvisorSection struct {
 	// SystrapFastPath is auto (off on hosts of two CPUs or fewer, runsc's
 	// own choice otherwise), on or off: gvisor.Config.SystrapFastPath.
 	SystrapFastPath string `toml:"systrap_fast_path"`
+	// BufferedRestoreReads: gvisor.Config.BufferedRestoreReads.
+	BufferedRestoreReads bool `toml:"buffered_restore_reads"`
 	// MaxCheckpointBytes caps the checkpoint a paused sandbox keeps on
 	// disk (its memory): gvisor.Config.MaxCheckpointBytes.
 	MaxCheckpointBytes Size `toml:"max_checkpoint_bytes"`

@@ -55,6 +55,11 @@ func TestConfigValuesAndErrors(t *testing.T) {
 	require.NoError(t, loadConfigFile(&cfg, p, true))
 	require.NoError(t, cfg.validate())
 	assert.Equal(t, "off", cfg.Gvisor.SystrapFastPath)
+	assert.False(t, cfg.Gvisor.BufferedRestoreReads, "a resume reads around the page cache by default")
+	p = writeConfig(t, "[gvisor]\nbuffered_restore_reads = true\n")
+	cfg = defaultConfig()
+	require.NoError(t, loadConfigFile(&cfg, p, true))
+	assert.True(t, cfg.Gvisor.BufferedRestoreReads)
 
 	p = writeConfig(t, "[lifecycle]\nmax_commands = 8\nmax_commands_per_uid = 5\n")
 	cfg = defaultConfig()

@@ -520,8 +520,8 @@ func newBackend(cfg Config, log hclog.Logger, enf *enforcement) (backend.Backend
 		return gvisor.New(gvisor.Config{
 			Dir: filepath.Join(cfg.Server.StateDir, "gvisor"), RunscPath: cfg.Gvisor.RunscPath,
 			Platform: cfg.Gvisor.Platform, ExtraFlags: cfg.Gvisor.ExtraFlags, KillGrace: cfg.Gvisor.KillGrace.D(),
-			SystrapFastPath: cfg.Gvisor.SystrapFastPath,
-			Limits:          cfg.Limits.sandboxLimits(), Cgroups: enf.cgroups, Logger: log.Named("gvisor"),
+			SystrapFastPath: cfg.Gvisor.SystrapFastPath, BufferedRestoreReads: cfg.Gvisor.BufferedRestoreReads,
+			Limits: cfg.Limits.sandboxLimits(), Cgroups: enf.cgroups, Logger: log.Named("gvisor"),
 			InitPath: sandboxInit(log), Egress: eg, Processes: cfg.Processes.procLimits(), Code: cfg.Code.codeConfig(),
 			MaxCheckpointBytes: int64(cfg.Gvisor.MaxCheckpointBytes), Failpoint: failpointFromEnv(log),
 		})
