@@ -21,10 +21,13 @@ import (
 )
 
 // testHandler answers "echo" with its args, "sleep" after args.ms
-// milliseconds (or when cancelled), and "boom" by panicking.
+// milliseconds, when release is closed or when cancelled (it sends on
+// started, if set, as it begins), and "boom" by panicking.
 type testHandler struct {
 	mu           sync.Mutex
 	disconnected []uint64
+	started      chan struct{}
+	release      chan struct{}
 }
 
 func (h *testHandler) Handle(ctx context.Context, peer *Peer, req *Request) (any, error) {
@@ -33,9 +36,14 @@ func (h *testHandler) Handle(ctx context.Context, peer *Peer, req *Request) (any
 		return map[string]any{"args": req.Args.Map(), "uid": peer.UID}, nil
 	case "sleep":
 		ms := req.Args.Int("ms", 0, 0, 60000)
+		if h.started != nil {
+			h.started <- struct{}{}
+		}
 		select {
 		case <-time.After(time.Duration(ms) * time.Millisecond):
 			return map[string]any{"slept": ms}, nil
+		case <-h.release:
+			return map[string]any{"slept": "released"}, nil
 		case <-ctx.Done():
 			return nil, Errorf(CodeShuttingDown, "cancelled")
 		}
@@ -267,24 +275,27 @@ func TestClientConcurrentCalls(t *testing.T) {
 }
 
 func TestShutdownDrainsThenRefuses(t *testing.T) {
-	h := &testHandler{}
+	h := &testHandler{started: make(chan struct{}, 1), release: make(chan struct{})}
 	s, path := startServer(t, ServerConfig{Handler: h})
 	c := rawConn(t, path)
-	sendReq(t, c, 1, "sleep", map[string]any{"ms": 300})
-	time.Sleep(50 * time.Millisecond)
+	sendReq(t, c, 1, "sleep", map[string]any{"ms": 60000})
+	<-h.started
 	shut := make(chan error, 1)
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
 		shut <- s.Shutdown(ctx)
 	}()
-	time.Sleep(50 * time.Millisecond)
-	sendReq(t, c, 2, "echo", nil)
-	got := map[float64]map[string]any{}
-	for range 2 {
-		m := readResp(t, c)
-		got[toF(m["id"])] = m
+	for !s.isClosing() {
+		time.Sleep(time.Millisecond)
 	}
+	sendReq(t, c, 2, "echo", nil)
+	// The refusal comes first; then the in-flight request is let finish.
+	refused := readResp(t, c)
+	close(h.release)
+	got := map[float64]map[string]any{toF(refused["id"]): refused}
+	m := readResp(t, c)
+	got[toF(m["id"])] = m
 	assert.Equal(t, true, got[1]["ok"], "the in-flight request finished")
 	assert.Equal(t, CodeShuttingDown, errCode(got[2]))
 	require.NoError(t, <-shut)
@@ -296,10 +307,11 @@ func TestShutdownDrainsThenRefuses(t *testing.T) {
 }
 
 func TestShutdownDeadlineCancels(t *testing.T) {
-	s, path := startServer(t, ServerConfig{})
+	h := &testHandler{started: make(chan struct{}, 1)}
+	s, path := startServer(t, ServerConfig{Handler: h})
 	c := rawConn(t, path)
 	sendReq(t, c, 1, "sleep", map[string]any{"ms": 60000})
-	time.Sleep(50 * time.Millisecond)
+	<-h.started
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	start := time.Now()

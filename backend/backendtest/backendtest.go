@@ -1180,12 +1180,13 @@ func testTimeoutKillsEscapees(s *suite) {
 	}
 	sb := s.create(backend.Spec{})
 	tok := sleepToken()
-	// The budget leaves the count time to run on a loaded host (gVisor's
-	// /proc walk included): the timeout must find the escapees, not cut
-	// their count short.
+	// The command waits (up to ~2.5 s) until its three escapees run, then
+	// counts them; the budget leaves the count time to run on a loaded
+	// host (gVisor's /proc walk included): the timeout must find the
+	// escapees, not cut their count short.
 	res := s.exec(sb, backend.ExecRequest{Timeout: 5 * time.Second, Command: fmt.Sprintf(
 		`setsid sleep 1%[1]s >/dev/null 2>&1 & (setsid sleep 2%[1]s >/dev/null 2>&1 &); (trap '' TERM HUP; exec setsid nohup sleep 3%[1]s >/dev/null 2>&1 &)
-sleep 0.5; %[2]s; sleep 60`, tok, countSleeps(tok))})
+i=0; while [ "$(%[2]s)" != 3 ] && [ $i -lt 25 ]; do sleep 0.1; i=$((i+1)); done; %[2]s; sleep 60`, tok, countSleeps(tok))})
 	if !res.TimedOut || strings.TrimSpace(string(res.Stdout)) != "3" {
 		s.Fatalf("want a timeout with 3 escapees running before it: %+v", res)
 	}

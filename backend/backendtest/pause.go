@@ -193,7 +193,8 @@ func testPauseBusy(s *suite) {
 	sb := s.create(backend.Spec{})
 	done := make(chan error, 1)
 	go func() {
-		_, err := s.b.Exec(s.ctx(), sb.id, backend.ExecRequest{Command: "touch started; sleep 2", Timeout: time.Minute, MaxOutputBytes: 1024})
+		// It runs until the test opens its gate, whatever the host's load.
+		_, err := s.b.Exec(s.ctx(), sb.id, backend.ExecRequest{Command: "touch started; while [ ! -e gate ]; do sleep 0.05; done", Timeout: time.Minute, MaxOutputBytes: 1024})
 		done <- err
 	}()
 	deadline := time.Now().Add(20 * time.Second)
@@ -210,6 +211,9 @@ func testPauseBusy(s *suite) {
 	wantErr(s, "Pause while a command runs", err, backend.ErrBusy)
 	if paused, _ := pz.Paused(s.ctx(), sb.id); paused {
 		s.Errorf("a refused pause left the sandbox paused")
+	}
+	if err := s.b.WriteFile(s.ctx(), sb.id, "gate", nil, 0); err != nil {
+		s.Fatalf("open the command's gate: %v", err)
 	}
 	if err := <-done; err != nil {
 		s.Fatalf("the command: %v", err)
