@@ -321,9 +321,10 @@ func (m *Manager) warmAdopted() {
 		r.warming = true
 		cold = append(cold, r)
 	}
-	m.mu.Unlock()
-	// The oldest first: claims take those first.
+	// The oldest first: claims take those first. Sorted under m.mu: a
+	// claim rewrites a member's CreatedAt.
 	sort.Slice(cold, func(i, j int) bool { return cold[i].CreatedAt.Before(cold[j].CreatedAt) })
+	m.mu.Unlock()
 	for i, r := range cold {
 		m.mu.Lock()
 		stop := m.closing

@@ -46,9 +46,9 @@ func TestClientGoneDuringCommandKeepsOwnedSandbox(t *testing.T) {
 	conn, err := net.Dial("unix", d.socket)
 	require.NoError(t, err)
 	require.NoError(t, ipc.WriteFrame(conn, req(t, 1, ipc.OpRunCommand, map[string]any{"sandbox": id, "command": "sleep 5", "timeout_s": 30}), 1<<30))
-	time.Sleep(100 * time.Millisecond) // the daemon has it, and sits at FailExecHandedOver
+	eventually(t, 20*time.Second, "the daemon at "+bwrap.FailExecHandedOver, func() bool { return reached(d, bwrap.FailExecHandedOver) })
 	require.NoError(t, conn.Close())
-	eventually(t, 20*time.Second, "the forced interleaving", func() bool { return strings.Contains(d.Logs(), bwrap.FailConverseWoken) })
+	eventually(t, 20*time.Second, "the forced interleaving", func() bool { return reached(d, bwrap.FailConverseKillArmed) && reached(d, bwrap.FailConverseWake) })
 
 	// The abandoned command ends (killed) within init's kill answer; until
 	// then the sandbox is busy with it.
@@ -90,9 +90,9 @@ func TestDaemonStalledPastKillDeadlineKeepsOwnedSandbox(t *testing.T) {
 	conn, err := net.Dial("unix", d.socket)
 	require.NoError(t, err)
 	require.NoError(t, ipc.WriteFrame(conn, req(t, 1, ipc.OpRunCommand, map[string]any{"sandbox": id, "command": "sleep 5", "timeout_s": 30}), 1<<30))
-	time.Sleep(100 * time.Millisecond)
+	eventually(t, 20*time.Second, "the daemon at "+bwrap.FailExecHandedOver, func() bool { return reached(d, bwrap.FailExecHandedOver) })
 	require.NoError(t, conn.Close())
-	eventually(t, 20*time.Second, "the stalled reader", func() bool { return strings.Contains(d.Logs(), bwrap.FailConverseKillArmed) })
+	eventually(t, 20*time.Second, "the stalled reader", func() bool { return reached(d, bwrap.FailConverseKillArmed) })
 
 	var res execResult
 	eventually(t, 30*time.Second, "the sandbox free again", func() bool {
@@ -253,4 +253,11 @@ func TestCrashDuringDiskCreateRestartAtOnce(t *testing.T) {
 	testdaemon.EndSandboxes(t, daemonBin, d.socket, d.stateDir)
 	eventually(t, 10*time.Second, "no loop device attached", func() bool { return d.attachments(t, keeper) == 0 })
 	assert.Zero(t, mountsUnder(t, "/proc/self/mounts", d.stateDir))
+}
+
+// reached reports whether d's log says it reached failpoint name (not
+// merely that it was armed with it: that line names every failpoint).
+func reached(d *daemon, name string) bool {
+	logs := d.Logs()
+	return strings.Contains(logs, `"failpoint":"`+name+`"`) || strings.Contains(logs, "failpoint="+name+" action=")
 }
