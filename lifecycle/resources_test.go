@@ -110,4 +110,9 @@ func TestResourcesAreJournaledAndReadopted(t *testing.T) {
 		got[s.ID] = s.Resources
 	}
 	assert.Equal(t, map[string]backend.Resources{withRes.ID: res, plain.ID: {}}, got)
+	// Owned sandboxes outlive their manager: the re-adopting one ends them
+	// (on bwrap they would run on after the test).
+	ids, err := m2.DestroyRun(context.Background(), alice, "dag/run")
+	require.NoError(t, err)
+	assert.Len(t, ids, 2)
 }
