@@ -353,7 +353,7 @@ func TestGVisorResumeLoadsInTheBackground(t *testing.T) {
 		c.Failpoint = func(at string) {
 			if at == FailResumeLoaded {
 				atLoaded = runs(t, log)
-				_, err := os.Stat(filepath.Join(b.sandboxDir(id), checkpointName, "pages.img"))
+				_, err := os.Stat(filepath.Join(b.sandboxDir(id), checkpointName, checkpointPagesName))
 				keptAtLoaded = err == nil
 			}
 		}
@@ -388,7 +388,7 @@ func TestGVisorResumeLoadsInTheBackground(t *testing.T) {
 			t.Fatalf("Resume: %v", err)
 		}
 		mustPause(t, b, id)
-		if _, err := os.Stat(filepath.Join(b.sandboxDir(id), checkpointName, "pages.img")); err != nil {
+		if _, err := os.Stat(filepath.Join(b.sandboxDir(id), checkpointName, checkpointPagesName)); err != nil {
 			t.Fatalf("a pause right after a resume has no checkpoint: %v", err)
 		}
 	}
@@ -631,7 +631,7 @@ func TestGVisorResumeWhoseLoadFailsStaysPaused(t *testing.T) {
 	const id = "cut-pages"
 	p := holding(t, b, id, "before the pause")
 	mustPause(t, b, id)
-	pages := filepath.Join(b.sandboxDir(id), checkpointName, "pages.img")
+	pages := filepath.Join(b.sandboxDir(id), checkpointName, checkpointPagesName)
 	whole := filepath.Join(t.TempDir(), "pages.img")
 	if err := os.Rename(pages, whole); err != nil {
 		t.Fatal(err)

@@ -43,8 +43,8 @@ const installRunscTimeout = 2 * time.Minute
 
 // TestInstallRunscKeepsAGoodCache: scripts/install-runsc.sh takes a
 // cached runsc that says the pinned version, was built with the pinned Go
-// and holds precompiled seccomp programs, prints its path and builds nothing, whatever the binary prints after
-// its version line. The check piped runsc --version into grep -q, which
+// and holds precompiled seccomp programs, prints its path and builds
+// nothing, whatever the binary prints after its version line. The check piped runsc --version into grep -q, which
 // exits at its match; runsc then got SIGPIPE about every other time,
 // pipefail failed the check, and the script rebuilt a good cache (its
 // check of the new build failing as often: "the runsc just built is not
