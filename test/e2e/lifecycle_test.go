@@ -52,9 +52,12 @@ func recovered(t *testing.T, d *daemon) {
 
 // assertConsistent checks that what the daemon knows is exactly what is on
 // disk, and that no process of any of its sandboxes runs (none is running a
-// command at this point).
+// command at this point). It first waits for recovery's background destroys:
+// a sandbox the restart decided to destroy is already gone from the list
+// while its directory is still being removed.
 func assertConsistent(t *testing.T, d *daemon) {
 	t.Helper()
+	recovered(t, d)
 	ws := d.workspaces(t)
 	sort.Strings(ws)
 	assert.Equal(t, ws, listed(t, d), "the journal and the backend agree")
