@@ -2,8 +2,7 @@ package lifecycle
 
 import (
 	"context"
-	"strconv"
-	"strings"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -13,51 +12,6 @@ import (
 
 	"github.com/sandbox-sidecar/sandbox-sidecar/backend"
 )
-
-// span is when a command ran, by the clock inside the sandbox (the host's
-// real time: sandboxes do not get a time namespace).
-type span struct{ start, end float64 }
-
-const timedSleep = `date +%s.%N; sleep 0.5; date +%s.%N`
-
-func parseSpan(t *testing.T, out []byte) span {
-	t.Helper()
-	f := strings.Fields(string(out))
-	require.Len(t, f, 2, "output %q", out)
-	start, err := strconv.ParseFloat(f[0], 64)
-	require.NoError(t, err)
-	end, err := strconv.ParseFloat(f[1], 64)
-	require.NoError(t, err)
-	return span{start, end}
-}
-
-// runConcurrently runs timedSleep in each sandbox at once and returns the
-// spans and the wall time.
-func runConcurrently(t *testing.T, e *testEnv, ids ...string) ([]span, time.Duration) {
-	t.Helper()
-	spans := make([]span, len(ids))
-	outs := make([][]byte, len(ids))
-	errs := make([]error, len(ids))
-	var wg sync.WaitGroup
-	start := time.Now()
-	for i, id := range ids {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			res, err := e.m.Exec(context.Background(), alice, id, backend.ExecRequest{Command: timedSleep, Timeout: 30 * time.Second})
-			outs[i], errs[i] = res.Stdout, err
-		}()
-	}
-	wg.Wait()
-	took := time.Since(start)
-	for i := range ids {
-		require.NoError(t, errs[i])
-		spans[i] = parseSpan(t, outs[i])
-	}
-	return spans, took
-}
-
-func overlap(a, b span) bool { return a.start < b.end && b.start < a.end }
 
 func TestExecOneAtATimePerSandbox(t *testing.T) {
 	e := newEnv(t)
@@ -92,12 +46,42 @@ func TestExecOneAtATimePerSandbox(t *testing.T) {
 	assert.NoError(t, err, "the sandbox takes commands again once the first ended")
 }
 
+// Commands in two sandboxes run at once: each says it runs (a file in
+// its workspace) and then waits to be let go, which happens only once both
+// run. Sequential commands would never both say so.
 func TestExecParallelAcrossSandboxes(t *testing.T) {
 	e := newEnv(t)
-	a := e.create(alice, CreateRequest{})
-	b := e.create(alice, CreateRequest{})
-	spans, took := runConcurrently(t, e, a.ID, b.ID)
-	assert.True(t, overlap(spans[0], spans[1]), "commands in two sandboxes did not overlap: %v (took %v)", spans, took)
+	ids := []string{e.create(alice, CreateRequest{}).ID, e.create(alice, CreateRequest{}).ID}
+	errs := make(chan error, len(ids))
+	for _, id := range ids {
+		go func() {
+			res, err := e.m.Exec(context.Background(), alice, id, backend.ExecRequest{
+				Command: "echo > running; while [ ! -e go ]; do sleep 0.01; done; echo done", Timeout: time.Minute})
+			if err == nil && string(res.Stdout) != "done\n" {
+				err = fmt.Errorf("the command: %+v", res)
+			}
+			errs <- err
+		}()
+	}
+	require.Eventually(t, func() bool {
+		for _, id := range ids {
+			if _, err := e.m.ReadFile(context.Background(), alice, id, e.workdir(id)+"/running", 16); err != nil {
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, 10*time.Millisecond, "the commands in two sandboxes never ran at once")
+	for _, id := range ids {
+		require.NoError(t, e.m.WriteFile(context.Background(), alice, id, e.workdir(id)+"/go", nil, 0o644))
+	}
+	for range ids {
+		select {
+		case err := <-errs:
+			require.NoError(t, err)
+		case <-time.After(30 * time.Second):
+			t.Fatal("the released commands did not end")
+		}
+	}
 }
 
 func TestExecTimeoutCutToRemainingLife(t *testing.T) {

@@ -163,9 +163,12 @@ func testCodeErrors(s *suite) {
 	if res := s.cell(sb, "", "def (", time.Minute); res.Error == nil || res.Error.Name != "SyntaxError" {
 		s.Errorf("a syntax error: %+v", res.Error)
 	}
-	// A cell past its budget is interrupted; its context lives on.
+	// A cell past its budget is interrupted; its context lives on. (What
+	// the budgeted cell needs is set by the cell before it: an interrupt
+	// that came before the loop would prove nothing.)
+	s.cell(sb, "", "import time\nz = 7", time.Minute)
 	start := time.Now()
-	res = s.cell(sb, "", "import time\nz = 7\nwhile True: time.sleep(0.05)", 500*time.Millisecond)
+	res = s.cell(sb, "", "while True: time.sleep(0.05)", 500*time.Millisecond)
 	if !res.TimedOut || res.ContextLost || res.Error == nil || res.Error.Name != "KeyboardInterrupt" {
 		s.Errorf("an interrupted cell: %+v", res)
 	}
@@ -282,8 +285,10 @@ func testCodeLost(s *suite) {
 	s.cell(sb, "victim", "v = 1", time.Minute)
 	s.cell(sb, "other", "o = 2", time.Minute)
 	// A cell that ignores the interrupt is killed at the grace: only its
-	// context is lost.
-	res := s.cell(sb, "victim", "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: time.sleep(0.05)", 300*time.Millisecond)
+	// context is lost. The handler is set by a cell before the budgeted
+	// one, so an interrupt cannot come before it.
+	s.cell(sb, "victim", "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)", time.Minute)
+	res := s.cell(sb, "victim", "while True: time.sleep(0.05)", 300*time.Millisecond)
 	if !res.ContextLost || !res.TimedOut {
 		s.Errorf("a cell that ignores its interrupt: %+v", res)
 	}
@@ -291,8 +296,8 @@ func testCodeLost(s *suite) {
 		s.Errorf("the lost context starts afresh: %+v", res)
 	}
 	// So is one that catches each interrupt and goes on.
-	s.cell(sb, "victim", "v = 2", time.Minute)
-	res = s.cell(sb, "victim", "import time\nwhile True:\n    try:\n        time.sleep(0.05)\n    except KeyboardInterrupt:\n        pass", 300*time.Millisecond)
+	s.cell(sb, "victim", "v = 2\nimport time\ndef spin():\n    while True:\n        try:\n            time.sleep(0.05)\n        except KeyboardInterrupt:\n            pass", time.Minute)
+	res = s.cell(sb, "victim", "spin()", 300*time.Millisecond)
 	if !res.ContextLost || !res.TimedOut || res.OOMKilled || res.Reason() != "timed_out" {
 		s.Errorf("a cell that catches its interrupts: %+v", res)
 	}

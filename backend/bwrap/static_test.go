@@ -105,7 +105,7 @@ func TestBwrapStaticInitRunsWithoutTheHostsLibraries(t *testing.T) {
 			if err != nil || res.ExitCode != 127 || !strings.Contains(string(res.Stderr), "no-such-program") {
 				t.Errorf("argv [no-such-program]: exit %d stderr %q, %v; want 127 and the name", res.ExitCode, res.Stderr, err)
 			}
-			res, err = b.Exec(context.Background(), id, backend.ExecRequest{Command: "trap '' TERM; echo started; sleep 60", Timeout: 200 * time.Millisecond})
+			res, err = b.Exec(context.Background(), id, backend.ExecRequest{Command: "trap '' TERM; echo started; sleep 60", Timeout: 2 * time.Second}) // the trap is set well before
 			if err != nil || !res.TimedOut || res.ExitCode != backend.ExitKilled || string(res.Stdout) != "started\n" {
 				t.Errorf("a command ignoring SIGTERM past its budget: %+v, %v; want timed out, exit 137", res, err)
 			}

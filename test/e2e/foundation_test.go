@@ -418,12 +418,13 @@ func TestShutdownDestroysConnectionBound(t *testing.T) {
 	kept := create(t, c, map[string]any{"ttl_s": 600})
 	// A command in flight when SIGTERM arrives finishes.
 	done := make(chan execResult, 1)
+	sleep := fmt.Sprintf("sleep 1.%06d", time.Now().Nanosecond()/1000)
 	go func() {
 		var res execResult
-		c.Call(context.Background(), ipc.OpRunCommand, map[string]any{"sandbox": bound, "command": "sleep 1; echo finished", "timeout_s": 30}, &res)
+		c.Call(context.Background(), ipc.OpRunCommand, map[string]any{"sandbox": bound, "command": sleep + "; echo finished", "timeout_s": 30}, &res)
 		done <- res
 	}()
-	time.Sleep(300 * time.Millisecond)
+	eventually(t, 10*time.Second, "the command running", func() bool { return len(processesMatching(sleep)) > 0 })
 	d.stop() // asserts exit 0
 	res := <-done
 	assert.Equal(t, "finished\n", string(res.Stdout))

@@ -167,7 +167,13 @@ func TestRestartNeverMountsAHeldDiskTwice(t *testing.T) {
 	holder := exec.Command("nsenter", "--mount=/proc/"+strconv.Itoa(d.cmd.Process.Pid)+"/ns/mnt", "sleep", "600")
 	require.NoError(t, holder.Start())
 	t.Cleanup(func() { _ = holder.Process.Kill(); _ = holder.Wait() })
-	time.Sleep(200 * time.Millisecond) // it has entered the namespace
+	daemonNS, err := os.Readlink("/proc/" + strconv.Itoa(d.cmd.Process.Pid) + "/ns/mnt")
+	require.NoError(t, err)
+	eventually(t, 10*time.Second, "the holder in the daemon's mount namespace", func() bool {
+		ns, _ := os.Readlink("/proc/" + strconv.Itoa(holder.Process.Pid) + "/ns/mnt")
+		cmdline, _ := os.ReadFile("/proc/" + strconv.Itoa(holder.Process.Pid) + "/cmdline")
+		return ns == daemonNS && strings.HasPrefix(string(cmdline), "sleep\x00")
+	})
 	d.kill9()
 	// The sandbox's init, which would outlive the daemon and be
 	// re-attached with its disk, dies too: only the stray holds the disk.

@@ -106,7 +106,9 @@ def test_a_timeout_interrupts_the_cell_and_keeps_the_context(backend, sandbox):
 def test_a_cell_that_ignores_the_interrupt_loses_only_its_context(backend, sandbox):
     backend.run_code(sandbox, "kept = 1")
     backend.run_code(sandbox, "other = 2", "other")
-    lost = backend.run_code(sandbox, "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass", timeout=1)
+    # The handler is set by a cell of its own: an interrupt cannot come first.
+    backend.run_code(sandbox, "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)")
+    lost = backend.run_code(sandbox, "while True:\n    pass", timeout=1)
     assert (lost.timed_out, lost.context_lost, lost.reason) == (True, True, "timed_out")
     fresh = backend.run_code(sandbox, "'kept' in globals()")
     assert (fresh.text, fresh.execution_count) == ("False", 1)
@@ -205,10 +207,8 @@ def test_a_daemon_that_does_not_answer_in_time_ends_the_context(sidecar_daemon, 
     # No grace: the client gives up at the cell's budget, while the daemon
     # answers a cell that ignores its interrupt only after its kill grace.
     with SidecarSandboxBackend(sidecar_daemon.socket, grace=0) as impatient:
-        impatient.run_code(sandbox, "kept = 1", "patience")
-        result = impatient.run_code(
-            sandbox, "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(60)", "patience", timeout=1
-        )
+        impatient.run_code(sandbox, "kept = 1\nimport signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)", "patience")
+        result = impatient.run_code(sandbox, "time.sleep(60)", "patience", timeout=1)
         assert (result.timed_out, result.context_lost, result.reason) == (True, True, "timed_out")
         assert "did not answer in time" in result.stderr
         # Ended by the backend then and there, not by the daemon at its kill grace.

@@ -99,7 +99,7 @@ def test_the_clients_pause_resume_and_refusals(pausing_daemon):
 
             def command() -> None:
                 with SidecarClient(socket) as other:
-                    other.run_command(sandbox, "touch started; sleep 2", timeout_s=30)
+                    other.run_command(sandbox, "touch started; while [ ! -e go ]; do sleep 0.05; done", timeout_s=30)
                 done.set()
 
             runner = threading.Thread(target=command)
@@ -108,6 +108,7 @@ def test_the_clients_pause_resume_and_refusals(pausing_daemon):
             with pytest.raises(SidecarError) as info:
                 client.pause(sandbox)
             assert info.value.code == "busy"
+            client.write_file(sandbox, "go", b"")
             runner.join(timeout=60)
             assert done.is_set()
 

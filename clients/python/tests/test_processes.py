@@ -65,11 +65,15 @@ def test_a_named_job_outlives_its_client_and_starts_once(sidecar_daemon, backend
 
 
 def test_read_output_waits_for_bytes_and_reports_the_end(backend, sandbox):
-    proc = backend.start_command(sandbox, ["sh", "-c", "sleep 0.5; printf first; sleep 0.5; exit 3"])
+    # It prints only once let go (a file), so the first read finds nothing.
+    proc = backend.start_command(sandbox, ["sh", "-c", "while [ ! -e go ]; do sleep 0.05; done; printf first; sleep 0.5; exit 3"])
     empty = backend.read_output(sandbox, proc.process)
     assert empty == SidecarOutput(data=b"", offset=0, dropped=0, next_offset=0, running=True, exit_code=None, reason=None)
     started = time.monotonic()
+    release = threading.Timer(0.3, lambda: backend.write_file(sandbox, "go", b""))
+    release.start()
     first = backend.read_output(sandbox, proc.process, wait_s=30)
+    release.join()
     assert first.data == b"first" and first.next_offset == 5
     assert time.monotonic() - started < 20, "the wait ended with the bytes, not at wait_s"
     end = backend.read_output(sandbox, proc.process, offset=first.next_offset, wait_s=30)
