@@ -18,8 +18,8 @@ build:
 bench: build
 	go run ./cmd/sidecar-bench --daemon-bin bin/sandbox-sidecar --json bench.json --md docs/benchmarks.md
 
-# Chaos soak (root; a few minutes): agents (pauses and resumes among what
-# they do), client kills, daemon kill -9, restarts and SIGSTOPs against the
+# Chaos soak (root; a few minutes): agents (pauses, resumes and code
+# contexts among what they do), client kills, daemon kill -9, restarts and SIGSTOPs against the
 # real daemon, then its invariants are checked (no leak, no hang, owned
 # sandboxes, acknowledged files and durable processes intact). SOAK_DURATION=90s shortens it; SOAK_FLAGS adds
 # flags (e.g. --expect-process-survival=false).

@@ -46,12 +46,17 @@ type agent struct {
 
 	// pauses records its pauses and resumes (pause.go).
 	pauses *os.File
+
+	// code is what its record (codeFile) says of its counting context
+	// (code.go).
+	code     *codeLedger
+	codeFile *os.File
 }
 
 func agentMain(args []string) int {
 	fs := flag.NewFlagSet("agent", flag.ExitOnError)
 	a := &agent{pid: os.Getpid(), acked: map[string]string{}, pending: map[string][]string{}}
-	var ackPath, badPath, procPath, pausePath string
+	var ackPath, badPath, procPath, pausePath, codePath string
 	fs.StringVar(&a.socket, "socket", "", "")
 	fs.StringVar(&a.sandbox, "sandbox", "", "")
 	fs.StringVar(&ackPath, "ack", "", "")
@@ -59,6 +64,7 @@ func agentMain(args []string) int {
 	fs.IntVar(&a.index, "index", 0, "")
 	fs.StringVar(&procPath, "procs", "", "")
 	fs.StringVar(&pausePath, "pauses", "", "")
+	fs.StringVar(&codePath, "code", "", "")
 	fs.StringVar(&a.token, "token", "", "")
 	fs.BoolVar(&a.survival, "expect-process-survival", true, "")
 	_ = fs.Parse(args)
@@ -80,6 +86,14 @@ func agentMain(args []string) int {
 		return 2
 	}
 	if err := a.loadProcs(procPath); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	if a.code, err = readCodeLedger(codePath, !a.survival); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	if a.codeFile, err = os.OpenFile(codePath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
@@ -152,7 +166,9 @@ func (a *agent) owned(op string, err error) {
 }
 
 func (a *agent) step(seq int) {
-	switch n := rand.IntN(28); {
+	switch n := rand.IntN(31); {
+	case n >= 28:
+		a.codeStep()
 	case n >= 26:
 		a.pauseStep()
 	case n >= 20:

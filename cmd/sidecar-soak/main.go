@@ -232,6 +232,9 @@ func soak(o options) (violations []string, err error) {
 	if !contains(hello.Features, "pause") {
 		return nil, fmt.Errorf("the daemon does not offer pause (features %v): the soak pauses sandboxes, which needs sandbox cgroups with a freezer", hello.Features)
 	}
+	if !contains(hello.Features, "code") {
+		return nil, fmt.Errorf("the daemon does not offer code contexts (features %v): the soak keeps state in them", hello.Features)
+	}
 	fmt.Printf("soak: %d agents for %v (processes expected to survive kill -9: %v); work %s\n", o.agents, o.duration, o.survival, work)
 
 	// Each agent owns one sandbox for the whole soak.
@@ -253,7 +256,7 @@ func soak(o options) (violations []string, err error) {
 	startAgent := func(i int) error {
 		cmd := exec.Command(self, "agent", "-socket", d.socket, "-sandbox", owned[i], "-ack", ackPath(work, i),
 			"-violations", filepath.Join(work, fmt.Sprintf("violations-%d", i)), "-index", strconv.Itoa(i),
-			"-procs", procsPath(work, i), "-pauses", pausesPath(work, i), "-token", token, "-expect-process-survival="+strconv.FormatBool(o.survival))
+			"-procs", procsPath(work, i), "-pauses", pausesPath(work, i), "-code", codePath(work, i), "-token", token, "-expect-process-survival="+strconv.FormatBool(o.survival))
 		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 		if err := cmd.Start(); err != nil {
 			return err
@@ -410,6 +413,9 @@ func soak(o options) (violations []string, err error) {
 	procViolations, tally := checkProcesses(d, work, owned, token, o.survival)
 	violations = append(violations, procViolations...)
 	fmt.Printf("soak: %s\n", tally)
+	codeViolations, codeTally := checkCodeAtEnd(d, work, owned, o.survival)
+	violations = append(violations, codeViolations...)
+	fmt.Printf("soak: %s\n", codeTally)
 	ids := knownIDs(work, owned)
 
 	// The leak check must see the live sandboxes' processes, by their
