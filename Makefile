@@ -18,11 +18,12 @@ build:
 bench: build
 	go run ./cmd/sidecar-bench --daemon-bin bin/sandbox-sidecar --json bench.json --md docs/benchmarks.md
 
-# Chaos soak (root; a few minutes): agents (pauses, resumes and code
-# contexts among what they do), client kills, daemon kill -9, restarts and SIGSTOPs against the
-# real daemon, then its invariants are checked (no leak, no hang, owned
-# sandboxes, acknowledged files and durable processes intact). SOAK_DURATION=90s shortens it; SOAK_FLAGS adds
-# flags (e.g. --expect-process-survival=false).
+# Chaos soak (root; a few minutes): agents (pauses, resumes, code contexts,
+# forks and snapshots among what they do), client kills, daemon kill -9,
+# restarts and SIGSTOPs against the real daemon, then its invariants are
+# checked (no leak, no hang, owned sandboxes, acknowledged files, durable
+# processes and contexts' state intact). SOAK_DURATION=90s shortens it;
+# SOAK_FLAGS adds flags (e.g. --expect-process-survival=false).
 soak: build
 	go build -o bin/sidecar-soak ./cmd/sidecar-soak
 	bin/sidecar-soak --daemon-bin bin/sandbox-sidecar --duration $(or $(SOAK_DURATION),3m) $(SOAK_FLAGS)

@@ -51,12 +51,14 @@ type agent struct {
 	// (code.go).
 	code     *codeLedger
 	codeFile *os.File
+	// copies records its forks and snapshots (snapshot.go).
+	copies *os.File
 }
 
 func agentMain(args []string) int {
 	fs := flag.NewFlagSet("agent", flag.ExitOnError)
 	a := &agent{pid: os.Getpid(), acked: map[string]string{}, pending: map[string][]string{}}
-	var ackPath, badPath, procPath, pausePath, codePath string
+	var ackPath, badPath, procPath, pausePath, codePath, copiesPath string
 	fs.StringVar(&a.socket, "socket", "", "")
 	fs.StringVar(&a.sandbox, "sandbox", "", "")
 	fs.StringVar(&ackPath, "ack", "", "")
@@ -65,6 +67,7 @@ func agentMain(args []string) int {
 	fs.StringVar(&procPath, "procs", "", "")
 	fs.StringVar(&pausePath, "pauses", "", "")
 	fs.StringVar(&codePath, "code", "", "")
+	fs.StringVar(&copiesPath, "copies", "", "")
 	fs.StringVar(&a.token, "token", "", "")
 	fs.BoolVar(&a.survival, "expect-process-survival", true, "")
 	_ = fs.Parse(args)
@@ -94,6 +97,10 @@ func agentMain(args []string) int {
 		return 2
 	}
 	if a.codeFile, err = os.OpenFile(codePath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	if a.copies, err = os.OpenFile(copiesPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
@@ -166,7 +173,9 @@ func (a *agent) owned(op string, err error) {
 }
 
 func (a *agent) step(seq int) {
-	switch n := rand.IntN(31); {
+	switch n := rand.IntN(32); {
+	case n >= 31:
+		a.copyStep(seq)
 	case n >= 28:
 		a.codeStep()
 	case n >= 26:

@@ -54,7 +54,8 @@ type codeLedger struct {
 	// count.
 	tolerateLoss bool
 
-	answered, restarts, interrupted int // for the summary
+	// For the summary; tolerated: fresh counts only tolerateLoss allowed.
+	answered, restarts, interrupted, tolerated int
 }
 
 // sent takes in a counting cell about to be sent.
@@ -82,6 +83,9 @@ func (l *codeLedger) judge(v int) string {
 		ran = v - l.last
 	case (l.reset || l.tolerateLoss) && v >= 1 && v <= l.pending:
 		ran = v
+		if !l.reset {
+			l.tolerated++
+		}
 	default:
 		why := fmt.Sprintf("the counting context answered %d after %d (%d cells unanswered since, a restart asked %v): its state was lost or a cell ran twice",
 			v, l.last, l.pending-1, l.reset)
@@ -233,14 +237,14 @@ func (a *agent) recordCode(format string, args ...any) {
 // and the summary's line.
 func checkCodeAtEnd(d *daemon, work string, owned []string, survival bool) ([]string, string) {
 	var bad []string
-	var answered, restarts, interrupted int
+	var answered, restarts, interrupted, tolerated int
 	for i, id := range owned {
 		l, err := readCodeLedger(codePath(work, i), !survival)
 		if err != nil {
 			bad = append(bad, fmt.Sprintf("agent %d's code record: %v", i, err))
 			continue
 		}
-		answered, restarts, interrupted = answered+l.answered, restarts+l.restarts, interrupted+l.interrupted
+		answered, restarts, interrupted, tolerated = answered+l.answered, restarts+l.restarts, interrupted+l.interrupted, tolerated+l.tolerated
 		l.sent()
 		var res api.RunCodeResult
 		err = d.call(ipc.OpRunCode, api.RunCodeRequest{Sandbox: id, Code: countCell, Context: codeCounting, TimeoutS: 30}, &res)
@@ -257,6 +261,10 @@ func checkCodeAtEnd(d *daemon, work string, owned []string, survival bool) ([]st
 			bad = append(bad, fmt.Sprintf("sandbox %s at the end: %s", id, why))
 		}
 	}
-	return bad, fmt.Sprintf("%d counting cells answered and judged, each context's count checked at the end; %d restarts; %d cells interrupted at their budget, their context kept",
+	line := fmt.Sprintf("%d counting cells answered and judged, each context's count checked at the end; %d restarts; %d cells interrupted at their budget, their context kept",
 		answered, restarts, interrupted)
+	if !survival {
+		line += fmt.Sprintf("; tolerated: %d counts started again", tolerated)
+	}
+	return bad, line
 }

@@ -71,6 +71,14 @@ func TestCodeLedgerJudgesTheCount(t *testing.T) {
 		replay(t, true, sent(), got(1), sent(), got(2), sent(), got(1))
 		replay(t, true, sent(), got(1), sent(), lostAt(3))
 	})
+	t.Run("and counted", func(t *testing.T) {
+		l := &codeLedger{tolerateLoss: true}
+		for _, v := range []int{1, 2, 1, 2} {
+			l.sent()
+			require.Empty(t, l.judge(v))
+		}
+		assert.Equal(t, 1, l.tolerated)
+	})
 }
 
 func TestCodeLedgerReplaysItsRecord(t *testing.T) {

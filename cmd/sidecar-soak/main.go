@@ -1,7 +1,8 @@
 // Command sidecar-soak is a chaos soak of a real sandbox-sidecar daemon:
 // concurrent agent processes run commands, write and read back files, make
 // and drop sandboxes, start, follow, signal, wait for and abandon durable
-// processes (start_command & co), and pause and resume their sandboxes, while a controller SIGKILLs
+// processes (start_command & co), pause and resume their sandboxes, keep
+// a count in a code context, and fork and snapshot their sandboxes, while a controller SIGKILLs
 // agents mid-request, has clients vanish during run_command, SIGKILLs the
 // daemon and restarts it at once on the same state, and SIGSTOPs it for
 // seconds. Then it checks the invariants, and exits 1 if any fails:
@@ -19,6 +20,12 @@
 //   - a pause answers paused (or busy while a command runs), a resume
 //     ready, the list shows a paused sandbox paused, and the processes of
 //     a sandbox paused and resumed go on as the checks above demand;
+//   - every count a code context answers is one the agent's record allows
+//     (code.go), and so is one last cell's at the end; a cell past its
+//     budget is interrupted and its context kept;
+//   - a fork, and a sandbox created from a snapshot, hold the owned
+//     sandbox's acknowledged files; with the images left removed, the
+//     image store holds nothing (snapshot.go);
 //   - after the agents are gone, what the daemon lists is exactly the owned
 //     sandboxes, and exactly what is on disk (connection-bound ones reaped);
 //   - after a clean stop: no process of a sandbox (by the sandboxes' marker
@@ -26,11 +33,12 @@
 //     of its images, no mount under the state directory; after the final
 //     destroy, no durable process of the soak's left (by their names).
 //
-// Durable processes are meant to survive a daemon's kill -9 (issue #34).
-// With --expect-process-survival=false (for a daemon whose sandboxes'
-// agents still die with it) a process ended as sandbox_terminated, killed
-// by a SIGKILL no agent sent, or reported running past its end is
-// tolerated and counted instead of being a violation.
+// Durable processes and code contexts are meant to survive a daemon's
+// kill -9. With --expect-process-survival=false (for a daemon whose
+// sandboxes' agents still die with it) a process ended as
+// sandbox_terminated, killed by a SIGKILL no agent sent, or reported
+// running past its end, and a count that starts again, are tolerated and
+// counted instead of being violations.
 //
 // It needs root, bubblewrap and the loop driver (the daemon's default
 // limits: a cgroup and a disk of its own per sandbox). `make soak` runs it
@@ -256,7 +264,7 @@ func soak(o options) (violations []string, err error) {
 	startAgent := func(i int) error {
 		cmd := exec.Command(self, "agent", "-socket", d.socket, "-sandbox", owned[i], "-ack", ackPath(work, i),
 			"-violations", filepath.Join(work, fmt.Sprintf("violations-%d", i)), "-index", strconv.Itoa(i),
-			"-procs", procsPath(work, i), "-pauses", pausesPath(work, i), "-code", codePath(work, i), "-token", token, "-expect-process-survival="+strconv.FormatBool(o.survival))
+			"-procs", procsPath(work, i), "-pauses", pausesPath(work, i), "-code", codePath(work, i), "-copies", copiesPath(work, i), "-token", token, "-expect-process-survival="+strconv.FormatBool(o.survival))
 		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 		if err := cmd.Start(); err != nil {
 			return err
@@ -416,6 +424,9 @@ func soak(o options) (violations []string, err error) {
 	codeViolations, codeTally := checkCodeAtEnd(d, work, owned, o.survival)
 	violations = append(violations, codeViolations...)
 	fmt.Printf("soak: %s\n", codeTally)
+	imageViolations, imageTally := checkImagesAtEnd(d, work, len(owned))
+	violations = append(violations, imageViolations...)
+	fmt.Printf("soak: %s\n", imageTally)
 	ids := knownIDs(work, owned)
 
 	// The leak check must see the live sandboxes' processes, by their
