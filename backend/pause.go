@@ -37,8 +37,9 @@ type Pauser interface {
 	// Paused reports whether sandbox id is paused now, as the host holds
 	// it (the kernel's freezer, a checkpoint on disk), whatever a journal
 	// says: recovery asks it of every sandbox it adopted, since a daemon
-	// killed between the two leaves them apart.
-	Paused(ctx context.Context, id string) (bool, error)
+	// killed between the two leaves them apart. It returns what the pause
+	// did (its memory given back or not), or nil for a running sandbox.
+	Paused(ctx context.Context, id string) (*PauseInfo, error)
 }
 
 // PauseInfo is what a pause did.

@@ -276,7 +276,7 @@ func (m *Manager) resumeAttached(ctx context.Context, c Caller, id string, sb Sa
 // adopted: a daemon killed between a pause (or resume) and its journal
 // write left the journal behind the kernel.
 func (m *Manager) reconcilePause(r *record) {
-	paused := false
+	var info *backend.PauseInfo
 	if pz, ok := m.be.(backend.Pauser); ok {
 		ctx, cancel := context.WithTimeout(context.Background(), adoptTimeout)
 		p, err := pz.Paused(ctx, r.ID)
@@ -285,17 +285,23 @@ func (m *Manager) reconcilePause(r *record) {
 			m.log.Warn("cannot tell whether an adopted sandbox is paused; keeping what the journal says", "sandbox", r.ID, "error", err)
 			return
 		}
-		paused = p
+		info = p
 	}
+	paused := info != nil
 	m.mu.Lock()
 	was := r.Paused
-	if was == paused {
+	if was == paused && (!paused || r.MemoryReleased == info.MemoryReleased) {
 		m.mu.Unlock()
 		return
 	}
 	r.Paused = paused
 	if paused {
-		r.PausedAt = m.cfg.Now() // when it was paused is not known; from now
+		if !was {
+			r.PausedAt = m.cfg.Now() // when it was paused is not known; from now
+		}
+		// What the pause did, as the backend holds it: a pause the
+		// journal missed gave the memory back all the same.
+		r.MemoryReleased = info.MemoryReleased
 	} else {
 		r.PausedAt, r.MemoryReleased = time.Time{}, false
 	}

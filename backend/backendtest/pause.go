@@ -124,15 +124,19 @@ func testPauseStops(s *suite) {
 			s.Fatalf("a cell before the pause: %+v", res)
 		}
 	}
+	var did backend.PauseInfo
 	for i := range 2 {
 		info, err := pz.Pause(s.ctx(), sb.id)
 		if err != nil {
 			s.Fatalf("Pause #%d: %v", i+1, err)
 		}
-		_ = info.MemoryReleased // either; what the backend did
+		if i > 0 && info != did {
+			s.Errorf("Pause of a paused sandbox: %+v, the first answered %+v", info, did)
+		}
+		did = info // memory released or not: what the backend does
 	}
-	if paused, err := pz.Paused(s.ctx(), sb.id); err != nil || !paused {
-		s.Errorf("Paused after Pause: %v, %v", paused, err)
+	if paused, err := pz.Paused(s.ctx(), sb.id); err != nil || paused == nil || *paused != did {
+		s.Errorf("Paused after Pause: %+v, %v; want %+v, what the pause did", paused, err, did)
 	}
 	s.stays(s.b, sb, p.ID, "paused")
 	line := s.lastLine(s.b, sb, p.ID)
@@ -153,8 +157,8 @@ func testPauseStops(s *suite) {
 			s.Fatalf("Resume #%d: %v", i+1, err)
 		}
 	}
-	if paused, err := pz.Paused(s.ctx(), sb.id); err != nil || paused {
-		s.Errorf("Paused after Resume: %v, %v", paused, err)
+	if paused, err := pz.Paused(s.ctx(), sb.id); err != nil || paused != nil {
+		s.Errorf("Paused after Resume: %+v, %v", paused, err)
 	}
 	at := s.written(s.b, sb, p.ID)
 	s.waitAdvances(s.b, sb, p.ID, at, "after the resume")
@@ -209,7 +213,7 @@ func testPauseBusy(s *suite) {
 	}
 	_, err := pz.Pause(s.ctx(), sb.id)
 	wantErr(s, "Pause while a command runs", err, backend.ErrBusy)
-	if paused, _ := pz.Paused(s.ctx(), sb.id); paused {
+	if paused, _ := pz.Paused(s.ctx(), sb.id); paused != nil {
 		s.Errorf("a refused pause left the sandbox paused")
 	}
 	if err := s.b.WriteFile(s.ctx(), sb.id, "gate", nil, 0); err != nil {
@@ -272,7 +276,8 @@ func testPauseRestart(s *suite) {
 			s.Fatalf("a cell before the pause: %+v", res)
 		}
 	}
-	if _, err := s.pauser().Pause(s.ctx(), sb.id); err != nil {
+	did, err := s.pauser().Pause(s.ctx(), sb.id)
+	if err != nil {
 		s.Fatalf("Pause: %v", err)
 	}
 	line := s.lastLine(s.b, sb, p.ID)
@@ -282,8 +287,10 @@ func testPauseRestart(s *suite) {
 		s.Fatalf("Adopt of a paused sandbox: %v", err)
 	}
 	pz := after.pauser()
-	if paused, err := pz.Paused(s.ctx(), sb.id); err != nil || !paused {
-		s.Fatalf("Paused after a restart: %v, %v; the sandbox was paused", paused, err)
+	// What the pause did, as the new process finds it: a daemon killed
+	// before its journal said so learns it here.
+	if paused, err := pz.Paused(s.ctx(), sb.id); err != nil || paused == nil || *paused != did {
+		s.Fatalf("Paused after a restart: %+v, %v; the sandbox was paused: %+v", paused, err, did)
 	}
 	after.stays(nb, sb, p.ID, "paused, after a restart")
 	if err := pz.Resume(s.ctx(), sb.id); err != nil {
@@ -353,8 +360,8 @@ func testPauseSnapshot(s *suite) {
 	if got := s.runOK(sandbox{id: fork, info: res.Infos[0]}, "cat kept.txt"); got != "kept\n" {
 		s.Errorf("the fork of a paused sandbox has kept.txt %q", got)
 	}
-	if paused, err := pz.Paused(s.ctx(), sb.id); err != nil || !paused {
-		s.Errorf("Paused after a snapshot and a fork: %v, %v", paused, err)
+	if paused, err := pz.Paused(s.ctx(), sb.id); err != nil || paused == nil {
+		s.Errorf("Paused after a snapshot and a fork: %+v, %v", paused, err)
 	}
 	s.stays(s.b, sb, p.ID, "after a fork")
 	if err := pz.Resume(s.ctx(), sb.id); err != nil {

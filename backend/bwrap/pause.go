@@ -126,15 +126,19 @@ func (b *Backend) Resume(ctx context.Context, id string) error {
 }
 
 // Paused implements backend.Pauser: what this process found when it
-// loaded the sandbox (its group frozen or not) and did since.
-func (b *Backend) Paused(ctx context.Context, id string) (bool, error) {
+// loaded the sandbox (its group frozen or not) and did since. A frozen
+// sandbox keeps its memory.
+func (b *Backend) Paused(ctx context.Context, id string) (*backend.PauseInfo, error) {
 	sb, err := b.lookup(id)
 	if err != nil {
-		return false, err
+		return nil, err
 	}
 	sb.lockInit(ctx)
 	defer sb.initMu.Unlock()
-	return sb.paused, nil
+	if !sb.paused {
+		return nil, nil
+	}
+	return &backend.PauseInfo{}, nil
 }
 
 // loadPaused takes a sandbox being loaded as it is when its cgroup is

@@ -85,8 +85,8 @@ func TestBwrapPausedSandboxOutlivesCloseAndACutResume(t *testing.T) {
 	if err := second.Adopt(context.Background(), id); err != nil {
 		t.Fatalf("Adopt of a paused sandbox after a clean stop: %v", err)
 	}
-	if paused, _ := second.Paused(context.Background(), id); !paused {
-		t.Fatal("a paused sandbox is no longer paused after its daemon's clean stop")
+	if paused, _ := second.Paused(context.Background(), id); paused == nil || paused.MemoryReleased {
+		t.Fatalf("a paused sandbox after its daemon's clean stop: %+v; want paused, its memory kept", paused)
 	}
 	time.Sleep(200 * time.Millisecond)
 	if now := count(t, second, id); now != at {
@@ -106,7 +106,7 @@ func TestBwrapPausedSandboxOutlivesCloseAndACutResume(t *testing.T) {
 	if err := second.Adopt(context.Background(), id); err != nil {
 		t.Fatalf("Adopt of a paused sandbox after a second clean stop: %v", err)
 	}
-	if paused, _ := second.Paused(context.Background(), id); !paused {
+	if paused, _ := second.Paused(context.Background(), id); paused == nil {
 		t.Fatal("a paused sandbox is no longer paused after a second clean stop")
 	}
 
@@ -128,7 +128,7 @@ func TestBwrapPausedSandboxOutlivesCloseAndACutResume(t *testing.T) {
 	if err := third.Adopt(context.Background(), id); err != nil {
 		t.Fatalf("Adopt after a cut resume: %v", err)
 	}
-	if paused, _ := third.Paused(context.Background(), id); paused {
+	if paused, _ := third.Paused(context.Background(), id); paused != nil {
 		t.Fatal("a sandbox thawed by a cut resume reads as paused")
 	}
 	if err := third.Resume(context.Background(), id); err != nil {

@@ -456,18 +456,22 @@ func (b *Backend) dropCheckpoint(sb *sandbox) {
 	}
 }
 
-// Paused implements backend.Pauser.
-func (b *Backend) Paused(ctx context.Context, id string) (bool, error) {
+// Paused implements backend.Pauser. A paused gVisor sandbox is a
+// checkpoint on disk, its sentry ended: its memory is given back.
+func (b *Backend) Paused(ctx context.Context, id string) (*backend.PauseInfo, error) {
 	if err := ctx.Err(); err != nil {
-		return false, err
+		return nil, err
 	}
 	sb, err := b.lookup(id)
 	if err != nil {
-		return false, err
+		return nil, err
 	}
 	sb.initMu.Lock()
 	defer sb.initMu.Unlock()
-	return sb.paused, nil
+	if !sb.paused {
+		return nil, nil
+	}
+	return &backend.PauseInfo{MemoryReleased: true}, nil
 }
 
 // checkpointPagesName is the file of a checkpoint that holds the guest's

@@ -168,7 +168,10 @@ func paused(t *testing.T, b *Backend, id string) bool {
 	if err != nil {
 		t.Fatalf("Paused: %v", err)
 	}
-	return p
+	if p != nil && !p.MemoryReleased {
+		t.Fatalf("a paused gVisor sandbox says its memory was not released")
+	}
+	return p != nil
 }
 
 // A paused gVisor sandbox is a checkpoint on disk and no runsc process:

@@ -191,6 +191,12 @@ func TestGVisorCrashDuringPauseAndResume(t *testing.T) {
 				require.Equal(t, "paused", state, "the sandbox after a crash at %s", tc.point)
 				require.Zero(t, runscOf(d, id), "a paused sandbox has no runsc process")
 				gvStays(t, d, id, "after the restart")
+				// Its memory is given back, whether or not the killed
+				// daemon's journal said so (a crash after the checkpoint,
+				// before the journal write, left it unsaid).
+				again, err := c.Pause(context.Background(), id)
+				require.NoError(t, err)
+				require.True(t, again.MemoryReleased, "a pause of the paused sandbox after a crash at %s: %+v", tc.point, again)
 			} else {
 				require.Equal(t, "ready", state, "the sandbox after a crash at %s", tc.point)
 				gvGoesOn(t, d, id, "after the restart")
