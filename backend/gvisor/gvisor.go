@@ -870,6 +870,8 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	var err error
 	if out, derr := b.cli(context.WithoutCancel(ctx), cliTimeout, "delete", "--force", sb.containerID()); derr != nil && !notExist(out) {
 		err = fmt.Errorf("runsc delete: %w", derr)
+	} else {
+		b.removeStaleControlSockets(sb.containerID()) // the host's directories too
 	}
 	// The cgroup by name: a sandbox never used by this process has none in
 	// memory, yet may have one on the host.

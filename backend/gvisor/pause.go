@@ -192,6 +192,9 @@ func (b *Backend) endSentry(sb *sandbox) {
 		sb.runscGone = true
 	}
 	b.killRunscStrays(sb.bundleDir())
+	if sb.runscGone {
+		b.removeStaleControlSockets(sb.containerID())
+	}
 	if err := b.removeCgroup(sb); err != nil {
 		log.Warn("cannot remove the cgroup of a paused sandbox; its resume replaces it", "error", err)
 	}

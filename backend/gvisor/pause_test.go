@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -752,5 +753,58 @@ func TestDirectReads(t *testing.T) {
 	}
 	if got := directReads(dir); got != (err == nil) {
 		t.Errorf("directReads on a filesystem whose O_DIRECT open says %v: %v", err, got)
+	}
+}
+
+// A sentry that died without runsc's clean-up leaves its control socket;
+// each later boot of the same container binds it one directory further
+// (the root, /var/run, /run, /tmp). Planted in all four, they must not
+// keep a paused sandbox from resuming, and its destroy leaves none.
+func TestGVisorResumeAfterStaleControlSockets(t *testing.T) {
+	b := newTestBackend(t)
+	ctx := context.Background()
+	const id = "stale-sockets"
+	if _, err := b.Create(ctx, id, backend.Spec{}); err != nil {
+		t.Fatal(err)
+	}
+	execOK(t, b, id, "echo kept > /workspace/f")
+	mustPause(t, b, id)
+	sb, err := b.lookup(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := "runsc-" + sb.containerID() + ".sock"
+	var planted []string
+	seen := map[string]bool{}
+	for _, dir := range []string{b.runscRoot(), "/var/run", "/run", "/tmp"} {
+		if real, err := filepath.EvalSymlinks(dir); err == nil {
+			if seen[real] { // /var/run is often /run
+				continue
+			}
+			seen[real] = true
+		}
+		p := filepath.Join(dir, name)
+		l, err := net.ListenUnix("unix", &net.UnixAddr{Name: p, Net: "unix"})
+		if err != nil {
+			t.Fatalf("plant a stale socket at %s: %v", p, err)
+		}
+		l.SetUnlinkOnClose(false)
+		l.Close() // bound, then its listener gone: a dead sentry's
+		planted = append(planted, p)
+		t.Cleanup(func() { _ = os.Remove(p) })
+	}
+	if err := b.Resume(ctx, id); err != nil {
+		t.Fatalf("Resume with a stale control socket in every place runsc binds one: %v", err)
+	}
+	if out := execOK(t, b, id, "cat /workspace/f"); out != "kept\n" {
+		t.Fatalf("after the resume: %q", out)
+	}
+	if err := b.Destroy(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range planted {
+		if _, err := os.Lstat(p); err == nil {
+			t.Errorf("%s is left after the destroy", p)
+		}
 	}
 }

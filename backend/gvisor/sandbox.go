@@ -490,6 +490,10 @@ func (b *Backend) start(ctx context.Context, sb *sandbox, checkpoint string) (_ 
 
 	bctx, cancel := context.WithTimeout(ctx, bootTimeout)
 	defer cancel()
+	// No sentry of this container runs now: a control socket of its name
+	// is an earlier one's, left by a sentry that died, and runsc would
+	// bind elsewhere, then nowhere (removeStaleControlSockets).
+	b.removeStaleControlSockets(sb.containerID())
 	args := append(runscNetwork(b.globalFlags(), sb), "run", "--detach", "--bundle", sb.bundleDir(), sb.containerID())
 	if checkpoint != "" {
 		args = append(runscNetwork(b.globalFlags(), sb), "restore", "--detach", "--background")
