@@ -23,7 +23,7 @@ bench: build
 # restarts and SIGSTOPs against the real daemon, then its invariants are
 # checked (no leak, no hang, owned sandboxes, acknowledged files, durable
 # processes and contexts' state intact). SOAK_DURATION=90s shortens it;
-# SOAK_FLAGS adds flags (e.g. --expect-process-survival=false).
+# SOAK_FLAGS adds flags (e.g. --backend gvisor --runsc PATH --agents 4).
 soak: build
 	go build -o bin/sidecar-soak ./cmd/sidecar-soak
 	bin/sidecar-soak --daemon-bin bin/sandbox-sidecar --duration $(or $(SOAK_DURATION),3m) $(SOAK_FLAGS)

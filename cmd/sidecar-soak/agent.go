@@ -44,8 +44,10 @@ type agent struct {
 	procFile  *os.File
 	tolerated *os.File
 
-	// pauses records its pauses and resumes (pause.go).
-	pauses *os.File
+	// pauses records its pauses and resumes (pause.go); releases: the
+	// backend gives a paused sandbox's memory back.
+	pauses   *os.File
+	releases bool
 
 	// code is what its record (codeFile) says of its counting context
 	// (code.go).
@@ -68,6 +70,7 @@ func agentMain(args []string) int {
 	fs.StringVar(&pausePath, "pauses", "", "")
 	fs.StringVar(&codePath, "code", "", "")
 	fs.StringVar(&copiesPath, "copies", "", "")
+	fs.BoolVar(&a.releases, "memory-released", false, "")
 	fs.StringVar(&a.token, "token", "", "")
 	fs.BoolVar(&a.survival, "expect-process-survival", true, "")
 	_ = fs.Parse(args)

@@ -42,7 +42,10 @@
 //
 // It needs root, bubblewrap and the loop driver (the daemon's default
 // limits: a cgroup and a disk of its own per sandbox). `make soak` runs it
-// for a few minutes; -duration sets how long.
+// for a few minutes; -duration sets how long. -backend gvisor -runsc PATH
+// soaks the gVisor backend instead: the same agents and checks, a pause
+// there must answer memory_released (a checkpoint), and its sandboxes'
+// host processes are found by the runsc root they name.
 package main
 
 import (
@@ -51,7 +54,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -65,6 +67,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandbox-sidecar/sandbox-sidecar/backend/bwrap"
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc"
 	"github.com/sandbox-sidecar/sandbox-sidecar/ipc/api"
 )
@@ -76,6 +79,8 @@ type options struct {
 	work      string
 	keep      bool
 	survival  bool
+	backend   string // bwrap or gvisor
+	runsc     string // with gvisor: the runsc binary
 }
 
 func main() {
@@ -89,6 +94,8 @@ func main() {
 	flag.StringVar(&o.work, "work", "", "working directory (default: a fresh temporary one)")
 	flag.BoolVar(&o.keep, "keep", false, "keep the working directory (state, logs) afterwards")
 	flag.BoolVar(&o.survival, "expect-process-survival", true, "durable processes survive the daemon's kill -9: one lost with the daemon is a violation (false: tolerated and counted)")
+	flag.StringVar(&o.backend, "backend", "bwrap", "the daemon's backend: bwrap or gvisor")
+	flag.StringVar(&o.runsc, "runsc", os.Getenv("SANDBOX_SIDECAR_RUNSC"), "with --backend gvisor: the runsc binary (scripts/install-runsc.sh builds the pinned one)")
 	flag.Parse()
 	violations, err := soak(o)
 	if err != nil {
@@ -128,9 +135,18 @@ const (
 // daemon is the daemon under soak, restarted on the same state.
 type daemon struct {
 	bin, socket, state, logPath, config string
-	cmd                                 *exec.Cmd
-	done                                chan struct{}
-	restarts, kills, stops              int
+	// backendArgs select the backend; backendDir is its directory in the
+	// state directory, match finds its sandboxes' host processes.
+	backendArgs []string
+	backendDir  string
+	match       procMatcher
+	// sharedMounts are mounts under the state directory that the live
+	// sandboxes share, left by a stop that keeps them: runsc's empty
+	// network namespace, pinned in its root.
+	sharedMounts           []string
+	cmd                    *exec.Cmd
+	done                   chan struct{}
+	restarts, kills, stops int
 }
 
 func (d *daemon) start() error {
@@ -138,8 +154,9 @@ func (d *daemon) start() error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(d.bin, "serve", "--config", d.config, "--socket", d.socket, "--state-dir", d.state, "--log-format", "json",
-		"--reap-interval", "200ms", "--conn-grace", connGrace.String(), "--limit-disk", strconv.Itoa(diskBytes))
+	args := append([]string{"serve", "--config", d.config, "--socket", d.socket, "--state-dir", d.state, "--log-format", "json",
+		"--reap-interval", "200ms", "--conn-grace", connGrace.String()}, d.backendArgs...)
+	cmd := exec.Command(d.bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
@@ -219,7 +236,21 @@ func soak(o options) (violations []string, err error) {
 		defer os.RemoveAll(work)
 	}
 	d := &daemon{bin: bin, socket: filepath.Join(work, "run", "sidecar.sock"), state: filepath.Join(work, "state"),
-		logPath: filepath.Join(work, "daemon.log"), config: filepath.Join(work, "config.toml")}
+		logPath: filepath.Join(work, "daemon.log"), config: filepath.Join(work, "config.toml"), backendDir: o.backend}
+	switch o.backend {
+	case "bwrap":
+		d.backendArgs, d.match = []string{"--limit-disk", strconv.Itoa(diskBytes)}, bwrapProcesses(d.state)
+	case "gvisor":
+		// gVisor enforces no disk cap; a pause is a checkpoint that
+		// gives the sandbox's memory back.
+		if o.runsc == "" {
+			return nil, errors.New("--backend gvisor needs --runsc (or SANDBOX_SIDECAR_RUNSC): scripts/install-runsc.sh builds the pinned one")
+		}
+		d.backendArgs, d.match = []string{"--backend", "gvisor", "--gvisor-runsc-path", o.runsc}, gvisorProcesses(d.state)
+		d.sharedMounts = []string{filepath.Join(d.state, "gvisor", ".runsc", "null-netns")}
+	default:
+		return nil, fmt.Errorf("--backend %q: bwrap or gvisor", o.backend)
+	}
 	conf := fmt.Sprintf("[processes]\nlog_bytes = %d\nmax_ended = %d\n", procLogBytes, procMaxEnded)
 	if err := os.WriteFile(d.config, []byte(conf), 0o644); err != nil {
 		return nil, err
@@ -229,7 +260,7 @@ func soak(o options) (violations []string, err error) {
 	token := fmt.Sprintf("sk%08x", rand.Uint32())
 	// A kept sandbox outlives its daemon: what the soak's still run ends
 	// with it (deferred after the removal above, so it runs first).
-	defer bwrap.KillSandboxes(filepath.Join(d.state, "bwrap"))
+	defer d.killSandboxes()
 	if err := d.start(); err != nil {
 		return nil, err
 	}
@@ -264,7 +295,8 @@ func soak(o options) (violations []string, err error) {
 	startAgent := func(i int) error {
 		cmd := exec.Command(self, "agent", "-socket", d.socket, "-sandbox", owned[i], "-ack", ackPath(work, i),
 			"-violations", filepath.Join(work, fmt.Sprintf("violations-%d", i)), "-index", strconv.Itoa(i),
-			"-procs", procsPath(work, i), "-pauses", pausesPath(work, i), "-code", codePath(work, i), "-copies", copiesPath(work, i), "-token", token, "-expect-process-survival="+strconv.FormatBool(o.survival))
+			"-procs", procsPath(work, i), "-pauses", pausesPath(work, i), "-code", codePath(work, i), "-copies", copiesPath(work, i), "-token", token, "-expect-process-survival="+strconv.FormatBool(o.survival),
+			"-memory-released="+strconv.FormatBool(o.backend == "gvisor"))
 		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 		if err := cmd.Start(); err != nil {
 			return err
@@ -366,7 +398,7 @@ func soak(o options) (violations []string, err error) {
 				// stays so, across restarts, until used or resumed.
 				var res api.PauseResult
 				err := d.call(ipc.OpResume, api.SandboxRequest{Sandbox: id}, &res)
-				if why := judgePause(ipc.OpResume, err == nil, res, err); why != "" {
+				if why := judgePause(ipc.OpResume, err == nil, res, err, o.backend == "gvisor"); why != "" {
 					bad("sandbox %s at the end: %s", id, why)
 				}
 				if err != nil {
@@ -393,7 +425,7 @@ func soak(o options) (violations []string, err error) {
 	if !ok {
 		bad("after %v: %s", settleTimeout, why)
 	}
-	onDisk := sandboxDirs(d.state)
+	onDisk := d.sandboxDirs()
 	if fmt.Sprint(onDisk) != fmt.Sprint(sortedKeys(ownedSet)) {
 		bad("on disk: %v; want exactly the owned sandboxes %v", onDisk, sortedKeys(ownedSet))
 	}
@@ -434,7 +466,7 @@ func soak(o options) (violations []string, err error) {
 	for _, id := range owned {
 		_ = d.call(ipc.OpRunCommand, api.RunCommandRequest{Sandbox: id, Command: "true", TimeoutS: 30}, nil)
 	}
-	if marked, inCgroup := liveMarked(d.state, owned); marked < len(owned) || inCgroup < len(owned) {
+	if marked, inCgroup := liveMarked(d.match, owned); marked < len(owned) || inCgroup < len(owned) {
 		bad("the leak check is blind: with %d sandboxes running, it finds %d processes by their marker and %d in their cgroups", len(owned), marked, inCgroup)
 	}
 
@@ -444,7 +476,7 @@ func soak(o options) (violations []string, err error) {
 	if err := d.stop(); err != nil {
 		bad("%v", err)
 	}
-	violations = append(violations, leaks(d.state, without(ids, owned), owned...)...)
+	violations = append(violations, leaks(d.state, d.backendDir, d.match, d.sharedMounts, without(ids, owned), owned...)...)
 
 	// The owned sandboxes come back once more, then go for good.
 	if err := d.start(); err != nil {
@@ -455,13 +487,13 @@ func soak(o options) (violations []string, err error) {
 			bad("destroy %s at the end: %v", id, err)
 		}
 	}
-	if left := sandboxDirs(d.state); len(left) > 0 {
+	if left := d.sandboxDirs(); len(left) > 0 {
 		bad("after destroying every sandbox, on disk: %v", left)
 	}
 	if err := d.stop(); err != nil {
 		bad("%v", err)
 	}
-	violations = append(violations, leaks(d.state, ids)...)
+	violations = append(violations, leaks(d.state, d.backendDir, d.match, nil, ids)...)
 	for _, p := range processesWhere(func(_, cl, _ string) bool { return strings.Contains(cl, token) }) {
 		bad("a durable process of the soak is left after every sandbox was destroyed: %s", p)
 	}
@@ -519,8 +551,9 @@ func knownIDs(work string, owned []string) []string {
 	return ids
 }
 
-func sandboxDirs(state string) []string {
-	entries, _ := os.ReadDir(filepath.Join(state, "bwrap"))
+// sandboxDirs lists the sandboxes' directories of the daemon's backend.
+func (d *daemon) sandboxDirs() []string {
+	entries, _ := os.ReadDir(filepath.Join(d.state, d.backendDir))
 	var out []string
 	for _, e := range entries {
 		if strings.HasPrefix(e.Name(), "sc-") {
@@ -558,4 +591,19 @@ func without(ids, drop []string) []string {
 		}
 	}
 	return out
+}
+
+// killSandboxes ends what the soak's sandboxes still run: a kept sandbox
+// outlives its daemon.
+func (d *daemon) killSandboxes() {
+	if d.backendDir == "bwrap" {
+		bwrap.KillSandboxes(filepath.Join(d.state, "bwrap"))
+		return
+	}
+	for _, p := range processesWhere(func(env, cl, _ string) bool { _, ok := d.match(env, cl); return ok }) {
+		var pid int
+		if _, err := fmt.Sscan(p, &pid); err == nil {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
 }

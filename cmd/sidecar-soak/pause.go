@@ -42,7 +42,10 @@ func pausesPath(work string, i int) string { return filepath.Join(work, fmt.Spri
 // when the sandbox was paused again each time (not here: one agent per
 // sandbox). not_supported, bad_request, internal and unknown_op never
 // are: the soak's daemon offers pause.
-func judgePause(op string, ok bool, res api.PauseResult, err error) string {
+//
+// releases says the backend gives a paused sandbox's memory back (gVisor):
+// a pause must then answer memory_released, and on bwrap never.
+func judgePause(op string, ok bool, res api.PauseResult, err error, releases bool) string {
 	var e *ipc.Error
 	if errors.As(err, &e) {
 		switch e.Code {
@@ -70,8 +73,10 @@ func judgePause(op string, ok bool, res api.PauseResult, err error) string {
 		return "pause answered no paused_at"
 	case op == ipc.OpResume && res.PausedAt != 0:
 		return fmt.Sprintf("resume answered paused_at %v for a running sandbox", res.PausedAt)
-	case res.MemoryReleased:
-		return op + " answered memory_released on bwrap, which keeps a paused sandbox's memory"
+	case op == ipc.OpPause && res.MemoryReleased != releases:
+		return fmt.Sprintf("pause answered memory_released %v; the backend gives a paused sandbox's memory back: %v", res.MemoryReleased, releases)
+	case op == ipc.OpResume && res.MemoryReleased:
+		return "resume answered memory_released for a running sandbox"
 	}
 	return ""
 }
@@ -82,7 +87,7 @@ func (a *agent) pauseStep() {
 	var res api.PauseResult
 	ok, err := a.call(ipc.OpPause, api.SandboxRequest{Sandbox: a.sandbox}, &res)
 	a.owned("pause", err)
-	if why := judgePause(ipc.OpPause, ok, res, err); why != "" {
+	if why := judgePause(ipc.OpPause, ok, res, err, a.releases); why != "" {
 		a.violation("sandbox %s: %s", a.sandbox, why)
 	}
 	switch {
@@ -114,7 +119,7 @@ func (a *agent) pauseStep() {
 	var back api.PauseResult
 	ok, err = a.call(ipc.OpResume, api.SandboxRequest{Sandbox: a.sandbox}, &back)
 	a.owned("resume", err)
-	if why := judgePause(ipc.OpResume, ok, back, err); why != "" {
+	if why := judgePause(ipc.OpResume, ok, back, err, a.releases); why != "" {
 		a.violation("sandbox %s: %s", a.sandbox, why)
 	}
 	if ok {
