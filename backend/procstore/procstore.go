@@ -205,7 +205,12 @@ func (s *Store) Start(ctx context.Context, ag Agent, sp StartSpec) (backend.Proc
 	}
 	req := sp.Request
 	req.ID = id
-	_, err = ag.StartKeeper(ctx, req, files)
+	// Not the caller's cancellation: once the agent has the request it
+	// starts the process whether or not anyone waits for the answer, and
+	// a record removed under a running keeper would hide it (and, on
+	// gVisor, leave the sandbox a path its sentry holds that is gone, so
+	// no checkpoint of it could be restored). The agents bound the wait.
+	_, err = ag.StartKeeper(context.WithoutCancel(ctx), req, files)
 	files.Close()
 	if err != nil {
 		// Never started: no record of it is kept.

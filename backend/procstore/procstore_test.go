@@ -245,3 +245,43 @@ func TestRecordsWithoutAnAgentsKeeperEnd(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "killed", p.Reason, "an end said once stays")
 }
+
+// goneClient is an agent whose caller goes away just after the agent
+// took a start (the keeper runs): like the backends' agents, it then
+// answers with the caller's cancellation, unless the store kept that
+// from reaching it.
+type goneClient struct {
+	*hostAgent
+	cancel context.CancelFunc
+}
+
+func (a goneClient) StartKeeper(ctx context.Context, req agent.Request, f Files) (int, error) {
+	pid, err := a.hostAgent.StartKeeper(ctx, req, f)
+	a.cancel()
+	if ctx.Err() != nil {
+		return 0, ctx.Err()
+	}
+	return pid, err
+}
+
+// A start whose client goes away once the agent has it is kept: the
+// process runs, so its record stays, listed and readable (removed, the
+// keeper would run unseen, and on gVisor the next checkpoint could not be
+// restored: its sentry holds the removed directory).
+func TestStartKeptWhenTheClientGoesAwayAfterTheAgentTookIt(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	a := goneClient{hostAgent: newHostAgent(t), cancel: cancel}
+	s := New(filepath.Join(t.TempDir(), "procs"), Limits{}, &Watcher{})
+	p, err := s.Start(ctx, a, spec("echo started; sleep 600"))
+	require.NoError(t, err, "the start reached the agent")
+	require.Error(t, ctx.Err(), "the client went away during the start")
+	list, err := s.List(true)
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	assert.Equal(t, p.ID, list[0].ID)
+	assert.True(t, list[0].Running)
+	require.NoError(t, s.Signal(context.Background(), a, p.ID, syscall.SIGKILL))
+	w, err := s.Wait(context.Background(), a, p.ID, 30*time.Second)
+	require.NoError(t, err)
+	assert.False(t, w.Running)
+}
