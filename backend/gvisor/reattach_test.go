@@ -2,6 +2,7 @@ package gvisor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -316,12 +317,15 @@ func TestGVisorExitRecordedAcrossAKill9AtItsEnd(t *testing.T) {
 
 // diesMidStart is a daemon killed between a process's record and its
 // start: its StartKeeper never hands init the process.
-type diesMidStart struct{ recorded chan struct{} }
+// diesMidStart stands for a daemon killed mid-start: its StartKeeper has
+// the record written and never hands the process over (the store gives
+// it no cancellation: it returns once the test lets it).
+type diesMidStart struct{ recorded, release chan struct{} }
 
 func (a diesMidStart) StartKeeper(ctx context.Context, _ agent.Request, _ procstore.Files) (int, error) {
 	close(a.recorded)
-	<-ctx.Done()
-	return 0, ctx.Err()
+	<-a.release
+	return 0, errors.New("the daemon died here")
 }
 func (diesMidStart) SignalKeeper(context.Context, string, syscall.Signal) error { return nil }
 func (diesMidStart) AgentAlive() bool                                           { return true }
@@ -343,12 +347,11 @@ func TestGVisorProcessNeverStartedEndsAtReattach(t *testing.T) {
 		t.Fatal(err)
 	}
 	sb := mustLookup(t, first, id)
-	dying := diesMidStart{recorded: make(chan struct{})}
-	sctx, cancel := context.WithCancel(ctx)
+	dying := diesMidStart{recorded: make(chan struct{}), release: make(chan struct{})}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_, _ = first.store(sb).Start(sctx, dying, procstore.StartSpec{Command: "echo never", Request: agent.Request{Argv: []string{"/bin/sh", "-c", "echo never"}, Cwd: guestWorkspace, UID: guestUID, GID: guestGID}})
+		_, _ = first.store(sb).Start(ctx, dying, procstore.StartSpec{Command: "echo never", Request: agent.Request{Argv: []string{"/bin/sh", "-c", "echo never"}, Cwd: guestWorkspace, UID: guestUID, GID: guestGID}})
 	}()
 	<-dying.recorded
 	list, err := first.ListProcesses(ctx, id)
@@ -370,6 +373,6 @@ func TestGVisorProcessNeverStartedEndsAtReattach(t *testing.T) {
 	if info, err := second.WaitProcess(ctx, id, real.ID, 0); err != nil || !info.Running {
 		t.Errorf("the process init runs: %+v, %v", info, err)
 	}
-	cancel()
+	close(dying.release)
 	<-done
 }
