@@ -74,36 +74,19 @@ func agentMain(args []string) int {
 	fs.StringVar(&a.token, "token", "", "")
 	fs.BoolVar(&a.survival, "expect-process-survival", true, "")
 	_ = fs.Parse(args)
+	var errs []error
+	appendTo := func(path string) *os.File {
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+		errs = append(errs, err)
+		return f
+	}
+	a.acks, a.bad = appendTo(ackPath), appendTo(badPath)
+	a.reqLog = appendTo(fmt.Sprintf("%s/requests-%d", dirOf(ackPath), a.index))
+	a.pauses, a.codeFile, a.copies = appendTo(pausePath), appendTo(codePath), appendTo(copiesPath)
+	errs = append(errs, a.loadProcs(procPath))
 	var err error
-	if a.acks, err = os.OpenFile(ackPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
-	if a.bad, err = os.OpenFile(badPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
-	if a.reqLog, err = os.OpenFile(fmt.Sprintf("%s/requests-%d", dirOf(ackPath), a.index), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
-	if a.pauses, err = os.OpenFile(pausePath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
-	if err := a.loadProcs(procPath); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
-	if a.code, err = readCodeLedger(codePath, !a.survival); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
-	if a.codeFile, err = os.OpenFile(codePath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
-	if a.copies, err = os.OpenFile(copiesPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644); err != nil {
+	a.code, err = readCodeLedger(codePath, !a.survival)
+	if err = errors.Join(append(errs, err)...); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
